@@ -1,0 +1,44 @@
+"""The words of a diagnosis: verdicts, divergence kinds and causes (shared by analysis, reports and fixtures)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Verdict(str, enum.Enum):
+    HEALTHY = "healthy"  # every rank finished and every collective matched
+    HANG = "hang"  # ranks blocked in a collective that others never reached
+    DIVERGENCE = "divergence"  # ranks disagree on what a (group, seq) is: silent corruption or a later hang
+    CRASH = "crash"  # a rank died (exception, OOM, fatal signal) and the others were left waiting
+    DEADLOCK = "deadlock"  # a cycle in the wait-for graph across groups
+
+
+class Kind(str, enum.Enum):
+    """How ranks disagree at one (group, seq)."""
+
+    OP = "op"
+    NUMEL = "numel"  # numel or shape
+    DTYPE = "dtype"
+    REDUCE_OP = "reduce_op"
+    PEER = "peer"  # root or p2p peer
+    MODULE = "module"  # same op and size, different module: the silent mispairing
+    PHASE = "phase"
+    MEMBERSHIP = "membership"  # the group itself differs across ranks
+    MISSING = "missing"  # a rank never issued it
+    EXTRA = "extra"  # a rank issued collectives the others did not
+
+
+class Cause(str, enum.Enum):
+    CONTROL_FLOW = "control_flow"  # data-dependent branch differs across ranks
+    UNEVEN_DATA = "uneven_data"  # a rank ran out of data / got an empty batch
+    RANK_EXCEPTION = "rank_exception"  # a rank raised while the others waited
+    OOM = "oom"  # a rank ran out of memory
+    RECOMPUTE_MISMATCH = "recompute_mismatch"  # activation-checkpoint recompute differs
+    UNUSED_PARAMS = "unused_params"  # unused parameters differ, so gradient reduction differs
+    SHARED_MODULE_CALLS = "shared_module_calls"  # a shared module is called a different number of times
+    GROUP_MISCONFIG = "group_misconfig"  # a group or device mesh built differently
+    DTYPE_MISMATCH = "dtype_mismatch"  # mixed-precision policy differs
+    NUMEL_MISMATCH = "numel_mismatch"  # model config / shapes differ
+    CROSS_GROUP_DEADLOCK = "cross_group_deadlock"  # groups entered in opposite orders
+    STRAGGLER = "straggler"  # a slow rank, no hang
+    UNKNOWN = "unknown"

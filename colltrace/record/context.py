@@ -1,0 +1,121 @@
+"""What a rank is doing right now: module stack, phase, step, and what an FSDP unit is serving (per thread)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+PHASE_INIT = "init"
+PHASE_FORWARD = "forward"
+PHASE_BACKWARD = "backward"
+PHASE_RECOMPUTE = "recompute"
+PHASE_OPTIMIZER = "optimizer"
+PHASE_CHECKPOINT = "checkpoint"
+PHASE_OTHER = "other"
+
+
+def _no_graph_task() -> int:
+    return -1
+
+
+class Context:
+    """Attribution state read on every collective. Writes happen in hooks; reads must be cheap."""
+
+    def __init__(self) -> None:
+        self.tls = threading.local()
+        self.step = 0  # optimizer steps completed
+        self.micro_step = 0  # root forwards since the last optimizer step, 0-based
+        self.seen_forward = False
+        self.forwards_since_step = 0
+        self.optimizer_depth = 0
+        self.checkpoint_depth = 0
+        self.graph_task_id: Callable[[], int] = _no_graph_task
+        # module -> FQN, filled when a root module first runs forward
+        self.fqn: dict[int, str] = {}
+        self._roots: list[object] = []  # keep roots alive so ids stay unique
+
+    # -- per-thread stacks -----------------------------------------------------------------
+
+    def stack(self) -> list[str]:
+        tls = self.tls
+        try:
+            return tls.stack  # type: ignore[no-any-return]
+        except AttributeError:
+            tls.stack = []
+            return tls.stack  # type: ignore[no-any-return]
+
+    def labels(self) -> list[str]:
+        tls = self.tls
+        try:
+            return tls.labels  # type: ignore[no-any-return]
+        except AttributeError:
+            tls.labels = []
+            return tls.labels  # type: ignore[no-any-return]
+
+    def serving(self) -> tuple[str, str, str] | None:
+        """(module, phase, flavour) set by a framework adapter around its own collectives."""
+        return getattr(self.tls, "serve", None)
+
+    def set_serving(self, value: tuple[str, str, str] | None) -> tuple[str, str, str] | None:
+        tls = self.tls
+        old = getattr(tls, "serve", None)
+        tls.serve = value
+        return old
+
+    # -- what a collective issued now is for -----------------------------------------------
+
+    def in_backward(self) -> bool:
+        return self.graph_task_id() != -1
+
+    def current(self) -> tuple[str, str, str]:
+        """(module, phase, flavour) for a collective issued now on this thread."""
+        serve = getattr(self.tls, "serve", None)
+        if serve is not None:
+            return serve
+        stack = getattr(self.tls, "stack", None)
+        module = stack[-1] if stack else ""
+        labels = getattr(self.tls, "labels", None)
+        if labels:  # the user's own phase label wins over the inferred one
+            return module, labels[-1], ""
+        return module, self.phase(bool(stack)), ""
+
+    def phase(self, in_module: bool) -> str:
+        if self.optimizer_depth:
+            return PHASE_OPTIMIZER
+        if self.checkpoint_depth:
+            return PHASE_CHECKPOINT
+        if self.graph_task_id() != -1:
+            return PHASE_RECOMPUTE if in_module else PHASE_BACKWARD
+        if in_module:
+            return PHASE_FORWARD
+        return PHASE_OTHER if self.seen_forward else PHASE_INIT
+
+    def module_name(self, module: object) -> str:
+        name = self.fqn.get(id(module))
+        if name is None:
+            return type(module).__name__
+        return name
+
+    def learn_root(self, root: object, named_modules: Callable[[], object]) -> None:
+        if id(root) in self.fqn and root in self._roots:
+            return
+        self._roots.append(root)
+        for name, mod in named_modules():  # type: ignore[attr-defined]
+            clean = clean_fqn(name)
+            self.fqn.setdefault(id(mod), clean or "<root>")
+
+
+_WRAPPER_PARTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+
+
+def clean_fqn(name: str) -> str:
+    """Strip wrapper levels (FSDP1, checkpoint_wrapper, torch.compile, DDP) from a module FQN."""
+    if not name:
+        return name
+    parts = [p for p in name.split(".") if p not in _WRAPPER_PARTS]
+    if parts and parts[0] == "module":  # DistributedDataParallel's own level
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+CONTEXT = Context()

@@ -1,0 +1,184 @@
+"""FSDP2 and FSDP1 adapters: name the unit whose parameters a collective moves, even under prefetch."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from colltrace.record.context import (
+    CONTEXT,
+    PHASE_BACKWARD,
+    PHASE_FORWARD,
+    PHASE_RECOMPUTE,
+    Context,
+)
+
+UNSHARD = "unshard"
+PREFETCH = "prefetch"
+REDUCE_GRAD = "reduce_grad"
+
+
+class FsdpAdapters:
+    def __init__(self, ctx: Context = CONTEXT) -> None:
+        self.ctx = ctx
+        self.originals: list[tuple[Any, str, Any]] = []
+        self.installed: list[str] = []
+
+    def install(self) -> list[str]:
+        for name, fn in (("fsdp2", self._install_fsdp2), ("fsdp1", self._install_fsdp1)):
+            try:
+                if fn():
+                    self.installed.append(name)
+            except Exception:  # an FSDP we do not know: generic attribution still works
+                pass
+        return self.installed
+
+    def uninstall(self) -> None:
+        for owner, name, value in reversed(self.originals):
+            setattr(owner, name, value)
+        self.originals.clear()
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        orig = getattr(owner, name)
+        if getattr(orig, "__colltrace__", False):
+            return
+        wrapped = functools.wraps(orig)(make(orig))
+        wrapped.__colltrace__ = True  # type: ignore[attr-defined]
+        self.originals.append((owner, name, orig))
+        setattr(owner, name, wrapped)
+
+    def _serve(self, module: str, phase: str, flavour: str, fn: Callable[[], Any]) -> Any:
+        ctx = self.ctx
+        labels = getattr(ctx.tls, "labels", None)
+        if labels and flavour == UNSHARD:
+            flavour = f"{flavour}:{labels[-1]}"
+        old = ctx.set_serving((module, phase, flavour))
+        try:
+            return fn()
+        finally:
+            ctx.set_serving(old)
+
+    # -- FSDP2 (fully_shard) -----------------------------------------------------------------
+
+    def _install_fsdp2(self) -> bool:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
+        from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+        group_cls = pg_mod.FSDPParamGroup
+        ctx = self.ctx
+        adapters = self
+        forward = TrainingState.FORWARD
+        pre_backward = TrainingState.PRE_BACKWARD
+
+        def fqn(group: Any) -> str:
+            name = getattr(group, "_module_fqn", None)
+            if name:
+                return str(name)
+            if name == "":
+                return "<root>"
+            modules = getattr(group, "modules", ())
+            return ",".join(ctx.module_name(m) for m in modules) or "?"
+
+        def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
+                state = self._training_state
+                in_bwd = ctx.in_backward()
+                if state == forward:
+                    phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
+                elif state == pre_backward or in_bwd:
+                    phase = PHASE_BACKWARD
+                else:
+                    phase = ctx.current()[1]
+                flavour = PREFETCH if getattr(ctx.tls, "prefetch", False) else UNSHARD
+                return adapters._serve(fqn(self), phase, flavour, lambda: orig(self, *args, **kwargs))
+
+            return unshard
+
+        def make_post_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return adapters._serve(fqn(self), PHASE_BACKWARD, REDUCE_GRAD, lambda: orig(self, *args, **kwargs))
+
+            return post_backward
+
+        def make_prefetch(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def prefetch(*args: Any, **kwargs: Any) -> Any:
+                tls = ctx.tls
+                old = getattr(tls, "prefetch", False)
+                tls.prefetch = True
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    tls.prefetch = old
+
+            return prefetch
+
+        self._patch(group_cls, "unshard", make_unshard)
+        self._patch(group_cls, "post_backward", make_post_backward)
+        if "_prefetch_unshard" in group_cls.__dict__:
+            orig = group_cls.__dict__["_prefetch_unshard"]
+            func = orig.__func__ if isinstance(orig, staticmethod) else orig
+            wrapped = functools.wraps(func)(make_prefetch(func))
+            wrapped.__colltrace__ = True  # type: ignore[attr-defined]
+            self.originals.append((group_cls, "_prefetch_unshard", orig))
+            setattr(group_cls, "_prefetch_unshard", staticmethod(wrapped))
+        return True
+
+    # -- FSDP1 (FullyShardedDataParallel) ----------------------------------------------------
+
+    def _install_fsdp1(self) -> bool:
+        from torch.distributed.fsdp import _flat_param as flat_mod
+        from torch.distributed.fsdp import _runtime_utils as rt
+
+        states = flat_mod.HandleTrainingState
+        ctx = self.ctx
+        adapters = self
+
+        def fqn(handle: Any) -> str:
+            module = getattr(handle, "_fully_sharded_module", None)
+            return ctx.module_name(module) if module is not None else "?"
+
+        def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
+                state = getattr(self, "_training_state", None)
+                in_bwd = ctx.in_backward()
+                if state == states.FORWARD:
+                    phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
+                elif state == states.BACKWARD_PRE or in_bwd:
+                    phase = PHASE_BACKWARD
+                else:
+                    phase = ctx.current()[1]
+                flavour = PREFETCH if getattr(ctx.tls, "prefetch", False) else UNSHARD
+                return adapters._serve(fqn(self), phase, flavour, lambda: orig(self, *args, **kwargs))
+
+            return unshard
+
+        def make_reduce(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def reduce_grad(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+                return adapters._serve(
+                    fqn(handle), PHASE_BACKWARD, REDUCE_GRAD, lambda: orig(state, handle, *args, **kwargs)
+                )
+
+            return reduce_grad
+
+        def make_prefetch(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def prefetch(*args: Any, **kwargs: Any) -> Any:
+                tls = ctx.tls
+                old = getattr(tls, "prefetch", False)
+                tls.prefetch = True
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    tls.prefetch = old
+
+            return prefetch
+
+        self._patch(flat_mod.FlatParamHandle, "unshard", make_unshard)
+        for name in ("_reduce_grad", "_reduce_grad_no_shard"):
+            if hasattr(rt, name):
+                self._patch(rt, name, make_reduce)
+        if hasattr(rt, "_prefetch_handle"):
+            self._patch(rt, "_prefetch_handle", make_prefetch)
+        return True
+
+
+FSDP = FsdpAdapters()

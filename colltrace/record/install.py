@@ -1,0 +1,223 @@
+"""Switches recording on: patches torch once it is imported, opens the rank's trace at init_process_group."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from colltrace import config as config_mod
+from colltrace.record.context import CONTEXT
+from colltrace.record.fsdp import FSDP
+from colltrace.record.hooks import HOOKS, step_event
+from colltrace.record.lifecycle import LIFECYCLE
+from colltrace.record.recorder import Recorder, describe_group
+from colltrace.record.shim import SHIM
+from colltrace.trace.writer import TraceWriter
+
+_lock = threading.RLock()
+_state: dict[str, Any] = {"installed": False, "cfg": None, "failed": False}
+
+
+def _say(msg: str) -> None:
+    print(f"[colltrace] {msg}", file=sys.stderr)
+
+
+def install(cfg: config_mod.Config | None = None) -> bool:
+    """Patch torch.distributed (idempotent). Recording starts when the default group exists."""
+    with _lock:
+        if _state["installed"] or _state["failed"]:
+            return bool(_state["installed"])
+        cfg = cfg or config_mod.from_env()
+        _state["cfg"] = cfg
+        try:
+            import torch.distributed as dist
+
+            if not dist.is_available():
+                return False
+            wrapped = SHIM.install()
+            _wrap_group_creation()
+            _rebind_stale_references()
+            HOOKS.install(module_hooks=cfg.hooks)
+            _state["installed"] = True
+            _state["wrapped"] = wrapped
+            if dist.is_initialized():
+                start_recording()
+            return True
+        except Exception as e:  # never break the job
+            _state["failed"] = True
+            _say(f"could not install the tracer ({type(e).__name__}: {e}); the job runs untraced")
+            try:
+                SHIM.uninstall()
+                HOOKS.uninstall()
+            except Exception:
+                pass
+            return False
+
+
+def start_recording() -> None:
+    """Open this rank's trace (called right after init_process_group)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    with _lock:
+        default_pg = c10d._get_default_group()
+        if SHIM.recorder is not None:
+            SHIM.recorder.default_pg = default_pg
+            return
+        cfg: config_mod.Config = _state["cfg"] or config_mod.from_env()
+        rank = dist.get_rank()
+        world = dist.get_world_size()
+        run_dir = config_mod.resolve_run_dir(cfg)
+        header = {
+            "world_size": world,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "local_rank": _env_int("LOCAL_RANK"),
+            "torch": torch.__version__,
+            "backend": str(dist.get_backend()),
+            "python": sys.version.split()[0],
+            "argv": list(sys.argv),
+            "launcher": _launcher(),
+            "run_dir": os.path.abspath(run_dir),
+            "clock": {"wall_ns": time.time_ns(), "mono_ns": time.monotonic_ns()},
+            "colltrace": _version(),
+            "hang_s": cfg.hang_s,
+        }
+        writer = TraceWriter(run_dir, rank, cfg.ring, cfg.full, header)
+        rec = Recorder(writer, default_pg, CONTEXT, backend_seq=cfg.backend_seq)
+        rec.non_member = getattr(c10d.GroupMember, "NON_GROUP_MEMBER", object())
+        rec._group(default_pg)
+        for ev in _state.pop("pending_groups", []):
+            writer.event(ev)
+        adapters = FSDP.install()
+        if adapters:
+            writer.event({"ev": "adapters", "names": adapters})
+        HOOKS.on_step = lambda step: step_event(writer, step, time.time_ns())
+        SHIM.recorder = rec
+        LIFECYCLE.start(rec, cfg.hang_s)
+        if os.environ.get("COLLTRACE_QUIET") != "1" and rank == 0:
+            _say(f"tracing {world} ranks into {run_dir}")
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _launcher() -> str:
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return "torchrun"
+    try:
+        import multiprocessing
+
+        if multiprocessing.parent_process() is not None:
+            return "multiprocessing"
+    except Exception:
+        pass
+    return "python"
+
+
+def _version() -> str:
+    from colltrace import __version__
+
+    return __version__
+
+
+def _wrap_group_creation() -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    def make(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def created(*args: Any, **kwargs: Any) -> Any:
+            result = orig(*args, **kwargs)
+            try:
+                if name == "init_process_group":
+                    start_recording()
+                else:
+                    _group_created(name, args, kwargs, result)
+            except Exception as e:
+                _say(f"recording {name} failed ({type(e).__name__}: {e}); the job runs untraced")
+            return result
+
+        created.__colltrace__ = True  # type: ignore[attr-defined]
+        return created
+
+    for name in ("init_process_group", "new_group", "split_group"):
+        orig = getattr(c10d, name, None)
+        if orig is None or getattr(orig, "__colltrace__", False):
+            continue
+        wrapper = make(name, orig)
+        SHIM._set(c10d, name, wrapper)
+        if getattr(dist, name, None) is orig:
+            SHIM._set(dist, name, wrapper)
+
+
+def _group_created(fn: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+    rec = SHIM.recorder
+    if fn == "new_group":
+        ranks = kwargs.get("ranks", args[0] if args else None)
+    else:
+        ranks = kwargs.get("split_ranks", args[1] if len(args) > 1 else None)
+    event: dict[str, Any] = {
+        "ev": "group_create",
+        "fn": fn,
+        "ranks": _plain(ranks),
+        "desc": kwargs.get("group_desc"),
+        "t_ns": time.time_ns(),
+    }
+    member = result is not None and rec is not None and result is not rec.non_member
+    if member and hasattr(result, "group_name"):
+        name, desc, granks, backend = describe_group(result)
+        event.update(name=name, group_ranks=list(granks), group_desc=desc, backend=backend)
+    else:
+        event["name"] = None
+    if rec is None:
+        _state.setdefault("pending_groups", []).append(event)
+    else:
+        rec.writer.event(event)
+
+
+def _plain(x: Any) -> Any:
+    if x is None:
+        return None
+    try:
+        return [_plain(v) if isinstance(v, (list, tuple)) else int(v) for v in x]
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def _rebind_stale_references() -> None:
+    """Modules that did `from torch.distributed import all_reduce` before we patched keep the
+    original; point them at the wrapper (device_mesh binds new_group/split_group this way)."""
+    swaps = {id(orig): getattr(owner, name) for owner, name, orig in SHIM.originals if callable(orig)}
+    for modname, mod in list(sys.modules.items()):
+        if mod is None or not modname.startswith("torch"):
+            continue
+        try:
+            items = list(vars(mod).items())
+        except TypeError:
+            continue
+        for attr, value in items:
+            new = swaps.get(id(value))
+            if new is not None and new is not value:
+                SHIM.originals.append((mod, attr, value))
+                setattr(mod, attr, new)
+
+
+def uninstall() -> None:
+    with _lock:
+        SHIM.recorder = None
+        SHIM.uninstall()
+        HOOKS.uninstall()
+        FSDP.uninstall()
+        _state["installed"] = False

@@ -1,0 +1,251 @@
+"""How a rank's trace ends: footer on exit, error record on exception, stacks on hang, SIGTERM and fatal signals."""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from colltrace.trace import schema
+
+_MAX_FRAMES = 40
+_MAX_DUMPS = 10
+
+
+def thread_stacks() -> list[dict[str, Any]]:
+    """Python stacks of all threads, innermost frame last."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        frames = traceback.extract_stack(frame)[-_MAX_FRAMES:]
+        out.append(
+            {
+                "thread": names.get(ident, str(ident)),
+                "ident": ident,
+                "frames": [[f.filename, f.lineno, f.name, (f.line or "").strip()] for f in frames],
+            }
+        )
+    return out
+
+
+class Lifecycle:
+    def __init__(self) -> None:
+        self.recorder: Any = None
+        self.ended = False
+        self._fault_file: Any = None
+        self._watchdog: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._wakeup_r = -1
+        self.hang_s = 0.0
+        self._prev_excepthook: Any = None
+
+    def start(self, recorder: Any, hang_s: float) -> None:
+        self.recorder = recorder
+        self.hang_s = hang_s
+        atexit.register(self.footer)
+        try:  # multiprocessing children (mp.spawn) leave through os._exit: atexit does not run
+            from multiprocessing import util
+
+            util.Finalize(None, self.footer, exitpriority=-100)
+        except Exception:
+            pass
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        self._patch_spawn_wrap()
+        self._enable_faulthandler(recorder.writer.fault_path)
+        self._install_sigterm()
+        self._watchdog = threading.Thread(target=self._watch, name="colltrace-watchdog", daemon=True)
+        self._watchdog.start()
+
+    # -- clean exit and exceptions ----------------------------------------------------------
+
+    def footer(self) -> None:
+        if self.ended or self.recorder is None:
+            return
+        self.ended = True
+        self._stop.set()
+        rec = self.recorder
+        try:
+            rec.writer.event(
+                {
+                    "ev": schema.EV_FOOTER,
+                    "t_ns": time.time_ns(),
+                    "step": rec.ctx.step,
+                    "in_flight": rec.in_flight,
+                }
+            )
+            rec.writer.flush()
+        except Exception:
+            pass
+
+    def error(self, exc: BaseException, tb: Any = None) -> None:
+        rec = self.recorder
+        if rec is None:
+            return
+        try:
+            text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+            rec.writer.event(
+                {
+                    "ev": schema.EV_ERROR,
+                    "t_ns": time.time_ns(),
+                    "type": type(exc).__name__,
+                    "qualname": f"{type(exc).__module__}.{type(exc).__qualname__}",
+                    "message": str(exc)[:2000],
+                    "traceback": text[-8000:],
+                    "step": rec.ctx.step,
+                    "in_flight": rec.in_flight,
+                }
+            )
+        except Exception:
+            pass
+
+    def _excepthook(self, etype: Any, value: BaseException, tb: Any) -> None:
+        if not isinstance(value, (SystemExit,)):
+            self.error(value, tb)
+        hook = self._prev_excepthook or sys.__excepthook__
+        hook(etype, value, tb)
+
+    def _patch_spawn_wrap(self) -> None:
+        """mp.spawn children catch the exception themselves and exit(1): record it there."""
+        try:
+            import torch.multiprocessing.spawn as spawn_mod
+        except Exception:
+            return
+        orig = getattr(spawn_mod, "_wrap", None)
+        if orig is None or getattr(orig, "__colltrace__", False):
+            return
+        lifecycle = self
+
+        def _wrap(fn: Any, i: int, args: Any, *rest: Any, **kw: Any) -> Any:
+            def traced_fn(*a: Any, **k: Any) -> Any:
+                try:
+                    return fn(*a, **k)
+                except Exception as e:
+                    lifecycle.error(e)
+                    raise
+
+            return orig(traced_fn, i, args, *rest, **kw)
+
+        _wrap.__colltrace__ = True  # type: ignore[attr-defined]
+        _wrap.__module__ = orig.__module__
+        _wrap.__qualname__ = orig.__qualname__
+        spawn_mod._wrap = _wrap
+
+    # -- fatal signals and SIGTERM ----------------------------------------------------------
+
+    def _enable_faulthandler(self, path: str) -> None:
+        if faulthandler.is_enabled():
+            return  # the user's own faulthandler keeps its file
+        try:
+            self._fault_file = open(path, "w")  # noqa: SIM115 - must stay open for the process's life
+            faulthandler.enable(file=self._fault_file, all_threads=True)
+        except Exception:
+            pass
+
+    def _install_sigterm(self) -> None:
+        """Record SIGTERM even while the main thread is blocked inside a collective.
+
+        A Python-level handler only runs between bytecodes of the main thread, which never comes
+        while gloo or NCCL blocks it; the C-level handler writes to the wakeup fd, which our
+        watchdog thread reads. It records, then dies of SIGTERM as the launcher expects.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return  # the user handles SIGTERM; leave it to them
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            os.set_blocking(r, False)
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+            if old != -1:  # someone else (asyncio) owns the wakeup fd
+                signal.set_wakeup_fd(old)
+                os.close(r)
+                os.close(w)
+                return
+            signal.signal(signal.SIGTERM, _noop_handler)
+            self._wakeup_r = r
+        except Exception:
+            pass
+
+    def _on_signal(self, signum: int) -> None:
+        rec = self.recorder
+        try:
+            rec.writer.event(
+                {"ev": schema.EV_SIGNAL, "t_ns": time.time_ns(), "signal": signal.Signals(signum).name,
+                 "in_flight": rec.in_flight}
+            )  # fmt: skip
+            rec.writer.event({"ev": schema.EV_STACKS, "reason": "signal", "t_ns": time.time_ns(),
+                              "threads": thread_stacks()})  # fmt: skip
+        except Exception:
+            pass
+        if signum == signal.SIGTERM:
+            _die_of(signum)
+
+    # -- hang watchdog -----------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        import select
+
+        rec = self.recorder
+        poll = 0.5 if not self.hang_s else min(0.5, max(0.05, self.hang_s / 4))
+        dumped_at = -1
+        dumps = 0
+        while not self._stop.is_set():
+            if self._wakeup_r >= 0:
+                try:
+                    ready, _, _ = select.select([self._wakeup_r], [], [], poll)
+                except (OSError, ValueError):
+                    ready = []
+                if ready:
+                    try:
+                        data = os.read(self._wakeup_r, 64)
+                    except OSError:
+                        data = b""
+                    for signum in data:
+                        if signum == signal.SIGTERM:
+                            self._on_signal(signum)
+            else:
+                time.sleep(poll)
+            if not self.hang_s or dumps >= _MAX_DUMPS:
+                continue
+            last = rec.last_progress_ns
+            idle = (time.monotonic_ns() - last) / 1e9
+            if idle >= self.hang_s and last != dumped_at:
+                dumped_at = last
+                dumps += 1
+                try:
+                    rec.writer.event(
+                        {"ev": schema.EV_STACKS, "reason": "hang", "t_ns": time.time_ns(), "idle_s": round(idle, 3),
+                         "in_flight": rec.in_flight, "threads": thread_stacks()}
+                    )  # fmt: skip
+                except Exception:
+                    pass
+
+
+def _noop_handler(signum: int, frame: Any) -> None:
+    """Python-level SIGTERM handler: the watchdog thread does the work (see _install_sigterm)."""
+
+
+def _die_of(signum: int) -> None:
+    """Restore the default action and re-raise, from any thread (signal.signal is main-thread only)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(ctypes.c_int(signum), ctypes.c_void_p(0))  # SIG_DFL
+        os.kill(os.getpid(), signum)
+        time.sleep(5)
+    except Exception:
+        pass
+    os._exit(128 + signum)
+
+
+LIFECYCLE = Lifecycle()

@@ -1,0 +1,115 @@
+"""Which torch.distributed functions are collectives, and where each keeps its tensors, group, root and peer."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, NamedTuple
+
+from colltrace.trace import schema
+
+COLLECTIVE = schema.KIND_COLLECTIVE
+P2P = schema.KIND_P2P
+
+
+class OpSpec(NamedTuple):
+    """Where one function keeps what we record, as positions into *args (-1: not a parameter)."""
+
+    name: str
+    kind: int
+    flags: int
+    in_pos: int
+    in_name: str
+    out_pos: int
+    out_name: str
+    group_pos: int
+    async_pos: int
+    op_pos: int  # reduce op
+    root_pos: int  # src/dst: a global rank
+    root_name: str
+    groot_pos: int  # group_src/group_dst: a rank inside the group
+    groot_name: str
+
+
+# name: (input param, output param, kind, root param, flags). Parameters are looked up by
+# name in the installed torch's signatures, so a release that renames them is noticed.
+_TABLE: dict[str, tuple[str | None, str | None, int, str | None, int]] = {
+    "all_reduce": ("tensor", "tensor", COLLECTIVE, None, 0),
+    "broadcast": ("tensor", "tensor", COLLECTIVE, "src", 0),
+    "reduce": ("tensor", "tensor", COLLECTIVE, "dst", 0),
+    "all_gather": ("tensor", "tensor_list", COLLECTIVE, None, 0),
+    "all_gather_into_tensor": ("input_tensor", "output_tensor", COLLECTIVE, None, 0),
+    "all_gather_single": ("input_tensor", "output_tensor", COLLECTIVE, None, 0),
+    "_all_gather_base": ("input_tensor", "output_tensor", COLLECTIVE, None, 0),
+    "reduce_scatter": ("input_list", "output", COLLECTIVE, None, 0),
+    "reduce_scatter_tensor": ("input", "output", COLLECTIVE, None, 0),
+    "reduce_scatter_single": ("input", "output", COLLECTIVE, None, 0),
+    "_reduce_scatter_base": ("input", "output", COLLECTIVE, None, 0),
+    "all_to_all": ("input_tensor_list", "output_tensor_list", COLLECTIVE, None, 0),
+    "all_to_all_single": ("input", "output", COLLECTIVE, None, 0),
+    "gather": ("tensor", "gather_list", COLLECTIVE, "dst", 0),
+    "scatter": ("scatter_list", "tensor", COLLECTIVE, "src", 0),
+    "barrier": (None, None, COLLECTIVE, None, 0),
+    "monitored_barrier": (None, None, COLLECTIVE, None, 0),
+    "all_reduce_coalesced": ("tensors", "tensors", COLLECTIVE, None, schema.FLAG_COALESCED),
+    "all_gather_coalesced": ("input_tensor_list", "output_tensor_lists", COLLECTIVE, None, schema.FLAG_COALESCED),
+    "all_gather_object": ("obj", "object_list", COLLECTIVE, None, schema.FLAG_OBJECT),
+    "gather_object": ("obj", "object_gather_list", COLLECTIVE, "dst", schema.FLAG_OBJECT),
+    "broadcast_object_list": ("object_list", "object_list", COLLECTIVE, "src", schema.FLAG_OBJECT),
+    "scatter_object_list": (
+        "scatter_object_input_list",
+        "scatter_object_output_list",
+        COLLECTIVE,
+        "src",
+        schema.FLAG_OBJECT,
+    ),
+    "send": ("tensor", None, P2P, "dst", 0),
+    "isend": ("tensor", None, P2P, "dst", schema.FLAG_ASYNC),
+    "recv": (None, "tensor", P2P, "src", 0),
+    "irecv": (None, "tensor", P2P, "src", schema.FLAG_ASYNC),
+    "send_object_list": ("object_list", None, P2P, "dst", schema.FLAG_OBJECT),
+    "recv_object_list": (None, "object_list", P2P, "src", schema.FLAG_OBJECT),
+}
+
+# Functions that create process groups: their calls are logged as `group_create` events.
+GROUP_CREATORS = ("new_group", "split_group", "new_subgroups", "new_subgroups_by_enumeration")
+
+
+def _pos(params: list[str], name: str | None) -> int:
+    if name is None:
+        return -1
+    try:
+        return params.index(name)
+    except ValueError:
+        return -1
+
+
+def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
+    entry = _TABLE.get(name)
+    if entry is None:
+        return None
+    inp, out, kind, root, flags = entry
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    groot = {"src": "group_src", "dst": "group_dst"}.get(root or "", "")
+    return OpSpec(
+        name=name,
+        kind=kind,
+        flags=flags,
+        in_pos=_pos(params, inp),
+        in_name=inp or "",
+        out_pos=_pos(params, out),
+        out_name=out or "",
+        group_pos=_pos(params, "group"),
+        async_pos=_pos(params, "async_op"),
+        op_pos=_pos(params, "op"),
+        root_pos=_pos(params, root),
+        root_name=root or "",
+        groot_pos=_pos(params, groot),
+        groot_name=groot,
+    )
+
+
+def traced_names() -> tuple[str, ...]:
+    return tuple(_TABLE)

@@ -1,0 +1,315 @@
+"""The hot path: turns one collective call into one slot, and its Work's completion into a timestamp."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+from colltrace.record.context import CONTEXT, Context
+from colltrace.record.ops import OpSpec
+from colltrace.trace import schema
+from colltrace.trace.writer import TraceWriter
+
+_now = time.monotonic_ns
+_get_ident = threading.get_ident
+_SHAPE_CACHE_MAX = 4096
+
+
+class Recorder:
+    """One per process, created when the default process group exists."""
+
+    def __init__(self, writer: TraceWriter, default_pg: Any, ctx: Context = CONTEXT, backend_seq: bool = True) -> None:
+        self.writer = writer
+        self.ctx = ctx
+        self.default_pg = default_pg
+        self.backend_seq = backend_seq
+        self.non_member: Any = None
+        self._groups: dict[int, list[Any]] = {}  # id(pg) -> [pg, sid, seq, ranks]
+        self._p2p_seq: dict[tuple[int, int], int] = {}
+        self._tids: dict[int, int] = {}
+        self._dtypes: dict[Any, int] = {}
+        self._redops: dict[Any, int] = {}
+        self._shapes: dict[Any, int] = {}
+        self._lock = threading.Lock()
+        self.works: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.last_progress_ns = _now()
+        self.in_flight = 0
+        self._warned: set[str] = set()
+        self._str_cache: dict[str, int] = {}
+        self.sid = writer.intern
+
+    # -- helpers (cold) ----------------------------------------------------------------------
+
+    def warn_once(self, what: str, exc: BaseException | None = None) -> None:
+        """The shim never breaks the job: a failure is said once, then that part steps aside."""
+        if what in self._warned:
+            return
+        self._warned.add(what)
+        msg = f"{what}: {type(exc).__name__}: {exc}" if exc is not None else what
+        try:
+            self.writer.event({"ev": schema.EV_WARNING, "message": msg})
+        except Exception:
+            pass
+        print(f"[colltrace] rank {self.writer.rank}: {msg} (tracing goes on without it)", file=sys.stderr)
+
+    def _group(self, pg: Any) -> list[Any]:
+        key = id(pg)
+        slot = self._groups.get(key)
+        if slot is not None and slot[0] is pg:
+            return slot
+        with self._lock:
+            name, desc, ranks, backend = describe_group(pg)
+            slot = [pg, self.sid(name), 0, ranks]
+            self._groups[key] = slot
+        self.writer.event({"ev": schema.EV_GROUP, "name": name, "desc": desc, "ranks": list(ranks), "backend": backend})
+        return slot
+
+    def _tid(self) -> int:
+        ident = _get_ident()
+        tid = self._tids.get(ident)
+        if tid is None:
+            with self._lock:
+                tid = self._tids.setdefault(ident, len(self._tids))
+        return tid
+
+    def _dtype(self, t: Any) -> int:
+        try:
+            dt = t.dtype
+        except AttributeError:
+            return 0
+        sid = self._dtypes.get(dt)
+        if sid is None:
+            sid = self._dtypes[dt] = self.sid(str(dt).replace("torch.", ""))
+        return sid
+
+    def _redop(self, op: Any) -> int:
+        try:
+            sid = self._redops.get(op)
+        except TypeError:
+            sid = None
+        if sid is None:
+            text = getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
+            sid = self.sid(str(text).upper())
+            try:
+                self._redops[op] = sid
+            except TypeError:
+                pass
+        return sid
+
+    def _shape(self, inp: Any, out: Any) -> int:
+        key = (_shape_key(inp), _shape_key(out))
+        sid = self._shapes.get(key)
+        if sid is None:
+            if len(self._shapes) >= _SHAPE_CACHE_MAX:
+                return 0
+            sid = self._shapes[key] = self.sid(f"{_shape_text(key[0])} -> {_shape_text(key[1])}")
+        return sid
+
+    def str_id(self, s: str) -> int:
+        sid = self._str_cache.get(s)
+        if sid is None:
+            sid = self._str_cache[s] = self.sid(s)
+        return sid
+
+    # -- hot path ----------------------------------------------------------------------------
+
+    def issue(self, spec: OpSpec, op_sid: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, bool, Any]:
+        """Write the slot for a call about to run. Returns (idx, async_op, pg)."""
+        t_issue = _now()
+        n = len(args)
+        pos = spec.group_pos
+        pg = args[pos] if -1 < pos < n else kwargs.get("group")
+        if pg is None:
+            pg = self.default_pg
+        if pg is self.non_member:  # this rank is not in the group: torch does nothing
+            return -1, False, pg
+        g = self._group(pg)
+        pos = spec.async_pos
+        async_op = bool(args[pos] if -1 < pos < n else kwargs.get("async_op", False))
+        pos = spec.in_pos
+        inp = args[pos] if -1 < pos < n else kwargs.get(spec.in_name)
+        pos = spec.out_pos
+        out = args[pos] if -1 < pos < n else kwargs.get(spec.out_name)
+        flags = spec.flags
+        if flags & schema.FLAG_OBJECT:
+            numel_in = _obj_count(inp)
+            numel_out = _obj_count(out)
+            dtype = self.str_id("object")
+            shape = 0
+        else:
+            numel_in = _numel(inp)
+            numel_out = _numel(out)
+            first = _first_tensor(inp) if inp is not None else _first_tensor(out)
+            dtype = self._dtype(first) if first is not None else 0
+            shape = self._shape(inp, out)
+        pos = spec.op_pos
+        if pos >= 0:
+            redop = self._redop(args[pos] if pos < n else kwargs.get("op", "SUM"))
+        else:
+            redop = 0
+        peer = -1
+        if spec.root_name:
+            pos = spec.root_pos
+            root = args[pos] if -1 < pos < n else kwargs.get(spec.root_name)
+            if root is None:
+                pos = spec.groot_pos
+                groot = args[pos] if -1 < pos < n else kwargs.get(spec.groot_name)
+                if groot is not None:
+                    ranks = g[3]
+                    root = ranks[groot] if 0 <= groot < len(ranks) else groot
+            if root is not None:
+                peer = int(root)
+        if spec.kind == schema.KIND_P2P:
+            key = (id(pg), peer)
+            seq = self._p2p_seq.get(key, 0) + 1
+            self._p2p_seq[key] = seq
+            flags |= schema.FLAG_ASYNC if async_op else 0
+        else:
+            seq = g[2] = g[2] + 1
+            if async_op:
+                flags |= schema.FLAG_ASYNC
+        ctx = self.ctx
+        module, phase, flavour = ctx.current()
+        sid = self.str_id
+        idx = self.writer.append(
+            spec.kind, flags, 0, self._tid(), g[1], op_sid, dtype, redop,
+            sid(module), sid(phase), sid(flavour), shape,
+            seq, -1, numel_in, numel_out, peer, ctx.step, ctx.micro_step,
+            t_issue, 0, 0,
+        )  # fmt: skip
+        self.last_progress_ns = t_issue
+        self.in_flight += 1
+        return idx, async_op or bool(flags & schema.FLAG_ASYNC), pg
+
+    def returned(self, idx: int, flags: int, async_op: bool, pg: Any, result: Any, t_issue: int) -> None:
+        """The call returned: sync ops are done; async ones get a completion callback on their Work."""
+        if self.backend_seq:
+            try:
+                self.writer.set_backend_seq(idx, pg._get_sequence_number_for_group())
+            except Exception:
+                self.backend_seq = False
+        if async_op and result is not None:
+            self._watch(idx, flags, result)
+            return
+        t = _now()
+        self.writer.complete(idx, t, flags | schema.FLAG_DONE)
+        self.writer.add_wait(idx, t - t_issue)
+        self.last_progress_ns = t
+        self.in_flight -= 1
+
+    def failed(self, idx: int, flags: int) -> None:
+        self.writer.complete(idx, _now(), flags | schema.FLAG_ERROR)
+        self.in_flight -= 1
+
+    def _watch(self, idx: int, flags: int, work: Any) -> None:
+        works = work if isinstance(work, list) else [work]
+        if not works:
+            return
+        for w in works:
+            try:
+                self.works[w] = idx
+            except TypeError:
+                pass
+        remaining = [len(works)]
+
+        def done(fut: Any) -> None:
+            try:
+                fut.value()
+                err = 0
+            except Exception:
+                err = schema.FLAG_ERROR
+            remaining[0] -= 1
+            if remaining[0] == 0 or err:
+                t = _now()
+                self.writer.complete(idx, t, flags | schema.FLAG_DONE | err)
+                self.last_progress_ns = t
+                self.in_flight -= 1
+
+        for w in works:
+            try:
+                w.get_future().add_done_callback(done)
+            except Exception:
+                # no future on this Work (some backends): completion is seen at wait()
+                pass
+
+    def waited(self, work: Any, wait_ns: int, error: bool) -> None:
+        idx = self.works.get(work)
+        if idx is None:
+            return
+        self.writer.add_wait(idx, wait_ns)
+        if error:
+            self.writer.set_flags(idx, schema.FLAG_ERROR | schema.FLAG_ASYNC)
+
+
+def describe_group(pg: Any) -> tuple[str, str, tuple[int, ...], str]:
+    import torch.distributed as dist
+
+    name = str(getattr(pg, "group_name", "") or "")
+    desc = str(getattr(pg, "group_desc", "") or "")
+    try:
+        ranks = tuple(dist.get_process_group_ranks(pg))
+    except Exception:
+        ranks = ()
+    try:
+        backend = str(dist.get_backend(pg))
+    except Exception:
+        backend = ""
+    return name or desc or "?", desc, ranks, backend
+
+
+def _numel(x: Any) -> int:
+    if x is None:
+        return 0
+    try:
+        return int(x.numel())
+    except AttributeError:
+        pass
+    total = 0
+    if isinstance(x, (list, tuple)):
+        for t in x:
+            total += _numel(t)
+    return total
+
+
+def _first_tensor(x: Any) -> Any:
+    if hasattr(x, "dtype"):
+        return x
+    if isinstance(x, (list, tuple)):
+        for t in x:
+            found = _first_tensor(t)
+            if found is not None:
+                return found
+    return None
+
+
+def _obj_count(x: Any) -> int:
+    if x is None:
+        return 0
+    if isinstance(x, (list, tuple)):
+        return len(x)
+    return 1
+
+
+def _shape_key(x: Any) -> Any:
+    if x is None:
+        return None
+    shape = getattr(x, "shape", None)
+    if shape is not None:
+        return shape
+    if isinstance(x, (list, tuple)):
+        first = _first_tensor(x)
+        return (len(x), _shape_key(first))
+    return None
+
+
+def _shape_text(key: Any) -> str:
+    if key is None:
+        return "-"
+    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], int) and not hasattr(key, "numel"):
+        # a list of tensors: (count, shape of the first)
+        if type(key) is tuple:
+            return f"{key[0]}x{_shape_text(key[1])}"
+    return "[" + ",".join(str(d) for d in key) + "]"

@@ -1,0 +1,190 @@
+"""Wraps every collective and p2p function of torch.distributed (both namespaces) and Work.wait."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any, Callable
+
+from colltrace.record import ops
+from colltrace.record.recorder import Recorder
+from colltrace.trace import schema
+
+_now = time.monotonic_ns
+
+
+class Shim:
+    """Holds the originals, so `uninstall` restores torch exactly."""
+
+    def __init__(self) -> None:
+        self.recorder: Recorder | None = None
+        self.tls = threading.local()  # depth > 0: inside a traced call (count a call once)
+        self.originals: list[tuple[Any, str, Any]] = []
+        self.op_sids: dict[str, int] = {}
+
+    # -- patching ----------------------------------------------------------------------------
+
+    def _set(self, owner: Any, name: str, value: Any) -> None:
+        self.originals.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def install(self) -> list[str]:
+        """Patch torch.distributed and distributed_c10d; return the names wrapped."""
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        wrapped: list[str] = []
+        for name in ops.traced_names():
+            orig = getattr(c10d, name, None)
+            if orig is None or getattr(orig, "__colltrace__", False):
+                continue
+            spec = ops.build_spec(name, orig)
+            if spec is None:
+                continue
+            wrapper = self._wrap(spec, orig)
+            self._set(c10d, name, wrapper)
+            if getattr(dist, name, None) is orig:
+                self._set(dist, name, wrapper)
+            wrapped.append(name)
+        if hasattr(c10d, "batch_isend_irecv"):
+            wrapper = self._wrap_batch(c10d.batch_isend_irecv)
+            orig = c10d.batch_isend_irecv
+            self._set(c10d, "batch_isend_irecv", wrapper)
+            if getattr(dist, "batch_isend_irecv", None) is orig:
+                self._set(dist, "batch_isend_irecv", wrapper)
+            wrapped.append("batch_isend_irecv")
+        self._wrap_work_wait(c10d)
+        return wrapped
+
+    def uninstall(self) -> None:
+        for owner, name, value in reversed(self.originals):
+            setattr(owner, name, value)
+        self.originals.clear()
+
+    # -- wrappers ----------------------------------------------------------------------------
+
+    def _wrap(self, spec: ops.OpSpec, orig: Callable[..., Any]) -> Callable[..., Any]:
+        shim = self
+        tls = self.tls
+        name = spec.name
+
+        @functools.wraps(orig)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            rec = shim.recorder
+            if rec is None or getattr(tls, "depth", 0):
+                return orig(*args, **kwargs)
+            try:
+                op_sid = shim.op_sids.get(name)
+                if op_sid is None:
+                    op_sid = shim.op_sids[name] = rec.sid(name)
+                t_issue = _now()
+                idx, async_op, pg = rec.issue(spec, op_sid, args, kwargs)
+            except Exception as e:  # the shim steps aside, the collective still runs
+                rec.warn_once(f"recording {name} failed", e)
+                return orig(*args, **kwargs)
+            tls.depth = 1
+            try:
+                result = orig(*args, **kwargs)
+            except BaseException:
+                tls.depth = 0
+                if idx >= 0:
+                    rec.failed(idx, spec.flags)
+                raise
+            tls.depth = 0
+            if idx >= 0:
+                try:
+                    rec.returned(idx, spec.flags, async_op, pg, result, t_issue)
+                except Exception as e:
+                    rec.warn_once(f"completing {name} failed", e)
+            return result
+
+        traced.__colltrace__ = True  # type: ignore[attr-defined]
+        return traced
+
+    def _wrap_batch(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """batch_isend_irecv: one p2p record per P2POp, completed by the Works it returns."""
+        shim = self
+        tls = self.tls
+        specs: dict[str, ops.OpSpec] = {}
+
+        @functools.wraps(orig)
+        def traced(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
+            rec = shim.recorder
+            if rec is None or getattr(tls, "depth", 0):
+                return orig(p2p_op_list, *args, **kwargs)
+            issued: list[tuple[int, Any]] = []
+            try:
+                import torch.distributed.distributed_c10d as c10d
+
+                for p2p in p2p_op_list:
+                    fn_name = getattr(p2p.op, "__name__", "isend")
+                    fn_name = "irecv" if "recv" in fn_name else "isend"
+                    spec = specs.get(fn_name)
+                    if spec is None:
+                        spec = specs[fn_name] = ops.build_spec(fn_name, getattr(c10d, fn_name))  # type: ignore[assignment]
+                    op_sid = rec.sid(fn_name)
+                    idx, _, pg = rec.issue(
+                        spec._replace(flags=spec.flags | schema.FLAG_COALESCED),
+                        op_sid,
+                        (p2p.tensor, p2p.peer, p2p.group),
+                        {},
+                    )
+                    issued.append((idx, pg))
+            except Exception as e:
+                rec.warn_once("recording batch_isend_irecv failed", e)
+            tls.depth = 1
+            try:
+                works = orig(p2p_op_list, *args, **kwargs)
+            except BaseException:
+                tls.depth = 0
+                for idx, _ in issued:
+                    rec.failed(idx, schema.FLAG_ASYNC)
+                raise
+            tls.depth = 0
+            try:
+                flags = schema.FLAG_ASYNC | schema.FLAG_COALESCED
+                if works and len(works) == len(issued):
+                    for (idx, _), w in zip(issued, works):
+                        rec._watch(idx, flags, w)
+                else:
+                    for idx, _ in issued:
+                        rec._watch(idx, flags, list(works or []))
+            except Exception as e:
+                rec.warn_once("completing batch_isend_irecv failed", e)
+            return works
+
+        traced.__colltrace__ = True  # type: ignore[attr-defined]
+        return traced
+
+    def _wrap_work_wait(self, c10d: Any) -> None:
+        work_cls = getattr(c10d, "Work", None)
+        if work_cls is None:
+            return
+        orig = work_cls.wait
+        if getattr(orig, "__colltrace__", False):
+            return
+        shim = self
+
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            rec = shim.recorder
+            if rec is None or not rec.works:
+                return orig(work, *args, **kwargs)
+            t0 = _now()
+            try:
+                result = orig(work, *args, **kwargs)
+            except BaseException:
+                rec.waited(work, _now() - t0, True)
+                raise
+            rec.waited(work, _now() - t0, False)
+            return result
+
+        wait.__colltrace__ = True  # type: ignore[attr-defined]
+        wait.__doc__ = orig.__doc__
+        try:
+            self._set(work_cls, "wait", wait)
+        except (TypeError, AttributeError):
+            pass  # a Work class we cannot patch: async wait times stay 0
+
+
+SHIM = Shim()

@@ -1,0 +1,120 @@
+"""Typed values read back from a trace: one collective, one process group, one rank, one run (stdlib only)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+
+class RankState(str, enum.Enum):
+    """How a rank's process ended, as far as its trace can tell."""
+
+    FINISHED = "finished"  # clean interpreter exit (footer written)
+    CRASHED = "crashed"  # an exception escaped, or a fatal signal (SIGABRT from std::terminate, SIGSEGV)
+    HUNG = "hung"  # the hang watchdog saw no progress and dumped stacks; then it was stopped from outside
+    KILLED = "killed"  # stopped from outside (SIGTERM seen, or no trace of its end at all: SIGKILL)
+    MISSING = "missing"  # no trace file for this rank
+
+
+class Collective(NamedTuple):
+    """One collective or p2p call as one rank saw it. Times are wall-clock ns (converted from monotonic)."""
+
+    rank: int
+    idx: int  # position in this rank's record stream (0 = first record ever written)
+    kind: str  # collective | p2p | span
+    group: str  # process group name (pg.group_name)
+    seq: int  # ours, per group (p2p: per group and peer), starting at 1
+    backend_seq: int  # the backend's own sequence number, -1 if unknown
+    op: str
+    numel_in: int
+    numel_out: int
+    shape: str
+    dtype: str
+    reduce_op: str
+    peer: int  # root or p2p peer (global rank), -1 if none
+    module: str
+    phase: str
+    flavour: str
+    step: int
+    micro_step: int
+    t_issue_ns: int
+    t_done_ns: int | None  # None while in flight
+    wait_ns: int
+    flags: int
+    tid: int
+
+    @property
+    def in_flight(self) -> bool:
+        return self.t_done_ns is None
+
+    @property
+    def async_op(self) -> bool:
+        return bool(self.flags & 1)
+
+    @property
+    def error(self) -> bool:
+        return bool(self.flags & 4)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A process group as one rank knows it."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    backend: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.desc or self.name
+
+
+@dataclass(slots=True)
+class RankTrace:
+    """Everything one rank left behind."""
+
+    rank: int
+    header: dict[str, Any]
+    records: list[Collective]
+    groups: dict[str, GroupInfo]
+    state: RankState
+    steps: int = 0  # optimizer steps completed
+    error: dict[str, Any] | None = None
+    signal: dict[str, Any] | None = None
+    footer: dict[str, Any] | None = None
+    stacks: list[dict[str, Any]] = field(default_factory=list)
+    fault: str | None = None  # text written by faulthandler on a fatal signal
+    group_creations: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    dropped: int = 0  # records overwritten by the ring before the end
+    torn: int = 0  # unreadable slots or lines (expected after a kill)
+    labels: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.header.get("world_size", 0))
+
+    @property
+    def host(self) -> str:
+        return str(self.header.get("host", ""))
+
+    @property
+    def last(self) -> Collective | None:
+        return self.records[-1] if self.records else None
+
+    @property
+    def in_flight(self) -> list[Collective]:
+        return [r for r in self.records if r.t_done_ns is None]
+
+
+@dataclass(slots=True)
+class Run:
+    """All ranks of one run directory."""
+
+    path: str
+    ranks: dict[int, RankTrace]
+    world_size: int
+    missing: list[int]
+    problems: list[str] = field(default_factory=list)  # what the reader could not read, in words

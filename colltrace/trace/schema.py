@@ -1,0 +1,91 @@
+"""The on-disk layout of a colltrace trace: version, slot struct, flags and file names (stdlib only)."""
+
+from __future__ import annotations
+
+import struct
+
+SCHEMA_VERSION = 1
+MAGIC = b"CLTRACE1"
+
+# Ring file: a fixed header page, then `capacity` fixed-size slots.
+#   magic 8s | version I | slot_size I | capacity Q | head Q (records ever written)
+RING_HEADER = struct.Struct("<8sIIQQ")
+RING_HEADER_SIZE = 4096
+HEAD_OFFSET = 24  # byte offset of `head` inside the ring header
+
+# One record per slot. Categorical fields are ids into the rank's string table
+# (the `str` events of the sidecar), so the slot stays fixed-size and the hot path
+# never formats text. `marker` is idx + 1 and is written last: a slot whose marker
+# does not match its position is torn or stale and is skipped by the reader.
+SLOT_FIELDS = (
+    ("marker", "Q"),  # idx + 1; 0 = never written
+    ("kind", "B"),  # KIND_*
+    ("flags", "B"),  # FLAG_*
+    ("pad", "H"),
+    ("tid", "I"),  # small per-rank thread number (0 = the first thread seen)
+    ("group", "I"),  # str id: process group name (pg.group_name)
+    ("op", "I"),  # str id: op name, e.g. all_gather_single
+    ("dtype", "I"),  # str id: e.g. float32
+    ("reduce_op", "I"),  # str id: e.g. SUM, or "" when not a reduction
+    ("module", "I"),  # str id: FQN of the module the collective serves
+    ("phase", "I"),  # str id: forward, backward, recompute, optimizer, ...
+    ("flavour", "I"),  # str id: unshard, reduce_grad, prefetch, user label ...
+    ("shape", "I"),  # str id: "[in shapes] -> [out shapes]"
+    ("seq", "Q"),  # per (group) sequence number, ours; p2p: per (group, peer)
+    ("backend_seq", "q"),  # pg._get_sequence_number_for_group() after issue, -1 unknown
+    ("numel_in", "q"),
+    ("numel_out", "q"),
+    ("peer", "i"),  # root (src/dst) or p2p peer as a global rank, -1 if none
+    ("step", "i"),  # optimizer steps completed on this rank
+    ("micro_step", "i"),  # forward passes of the root module since the last step
+    ("t_issue_ns", "q"),  # CLOCK_MONOTONIC ns
+    ("t_done_ns", "q"),  # 0 while in flight
+    ("wait_ns", "q"),  # time spent blocked in Work.wait() (sync ops: 0, see docs)
+)
+SLOT = struct.Struct("<" + "".join(code for _, code in SLOT_FIELDS))
+SLOT_SIZE = 128
+assert SLOT.size <= SLOT_SIZE, SLOT.size
+FIELD_NAMES = tuple(name for name, _ in SLOT_FIELDS)
+
+
+def _offset(field: str) -> int:
+    fmt = "<"
+    for name, code in SLOT_FIELDS:
+        if name == field:
+            return struct.calcsize(fmt)
+        fmt += code
+    raise KeyError(field)
+
+
+FLAGS_OFFSET = _offset("flags")
+T_DONE_OFFSET = _offset("t_done_ns")
+WAIT_OFFSET = _offset("wait_ns")
+BACKEND_SEQ_OFFSET = _offset("backend_seq")
+
+KIND_COLLECTIVE = 1
+KIND_P2P = 2
+KIND_SPAN = 3  # compute span (module forward/backward, optimizer, data, checkpoint)
+KIND_NAMES = {KIND_COLLECTIVE: "collective", KIND_P2P: "p2p", KIND_SPAN: "span"}
+
+FLAG_ASYNC = 1  # issued with async_op=True (or returns Work handles)
+FLAG_DONE = 2  # completed
+FLAG_ERROR = 4  # the call raised or its Work failed
+FLAG_COALESCED = 8
+FLAG_OBJECT = 16  # object collective (pickled payload)
+FLAG_FUNCTIONAL = 32  # torch.distributed._functional_collectives
+
+# File names inside a run directory, one set per rank.
+RING_NAME = "rank{rank:05d}.ring"
+EVENTS_NAME = "rank{rank:05d}.jsonl"
+FAULT_NAME = "rank{rank:05d}.fault"
+
+# Event types of the sidecar (one JSON object per line, key "ev").
+EV_HEADER = "header"  # first line
+EV_STR = "str"  # string table entry: {"id": n, "s": text}
+EV_GROUP = "group"  # a process group seen or created
+EV_STEP = "step"  # an optimizer step completed
+EV_STACKS = "stacks"  # Python stacks of all threads (hang watchdog, signal)
+EV_SIGNAL = "signal"  # a terminating signal was received
+EV_ERROR = "error"  # an exception escaped the training script
+EV_WARNING = "warning"  # the shim disabled part of itself
+EV_FOOTER = "footer"  # clean interpreter exit

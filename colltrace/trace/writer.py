@@ -1,0 +1,159 @@
+"""Writes one rank's trace: fixed-size slots in an mmap'd ring plus a JSON-lines sidecar of rare events.
+
+Both live in the page cache the moment they are written, so they survive SIGKILL, the
+NCCL watchdog's abort and std::terminate; only a machine crash loses the tail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import struct
+import threading
+from typing import Any
+
+from colltrace.trace import schema
+
+try:
+    import orjson
+
+    def _dumps(obj: Any) -> bytes:
+        return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS, default=str)
+
+except ImportError:  # pragma: no cover - orjson is a dependency, keep working without it
+    import json
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, default=str, separators=(",", ":")).encode()
+
+
+_MARKER = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+_FLAGS = struct.Struct("<B")
+
+
+class TraceWriter:
+    """Append-only writer for one rank. Thread-safe; the hot path takes no lock."""
+
+    def __init__(self, run_dir: str, rank: int, capacity: int, full: bool, header: dict[str, Any]) -> None:
+        os.makedirs(run_dir, exist_ok=True)
+        self.run_dir = run_dir
+        self.rank = rank
+        self.full = full
+        self._lock = threading.Lock()
+        self._strings: dict[str, int] = {"": 0}
+        self._counter = itertools.count()
+        self.capacity = max(16, int(capacity))
+
+        events_path = os.path.join(run_dir, schema.EVENTS_NAME.format(rank=rank))
+        self._events_fd = os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        ring_path = os.path.join(run_dir, schema.RING_NAME.format(rank=rank))
+        self._ring_fd = os.open(ring_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.fault_path = os.path.join(run_dir, schema.FAULT_NAME.format(rank=rank))
+
+        header = dict(header)
+        header.update(
+            ev=schema.EV_HEADER,
+            schema=schema.SCHEMA_VERSION,
+            rank=rank,
+            slot={"size": schema.SLOT_SIZE, "fields": [list(f) for f in schema.SLOT_FIELDS]},
+            ring={"capacity": self.capacity, "mode": "full" if full else "ring"},
+        )
+        self.event(header)
+        self._map(self.capacity)
+
+    # -- ring ------------------------------------------------------------------------------
+
+    def _map(self, capacity: int) -> None:
+        os.ftruncate(self._ring_fd, schema.RING_HEADER_SIZE + capacity * schema.SLOT_SIZE)
+        mm = mmap.mmap(self._ring_fd, schema.RING_HEADER_SIZE + capacity * schema.SLOT_SIZE)
+        schema.RING_HEADER.pack_into(mm, 0, schema.MAGIC, schema.SCHEMA_VERSION, schema.SLOT_SIZE, capacity, 0)
+        old = getattr(self, "_mm", None)
+        if old is not None:  # keep head; old map stays valid for writers still holding it
+            _MARKER.pack_into(mm, schema.HEAD_OFFSET, _MARKER.unpack_from(old, schema.HEAD_OFFSET)[0])
+        self._mm = mm
+        self.capacity = capacity
+
+    def _grow(self, idx: int) -> None:
+        with self._lock:
+            if idx >= self.capacity:
+                self._map(max(self.capacity * 2, idx + 1))
+
+    def _slot_offset(self, idx: int) -> int:
+        if idx >= self.capacity:
+            if self.full:
+                self._grow(idx)
+            else:
+                return schema.RING_HEADER_SIZE + (idx % self.capacity) * schema.SLOT_SIZE
+        return schema.RING_HEADER_SIZE + idx * schema.SLOT_SIZE
+
+    def append(self, *fields: Any) -> int:
+        """Write one slot (all SLOT_FIELDS but the marker) and return its idx."""
+        idx = next(self._counter)
+        off = self._slot_offset(idx)
+        mm = self._mm
+        schema.SLOT.pack_into(mm, off, 0, *fields)
+        _MARKER.pack_into(mm, off, idx + 1)  # commit
+        _MARKER.pack_into(mm, schema.HEAD_OFFSET, idx + 1)
+        return idx
+
+    def _live_offset(self, idx: int) -> int:
+        """Offset of slot idx if it still holds idx (the ring may have moved on), else -1."""
+        if self.full:
+            off = schema.RING_HEADER_SIZE + idx * schema.SLOT_SIZE
+        else:
+            off = schema.RING_HEADER_SIZE + (idx % self.capacity) * schema.SLOT_SIZE
+        if _MARKER.unpack_from(self._mm, off)[0] != idx + 1:
+            return -1
+        return off
+
+    def complete(self, idx: int, t_done_ns: int, flags: int) -> None:
+        off = self._live_offset(idx)
+        if off >= 0:
+            mm = self._mm
+            _I64.pack_into(mm, off + schema.T_DONE_OFFSET, t_done_ns)
+            _FLAGS.pack_into(mm, off + schema.FLAGS_OFFSET, flags)
+
+    def set_flags(self, idx: int, flags: int) -> None:
+        off = self._live_offset(idx)
+        if off >= 0:
+            _FLAGS.pack_into(self._mm, off + schema.FLAGS_OFFSET, flags)
+
+    def add_wait(self, idx: int, wait_ns: int) -> None:
+        off = self._live_offset(idx)
+        if off >= 0:
+            mm = self._mm
+            prev = _I64.unpack_from(mm, off + schema.WAIT_OFFSET)[0]
+            _I64.pack_into(mm, off + schema.WAIT_OFFSET, prev + wait_ns)
+
+    def set_backend_seq(self, idx: int, seq: int) -> None:
+        off = self._live_offset(idx)
+        if off >= 0:
+            _I64.pack_into(self._mm, off + schema.BACKEND_SEQ_OFFSET, seq)
+
+    # -- strings and events ----------------------------------------------------------------
+
+    def intern(self, s: str) -> int:
+        sid = self._strings.get(s)
+        if sid is not None:
+            return sid
+        with self._lock:
+            sid = self._strings.get(s)
+            if sid is None:
+                sid = len(self._strings)
+                # the string reaches the disk before any slot can refer to it
+                self.event({"ev": schema.EV_STR, "id": sid, "s": s})
+                self._strings[s] = sid
+        return sid
+
+    def event(self, obj: dict[str, Any]) -> None:
+        os.write(self._events_fd, _dumps(obj) + b"\n")
+
+    def flush(self) -> None:
+        """Ask the kernel to push to disk (only matters for a machine crash)."""
+        try:
+            self._mm.flush()
+            os.fsync(self._events_fd)
+        except (OSError, ValueError):
+            pass
