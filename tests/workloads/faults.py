@@ -1,0 +1,39 @@
+"""Small real jobs that end badly, for the durability tests. FAULT selects how; RANK 1 is the odd one."""
+
+import datetime
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+FAULT = os.environ.get("FAULT", "none")
+TIMEOUT_S = float(os.environ.get("GLOO_TIMEOUT_S", "60"))
+
+
+def main() -> None:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    rank = dist.get_rank()
+    x = torch.ones(64)
+    for i in range(5):
+        dist.all_reduce(x)
+    if rank == 1:
+        if FAULT == "stuck":  # stuck in "compute" forever: the others block in the next all_reduce
+            while True:
+                time.sleep(0.1)
+        if FAULT == "raise":
+            raise ValueError("bad batch at step 5")
+        if FAULT == "dtype":
+            x = torch.ones(64, dtype=torch.float64)
+        if FAULT == "selfkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(x)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
