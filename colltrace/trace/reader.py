@@ -7,7 +7,9 @@ import mmap
 import os
 import re
 import struct
-from typing import Any, Callable, Iterator
+from array import array
+from collections.abc import Sequence
+from typing import Any, Callable, Iterator, NamedTuple, overload
 
 from colltrace.trace import schema
 from colltrace.trace.records import Collective, GroupInfo, RankState, RankTrace, Run
@@ -62,26 +64,65 @@ def read_events(path: str) -> tuple[list[dict[str, Any]], int]:
 
 def iter_slots(ring_path: str) -> Iterator[tuple[int, tuple[Any, ...]]]:
     """Yield (idx, raw slot tuple) for every committed slot still in the ring, oldest first."""
+    info = ring_info(ring_path)
+    if info is None:
+        return
+    yield from _scan(ring_path, info, schema.SLOT)
+
+
+class RingInfo(NamedTuple):
+    """Where a ring's records lie: slots idx first..last (inclusive) of `capacity`, and records ever written."""
+
+    capacity: int
+    first: int
+    last: int
+    head: int
+
+
+def ring_info(ring_path: str) -> RingInfo | None:
+    """Read a ring's header; None when the file is too short to hold one (killed before the first record)."""
     with open(ring_path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if size < schema.RING_HEADER_SIZE:
-            return
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            magic, _version, slot_size, capacity, head = schema.RING_HEADER.unpack_from(mm, 0)
-            if magic != schema.MAGIC or slot_size != schema.SLOT_SIZE:
-                raise TraceError(f"{ring_path}: not a colltrace ring (bad magic or slot size)")
-            capacity = min(capacity, (size - schema.RING_HEADER_SIZE) // slot_size)
-            if capacity <= 0:
+        data = f.read(schema.RING_HEADER.size)
+    if size < schema.RING_HEADER_SIZE or len(data) < schema.RING_HEADER.size:
+        return None
+    magic, _version, slot_size, capacity, head = schema.RING_HEADER.unpack(data)
+    if magic != schema.MAGIC or slot_size != schema.SLOT_SIZE:
+        raise TraceError(f"{ring_path}: not a colltrace ring (bad magic or slot size)")
+    capacity = min(capacity, (size - schema.RING_HEADER_SIZE) // slot_size)
+    if capacity <= 0:
+        return None
+    # head is bumped after the marker: slot `head` may be committed already
+    return RingInfo(capacity=capacity, first=max(0, head + 1 - capacity), last=head, head=head)
+
+
+_CHUNK_SLOTS = 32768  # 4 MiB reads: bounded memory for rings of any size
+
+
+def _scan(ring_path: str, info: RingInfo, layout: struct.Struct) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    """Yield (idx, unpacked slot) in idx order, skipping torn or stale slots (marker != idx + 1).
+
+    `layout` unpacks a whole slot and must begin with the marker; the file is read in
+    chunks so a million-record ring never sits in memory at once.
+    """
+    cap = info.capacity
+    size = schema.SLOT_SIZE
+    pad = size - layout.size
+    unpack = struct.Struct(layout.format + (f"{pad}x" if pad else "")).iter_unpack
+    with open(ring_path, "rb") as f:
+        idx = info.first
+        while idx <= info.last:
+            pos = idx % cap
+            n = min(info.last + 1 - idx, cap - pos, _CHUNK_SLOTS)
+            f.seek(schema.RING_HEADER_SIZE + pos * size)
+            chunk = f.read(n * size)
+            n = len(chunk) // size
+            if n == 0:
                 return
-            # head is bumped after the marker: slot `head` may be committed already
-            first = max(0, head + 1 - capacity)
-            unpack = schema.SLOT.unpack_from
-            base = schema.RING_HEADER_SIZE
-            for idx in range(first, head + 1):
-                off = base + (idx % capacity) * slot_size
-                raw = unpack(mm, off)
-                if raw[0] == idx + 1:
-                    yield idx, raw
+            for i, raw in zip(range(idx, idx + n), unpack(memoryview(chunk)[: n * size])):
+                if raw[0] == i + 1:
+                    yield i, raw
+            idx += n
 
 
 def _clock_offset(header: dict[str, Any]) -> int:
@@ -136,10 +177,11 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
 
     ring_path = events_path[: -len(".jsonl")] + ".ring"
     offset = _clock_offset(header)
-    if os.path.exists(ring_path):
-        rt.records = _records(rank, ring_path, strings, offset)
-        written = _ring_head(ring_path)
-        rt.dropped = max(0, written - len(rt.records))
+    info = ring_info(ring_path) if os.path.exists(ring_path) else None
+    if info is not None:
+        view = RecordView(rank, ring_path, info, strings, offset)
+        rt.records = view
+        rt.dropped = info.first  # overwritten by the ring before the end
     fault_path = events_path[: -len(".jsonl")] + ".fault"
     if os.path.exists(fault_path):
         with open(fault_path, "rb") as f:
@@ -149,33 +191,93 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
     return rt
 
 
-def _ring_head(ring_path: str) -> int:
-    with open(ring_path, "rb") as f:
-        data = f.read(schema.RING_HEADER.size)
-    if len(data) < schema.RING_HEADER.size:
-        return 0
-    return int(schema.RING_HEADER.unpack(data)[4])
+class RecordView(Sequence[Collective]):
+    """One rank's records, decoded from its ring on demand: a million-record rank costs no memory until read.
 
+    Iterating streams the ring in chunks; indexing reads single slots. `raw()` is the fast path
+    for analysis: slot tuples with string ids unresolved (see `strings`).
+    """
 
-def _records(rank: int, ring_path: str, strings: dict[int, str], offset: int) -> list[Collective]:
-    kinds = schema.KIND_NAMES
-    s = strings.get
-    out: list[Collective] = []
-    append = out.append
-    new = Collective._make
-    for idx, raw in iter_slots(ring_path):
+    def __init__(self, rank: int, ring_path: str, info: RingInfo, strings: dict[int, str], offset: int) -> None:
+        self.rank = rank
+        self.ring_path = ring_path
+        self.info = info
+        self.strings = strings
+        self.offset = offset  # monotonic -> wall clock
+        self._idxs: array[int] | None = None
+
+    def raw(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
+        """(idx, slot tuple as in schema.SLOT_FIELDS) for every readable record, oldest first."""
+        return _scan(self.ring_path, self.info, schema.SLOT)
+
+    def decode(self, idx: int, raw: tuple[Any, ...]) -> Collective:
+        s = self.strings.get
+        off = self.offset
         (
             _m, kind, flags, _pad, tid, group, op, dtype, redop, module, phase, flavour, shape,
             seq, bseq, nin, nout, peer, step, micro, t_issue, t_done, wait,
         ) = raw  # fmt: skip
-        append(
-            new((
-                rank, idx, kinds.get(kind, str(kind)), s(group, "?"), seq, bseq, s(op, "?"), nin, nout,
-                s(shape, ""), s(dtype, ""), s(redop, ""), peer, s(module, ""), s(phase, ""), s(flavour, ""),
-                step, micro, t_issue + offset, (t_done + offset) if t_done else None, wait, flags, tid,
-            ))  # fmt: skip
-        )
-    return out
+        return Collective(
+            self.rank, idx, schema.KIND_NAMES.get(kind, str(kind)), s(group, "?"), seq, bseq, s(op, "?"), nin, nout,
+            s(shape, ""), s(dtype, ""), s(redop, ""), peer, s(module, ""), s(phase, ""), s(flavour, ""),
+            step, micro, t_issue + off, (t_done + off) if t_done else None, wait, flags, tid,
+        )  # fmt: skip
+
+    def __iter__(self) -> Iterator[Collective]:
+        decode = self.decode
+        for idx, raw in self.raw():
+            yield decode(idx, raw)
+
+    def _index(self) -> array[int]:
+        if self._idxs is None:
+            self._idxs = array("q", (i for i, _ in _scan(self.ring_path, self.info, _MARKER)))
+        return self._idxs
+
+    def __len__(self) -> int:
+        return len(self._index())
+
+    @overload
+    def __getitem__(self, i: int) -> Collective: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Collective]: ...
+
+    def __getitem__(self, i: int | slice) -> Collective | list[Collective]:
+        idxs = self._index()
+        if isinstance(i, slice):
+            return [self._read(idx) for idx in idxs[i]]
+        return self._read(idxs[i])
+
+    def by_idx(self, idx: int) -> Collective | None:
+        """The record written as number `idx`, if the ring still holds it."""
+        if not self.info.first <= idx <= self.info.last:
+            return None
+        try:
+            return self._read(idx)
+        except LookupError:
+            return None
+
+    def _read(self, idx: int) -> Collective:
+        with open(self.ring_path, "rb") as f:
+            f.seek(schema.RING_HEADER_SIZE + (idx % self.info.capacity) * schema.SLOT_SIZE)
+            data = f.read(schema.SLOT.size)
+        if len(data) < schema.SLOT.size:
+            raise IndexError(idx)
+        raw = schema.SLOT.unpack(data)
+        if raw[0] != idx + 1:
+            raise LookupError(f"slot {idx} was overwritten")
+        return self.decode(idx, raw)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (RecordView, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"RecordView(rank={self.rank}, {self.ring_path!r}, idx {self.info.first}..{self.info.last})"
+
+
+_MARKER = struct.Struct("<Q")
 
 
 def _state(rt: RankTrace) -> RankState:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 
@@ -77,7 +78,7 @@ class RankTrace:
 
     rank: int
     header: dict[str, Any]
-    records: list[Collective]
+    records: Sequence[Collective]  # a list, or the reader's RecordView (decoded on demand)
     groups: dict[str, GroupInfo]
     state: RankState
     steps: int = 0  # optimizer steps completed

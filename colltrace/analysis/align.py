@@ -1,0 +1,205 @@
+"""Aligns ranks per process group by seq and finds each group's first divergence, then the earliest overall."""
+
+from __future__ import annotations
+
+import functools
+from bisect import bisect_right
+from collections.abc import Sequence
+
+from colltrace.analysis.results import AtSeq, Divergence
+from colltrace.analysis.streams import GroupStream, RankStreams, Signature, SigTable
+from colltrace.analysis.vocab import Kind
+from colltrace.trace.records import Run
+
+_FIELD_KINDS = (
+    ("kind", Kind.OP),
+    ("op", Kind.OP),
+    ("numel", Kind.NUMEL),
+    ("dtype", Kind.DTYPE),
+    ("reduce_op", Kind.REDUCE_OP),
+    ("peer", Kind.PEER),
+    ("module", Kind.MODULE),
+    ("phase", Kind.PHASE),
+)
+
+
+def kind_of(sigs: Sequence[Signature]) -> Kind:
+    """The first field, in order of severity, on which the records differ."""
+    for name, kind in _FIELD_KINDS:
+        if len({getattr(s, name) for s in sigs}) > 1:
+            return kind
+    return Kind.OP
+
+
+def step_at(st: GroupStream, seq: int) -> int | None:
+    off = seq - st.seq0
+    if not 0 <= off < len(st.sigs) or not st.step_starts:
+        return None
+    k = bisect_right(st.step_starts, (off, 2**31)) - 1
+    return st.step_starts[max(k, 0)][1]
+
+
+def members(run: Run, key: str, streams: dict[int, RankStreams]) -> tuple[int, ...]:
+    """Member ranks of a group: what the ranks' group records say, plus any rank that issued in it."""
+    if key.startswith("p2p:"):
+        lo, hi = key.rsplit(":", 1)[1].split("-")
+        return (int(lo), int(hi))
+    out: set[int] = set()
+    for rt in run.ranks.values():
+        g = rt.groups.get(key)
+        if g is not None:
+            out.update(g.ranks)
+    out.update(r for r, s in streams.items() if key in s.groups)
+    return tuple(sorted(out))
+
+
+def label(run: Run, key: str) -> str:
+    if key.startswith("p2p:"):
+        return key
+    for rt in run.ranks.values():
+        g = rt.groups.get(key)
+        if g is not None:
+            return g.label
+    return key
+
+
+def membership(run: Run, streams: dict[int, RankStreams]) -> list[Divergence]:
+    """Groups whose member lists differ across the ranks that know them."""
+    out: list[Divergence] = []
+    names = sorted({name for rt in run.ranks.values() for name in rt.groups})
+    for name in names:
+        views: dict[tuple[int, ...], list[int]] = {}
+        for rank, rt in sorted(run.ranks.items()):
+            g = rt.groups.get(name)
+            if g is not None and g.ranks:
+                views.setdefault(tuple(sorted(g.ranks)), []).append(rank)
+        if len(views) < 2:
+            continue
+        seqs = [s.groups[name].seq0 for s in streams.values() if name in s.groups]
+        seq = min(seqs) if seqs else None
+        at = tuple(_at(streams, r, name, seq) for r in sorted({r for rs in views.values() for r in rs}))
+        out.append(
+            Divergence(
+                group=name,
+                label=label(run, name),
+                group_ranks=tuple(sorted({r for v in views for r in v})),
+                seq=seq,
+                kind=Kind.MEMBERSHIP,
+                at=at,
+                classes=tuple(tuple(rs) for _, rs in sorted(views.items(), key=lambda kv: kv[1])),
+            )
+        )
+    return out
+
+
+def _at(streams: dict[int, RankStreams], rank: int, key: str, seq: int | None, table: SigTable | None = None) -> AtSeq:
+    rs = streams.get(rank)
+    if rs is None:
+        return AtSeq(rank, None, None, -1, visible=False)
+    st = rs.groups.get(key)
+    if st is None or seq is None:
+        return AtSeq(rank, None, None, -1, visible=rs.first_idx == 0)
+    sid = st.sig_at(seq)
+    sig = table[sid] if (table is not None and sid) else None
+    visible = seq >= st.seq0 or rs.first_idx == 0
+    return AtSeq(rank, sig, step_at(st, seq), st.idx_at(seq), visible=visible)
+
+
+def _first_mismatch(a: Sequence[int], b: Sequence[int]) -> int:
+    """Index of the first difference of two equal-length arrays (bisection on C-speed slice compares)."""
+    lo, hi = 0, len(a)
+    while hi - lo > 64:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    for i in range(lo, hi):
+        if a[i] != b[i]:
+            return i
+    return hi
+
+
+def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTable) -> Divergence | None:
+    """The first seq of one group where its members disagree or some stop while others go on."""
+    group_ranks = members(run, key, streams)
+    spans: dict[int, tuple[int, int]] = {}  # rank -> (first seq, last seq) it can show
+    for r in group_ranks:
+        rs = streams.get(r)
+        if rs is None:
+            continue  # no trace for this rank: it cannot be compared
+        st = rs.groups.get(key)
+        if st is not None and st.sigs:
+            spans[r] = (st.seq0, st.last_seq)
+        elif rs.first_idx == 0:
+            spans[r] = (1, 0)  # issued nothing in this group, and its trace starts at the beginning
+    if len(spans) < 2:
+        return None
+    lo = max(a for a, _ in spans.values())
+    hi = min(b for _, b in spans.values())
+    top = max(b for _, b in spans.values())
+    seq: int | None = None
+    if hi >= lo:
+        windows = {}
+        for r, (a, _) in spans.items():
+            st = streams[r].groups[key]
+            windows[r] = st.sigs[lo - st.seq0 : hi - st.seq0 + 1]
+        ref = next(iter(windows.values()))
+        first = len(ref)
+        for w in windows.values():
+            if w != ref:
+                first = min(first, _first_mismatch(ref, w))
+        if first < len(ref):
+            seq = lo + first
+    if seq is None and top > hi:
+        seq = hi + 1
+    if seq is None:
+        return None
+    at = tuple(_at(streams, r, key, seq, table) for r in group_ranks)
+    classes: dict[Signature | None, list[int]] = {}
+    for a in at:
+        if a.visible and a.rank in spans:
+            classes.setdefault(a.sig, []).append(a.rank)
+    present = [s for s in classes if s is not None]
+    kind = kind_of(present) if len(present) > 1 else Kind.MISSING
+    return Divergence(
+        group=key,
+        label=label(run, key),
+        group_ranks=group_ranks,
+        seq=seq,
+        kind=kind,
+        at=at,
+        classes=tuple(tuple(rs) for rs in sorted(classes.values(), key=lambda rs: (-len(rs), rs))),
+    )
+
+
+def _compare(x: Divergence, y: Divergence, streams: dict[int, RankStreams]) -> int:
+    """Earlier divergence first: by one rank's own record order where a rank has both, else by issue time."""
+    if x.kind == "membership" or y.kind == "membership":
+        return (x.kind != "membership") - (y.kind != "membership")
+    xi = {a.rank: a.idx for a in x.at if a.idx >= 0}
+    yi = {a.rank: a.idx for a in y.at if a.idx >= 0}
+    for r in sorted(xi.keys() & yi.keys()):
+        if xi[r] != yi[r]:
+            return -1 if xi[r] < yi[r] else 1
+    return (_time(x, streams) > _time(y, streams)) - (_time(x, streams) < _time(y, streams))
+
+
+def _time(d: Divergence, streams: dict[int, RankStreams]) -> int:
+    ts = []
+    for a in d.at:
+        st = streams[a.rank].groups.get(d.group) if a.rank in streams else None
+        if st is not None and a.idx >= 0 and d.seq is not None:
+            ts.append(st.t_issue[d.seq - st.seq0])
+    return min(ts) if ts else 2**63
+
+
+def divergences(run: Run, streams: dict[int, RankStreams], table: SigTable) -> list[Divergence]:
+    """Every group's first divergence, earliest first."""
+    keys = sorted({k for s in streams.values() for k in s.groups})
+    found = membership(run, streams)
+    for key in keys:
+        d = in_group(run, key, streams, table)
+        if d is not None:
+            found.append(d)
+    return sorted(found, key=functools.cmp_to_key(lambda x, y: _compare(x, y, streams)))

@@ -1,0 +1,150 @@
+"""The cause catalogue: each rule names a cause from the facts that point to it, first match wins."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from colltrace.analysis import states
+from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, Finding, RankEnd
+from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
+from colltrace.analysis.timing import Straggler
+from colltrace.analysis.vocab import Cause, Kind
+from colltrace.trace.records import RankState, Run
+
+_TRAINING = frozenset({"forward", "backward", "recompute", "optimizer"})
+_GRAD_OPS = ("reduce_scatter", "_reduce_scatter_base", "all_reduce", "reduce")
+
+
+class Facts:
+    """What the rules look at, gathered once."""
+
+    def __init__(
+        self,
+        run: Run,
+        d: Divergence | None,
+        culprits: tuple[int, ...],
+        victims: tuple[int, ...],
+        ends: dict[int, RankEnd],
+        streams: dict[int, RankStreams],
+        table: SigTable,
+        cycle: tuple[int, ...] | None,
+        slow: Straggler | None,
+    ) -> None:
+        self.run, self.d, self.culprits, self.victims = run, d, culprits, victims
+        self.ends, self.streams, self.table, self.cycle, self.slow = ends, streams, table, cycle, slow
+
+    def sigs(self, ranks: tuple[int, ...]) -> list:  # type: ignore[type-arg]
+        if self.d is None:
+            return []
+        return [a.sig for a in self.d.at if a.rank in ranks and a.sig is not None]
+
+    def stream(self, rank: int) -> GroupStream | None:
+        if self.d is None or rank not in self.streams:
+            return None
+        return self.streams[rank].groups.get(self.d.group)
+
+
+def _group_create_differs(run: Run) -> tuple[int, ...]:
+    """Ranks whose k-th new_group/split_group call asked for other ranks than the majority's k-th call."""
+    calls = {r: [tuple(map(str, ev.get("ranks") or ())) for ev in rt.group_creations] for r, rt in run.ranks.items()}
+    if len(calls) < 2:
+        return ()
+    odd: set[int] = set()
+    for k in range(max(len(c) for c in calls.values())):
+        seen = Counter(c[k] for c in calls.values() if len(c) > k)
+        if len(seen) > 1:
+            common = seen.most_common(1)[0][0]
+            odd.update(r for r, c in calls.items() if len(c) > k and c[k] != common)
+    return tuple(sorted(odd))
+
+
+def _step_start(st: GroupStream | None, seq: int) -> bool:
+    return st is not None and any(o == seq - st.seq0 for o, _ in st.step_starts[1:])
+
+
+def _repeated_module(f: Facts) -> str:
+    """The module the culprit gathered more often in this step than in its previous step, if any."""
+    assert f.d is not None and f.d.seq is not None
+    for r in f.culprits:
+        st = f.stream(r)
+        if st is None or len(st.step_starts) < 2:
+            continue
+        off = f.d.seq - st.seq0
+        starts = [o for o, _ in st.step_starts] + [len(st.sigs)]
+        k = max(i for i, o in enumerate(starts[:-1]) if o <= off)
+        if k == 0:
+            continue
+        now = Counter(_module(f, s) for s in st.sigs[starts[k] : off + 1])
+        before = Counter(_module(f, s) for s in st.sigs[starts[k - 1] : starts[k]])
+        for module, n in now.items():
+            if module and n > before.get(module, 0) and before.get(module, 0) > 0:
+                return module
+    return ""
+
+
+def _module(f: Facts, sid: int) -> str:
+    sig = f.table[sid]
+    return sig.module if sig is not None and sig.phase in ("forward", "recompute") else ""
+
+
+def find(f: Facts) -> Finding:
+    d, ends = f.d, f.ends
+    ev: list[Evidence] = []
+    if f.cycle:
+        return Finding(Cause.CROSS_GROUP_DEADLOCK, Confidence.HIGH, (Evidence(Clue.CYCLE, f.cycle),))
+    odd = _group_create_differs(f.run)
+    if d is not None and d.kind is Kind.MEMBERSHIP:
+        ev.append(Evidence(Clue.MEMBERSHIP, d.group_ranks, d.label))
+        if odd:
+            ev.append(Evidence(Clue.GROUP_CREATE, odd))
+        return Finding(Cause.GROUP_MISCONFIG, Confidence.HIGH, tuple(ev))
+    if odd and d is not None:
+        return Finding(Cause.GROUP_MISCONFIG, Confidence.MEDIUM, (Evidence(Clue.GROUP_CREATE, odd),))
+    failed = [ends[r] for r in f.culprits if r in ends and states.self_failed(ends[r])]
+    if failed:
+        oom = [e.rank for e in failed if e.oom]
+        if oom:
+            return Finding(Cause.OOM, Confidence.HIGH, (Evidence(Clue.OOM, tuple(oom), failed[0].error_type),))
+        return Finding(
+            Cause.RANK_EXCEPTION, Confidence.HIGH, (Evidence(Clue.CRASHED, tuple(e.rank for e in failed), failed[0].error_type),)
+        )
+    if d is None:
+        if f.slow is not None:
+            return Finding(Cause.STRAGGLER, Confidence.MEDIUM, (Evidence(Clue.LAST_ARRIVER, (f.slow.rank,), f"{f.slow.waited_s:.1f}"),))
+        return Finding(Cause.UNKNOWN, Confidence.LOW, ())
+    sigs = f.sigs(tuple(a.rank for a in d.at))
+    modules = {s.module for s in sigs}
+    same_module = len(modules) == 1 and len({s.op for s in sigs}) == 1
+    if d.kind is Kind.DTYPE and same_module:
+        return Finding(Cause.DTYPE_MISMATCH, Confidence.HIGH, (Evidence(Clue.SAME_MODULE, f.culprits, next(iter(modules))),))
+    if d.kind is Kind.NUMEL and same_module:
+        return Finding(Cause.NUMEL_MISMATCH, Confidence.HIGH, (Evidence(Clue.SAME_MODULE, f.culprits, next(iter(modules))),))
+    phases = {s.phase for s in sigs}
+    if "recompute" in phases:
+        return Finding(Cause.RECOMPUTE_MISMATCH, Confidence.MEDIUM, (Evidence(Clue.RECOMPUTE, f.culprits),))
+    if d.seq is not None and d.kind in (Kind.MISSING, Kind.EXTRA) or any(s.phase not in _TRAINING for s in f.sigs(f.culprits)):
+        starting = [v for v in f.victims if _step_start(f.stream(v), d.seq or 0)]
+        left = all(
+            ends[r].state is RankState.FINISHED or not any(s.phase in _TRAINING for s in f.sigs((r,)))
+            for r in f.culprits
+        )
+        if starting and left and f.culprits:
+            return Finding(
+                Cause.UNEVEN_DATA,
+                Confidence.MEDIUM,
+                (Evidence(Clue.STEP_BOUNDARY, tuple(starting)), Evidence(Clue.LEFT_LOOP, f.culprits)),
+            )
+    if d.seq is not None and f.culprits:
+        module = _repeated_module(f)
+        if module:
+            return Finding(Cause.SHARED_MODULE_CALLS, Confidence.MEDIUM, (Evidence(Clue.REPEATED_MODULE, f.culprits, module),))
+    if sigs and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs):
+        return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
+    if f.culprits and d.kind in (Kind.OP, Kind.NUMEL, Kind.MODULE, Kind.PHASE, Kind.MISSING, Kind.EXTRA, Kind.DTYPE):
+        stuck = [r for r in f.culprits if ends[r].blocked is None and ends[r].state is not RankState.FINISHED]
+        if stuck and d.kind is Kind.MISSING and f.slow is not None and f.slow.rank in stuck:
+            return Finding(Cause.STRAGGLER, Confidence.MEDIUM, (Evidence(Clue.LAST_ARRIVER, (f.slow.rank,), f"{f.slow.waited_s:.1f}"),))
+        if d.kind is Kind.MISSING and stuck and all(states.died_unseen(ends[r]) for r in stuck):
+            return Finding(Cause.UNKNOWN, Confidence.LOW, (Evidence(Clue.KILLED, tuple(stuck)),))
+        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, ())
+    return Finding(Cause.UNKNOWN, Confidence.LOW, ())

@@ -1,0 +1,154 @@
+"""Who is the culprit: the rank's own history, majority, rank states and the wait-for graph, weighed together.
+
+No rank is a reference. With two ranks a majority cannot decide, so a rank's own history
+(training is periodic) carries the decision; states and the wait-for graph decide hangs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from colltrace.analysis import states
+from colltrace.analysis.history import Habit, precedent
+from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, RankEnd
+from colltrace.analysis.streams import RankStreams, SigTable
+from colltrace.analysis.vocab import Kind
+from colltrace.analysis.waitfor import WaitFor, waiting_on
+from colltrace.trace.records import RankState
+
+
+class Blame(NamedTuple):
+    culprits: tuple[int, ...]
+    victims: tuple[int, ...]
+    kind: Kind  # the divergence kind, MISSING turned into EXTRA when the issuers are the culprits
+    confidence: Confidence
+    evidence: tuple[Evidence, ...]
+
+
+def habits(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> dict[int, Habit]:
+    """For every rank that issued the divergent seq: does it match what it did there in earlier steps?"""
+    out: dict[int, Habit] = {}
+    if d.seq is None:
+        return out
+    for a in d.at:
+        rs = streams.get(a.rank)
+        st = rs.groups.get(d.group) if rs else None
+        if st is None or a.sig is None:
+            continue
+        out[a.rank] = precedent(st, d.seq, st.sig_at(d.seq)).habit
+    return out
+
+
+def _state_clues(ranks: tuple[int, ...], ends: dict[int, RankEnd]) -> list[Evidence]:
+    """What the ranks' ends say against them: each is a reason, on its own, to be waited for."""
+    out = []
+    for r in ranks:
+        e = ends.get(r)
+        if e is None:
+            continue
+        if states.self_failed(e):
+            if e.oom:
+                out.append(Evidence(Clue.OOM, (r,), e.error_type))
+            elif e.error_type == "fatal signal":
+                out.append(Evidence(Clue.FATAL_SIGNAL, (r,), e.error_message))
+            else:
+                out.append(Evidence(Clue.CRASHED, (r,), e.error_type))
+        elif e.state is RankState.FINISHED:
+            out.append(Evidence(Clue.FINISHED_EARLY, (r,), str(e.steps)))
+        elif e.blocked is None and e.state is RankState.HUNG:
+            out.append(Evidence(Clue.STUCK_OUTSIDE, (r,), e.activity))
+        elif e.blocked is None and e.state is RankState.KILLED:
+            out.append(Evidence(Clue.KILLED, (r,), e.activity))
+    return out
+
+
+def _others(ranks: tuple[int, ...], culprits: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(r for r in ranks if r not in culprits)
+
+
+def for_content(
+    d: Divergence, streams: dict[int, RankStreams], table: SigTable, ends: dict[int, RankEnd]
+) -> Blame:
+    """Ranks issued different things at one seq: which class broke from its own pattern?"""
+    hab = habits(d, streams, table)
+    scores: dict[tuple[int, ...], float] = {}
+    evidence: list[Evidence] = []
+    visible = [r for c in d.classes for r in c]
+    largest = max(len(c) for c in d.classes)
+    strict_majority = len(visible) >= 3 and sum(len(c) == largest for c in d.classes) == 1
+    absent = {a.rank for a in d.at if a.sig is None}
+    for cls in d.classes:
+        score = 0.0
+        for r in cls:
+            h = hab.get(r, Habit.UNKNOWN)
+            score += {Habit.DEVIATES: 2.0, Habit.CONSISTENT: -2.0, Habit.UNKNOWN: 0.0}[h]
+            if r in absent and states.self_failed(ends[r]) or (r in absent and ends[r].blocked is None):
+                score += 2.0
+        score /= len(cls)
+        if strict_majority:
+            score += -1.0 if len(cls) == largest else 1.0
+        scores[cls] = score
+    dev = tuple(sorted(r for r, h in hab.items() if h is Habit.DEVIATES))
+    con = tuple(sorted(r for r, h in hab.items() if h is Habit.CONSISTENT))
+    top = max(scores.values())
+    if top == min(scores.values()):
+        return Blame((), tuple(sorted(visible)), d.kind, Confidence.LOW, (Evidence(Clue.UNDECIDED, tuple(visible)),))
+    culprits = tuple(sorted(r for c, s in scores.items() if s == top for r in c))
+    if dev and set(dev) & set(culprits):
+        evidence.append(Evidence(Clue.HISTORY_DEVIATES, tuple(r for r in dev if r in culprits)))
+    if con and set(con) - set(culprits):
+        evidence.append(Evidence(Clue.HISTORY_CONSISTENT, tuple(r for r in con if r not in culprits)))
+    if strict_majority and all(len(c) < largest for c in scores if scores[c] == top):
+        evidence.append(Evidence(Clue.MAJORITY, culprits, str(largest)))
+    evidence.extend(_state_clues(tuple(r for r in culprits if r in absent), ends))
+    kinds = {e.clue for e in evidence}
+    confidence = Confidence.HIGH if len(kinds) >= 2 else Confidence.MEDIUM
+    return Blame(culprits, _others(tuple(sorted(visible)), culprits), d.kind, confidence, tuple(evidence))
+
+
+def for_missing(
+    d: Divergence, streams: dict[int, RankStreams], table: SigTable, ends: dict[int, RankEnd], wf: WaitFor
+) -> Blame:
+    """Some ranks issued the seq and others never did: who is late, and who went somewhere else?"""
+    issuers = tuple(a.rank for a in d.at if a.sig is not None)
+    absent = tuple(a.rank for a in d.at if a.sig is None and a.visible)
+    hab = habits(d, streams, table)
+    evidence: list[Evidence] = []
+    dev = tuple(r for r in issuers if hab.get(r) is Habit.DEVIATES)
+    con = tuple(r for r in issuers if hab.get(r) is Habit.CONSISTENT)
+    against_absent = _state_clues(absent, ends)
+    failed_absent = [e for e in against_absent if e.clue in (Clue.CRASHED, Clue.OOM, Clue.FATAL_SIGNAL)]
+    if dev and len(dev) * 2 > len(issuers) and not failed_absent:
+        # the issuers left their own pattern: they issued something the others had no reason to
+        culprits = tuple(sorted(dev))
+        evidence.append(Evidence(Clue.HISTORY_DEVIATES, culprits))
+        victims = tuple(sorted(set(issuers) - set(culprits)))
+        return Blame(culprits, victims, Kind.EXTRA, Confidence.MEDIUM, tuple(evidence))
+    # the absent ranks are late: follow the wait-for graph from them to whom they wait on
+    culprits_set: set[int] = set()
+    for r in absent:
+        if wf.graph.out_degree(r) == 0:
+            culprits_set.add(r)
+        else:
+            culprits_set.update(s for s in wf.sinks if s in _reach(wf, r))
+    if wf.cycle:
+        culprits_set.update(wf.cycle)
+    culprits = tuple(sorted(culprits_set)) or absent
+    if con:
+        evidence.append(Evidence(Clue.HISTORY_CONSISTENT, con))
+    if wf.graph.number_of_edges():
+        evidence.append(Evidence(Clue.WAITED_FOR, culprits, ",".join(map(str, issuers))))
+    evidence.extend(_state_clues(culprits, ends))
+    victims = tuple(sorted((set(waiting_on(wf, culprits)) | set(issuers)) - set(culprits)))
+    timed_out = tuple(r for r in victims if ends[r].collective_failure)
+    if timed_out:
+        evidence.append(Evidence(Clue.TIMED_OUT, timed_out))
+    kinds = {e.clue for e in evidence}
+    confidence = Confidence.HIGH if len(kinds - {Clue.TIMED_OUT}) >= 2 else Confidence.MEDIUM
+    return Blame(culprits, victims, Kind.MISSING, confidence, tuple(evidence))
+
+
+def _reach(wf: WaitFor, r: int) -> set[int]:
+    import networkx as nx
+
+    return set(nx.descendants(wf.graph, r))

@@ -1,0 +1,102 @@
+"""From a run to a diagnosis: align, find the first divergence, blame, name the cause, decide the verdict."""
+
+from __future__ import annotations
+
+from colltrace.analysis import causes, culprit, states, timing, waitfor
+from colltrace.analysis.align import divergences
+from colltrace.analysis.results import Clue, Confidence, Diagnosis, Divergence, Evidence, Finding, RankEnd
+from colltrace.analysis.streams import SigTable, build_all
+from colltrace.analysis.vocab import Cause, Kind, Verdict
+from colltrace.trace.records import RankState, Run
+
+_CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.PEER, Kind.MODULE, Kind.PHASE})
+
+
+def unseen(run: Run) -> tuple[str, ...]:
+    """What the traces cannot show, in the reader's words and ours."""
+    out = [f"rank {r}: no trace file" for r in run.missing]
+    out += run.problems
+    for r, rt in sorted(run.ranks.items()):
+        if rt.dropped:
+            out.append(f"rank {r}: the ring kept the last records only ({rt.dropped} older ones overwritten)")
+        if rt.torn:
+            out.append(f"rank {r}: {rt.torn} unreadable sidecar line(s) (torn by the kill)")
+    return tuple(out)
+
+
+def _verdict(d: Divergence | None, culprits: tuple[int, ...], ends: dict[int, RankEnd], cycle: bool) -> Verdict:
+    if cycle:
+        return Verdict.DEADLOCK
+    if d is not None and (d.kind in _CONTENT or d.kind is Kind.MEMBERSHIP):
+        return Verdict.DIVERGENCE
+    dead = [r for r in culprits if states.self_failed(ends[r]) or states.died_unseen(ends[r])]
+    if dead:
+        return Verdict.CRASH
+    if d is not None:
+        return Verdict.HANG
+    if all(e.state is RankState.FINISHED for e in ends.values()):
+        return Verdict.HEALTHY
+    return Verdict.HANG
+
+
+def diagnose(run: Run) -> Diagnosis:
+    table = SigTable()
+    streams = build_all(run, table)
+    ends = states.rank_ends(run, streams)
+    wf = waitfor.build(run, streams, ends)
+    found = divergences(run, streams, table)
+    d = found[0] if found else None
+    slow = timing.straggler(streams)
+    cycle = wf.cycle
+    if d is None:
+        blame = _no_divergence(ends, slow)
+    elif d.kind in (Kind.MISSING, Kind.EXTRA):
+        blame = culprit.for_missing(d, streams, table, ends, wf)
+    else:
+        blame = culprit.for_content(d, streams, table, ends)
+    if d is not None and blame.kind is not d.kind:
+        d = Divergence(d.group, d.label, d.group_ranks, d.seq, blame.kind, d.at, d.classes)
+    if cycle and not (d is not None and d.kind in _CONTENT):
+        culprits = cycle
+        victims = tuple(sorted(set(waitfor.waiting_on(wf, cycle)) - set(cycle)))
+    else:
+        cycle = None
+        culprits, victims = blame.culprits, blame.victims
+    verdict = _verdict(d, culprits, ends, bool(cycle))
+    finding: Finding | None = None
+    if verdict is not Verdict.HEALTHY or slow is not None:
+        facts = causes.Facts(run, d, culprits, victims, ends, streams, table, cycle, slow)
+        f = causes.find(facts)
+        finding = Finding(f.cause, _confidence(blame.confidence, f.confidence), blame.evidence + f.evidence)
+        if verdict is Verdict.HEALTHY and f.cause is Cause.STRAGGLER and slow is not None:
+            culprits = (slow.rank,)
+            victims = tuple(r for r in sorted(ends) if r != slow.rank)
+    return Diagnosis(
+        verdict=verdict,
+        culprits=culprits,
+        victims=victims,
+        divergence=d,
+        cycle=cycle,
+        finding=finding,
+        ranks=ends,
+        unseen=unseen(run),
+    )
+
+
+def _confidence(a: Confidence, b: Confidence) -> Confidence:
+    order = [Confidence.LOW, Confidence.MEDIUM, Confidence.HIGH]
+    return order[min(order.index(a), order.index(b))]
+
+
+def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> culprit.Blame:
+    """Every collective matched: a rank that died or stopped on its own is still to blame."""
+    dead = tuple(r for r, e in ends.items() if states.self_failed(e) or states.died_unseen(e))
+    everyone = tuple(sorted(ends))
+    if dead:
+        ev = tuple(Evidence(Clue.CRASHED, (r,), ends[r].error_type) for r in dead)
+        return culprit.Blame(dead, tuple(r for r in everyone if r not in dead), Kind.MISSING, Confidence.MEDIUM, ev)
+    stuck = tuple(r for r, e in ends.items() if e.blocked is None and e.state in (RankState.HUNG, RankState.KILLED))
+    if stuck and len(stuck) < len(ends):
+        ev = tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r].activity) for r in stuck)
+        return culprit.Blame(stuck, tuple(r for r in everyone if r not in stuck), Kind.MISSING, Confidence.LOW, ev)
+    return culprit.Blame((), (), Kind.MISSING, Confidence.HIGH, ())

@@ -1,0 +1,70 @@
+"""A rank's own history: what did it issue at this point of its earlier steps (training is periodic)?"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+from colltrace.analysis.streams import GroupStream
+
+_MAX_PERIOD = 4096  # longest step pattern searched when the trace has no step numbers
+
+
+class Habit(str, enum.Enum):
+    CONSISTENT = "consistent"  # same signature as at this point of earlier steps
+    DEVIATES = "deviates"  # something else than at this point of earlier steps
+    UNKNOWN = "unknown"  # no earlier step to compare with
+
+
+class Precedent(NamedTuple):
+    habit: Habit
+    expected: int  # signature id it issued at this point before (0: none)
+    step: int | None  # the earlier step compared with (None: found by period, not by step number)
+
+
+def by_step(st: GroupStream, seq: int, sid: int) -> Precedent:
+    """Compare with the same position (from the start of the step) in the latest earlier full steps."""
+    off = seq - st.seq0
+    starts = st.step_starts
+    k = -1
+    for i, (o, _) in enumerate(starts):
+        if o <= off:
+            k = i
+    if k <= 0:
+        return Precedent(Habit.UNKNOWN, 0, None)
+    pos = off - starts[k][0]
+    for j in range(k - 1, max(-1, k - 3), -1):
+        if j == 0 and st.seq0 > 1:
+            break  # the ring dropped the beginning of this step
+        begin, step = starts[j]
+        end = starts[j + 1][0]
+        if pos < end - begin:
+            prev = st.sigs[begin + pos]
+            return Precedent(Habit.CONSISTENT if prev == sid else Habit.DEVIATES, prev, step)
+    return Precedent(Habit.UNKNOWN, 0, None)
+
+
+def by_period(st: GroupStream, seq: int, sid: int) -> Precedent:
+    """No step numbers: find the shortest period of what came before and compare one period back."""
+    off = seq - st.seq0
+    sigs = st.sigs
+    for p in range(1, min(_MAX_PERIOD, off // 2) + 1):
+        window = min(off - p, max(3 * p, 64))
+        if window < 2 * p:
+            continue
+        if sigs[off - window : off] == sigs[off - window - p : off - p]:
+            prev = sigs[off - p]
+            return Precedent(Habit.CONSISTENT if prev == sid else Habit.DEVIATES, prev, None)
+    return Precedent(Habit.UNKNOWN, 0, None)
+
+
+def precedent(st: GroupStream, seq: int, sid: int) -> Precedent:
+    found = by_step(st, seq, sid)
+    if found.habit is Habit.UNKNOWN:
+        found = by_period(st, seq, sid)
+    return found
+
+
+def next_expected(st: GroupStream) -> Precedent:
+    """What a rank that stopped in this group would have issued next, by its own history."""
+    return precedent(st, st.last_seq + 1, 0)

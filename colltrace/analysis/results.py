@@ -1,0 +1,112 @@
+"""The typed results of a diagnosis: divergence, rank ends, evidence, cause, verdict (no text, no I/O)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from colltrace.analysis.streams import Signature
+from colltrace.analysis.vocab import Cause, Kind, Verdict
+from colltrace.trace.records import Collective, RankState
+
+
+class Confidence(str, enum.Enum):
+    HIGH = "high"  # two independent kinds of evidence agree, or one that cannot be read otherwise
+    MEDIUM = "medium"  # one kind of evidence
+    LOW = "low"  # a guess by elimination; said so in the report
+
+
+class Clue(str, enum.Enum):
+    """One kind of fact the diagnosis rests on (rendered to sentences by the report)."""
+
+    HISTORY_DEVIATES = "history_deviates"  # the rank did something else at this point of its earlier steps
+    HISTORY_CONSISTENT = "history_consistent"  # the rank did the same at this point of its earlier steps
+    MAJORITY = "majority"  # the rank is in a minority of the group at this seq
+    CRASHED = "crashed"  # the rank raised on its own (not inside a failing collective)
+    OOM = "oom"  # the error says out of memory
+    FATAL_SIGNAL = "fatal_signal"  # faulthandler wrote a fatal error outside any collective
+    FINISHED_EARLY = "finished_early"  # the rank exited cleanly while others still waited for it
+    STUCK_OUTSIDE = "stuck_outside"  # hung or killed with no collective in flight (compute, data loading)
+    KILLED = "killed"  # stopped from outside with no collective in flight
+    WAITED_FOR = "waited_for"  # blocked ranks wait for this rank in the wait-for graph
+    CYCLE = "cycle"  # ranks wait on each other across groups
+    MEMBERSHIP = "membership"  # the ranks disagree on the members of a group
+    GROUP_CREATE = "group_create"  # the ranks asked new_group/split_group for different rank lists
+    SAME_MODULE = "same_module"  # the mismatch is on the same module and op: the tensors themselves differ
+    RECOMPUTE = "recompute"  # the divergent records are in activation-checkpoint recompute
+    GRAD_REDUCTION = "grad_reduction"  # the divergent records are gradient reductions in backward
+    REPEATED_MODULE = "repeated_module"  # the culprit gathered a module more often than in its earlier steps
+    LEFT_LOOP = "left_loop"  # the culprit stopped issuing training-step collectives at a step boundary
+    TIMED_OUT = "timed_out"  # the victims' collectives failed (timeout, peer gone)
+    LAST_ARRIVER = "last_arriver"
+    STEP_BOUNDARY = "step_boundary"  # the victims were starting a new step the culprit never started  # the rank arrived last at most collectives, by a wide margin
+    UNDECIDED = "undecided"  # the evidence does not separate the ranks
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    clue: Clue
+    ranks: tuple[int, ...]
+    detail: str = ""  # a name or number the clue refers to (module, error type, seconds), not a sentence
+
+
+@dataclass(frozen=True, slots=True)
+class AtSeq:
+    """What one rank did at the divergent (group, seq): its signature, or None if it never issued it."""
+
+    rank: int
+    sig: Signature | None
+    step: int | None
+    idx: int  # record number on that rank, -1 if none
+    visible: bool = True  # False: the rank's trace cannot say (no file, ring dropped that far)
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """The first (group, seq) where the ranks disagree."""
+
+    group: str  # group name as recorded
+    label: str  # desc such as default_pg, else the name
+    group_ranks: tuple[int, ...]
+    seq: int | None
+    kind: Kind
+    at: tuple[AtSeq, ...]  # one per member rank, rank order
+    classes: tuple[tuple[int, ...], ...]  # ranks grouped by identical records (missing ones together)
+
+
+@dataclass(frozen=True, slots=True)
+class RankEnd:
+    """How one rank ended, and what it was doing."""
+
+    rank: int
+    state: RankState
+    last: Collective | None  # last collective it issued
+    blocked: Collective | None  # the collective it was stuck in (in flight or failed), if any
+    activity: str  # last known activity: innermost frame of its last stack dump, or its last collective
+    error_type: str
+    error_message: str
+    collective_failure: bool  # its error came out of a collective (timeout, peer gone): a victim's error
+    oom: bool
+    stack: tuple[str, ...]  # a few innermost frames, "file:line in func: code"
+    host: str
+    steps: int
+    signal: str = ""  # the terminating signal it recorded (alive, then stopped from outside), if any
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    cause: Cause
+    confidence: Confidence
+    evidence: tuple[Evidence, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    verdict: Verdict
+    culprits: tuple[int, ...]
+    victims: tuple[int, ...]
+    divergence: Divergence | None
+    cycle: tuple[int, ...] | None
+    finding: Finding | None  # None when healthy and nothing to say
+    ranks: dict[int, RankEnd]
+    unseen: tuple[str, ...]  # what the traces could not show (missing files, dropped records, torn slots)

@@ -1,0 +1,159 @@
+"""How each rank ended: its state, the collective it was stuck in, its error, its last known activity."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from colltrace.analysis.results import RankEnd
+from colltrace.analysis.streams import RankStreams
+from colltrace.trace.reader import RecordView
+from colltrace.trace.records import Collective, RankState, RankTrace, Run
+
+_OOM = re.compile(r"out of memory|OutOfMemory|MemoryError|can't allocate memory|std::bad_alloc|not enough memory", re.I)
+# what a victim's error says when its collective failed because of another rank
+_COMM_FAILURE = re.compile(
+    r"timed? ?out|timeout|connection (closed|reset|refused)|closed by peer|broken pipe|peer|gloo|nccl|"
+    r"ProcessGroup|socket|watchdog|Aborted",
+    re.I,
+)
+_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+_MAX_FRAMES = 6
+
+
+def record(rt: RankTrace, idx: int) -> Collective | None:
+    recs = rt.records
+    if isinstance(recs, RecordView):
+        return recs.by_idx(idx)
+    for c in reversed(recs):
+        if c.idx == idx:
+            return c
+    return None
+
+
+def blocked_idx(rs: RankStreams) -> int:
+    """idx of the collective the rank was stuck in: its oldest never-completed record that nothing later in
+    the same group overtook (a later completed seq means the record's completion was simply not seen)."""
+    open_by_key: dict[str, set[int]] = {}
+    for key, seq, _ in rs.open:
+        open_by_key.setdefault(key, set()).add(seq)
+    best = -1
+    for key, seq, idx in rs.open:
+        st = rs.groups[key]
+        if all(s in open_by_key[key] for s in range(seq + 1, st.last_seq + 1)) and (best < 0 or idx < best):
+            best = idx
+    if best < 0 and rs.failed:
+        best = rs.failed[-1][2]
+    return best
+
+
+def _frames_from_stacks(stacks: list[dict[str, Any]]) -> list[str]:
+    if not stacks:
+        return []
+    threads = stacks[-1].get("threads") or []
+    main = next((t for t in threads if t.get("thread") == "MainThread"), threads[0] if threads else None)
+    if not main:
+        return []
+    out = []
+    for f in (main.get("frames") or [])[-_MAX_FRAMES:]:
+        try:
+            path, line, func, code = f
+        except (TypeError, ValueError):
+            continue
+        out.append(f"{path}:{line} in {func}" + (f": {code}" if code else ""))
+    return out
+
+
+def _frames_from_text(text: str) -> list[str]:
+    """faulthandler prints innermost first; tracebacks innermost last. Return innermost last."""
+    frames = [f"{m[1]}:{m[2]} in {m[3]}" for m in _FRAME.findall(text)]
+    if "Most recent call first" in text:
+        # only the current thread's block (the first one) matters
+        block = text.split("\n\n")[0]
+        frames = [f"{m[1]}:{m[2]} in {m[3]}" for m in _FRAME.findall(block)][::-1]
+    return frames[-_MAX_FRAMES:]
+
+
+def _tb_frames(tb: str) -> list[str]:
+    out = []
+    for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', tb):
+        out.append(f"{m[1]}:{m[2]} in {m[3]}: {m[4].strip()}")
+    return out[-_MAX_FRAMES:]
+
+
+def rank_end(rt: RankTrace, rs: RankStreams) -> RankEnd:
+    last = record(rt, rs.last_idx) if rs.last_idx >= 0 else None
+    blocked = None
+    if rt.state is not RankState.FINISHED:
+        b = blocked_idx(rs)
+        blocked = record(rt, b) if b >= 0 else None
+    err = rt.error or {}
+    etype = str(err.get("type") or "")
+    message = str(err.get("message") or "").strip()
+    fault = rt.fault or ""
+    if fault and not etype:
+        first = fault.splitlines()[0] if fault.splitlines() else "fatal signal"
+        etype, message = "fatal signal", first.replace("Fatal Python error: ", "")
+    text = f"{err.get('qualname', '')} {etype} {message}"
+    oom = bool(_OOM.search(text) or _OOM.search(fault))
+    in_collective = blocked is not None and (blocked.error or blocked.in_flight)
+    stack: list[str]
+    if fault:
+        stack = _frames_from_text(fault)
+        in_collective = in_collective or "distributed" in fault
+    elif err.get("traceback"):
+        stack = _tb_frames(str(err["traceback"]))
+    else:
+        stack = _frames_from_stacks(rt.stacks)
+    collective_failure = bool(
+        (etype or fault) and not oom and in_collective and (_COMM_FAILURE.search(text) or fault or blocked and blocked.error)
+    )
+    if blocked is not None:
+        activity = f"in {blocked.op} (seq {blocked.seq})"
+    elif stack:
+        activity = stack[-1]
+    elif last is not None:
+        activity = f"after {last.op} (seq {last.seq})"
+    else:
+        activity = "no record"
+    return RankEnd(
+        rank=rt.rank,
+        state=rt.state,
+        last=last,
+        blocked=blocked,
+        activity=activity,
+        error_type=etype,
+        error_message=message.splitlines()[0][:300] if message else "",
+        collective_failure=collective_failure,
+        oom=oom,
+        stack=tuple(stack),
+        host=rt.host,
+        steps=rt.steps,
+        signal=str((rt.signal or {}).get("signal") or ""),
+    )
+
+
+def missing_end(rank: int) -> RankEnd:
+    return RankEnd(rank, RankState.MISSING, None, None, "no trace file", "", "", False, False, (), "", 0)
+
+
+def rank_ends(run: Run, streams: dict[int, RankStreams]) -> dict[int, RankEnd]:
+    out = {r: rank_end(rt, streams[r]) for r, rt in run.ranks.items()}
+    for r in run.missing:
+        out[r] = missing_end(r)
+    return dict(sorted(out.items()))
+
+
+def self_failed(end: RankEnd) -> bool:
+    """Died of its own error (exception, OOM, fatal signal outside a collective), not of a peer's absence."""
+    return end.state is RankState.CRASHED and (end.oom or not end.collective_failure)
+
+
+def died_unseen(end: RankEnd) -> bool:
+    """Stopped from outside with no end record and no signal seen: SIGKILL or a machine gone; treat as dead."""
+    return end.state is RankState.KILLED and not end.signal and end.blocked is None
+
+
+def stopped_outside(end: RankEnd) -> bool:
+    """Stopped (hung, killed, finished, crashed) while not inside any collective."""
+    return end.blocked is None and end.state is not RankState.MISSING
