@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from colltrace.analysis import causes, culprit, states, timing, waitfor
 from colltrace.analysis.align import divergences
-from colltrace.analysis.results import Clue, Confidence, Diagnosis, Divergence, Evidence, Finding, RankEnd
-from colltrace.analysis.streams import SigTable, build_all
+from colltrace.analysis.results import Clue, Confidence, ContextRow, Diagnosis, Divergence, Evidence, Finding, RankEnd
+from colltrace.analysis.streams import RankStreams, SigTable, build_all
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.records import RankState, Run
 
@@ -80,7 +80,23 @@ def diagnose(run: Run) -> Diagnosis:
         finding=finding,
         ranks=ends,
         unseen=unseen(run),
+        context=context(d, streams, table),
     )
+
+
+def context(d: Divergence | None, streams: dict[int, RankStreams], table: SigTable, before: int = 4) -> tuple[ContextRow, ...]:
+    """The seqs of the divergent group just before and at the divergence, per member rank."""
+    if d is None or d.seq is None:
+        return ()
+    rows = []
+    for seq in range(max(1, d.seq - before), d.seq + 1):
+        sigs = []
+        for a in d.at:
+            st = streams[a.rank].groups.get(d.group) if a.rank in streams else None
+            sid = st.sig_at(seq) if st is not None else 0
+            sigs.append(table[sid] if sid else None)
+        rows.append(ContextRow(seq, tuple(sigs)))
+    return tuple(rows)
 
 
 def _confidence(a: Confidence, b: Confidence) -> Confidence:

@@ -101,6 +101,14 @@ class Finding:
 
 
 @dataclass(frozen=True, slots=True)
+class ContextRow:
+    """One seq of the divergent group around the divergence: what each rank issued there."""
+
+    seq: int
+    sigs: tuple[Signature | None, ...]  # one per rank of Divergence.at, same order
+
+
+@dataclass(frozen=True, slots=True)
 class Diagnosis:
     verdict: Verdict
     culprits: tuple[int, ...]
@@ -110,3 +118,4 @@ class Diagnosis:
     finding: Finding | None  # None when healthy and nothing to say
     ranks: dict[int, RankEnd]
     unseen: tuple[str, ...]  # what the traces could not show (missing files, dropped records, torn slots)
+    context: tuple[ContextRow, ...] = ()  # a few seqs before and at the divergence

@@ -1,0 +1,109 @@
+"""The sentences of a report: headline, evidence and what to check, from the typed diagnosis."""
+
+from __future__ import annotations
+
+from colltrace.analysis.results import Clue, Diagnosis, Evidence
+from colltrace.analysis.streams import Signature
+from colltrace.analysis.vocab import Cause, Verdict
+
+
+def ranks_text(ranks: tuple[int, ...] | list[int]) -> str:
+    """0,1,2,5 -> 'ranks 0-2, 5'."""
+    rs = sorted(set(ranks))
+    if not rs:
+        return "no rank"
+    parts: list[str] = []
+    start = prev = rs[0]
+    for r in rs[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
+
+
+def sig_text(sig: Signature | None) -> str:
+    if sig is None:
+        return "—"
+    bits = [sig.op, f"numel={sig.numel}", sig.dtype]
+    if sig.reduce_op:
+        bits.append(sig.reduce_op)
+    if sig.peer >= 0:
+        bits.append(f"root={sig.peer}")
+    if sig.module:
+        bits.append(sig.module)
+    if sig.phase:
+        bits.append(sig.phase)
+    return " ".join(b for b in bits if b)
+
+
+def headline(dx: Diagnosis) -> str:
+    d = dx.divergence
+    who = f"culprit {ranks_text(dx.culprits)}" if dx.culprits else "culprit undecided"
+    cause = f", likely {dx.finding.cause.value}" if dx.finding and dx.finding.cause is not Cause.UNKNOWN else ""
+    if dx.verdict is Verdict.HEALTHY:
+        if dx.finding and dx.finding.cause is Cause.STRAGGLER:
+            return f"Healthy, but {ranks_text(dx.culprits)} is a straggler: the others waited for it"
+        return "Healthy: every rank finished and every collective matched"
+    if dx.verdict is Verdict.DEADLOCK and dx.cycle:
+        return f"Deadlock across groups: {ranks_text(dx.cycle)} wait on each other{cause}"
+    where = f" at {d.label} seq {d.seq} ({d.kind.value})" if d is not None and d.seq is not None else ""
+    if d is not None and d.seq is None:
+        where = f" in group {d.label} ({d.kind.value})"
+    return f"{dx.verdict.value.capitalize()}{where}: {who}{cause}"
+
+
+def evidence_text(e: Evidence) -> str:
+    who = ranks_text(e.ranks)
+    detail = e.detail
+    text = {
+        Clue.HISTORY_DEVIATES: f"{who} issued something other than what it issued at this point of its earlier steps",
+        Clue.HISTORY_CONSISTENT: f"{who} issued the same as at this point of its earlier steps",
+        Clue.MAJORITY: f"{who} disagree with the majority of the group ({detail} ranks)",
+        Clue.CRASHED: f"{who} raised {detail or 'an exception'} on its own, not inside a failing collective",
+        Clue.OOM: f"{who} ran out of memory ({detail})",
+        Clue.FATAL_SIGNAL: f"{who} died of a fatal signal outside any collective ({detail})",
+        Clue.FINISHED_EARLY: f"{who} exited cleanly after {detail} step(s) while others still waited for it",
+        Clue.STUCK_OUTSIDE: f"{who} hung outside any collective (last frame: {detail})",
+        Clue.KILLED: f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)",
+        Clue.WAITED_FOR: f"{who} never reached the collective that ranks {detail} were blocked in (wait-for graph sink)",
+        Clue.CYCLE: f"{who} wait on each other in different groups (a cycle in the wait-for graph)",
+        Clue.MEMBERSHIP: f"the ranks disagree on the members of group {detail}",
+        Clue.GROUP_CREATE: f"{who} asked new_group/split_group for other ranks than the rest",
+        Clue.SAME_MODULE: f"same op on the same module ({detail}) on every rank: the tensors themselves differ",
+        Clue.RECOMPUTE: "the divergent collectives are in activation-checkpoint recompute",
+        Clue.GRAD_REDUCTION: "the divergent collectives are gradient reductions in backward",
+        Clue.REPEATED_MODULE: f"{who} gathered {detail} more often in this step than in its previous step",
+        Clue.LEFT_LOOP: f"{who} stopped issuing training-step collectives",
+        Clue.STEP_BOUNDARY: f"{who} were starting a new step",
+        Clue.TIMED_OUT: f"{who} failed in the collective they waited in (timeout or peer gone): victims",
+        Clue.LAST_ARRIVER: f"{who} arrived last, the others waited {detail} s for it in all",
+        Clue.UNDECIDED: f"{who} each kept to their own earlier pattern: the traces alone cannot say which is wrong",
+    }[e.clue]
+    return text
+
+
+CHECK: dict[Cause, str] = {
+    Cause.CONTROL_FLOW: "a branch that depends on data or on the rank (if/while on a tensor value, rank-specific code) "
+    "and skips or adds a module call or a collective on some ranks",
+    Cause.UNEVEN_DATA: "the number of batches per rank (sampler drop_last, uneven shards, an empty last batch); "
+    "all ranks must run the same number of steps (or use Join)",
+    Cause.RANK_EXCEPTION: "the culprit's traceback below; the other ranks only timed out waiting for it",
+    Cause.OOM: "memory on the culprit's device: batch size, activation memory, a leak across steps",
+    Cause.RECOMPUTE_MISMATCH: "activation checkpointing: the checkpointed region must run the same modules in "
+    "forward and in recompute on every rank (no data-dependent branches, same RNG/state)",
+    Cause.UNUSED_PARAMS: "parameters that get no gradient on some ranks (a branch not taken); use every parameter "
+    "on every rank, or find_unused_parameters / an explicit zero contribution",
+    Cause.SHARED_MODULE_CALLS: "a module called more than once per forward (weight tying, a loop over a shared block) "
+    "a different number of times across ranks",
+    Cause.GROUP_MISCONFIG: "new_group / split_group / DeviceMesh construction: every rank must create the same groups "
+    "in the same order with the same rank lists",
+    Cause.DTYPE_MISMATCH: "the mixed-precision policy (MixedPrecisionPolicy, autocast, param dtype) on each rank",
+    Cause.NUMEL_MISMATCH: "model config and tensor shapes on each rank (hidden sizes, padding, vocab size)",
+    Cause.CROSS_GROUP_DEADLOCK: "the order in which ranks enter collectives of different groups: it must be the same "
+    "on every rank that shares the groups",
+    Cause.STRAGGLER: "what the slow rank does between collectives (data loading, host work, a slow device or node)",
+    Cause.UNKNOWN: "the culprit's last activity and logs (kernel OOM killer, scheduler preemption)",
+}

@@ -1,0 +1,106 @@
+"""Small hand-made traces written with the real TraceWriter (no torch): one FakeRank per rank."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from colltrace.trace import schema
+from colltrace.trace.writer import TraceWriter
+
+FSDP_STEP = [  # (op, numel, module, phase): one FSDP2 training step of a 3-layer model with equal layers
+    ("all_gather_single", 34, "<root>", "forward"),
+    ("all_gather_single", 136, "layers.0", "forward"),
+    ("all_gather_single", 136, "layers.1", "forward"),
+    ("all_gather_single", 136, "layers.2", "forward"),
+    ("all_gather_single", 136, "layers.2", "backward"),
+    ("all_gather_single", 136, "layers.1", "backward"),
+    ("reduce_scatter_single", 272, "layers.2", "backward"),
+    ("all_gather_single", 136, "layers.0", "backward"),
+    ("reduce_scatter_single", 272, "layers.1", "backward"),
+    ("reduce_scatter_single", 68, "<root>", "backward"),
+    ("reduce_scatter_single", 272, "layers.0", "backward"),
+]
+
+
+class FakeRank:
+    """Writes one rank's trace the way the recorder does."""
+
+    def __init__(
+        self,
+        run_dir: str,
+        rank: int,
+        world: int,
+        groups: dict[str, tuple[str, tuple[int, ...]]] | None = None,
+        capacity: int = 4096,
+        full: bool = True,
+    ) -> None:
+        header = {
+            "world_size": world,
+            "host": f"node{rank // 8}",
+            "torch": "2.13.0+cpu",
+            "backend": "gloo",
+            "python": "3.11",
+            "launcher": "torchrun",
+            "clock": {"wall_ns": 1_700_000_000_000_000_000, "mono_ns": 0},
+        }
+        self.rank = rank
+        self.w = TraceWriter(run_dir, rank, capacity=capacity, full=full, header=header)
+        groups = groups or {"0": ("default_pg", tuple(range(world)))}
+        for name, (desc, ranks) in groups.items():
+            self.w.event({"ev": "group", "name": name, "desc": desc, "ranks": list(ranks), "backend": "gloo"})
+        self.seq: dict[str, int] = {}
+        self.t = 1_000_000 + rank * 1000
+        self.step = 0
+
+    def coll(
+        self,
+        op: str,
+        numel: int,
+        module: str = "",
+        phase: str = "forward",
+        group: str = "0",
+        dtype: str = "float32",
+        redop: str = "",
+        peer: int = -1,
+        done: bool = True,
+        error: bool = False,
+        delay_ns: int = 1_000_000,
+    ) -> int:
+        s = self.w.intern
+        seq = self.seq[group] = self.seq.get(group, 0) + 1
+        self.t += delay_ns
+        flags = (schema.FLAG_DONE if done else 0) | (schema.FLAG_ERROR if error else 0)
+        t_done = self.t + 100_000 if (done or error) else 0
+        return self.w.append(
+            schema.KIND_COLLECTIVE, flags, 0, 0, s(group), s(op), s(dtype), s(redop), s(module), s(phase),
+            s(""), s(f"[{numel}] -> [{numel}]"), seq, seq, numel, numel, peer, self.step, 0,
+            self.t, t_done, 0,
+        )  # fmt: skip
+
+    def fsdp_step(self, skip: set[int] | frozenset[int] = frozenset(), stop_after: int | None = None, **kw: Any) -> None:
+        """One FSDP_STEP; `skip` drops positions; `stop_after` ends the step early (position index)."""
+        for i, (op, numel, module, phase) in enumerate(FSDP_STEP):
+            if i in skip:
+                continue
+            self.coll(op, numel, module, phase, **kw)
+            if stop_after is not None and i >= stop_after:
+                return
+        self.step += 1
+        self.w.event({"ev": "step", "step": self.step})
+
+    def footer(self) -> None:
+        self.w.event({"ev": schema.EV_FOOTER, "t_ns": 0, "step": self.step, "in_flight": 0})
+
+    def error(self, etype: str, message: str) -> None:
+        tb = f'Traceback (most recent call last):\n  File "train.py", line 42, in main\n    loss = model(x)\n{etype}: {message}\n'
+        self.w.event({"ev": schema.EV_ERROR, "type": etype, "qualname": f"builtins.{etype}", "message": message, "traceback": tb})
+
+    def hang_stacks(self, func: str = "load_batch", line: str = "time.sleep(600)") -> None:
+        frames = [["train.py", 40, "main", "for x in loader:"], ["data.py", 7, func, line]]
+        self.w.event({"ev": schema.EV_STACKS, "reason": "hang", "threads": [{"thread": "MainThread", "frames": frames}]})
+
+
+def ranks(run_dir: str, world: int, **kw: Any) -> list[FakeRank]:
+    os.makedirs(run_dir, exist_ok=True)
+    return [FakeRank(run_dir, r, world, **kw) for r in range(world)]
