@@ -92,8 +92,9 @@ def ring_info(ring_path: str) -> RingInfo | None:
     capacity = min(capacity, (size - schema.RING_HEADER_SIZE) // slot_size)
     if capacity <= 0:
         return None
-    # head is bumped after the marker: slot `head` may be committed already
-    return RingInfo(capacity=capacity, first=max(0, head + 1 - capacity), last=head, head=head)
+    # head is bumped after the marker: slot `head` may be committed already, in which case it
+    # overwrote `head - capacity`; the slots' markers tell which of the two is there
+    return RingInfo(capacity=capacity, first=max(0, head - capacity), last=head, head=head)
 
 
 _CHUNK_SLOTS = 32768  # 4 MiB reads: bounded memory for rings of any size
