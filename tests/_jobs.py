@@ -49,17 +49,32 @@ def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 120) -> 
         try:
             if predicate():
                 return
-        except (OSError, ValueError):
-            pass  # a file half-written: look again
+        except Exception:  # no trace yet, or a file half-written: look again
+            pass
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def kill_group(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> str:
-    """Signal the launcher's whole process group (agent and workers), as a scheduler does."""
+def kill_group(proc: subprocess.Popen[str], sig: int = signal.SIGKILL, pids: tuple[int, ...] = ()) -> str:
+    """Signal the launcher and the workers, as a scheduler does (torchrun may start workers in
+    sessions of their own, so their pids come from the traces' headers)."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
     try:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
     return out or ""

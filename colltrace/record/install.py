@@ -43,6 +43,7 @@ def install(cfg: config_mod.Config | None = None) -> bool:
             _wrap_group_creation()
             _rebind_stale_references()
             HOOKS.install(module_hooks=cfg.hooks)
+            LIFECYCLE.patch_spawn_wrap()
             _state["installed"] = True
             _state["wrapped"] = wrapped
             if dist.is_initialized():

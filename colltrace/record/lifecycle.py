@@ -57,7 +57,6 @@ class Lifecycle:
             pass
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
-        self._patch_spawn_wrap()
         self._enable_faulthandler(recorder.writer.fault_path)
         self._install_sigterm()
         self._watchdog = threading.Thread(target=self._watch, name="colltrace-watchdog", daemon=True)
@@ -111,10 +110,16 @@ class Lifecycle:
         hook = self._prev_excepthook or sys.__excepthook__
         hook(etype, value, tb)
 
-    def _patch_spawn_wrap(self) -> None:
-        """mp.spawn children catch the exception themselves and exit(1): record it there."""
+    def patch_spawn_wrap(self) -> None:
+        """mp.spawn children catch the exception themselves and exit(1): record it there.
+
+        Patched when torch is imported: a spawned child resolves `_wrap` while unpickling its
+        target, right after importing torch and before any user code runs."""
         try:
-            import torch.multiprocessing.spawn as spawn_mod
+            import importlib
+
+            # not `import torch.multiprocessing.spawn`: that name is shadowed by the function
+            spawn_mod = importlib.import_module("torch.multiprocessing.spawn")
         except Exception:
             return
         orig = getattr(spawn_mod, "_wrap", None)

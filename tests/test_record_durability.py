@@ -1,0 +1,159 @@
+"""A rank that is killed, hangs, raises or aborts still leaves a readable trace that says so."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from _jobs import WORKLOADS, job_env, kill_group, start_torchrun, torchrun, wait_for
+
+from colltrace.trace import schema
+from colltrace.trace.reader import read_run
+from colltrace.trace.records import RankState
+
+
+def _pids(run_dir: Path) -> list[int]:
+    return [rt.header["pid"] for rt in read_run(str(run_dir)).ranks.values()]
+
+
+def test_sigkill_mid_collective_leaves_the_in_flight_record(tmp_path: Path) -> None:
+    # rank 1 gets stuck in "compute"; rank 0 blocks in its 6th all_reduce; then the scheduler
+    # SIGKILLs everything: nothing in the processes gets to run, the trace must already be there
+    proc = start_torchrun("faults.py", 2, tmp_path, FAULT="stuck", COLLTRACE_HANG_S="0")
+
+    def rank0_blocked() -> bool:
+        run = read_run(str(tmp_path))
+        return 0 in run.ranks and bool(run.ranks[0].in_flight)
+
+    wait_for("rank 0 to block in a collective", rank0_blocked)
+    kill_group(proc, signal.SIGKILL, pids=tuple(_pids(tmp_path)))
+    run = read_run(str(tmp_path))
+    r0, r1 = run.ranks[0], run.ranks[1]
+    assert r0.state is RankState.KILLED and r1.state is RankState.KILLED
+    assert (r0.last.op, r0.last.seq, r0.last.in_flight) == ("all_reduce", 6, True)
+    assert [r.in_flight for r in r0.records[:5]] == [False] * 5
+    assert (r1.last.seq, r1.last.in_flight) == (5, False)
+    assert r0.footer is None and r0.error is None
+
+
+def test_hung_rank_trace_holds_watchdog_stacks_then_sigterm(tmp_path: Path) -> None:
+    proc = start_torchrun("faults.py", 2, tmp_path, FAULT="stuck", COLLTRACE_HANG_S="1")
+
+    def both_dumped() -> bool:
+        run = read_run(str(tmp_path))
+        return len(run.ranks) == 2 and all(rt.stacks for rt in run.ranks.values())
+
+    wait_for("the hang watchdog on both ranks", both_dumped)
+    kill_group(proc, signal.SIGTERM)  # what torchrun's agent and schedulers send first
+    run = read_run(str(tmp_path))
+    for rt in run.ranks.values():
+        assert rt.state is RankState.HUNG
+        assert rt.signal is not None and rt.signal["signal"] == "SIGTERM"
+    hang0 = next(s for s in run.ranks[0].stacks if s["reason"] == "hang")
+    hang1 = next(s for s in run.ranks[1].stacks if s["reason"] == "hang")
+    main0 = next(t for t in hang0["threads"] if t["thread"] == "MainThread")
+    main1 = next(t for t in hang1["threads"] if t["thread"] == "MainThread")
+    assert any(f[2] == "all_reduce" for f in main0["frames"])  # blocked in the collective
+    assert "time.sleep" in main1["frames"][-1][3]  # stuck in its own loop, not in a collective
+    assert hang0["idle_s"] >= 1 and hang0["in_flight"] == 1 and hang1["in_flight"] == 0
+    assert run.ranks[0].last.in_flight and not run.ranks[1].last.in_flight
+
+
+def test_rank_that_raises_has_its_error_record(tmp_path: Path) -> None:
+    proc = torchrun("faults.py", 2, tmp_path, FAULT="raise", GLOO_TIMEOUT_S="30")
+    assert proc.returncode != 0
+    run = read_run(str(tmp_path))
+    r1 = run.ranks[1]
+    assert r1.state is RankState.CRASHED
+    assert r1.error["type"] == "ValueError" and r1.error["message"] == "bad batch at step 5"
+    assert "faults.py" in r1.error["traceback"]
+    r0 = run.ranks[0]
+    # the survivor was blocked in the 6th all_reduce: torn down by torchrun (SIGTERM) or its
+    # gloo pair saw the peer go away first and raised: either way not finished
+    assert r0.state in (RankState.KILLED, RankState.CRASHED)
+    assert r0.last.seq == 6 and (r0.last.in_flight or r0.last.error)
+
+
+def test_backend_abort_on_dtype_mismatch_leaves_a_fault_record(tmp_path: Path) -> None:
+    # gloo's EnforceNotMet on mismatched sizes calls std::terminate: SIGABRT, no Python unwinding
+    proc = torchrun("faults.py", 2, tmp_path, FAULT="dtype", GLOO_TIMEOUT_S="30")
+    assert proc.returncode != 0
+    run = read_run(str(tmp_path))
+    aborted = [rt for rt in run.ranks.values() if rt.fault]
+    assert aborted, "no rank recorded the abort"
+    for rt in aborted:
+        assert rt.state is RankState.CRASHED
+        assert "Fatal Python error: Aborted" in rt.fault
+        assert rt.last.seq == 6 and rt.last.in_flight
+    dtypes = {rt.rank: rt.records[5].dtype for rt in run.ranks.values()}
+    assert dtypes == {0: "float32", 1: "float64"}
+
+
+def test_mp_spawn_child_exception_and_clean_exit_are_recorded(tmp_path: Path) -> None:
+    env = job_env(tmp_path, FAULT="raise")
+    proc = subprocess.run([sys.executable, str(WORKLOADS / "spawn_job.py")], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    run = read_run(str(tmp_path))
+    r1 = run.ranks[1]
+    assert r1.state is RankState.CRASHED and r1.error["type"] == "KeyError"
+    assert r1.header["launcher"] == "multiprocessing"
+
+    healthy = tmp_path / "healthy"
+    proc = subprocess.run([sys.executable, str(WORKLOADS / "spawn_job.py")], env=job_env(healthy), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = read_run(str(healthy))
+    assert [rt.state for rt in run.ranks.values()] == [RankState.FINISHED, RankState.FINISHED]
+    assert [r.op for r in run.ranks[0].records] == ["all_reduce"] * 3 + ["barrier"]
+
+
+def test_ring_keeps_a_bounded_tail_and_full_mode_keeps_everything(tmp_path: Path) -> None:
+    ring = tmp_path / "ring"
+    proc = torchrun("faults.py", 2, ring, COLLTRACE_RING="16", FAULT="none")  # 7 collectives
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    size = os.path.getsize(ring / schema.RING_NAME.format(rank=0))
+    assert size == schema.RING_HEADER_SIZE + 16 * schema.SLOT_SIZE
+    run = read_run(str(ring))
+    assert [r.seq for r in run.ranks[0].records] == list(range(1, 8))
+
+    code = (
+        "import torch, torch.distributed as dist, os\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'])\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1)\n"
+        "x = torch.ones(4)\n"
+        "for _ in range(50): dist.all_reduce(x)\n"
+        "dist.destroy_process_group()\n"
+    )
+    for mode, kept in (("ring", list(range(35, 51))), ("full", list(range(1, 51)))):
+        out = tmp_path / mode
+        env = job_env(out, COLLTRACE_RING="16", COLLTRACE_MODE=mode, PORT=str(_free_port()))
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rt = read_run(str(out)).ranks[0]
+        assert [r.seq for r in rt.records] == kept
+        assert rt.dropped == 50 - len(kept)
+        assert rt.state is RankState.FINISHED
+
+
+def test_without_colltrace_nothing_is_patched(tmp_path: Path) -> None:
+    code = (
+        "import torch.distributed as dist, torch.nn.modules.module as m\n"
+        "print(getattr(dist.all_reduce, '__colltrace__', False), len(m._global_forward_pre_hooks))\n"
+    )
+    env = job_env(tmp_path)
+    del env["COLLTRACE"]
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    env["COLLTRACE"] = "1"
+    on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert off.stdout.split() == ["False", "0"]
+    assert on.stdout.split() == ["True", "1"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
