@@ -116,8 +116,8 @@ class Recorder:
 
     # -- hot path ----------------------------------------------------------------------------
 
-    def issue(self, spec: OpSpec, op_sid: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, bool, Any]:
-        """Write the slot for a call about to run. Returns (idx, async_op, pg)."""
+    def issue(self, spec: OpSpec, op_sid: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int, Any]:
+        """Write the slot for a call about to run. Returns (idx, flags, pg); idx -1: not recorded."""
         t_issue = _now()
         n = len(args)
         pos = spec.group_pos
@@ -125,7 +125,7 @@ class Recorder:
         if pg is None:
             pg = self.default_pg
         if pg is self.non_member:  # this rank is not in the group: torch does nothing
-            return -1, False, pg
+            return -1, 0, pg
         g = self._group(pg)
         pos = spec.async_pos
         async_op = bool(args[pos] if -1 < pos < n else kwargs.get("async_op", False))
@@ -182,16 +182,16 @@ class Recorder:
         )  # fmt: skip
         self.last_progress_ns = t_issue
         self.in_flight += 1
-        return idx, async_op or bool(flags & schema.FLAG_ASYNC), pg
+        return idx, flags, pg
 
-    def returned(self, idx: int, flags: int, async_op: bool, pg: Any, result: Any, t_issue: int) -> None:
+    def returned(self, idx: int, flags: int, pg: Any, result: Any, t_issue: int) -> None:
         """The call returned: sync ops are done; async ones get a completion callback on their Work."""
         if self.backend_seq:
             try:
                 self.writer.set_backend_seq(idx, pg._get_sequence_number_for_group())
             except Exception:
                 self.backend_seq = False
-        if async_op and result is not None:
+        if flags & schema.FLAG_ASYNC and result is not None:
             self._watch(idx, flags, result)
             return
         t = _now()
@@ -208,12 +208,12 @@ class Recorder:
         works = work if isinstance(work, list) else [work]
         if not works:
             return
+        remaining = [len(works)]
         for w in works:
             try:
-                self.works[w] = idx
+                self.works[w] = (idx, flags, remaining)
             except TypeError:
                 pass
-        remaining = [len(works)]
 
         def done(fut: Any) -> None:
             try:
@@ -221,12 +221,7 @@ class Recorder:
                 err = 0
             except Exception:
                 err = schema.FLAG_ERROR
-            remaining[0] -= 1
-            if remaining[0] == 0 or err:
-                t = _now()
-                self.writer.complete(idx, t, flags | schema.FLAG_DONE | err)
-                self.last_progress_ns = t
-                self.in_flight -= 1
+            self._finish(idx, flags, remaining, err)
 
         for w in works:
             try:
@@ -235,13 +230,36 @@ class Recorder:
                 # no future on this Work (some backends): completion is seen at wait()
                 pass
 
+    def _finish(self, idx: int, flags: int, remaining: list[int], err: int) -> None:
+        """One Work of record idx completed (from its future's callback or from wait())."""
+        with self._lock:
+            if remaining[0] <= 0:
+                return
+            remaining[0] = 0 if err else remaining[0] - 1
+            if remaining[0]:
+                return
+            self.in_flight -= 1
+        t = _now()
+        self.writer.complete(idx, t, flags | schema.FLAG_DONE | err)
+        self.last_progress_ns = t
+
     def waited(self, work: Any, wait_ns: int, error: bool) -> None:
-        idx = self.works.get(work)
-        if idx is None:
+        entry = self.works.get(work)
+        if entry is None:
             return
+        idx, flags, remaining = entry
         self.writer.add_wait(idx, wait_ns)
-        if error:
-            self.writer.set_flags(idx, schema.FLAG_ERROR | schema.FLAG_ASYNC)
+        # Works without a future (gloo p2p) complete here; with one, whichever comes first wins
+        try:
+            completed = bool(work.is_completed())
+        except Exception:
+            completed = not error
+        if error or completed:
+            self._finish(idx, flags, remaining, schema.FLAG_ERROR if error else 0)
+        try:
+            del self.works[work]
+        except KeyError:
+            pass
 
 
 def describe_group(pg: Any) -> tuple[str, str, tuple[int, ...], str]:

@@ -79,7 +79,7 @@ class Shim:
                 if op_sid is None:
                     op_sid = shim.op_sids[name] = rec.sid(name)
                 t_issue = _now()
-                idx, async_op, pg = rec.issue(spec, op_sid, args, kwargs)
+                idx, flags, pg = rec.issue(spec, op_sid, args, kwargs)
             except Exception as e:  # the shim steps aside, the collective still runs
                 rec.warn_once(f"recording {name} failed", e)
                 return orig(*args, **kwargs)
@@ -89,12 +89,12 @@ class Shim:
             except BaseException:
                 tls.depth = 0
                 if idx >= 0:
-                    rec.failed(idx, spec.flags)
+                    rec.failed(idx, flags)
                 raise
             tls.depth = 0
             if idx >= 0:
                 try:
-                    rec.returned(idx, spec.flags, async_op, pg, result, t_issue)
+                    rec.returned(idx, flags, pg, result, t_issue)
                 except Exception as e:
                     rec.warn_once(f"completing {name} failed", e)
             return result

@@ -1,0 +1,73 @@
+"""Every collective and p2p function is recorded once, with its group, size, root/peer and completion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _jobs import torchrun
+
+from colltrace.trace.reader import read_run
+from colltrace.trace.records import RankState
+
+
+@pytest.fixture(scope="module")
+def every_op(tmp_path_factory: pytest.TempPathFactory):
+    run_dir = tmp_path_factory.mktemp("every_op")
+    proc = torchrun("every_op.py", 2, run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_run(str(run_dir))
+
+
+DEFAULT_OPS = [
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
+    "_all_gather_base", "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter", "barrier",
+    "all_gather_object", "broadcast_object_list", "all_reduce", "all_reduce", "all_reduce",
+]  # fmt: skip
+
+
+def test_each_call_is_one_record_in_call_order(every_op) -> None:
+    for rt in every_op.ranks.values():
+        assert rt.state is RankState.FINISHED and not rt.in_flight
+        default = [r for r in rt.records if r.kind == "collective" and rt.groups[r.group].label == "default_pg"]
+        # object collectives run several collectives inside torch: still one record each
+        assert [r.op for r in default] == DEFAULT_OPS
+        assert [r.seq for r in default] == list(range(1, len(DEFAULT_OPS) + 1))
+
+
+def test_sizes_roots_and_reduce_ops(every_op) -> None:
+    recs = {r.seq: r for r in every_op.ranks[0].records if r.kind == "collective" and r.group == "0"}
+    assert (recs[1].op, recs[1].reduce_op, recs[1].numel_in, recs[1].dtype) == ("all_reduce", "MAX", 4, "float32")
+    assert (recs[2].op, recs[2].peer) == ("broadcast", 1)
+    assert (recs[3].op, recs[3].peer, recs[3].reduce_op) == ("reduce", 0, "SUM")
+    assert (recs[5].numel_in, recs[5].numel_out, recs[5].shape) == (4, 8, "[4] -> [8]")
+    assert (recs[8].op, recs[8].numel_in, recs[8].numel_out) == ("reduce_scatter_tensor", 4, 2)
+    assert (recs[10].op, recs[10].peer, recs[10].numel_out) == ("gather", 0, 8)  # rank 0 is the root
+    assert (recs[13].op, recs[13].dtype) == ("all_gather_object", "object")
+    assert recs[15].async_op and recs[15].numel_in == 1000 and recs[15].t_done_ns is not None
+
+
+def test_p2p_pairs_by_group_and_peer(every_op) -> None:
+    p2p = {rank: [(r.seq, r.op, r.peer, r.numel_in or r.numel_out) for r in rt.records if r.kind == "p2p"]
+           for rank, rt in every_op.ranks.items()}  # fmt: skip
+    assert p2p[0] == [(1, "send", 1, 3), (2, "recv", 1, 5), (3, "isend", 1, 6), (4, "irecv", 1, 6)]
+    assert p2p[1] == [(1, "recv", 0, 3), (2, "send", 0, 5), (3, "isend", 0, 6), (4, "irecv", 0, 6)]
+    for rt in every_op.ranks.values():
+        assert all(r.t_done_ns is not None for r in rt.records if r.kind == "p2p")
+
+
+def test_groups_are_named_with_members_and_creation_is_logged(every_op) -> None:
+    for rank, rt in every_op.ranks.items():
+        labels = {g.label: g.ranks for g in rt.groups.values()}
+        assert labels["default_pg"] == (0, 1) and labels["pair"] == (0, 1)
+        assert labels["mesh_tp"] == (rank,)  # a (2, 1) mesh: each rank is its own tp group
+        created = [(c["fn"], c["ranks"], c["desc"]) for c in rt.group_creations]
+        assert ("new_group", [0, 1], "pair") in created
+        # every rank takes part in creating every tp subgroup, member or not
+        assert [c for c in created if c[2] == "mesh_tp"] == [("new_group", [0], "mesh_tp"), ("new_group", [1], "mesh_tp")]
+
+
+def test_user_phase_label(every_op) -> None:
+    last = every_op.ranks[0].records[-1]
+    assert (last.op, last.phase, last.numel_in) == ("all_reduce", "eval", 1)
+    assert {r.phase for r in every_op.ranks[0].records[:-1]} == {"init"}
