@@ -1,0 +1,187 @@
+"""A rank that stops taking part: it runs out of data, raises, runs out of memory, or gets stuck."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from colltrace.analysis.vocab import Cause, Kind, Verdict
+from colltrace.scenarios import schedule as sch
+from colltrace.scenarios.base import Stop, Truth, scenario
+
+if TYPE_CHECKING:
+    from colltrace.scenarios.job import Job
+
+BLOCKS = 3
+STEPS = 3
+BUG_STEP = 1
+DEFAULT_PG = "default_pg"
+
+
+def _step() -> list[sch.Planned]:
+    return sch.fsdp2_step(BLOCKS)
+
+
+# -- uneven_data --------------------------------------------------------------------------------
+
+
+def shard_batches(rank: int, world: int) -> int:
+    """Batches in this rank's shard: contiguous shards of STEPS batches, and the dataset is one batch short,
+    so the last rank's shard has one batch fewer (no padding, no drop_last across ranks)."""
+    from colltrace.scenarios.job import BATCH
+
+    samples = BATCH * (STEPS * world - 1)
+    per_rank = STEPS * BATCH
+    mine = max(0, min(per_rank, samples - rank * per_rank))
+    return mine // BATCH
+
+
+def _uneven_truth(world: int) -> Truth:
+    short = shard_batches(world - 1, world)
+    seq = sch.seq_of([_step()] * short, 0)
+    return Truth(
+        Verdict.HANG, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.UNEVEN_DATA,
+        f"Rank {world - 1}'s shard has {short} batches, the others' {STEPS}: it leaves the loop and exits "
+        f"cleanly, while the others start step {short} with the root's all-gather (seq {seq}) and wait for it.",
+    )  # fmt: skip
+
+
+@scenario("uneven_data", "a rank runs out of batches and leaves the training loop early", truth=_uneven_truth)
+def uneven_data(job: Job) -> None:
+    """The dataset does not divide evenly across ranks and there is no padding: the last rank's shard is
+    one batch short, so it leaves `for batch in loader` one step before the others and finishes.
+
+    Stands for: DistributedSampler(drop_last=False) without padding, IterableDatasets of different lengths,
+    an empty batch filtered out on one rank. The others block in the next step's first all-gather (on NCCL
+    until the timeout; on gloo the finished rank's closed connections end it sooner).
+    Right diagnosis: hang, the early rank is the culprit (finished, missing the collective), at the first
+    collective of the step it never ran, cause uneven_data.
+    """
+    job.init()
+    model, opt = job.fsdp2_net(BLOCKS)
+    job.train(model, opt, shard_batches(job.rank, job.world))
+    job.finish()
+
+
+# -- rank_exception -----------------------------------------------------------------------------
+
+
+def _exception_truth(world: int) -> Truth:
+    step = _step()
+    seq = sch.seq_of([step] * BUG_STEP, sch.find(step, sch.ALL_GATHER, sch.block(BLOCKS - 1), "backward"))
+    return Truth(
+        Verdict.CRASH, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.RANK_EXCEPTION,
+        f"Rank {world - 1} raises IndexError in the loss of step {BUG_STEP}, after its forward: the others "
+        f"enter backward and wait in the first backward all-gather (seq {seq}), which it never issues.",
+    )  # fmt: skip
+
+
+@scenario("rank_exception", "a rank raises mid-step (a corrupt label); torchrun tears down the rest",
+          truth=_exception_truth)  # fmt: skip
+def rank_exception(job: Job) -> None:
+    """One sample in the culprit's batch has a label outside the classes (a corrupt record): cross_entropy
+    raises IndexError on that rank only, after the forward and before the backward.
+
+    Stands for: any exception on one rank (bad data, an assertion, a failed file read). The others wait in
+    the next collective until the launcher, seeing the failed rank, kills them.
+    Right diagnosis: crash, culprit the raising rank (crashed, with its error type), victims killed while
+    waiting in the first backward all-gather of that step, cause rank_exception.
+    """
+    from colltrace.scenarios.model import CLASSES
+
+    job.init()
+    model, opt = job.fsdp2_net(BLOCKS)
+
+    def batches(step: int) -> tuple[object, object]:
+        x, y = job.batch(step)
+        if job.rank == job.culprit and step == BUG_STEP:
+            y[0] = CLASSES + 1  # the bug: a corrupt record
+        return x, y
+
+    job.train(model, opt, STEPS, batches=batches)  # type: ignore[arg-type]
+    job.finish()
+
+
+# -- oom ----------------------------------------------------------------------------------------
+
+OOM_BLOCK = 1
+FREE_BYTES = 1 << 16  # what the culprit's device has left for a workspace (64 KiB); the others have plenty
+
+
+def _oom_truth(world: int) -> Truth:
+    step = _step()
+    seq = sch.seq_of([step] * BUG_STEP, sch.find(step, sch.REDUCE_SCATTER, sch.block(OOM_BLOCK)))
+    return Truth(
+        Verdict.CRASH, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.OOM,
+        f"Rank {world - 1} runs out of memory in blocks.{OOM_BLOCK}'s backward of step {BUG_STEP}, after FSDP2 "
+        f"prefetched blocks.0 and before blocks.{OOM_BLOCK}'s reduce-scatter (seq {seq}), which the others wait in.",
+    )  # fmt: skip
+
+
+@scenario("oom", "a rank runs out of memory in backward; torchrun kills the rest", truth=_oom_truth)
+def oom(job: Job) -> None:
+    """One rank's device has less free memory (a leftover process from an earlier job holds some), and the
+    backward of blocks.1 asks for a workspace that does not fit: torch.OutOfMemoryError on that rank.
+
+    Stands for: the CUDA OOM on one rank in the middle of backward. On CPU nothing runs out, so a small
+    stand-in for the caching allocator raises the same exception where the allocation would fail.
+    Right diagnosis: crash, culprit the rank with the OutOfMemoryError, victims killed waiting in blocks.1's
+    reduce-scatter of that step, cause oom.
+    """
+    import torch
+
+    job.init()
+    model, opt = job.fsdp2_net(BLOCKS)
+    free = FREE_BYTES if job.rank == job.culprit else 1 << 40
+    step_now = [0]
+
+    def allocate(nbytes: int) -> None:
+        if step_now[0] == BUG_STEP and nbytes > free:  # step 0 found the cached block; step 1 needs a new one
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {nbytes / 2**20:.2f} MiB. GPU {job.rank} has a total "
+                f"capacity of 79.11 GiB of which {free / 2**20:.2f} MiB is free."
+            )
+
+    model.blocks[OOM_BLOCK].backward_workspace = allocate
+    job.train(model, opt, STEPS, before_step=lambda s: step_now.__setitem__(0, s))
+    job.finish()
+
+
+# -- killed -------------------------------------------------------------------------------------
+
+KILLED_STEP = 1
+
+
+def _killed_truth(world: int) -> Truth:
+    seq = sch.seq_of([_step()] * KILLED_STEP, 0)
+    return Truth(
+        Verdict.HANG, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.UNKNOWN,
+        f"Rank {world - 1} is stuck in data loading before step {KILLED_STEP}; the others wait in the root's "
+        f"all-gather (seq {seq}) with no timeout until the scheduler kills the job. Its stack shows where it is "
+        "stuck; the cause catalogue has no entry for a rank stuck outside collectives, hence unknown.",
+    )  # fmt: skip
+
+
+@scenario("killed", "a hang that never times out: a rank stuck in data loading, killed by the scheduler",
+          truth=_killed_truth, stop=Stop.KILL, gloo_timeout_s=1800.0)  # fmt: skip
+def killed(job: Job) -> None:
+    """A dataloader worker died and the culprit's main process waits for its next batch forever; the
+    collective timeout is long (NCCL's default is 10 minutes or more), so nothing times out: the scheduler's
+    time limit sends SIGTERM, then SIGKILL.
+
+    Stands for: the silent hang at 3 a.m. with no error anywhere. The trace must still say who waited for
+    whom: the others are in flight in a collective, the culprit is in none (its hang stacks show the wait).
+    Right diagnosis: hang, culprit the rank stuck outside collectives (the sink of the wait-for graph), at the
+    root's all-gather of the step it never started; cause unknown (stuck in data loading).
+    """
+    job.init()
+    model, opt = job.fsdp2_net(BLOCKS)
+    dead_worker = threading.Event()  # never set: the worker that would fill the queue is gone
+
+    def batches(step: int) -> tuple[object, object]:
+        if job.rank == job.culprit and step == KILLED_STEP:
+            dead_worker.wait()  # the bug: waiting for a batch that never comes
+        return job.batch(step)
+
+    job.train(model, opt, STEPS, batches=batches)  # type: ignore[arg-type]
+    job.finish()

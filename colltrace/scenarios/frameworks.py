@@ -1,0 +1,132 @@
+"""The same bugs under the other sharding frameworks: FSDP1 and DeepSpeed ZeRO-3."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from typing import TYPE_CHECKING, Any
+
+from colltrace.analysis.vocab import Cause, Kind, Verdict
+from colltrace.scenarios.base import Truth, scenario
+
+if TYPE_CHECKING:
+    from colltrace.scenarios.job import Job
+
+BLOCKS = 3
+DEFAULT_PG = "default_pg"
+
+# -- fsdp1: rank 0 alone gathers the full parameters --------------------------------------------
+
+FSDP1_STEPS = 3
+SAVE_AFTER_STEP = 1  # rank 0 "saves a checkpoint" after this many steps
+FSDP1_UNITS = BLOCKS + 1  # FullyShardedDataParallel units: every block, then the root (the head)
+FSDP1_PER_STEP = 3 * BLOCKS + 2  # forward all-gathers, backward all-gathers and reduce-scatters, as FSDP2
+
+
+def _fsdp1_truth(world: int) -> Truth:
+    seq = SAVE_AFTER_STEP * FSDP1_PER_STEP + 1
+    return Truth(
+        Verdict.DIVERGENCE, (0,), DEFAULT_PG, seq, Kind.PHASE, Cause.CONTROL_FLOW,
+        f"Only rank 0 enters summon_full_params after step {SAVE_AFTER_STEP}: its first all-gather there "
+        f"(seq {seq}) is the root unit's, outside forward, and meets the others' forward all-gather of the same "
+        "unit in the next step: same op, size and module, a different phase. The shift then runs through "
+        "every later collective until sizes no longer match.",
+    )  # fmt: skip
+
+
+@scenario("fsdp1", "FSDP1: rank 0 alone gathers the full parameters to save a checkpoint", truth=_fsdp1_truth,
+          framework="fsdp1")  # fmt: skip
+def fsdp1(job: Job) -> None:
+    """FSDP1 (FullyShardedDataParallel) where the checkpoint code runs `summon_full_params` under
+    `if rank == 0:` only: rank 0 all-gathers every unit, the others go on training.
+
+    Stands for: the most common FSDP1 hang, saving or logging full weights on rank 0 only (state_dict with
+    FULL_STATE_DICT, summon_full_params, or a `model.state_dict()` inside `if rank == 0`). Its all-gathers pair
+    with the others' next forward.
+    Right diagnosis: divergence at the first all-gather of summon_full_params (kind phase: rank 0 gathers
+    outside forward while the others are in forward), culprit rank 0, cause control_flow (rank-dependent
+    branch).
+    """
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from colltrace.scenarios.model import Block, TinyNet, loss_fn
+
+    job.init()
+    torch.manual_seed(0)
+    model = FSDP(TinyNet(BLOCKS), auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(FSDP1_STEPS):
+        x, y = job.batch(step)
+        loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        if step + 1 == SAVE_AFTER_STEP and job.rank == 0:  # the bug: a collective call under `if rank == 0`
+            with FSDP.summon_full_params(model, writeback=False):
+                torch.save({k: v.clone() for k, v in model.state_dict().items()}, "/dev/null")
+    job.finish()
+
+
+# -- deepspeed_zero3: a rank runs out of data ---------------------------------------------------
+
+DS_STEPS = 3
+
+
+def _ds_truth(world: int) -> Truth:
+    return Truth(
+        Verdict.HANG, (world - 1,), DEFAULT_PG, {"min": 1, "max": 10_000}, Kind.MISSING, Cause.UNEVEN_DATA,
+        "placeholder",
+    )  # fmt: skip
+
+
+def _skip_shm_build() -> None:
+    """DeepSpeed compiles a shared-memory op on its first CPU start (a minute, inference only): skip it."""
+    import deepspeed.comm.torch  # noqa: F401
+
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # type: ignore[attr-defined]
+
+
+def ds_config() -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1_000_000,
+        "wall_clock_breakdown": False,
+    }
+
+
+@scenario("deepspeed_zero3", "DeepSpeed ZeRO-3: a rank runs out of batches and leaves the loop early",
+          truth=_ds_truth, framework="deepspeed")  # fmt: skip
+def deepspeed_zero3(job: Job) -> None:
+    """DeepSpeed ZeRO-3 training where the last rank's data shard is one batch short: it leaves the loop
+    and finishes while the others start another step.
+
+    Stands for: uneven data under ZeRO-3 (and HF generate() without synced_gpus): partitioned parameters
+    are all-gathered on every forward, so a rank that stops calling forward leaves the others waiting in
+    their next parameter all-gather.
+    Right diagnosis: hang, culprit the early rank (finished), missing at the first all-gather of the step it
+    never ran, cause uneven_data.
+    """
+    import deepspeed
+    import torch
+
+    from colltrace.scenarios.crashes import shard_batches
+    from colltrace.scenarios.model import TinyNet, loss_fn
+
+    _skip_shm_build()
+    deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=job.gloo_timeout_s))
+    torch.manual_seed(0)
+    net = TinyNet(BLOCKS)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    engine, *_ = deepspeed.initialize(model=net, optimizer=opt, config=ds_config())
+    for step in range(shard_batches(job.rank, job.world)):
+        x, y = job.batch(step)
+        loss = loss_fn(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+    import torch.distributed as dist
+
+    dist.destroy_process_group()

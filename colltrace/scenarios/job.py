@@ -1,0 +1,75 @@
+"""One rank of a scenario run: its process group, deterministic data, and the FSDP2 training loop (needs torch)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from colltrace.scenarios.model import CLASSES, DIM, TinyNet, loss_fn, shard_fsdp2
+
+BATCH = 4
+OUTLIER_SHIFT = 8.0
+
+
+def is_outlier(x: torch.Tensor) -> bool:
+    """The data-dependent condition the buggy branches test: feature 0 far above its usual range."""
+    return bool(x[:, 0].mean() > OUTLIER_SHIFT / 2)
+
+
+class Job:
+    """What a scenario body sees: who it is, what data it gets, and the usual ways to train."""
+
+    def __init__(self, name: str, gloo_timeout_s: float) -> None:
+        self.name = name
+        self.gloo_timeout_s = gloo_timeout_s
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.culprit = self.world - 1  # the scenarios' bugs strike the last rank, unless they say otherwise
+
+    def init(self) -> None:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=self.gloo_timeout_s))
+        torch.manual_seed(0)  # same initial weights on every rank, as a real job's seeded init
+
+    def batch(self, step: int, rows: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's batch for `step`: a different shard of the data on every rank, the same on every run."""
+        g = torch.Generator().manual_seed(1000 * self.rank + step)
+        return torch.randn(rows, DIM, generator=g), torch.randint(0, CLASSES, (rows,), generator=g)
+
+    def outlier_batch(self, step: int, bug_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The usual batch, except that the culprit's batch at `bug_step` is an outlier (feature 0 shifted)."""
+        x, y = self.batch(step)
+        if self.rank == self.culprit and step == bug_step:
+            x[:, 0] += OUTLIER_SHIFT
+        return x, y
+
+    def fsdp2_net(
+        self, blocks: int = 3, dim: int = DIM, classes: int = CLASSES, aux: bool = False, **shard: Any
+    ) -> tuple[TinyNet, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = TinyNet(blocks, dim, classes, aux)
+        shard_fsdp2(model, list(model.blocks), **shard)
+        return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train(
+        self,
+        model: torch.nn.Module,
+        opt: torch.optim.Optimizer,
+        steps: int,
+        before_step: Callable[[int], None] | None = None,
+        batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
+        """The plain loop: forward, loss, backward, optimizer step."""
+        for step in range(steps):
+            if before_step is not None:
+                before_step(step)
+            x, y = (batches or self.batch)(step)
+            loss_fn(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+    def finish(self) -> None:
+        dist.destroy_process_group()
