@@ -12,8 +12,18 @@ class UnknownScenario(KeyError):
     pass
 
 
+# baselines first, then divergences, ranks that stop, groups, other frameworks
+ORDER = (
+    "healthy", "healthy_accum", "straggler",
+    "control_flow", "shared_module_calls", "unused_params", "recompute_mismatch", "dtype_mismatch", "numel_mismatch",
+    "uneven_data", "rank_exception", "oom", "killed",
+    "group_misconfig", "cross_group_deadlock",
+    "fsdp1", "deepspeed_zero3",
+)  # fmt: skip
+
+
 def names() -> list[str]:
-    return list(REGISTRY)
+    return sorted(REGISTRY, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
 
 
 def get(name: str) -> Scenario:

@@ -76,7 +76,7 @@ def _exception_truth(world: int) -> Truth:
     )  # fmt: skip
 
 
-@scenario("rank_exception", "a rank raises mid-step (a corrupt label); torchrun tears down the rest",
+@scenario("rank_exception", "a rank raises mid-step (a corrupt label); the others are left waiting",
           truth=_exception_truth)  # fmt: skip
 def rank_exception(job: Job) -> None:
     """One sample in the culprit's batch has a label outside the classes (a corrupt record): cross_entropy
@@ -118,7 +118,7 @@ def _oom_truth(world: int) -> Truth:
     )  # fmt: skip
 
 
-@scenario("oom", "a rank runs out of memory in backward; torchrun kills the rest", truth=_oom_truth)
+@scenario("oom", "a rank runs out of memory in backward; the others are left waiting", truth=_oom_truth)
 def oom(job: Job) -> None:
     """One rank's device has less free memory (a leftover process from an earlier job holds some), and the
     backward of blocks.1 asks for a workspace that does not fit: torch.OutOfMemoryError on that rank.

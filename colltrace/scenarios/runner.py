@@ -20,11 +20,12 @@ def _say(msg: str) -> None:
 
 
 def list_text() -> str:
-    from colltrace.scenarios.catalog import DEFAULT, REGISTRY
+    from colltrace.scenarios.catalog import DEFAULT, REGISTRY, names
 
     width = max(len(n) for n in REGISTRY)
     lines = []
-    for name, sc in REGISTRY.items():
+    for name in names():
+        sc = REGISTRY[name]
         mark = " (default)" if name == DEFAULT else ""
         lines.append(f"{name:<{width}}  {sc.summary}{mark}")
     return "\n".join(lines) + "\n"

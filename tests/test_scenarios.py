@@ -1,0 +1,247 @@
+"""The scenario library: every fixture loads, its expected.json is its scenario's truth, and the recorded run
+bears that truth out (checked against the raw trace, never against the analyzer)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from colltrace.analysis.vocab import Cause, Kind, Verdict
+from colltrace.cli import main as cli_main
+from colltrace.scenarios import schedule as sch
+from colltrace.scenarios.base import EXPECTED_KEYS
+from colltrace.scenarios.catalog import DEFAULT, REGISTRY, get, names
+from colltrace.trace.reader import read_run
+from colltrace.trace.records import Collective, RankState, Run
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+NAMES = names()
+REQUIRED = {
+    "healthy", "healthy_accum", "control_flow", "uneven_data", "rank_exception", "oom", "recompute_mismatch",
+    "unused_params", "shared_module_calls", "group_misconfig", "dtype_mismatch", "numel_mismatch",
+    "cross_group_deadlock", "killed", "straggler", "deepspeed_zero3", "fsdp1",
+}  # fmt: skip
+
+
+def _expected(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / name / "expected.json").read_text())  # type: ignore[no-any-return]
+
+
+def _run(name: str) -> Run:
+    return read_run(str(FIXTURES / name))
+
+
+def _by_seq(run: Run, label: str) -> dict[int, dict[int, Collective]]:
+    """rank -> seq -> record, on the group each rank labels `label`."""
+    out: dict[int, dict[int, Collective]] = {}
+    for rank, rt in run.ranks.items():
+        names_ = {n for n, g in rt.groups.items() if g.label == label}
+        out[rank] = {r.seq: r for r in rt.records if r.kind == "collective" and r.group in names_}
+    return out
+
+
+_FIELDS = (("op", Kind.OP), ("numel_in", Kind.NUMEL), ("dtype", Kind.DTYPE), ("module", Kind.MODULE),
+           ("phase", Kind.PHASE))  # fmt: skip
+
+
+def first_disagreement(run: Run, label: str) -> tuple[int, Kind, list[int]]:
+    """The first seq of `label` where ranks differ, how, and the minority ranks: a plain per-group oracle."""
+    per_rank = _by_seq(run, label)
+    last = max(max(s, default=0) for s in per_rank.values())
+    for seq in range(1, last + 1):
+        have = {rank: recs[seq] for rank, recs in per_rank.items() if seq in recs}
+        if len(have) < len(per_rank):
+            return seq, Kind.MISSING, sorted(set(per_rank) - set(have))
+        for field, kind in _FIELDS:
+            values = [getattr(r, field) for r in have.values()]
+            if len(set(values)) > 1:
+                majority = max(set(values), key=values.count)
+                return seq, kind, sorted(rank for rank, r in have.items() if getattr(r, field) != majority)
+    raise AssertionError(f"ranks never disagree on {label}")
+
+
+# -- the catalogue --------------------------------------------------------------------------------
+
+
+def test_every_named_scenario_exists_with_a_fixture() -> None:
+    assert REQUIRED <= set(NAMES)
+    for name in NAMES:
+        assert (FIXTURES / name / "expected.json").is_file(), f"no fixture for {name}: run the regenerate command"
+
+
+def test_every_scenario_says_what_bug_it_stands_for_and_the_right_diagnosis() -> None:
+    for sc in REGISTRY.values():
+        assert "Stands for" in sc.doc and "Right diagnosis" in sc.doc, sc.name
+        assert sc.min_ranks <= sc.ranks <= sc.max_ranks
+
+
+def test_demo_list_prints_one_scenario_per_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["demo", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == NAMES
+    assert all(len(line.split(None, 1)) == 2 for line in lines)
+    assert DEFAULT in NAMES and get(DEFAULT).stop.value == "exit"
+
+
+def test_demo_unknown_scenario_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["demo", "--scenario", "no_such_bug"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no_such_bug" in err and "Traceback" not in err
+    assert cli_main(["demo", "--scenario", "cross_group_deadlock", "--ranks", "3"]) == 2
+
+
+# -- every fixture --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_loads(name: str) -> None:
+    exp = _expected(name)
+    run = _run(name)
+    assert not run.problems and not run.missing
+    assert sorted(run.ranks) == list(range(exp["ranks"])) and run.world_size == exp["ranks"]
+    assert all(rt.records for rt in run.ranks.values()) or name == "deepspeed_zero3"
+    size = sum(p.stat().st_size for p in (FIXTURES / name).rglob("*") if p.is_file())
+    assert size < 400_000, f"{name}: fixture is {size} bytes; keep COLLTRACE_RING small"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_expected_json_is_the_scenario_definition(name: str) -> None:
+    exp = _expected(name)
+    assert tuple(exp) == EXPECTED_KEYS
+    assert exp == get(name).expected(exp["ranks"]), "expected.json is stale: regenerate the fixtures"
+    Verdict(exp["verdict"])
+    assert exp["kind"] is None or Kind(exp["kind"])
+    assert exp["cause"] is None or Cause(exp["cause"])
+    assert all(0 <= r < exp["ranks"] for r in exp["culprit_ranks"])
+    seq = exp["seq"]
+    assert seq is None or isinstance(seq, int) or (set(seq) == {"min", "max"} and seq["min"] <= seq["max"])
+    if exp["verdict"] == "healthy":
+        assert exp["group"] is None and exp["seq"] is None and exp["kind"] is None
+    else:
+        assert exp["culprit_ranks"] and exp["cause"] is not None and exp["kind"] is not None
+    assert exp["framework"] == get(name).framework and exp["notes"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_flight_recorder_dumps_beside_the_fixture(name: str) -> None:
+    dumps = sorted((FIXTURES / name / "flight_recorder").glob("rank_*"))
+    assert dumps, f"{name}: no Flight Recorder dump"
+    for path in dumps:
+        data = pickle.loads(path.read_bytes())
+        assert "entries" in data and "pg_config" in data
+
+
+# -- the recorded runs bear the truth out ---------------------------------------------------------
+
+
+def test_healthy_follows_the_fsdp2_schedule_the_truths_are_computed_from() -> None:
+    run = _run("healthy")
+    want = [(p.op, p.module, p.phase) for p in sch.fsdp2_step(3)] * 3
+    for rt in run.ranks.values():
+        assert rt.state is RankState.FINISHED
+        assert [(r.op, r.module, r.phase) for r in rt.records] == want
+
+
+def test_healthy_accum_skips_reduce_scatter_on_accumulation_steps() -> None:
+    run = _run("healthy_accum")
+    one = sch.fsdp2_step(3, sync_grads=False) + sch.fsdp2_step(3)
+    want = [(p.op, p.module) for p in one] * 2
+    for rt in run.ranks.values():
+        assert rt.state is RankState.FINISHED
+        assert [(r.op, r.module) for r in rt.records] == want
+
+
+def test_straggler_arrives_last_but_nothing_hangs() -> None:
+    run = _run("straggler")
+    exp = _expected("straggler")
+    assert all(rt.state is RankState.FINISHED for rt in run.ranks.values())
+    per_step = len(sch.fsdp2_step(3))
+    firsts = [{rank: rt.records[i].t_issue_ns for rank, rt in run.ranks.items()}
+              for i in range(0, len(run.ranks[0].records), per_step)]  # fmt: skip
+    lasts = [max(f, key=f.__getitem__) for f in firsts]
+    assert lasts.count(exp["culprit_ranks"][0]) == len(lasts)
+
+
+FIELD_CASES = [n for n in NAMES if _expected(n)["kind"] in ("op", "numel", "dtype", "module", "phase", "missing")
+               and _expected(n)["group"] is not None and isinstance(_expected(n)["seq"], int)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", FIELD_CASES)
+def test_first_disagreement_in_the_trace_is_the_expected_one(name: str) -> None:
+    exp = _expected(name)
+    seq, kind, odd = first_disagreement(_run(name), exp["group"])
+    assert (seq, kind.value, odd) == (exp["seq"], exp["kind"], exp["culprit_ranks"])
+
+
+@pytest.mark.parametrize("name", ["rank_exception", "oom"])
+def test_crash_culprit_raised_and_the_others_waited(name: str) -> None:
+    exp = _expected(name)
+    run = _run(name)
+    culprit = run.ranks[exp["culprit_ranks"][0]]
+    assert culprit.state is RankState.CRASHED
+    assert culprit.error and culprit.error["type"] == {"rank_exception": "IndexError", "oom": "OutOfMemoryError"}[name]
+    for rank, rt in run.ranks.items():
+        if rank != culprit.rank:
+            last = rt.last
+            assert last is not None and last.seq == exp["seq"] and (last.in_flight or last.error)
+
+
+def test_killed_victims_wait_in_flight_and_the_culprit_is_in_no_collective() -> None:
+    exp = _expected("killed")
+    run = _run("killed")
+    for rank, rt in run.ranks.items():
+        assert rt.state is RankState.HUNG and rt.signal and rt.signal["signal"] == "SIGTERM"
+        if rank in exp["culprit_ranks"]:
+            assert not rt.in_flight
+            frames = [f[2] for th in rt.stacks[0]["threads"] if th["thread"] == "MainThread" for f in th["frames"]]
+            assert "batches" in frames  # stuck in data loading, as the scenario says
+        else:
+            assert [(r.seq, r.op) for r in rt.in_flight] == [(exp["seq"], sch.ALL_GATHER)]
+
+
+def test_uneven_data_culprit_finished_early() -> None:
+    exp = _expected("uneven_data")
+    run = _run("uneven_data")
+    assert run.ranks[exp["culprit_ranks"][0]].state is RankState.FINISHED
+
+
+def test_group_misconfig_culprit_disagrees_on_the_members() -> None:
+    exp = _expected("group_misconfig")
+    run = _run("group_misconfig")
+    members = {rank: next(g.ranks for g in rt.groups.values() if g.label == exp["group"])
+               for rank, rt in run.ranks.items() if any(g.label == exp["group"] for g in rt.groups.values())}  # fmt: skip
+    majority = max(set(members.values()), key=list(members.values()).count)
+    assert sorted(r for r, m in members.items() if m != majority) == exp["culprit_ranks"]
+    assert all(rt.state is RankState.FINISHED for rt in run.ranks.values())  # silent: nothing hangs
+
+
+def test_cross_group_deadlock_is_a_cycle_through_every_culprit() -> None:
+    exp = _expected("cross_group_deadlock")
+    run = _run("cross_group_deadlock")
+    waiting: dict[int, tuple[str, tuple[int, ...]]] = {}
+    for rank, rt in run.ranks.items():
+        (stuck,) = rt.in_flight
+        assert stuck.seq == exp["seq"]
+        waiting[rank] = (stuck.group, rt.groups[stuck.group].ranks)
+    # a waits for b: b is in a's group but stuck in another group
+    edges = {a: [b for b in members if b != a and waiting[b][0] != group] for a, (group, members) in waiting.items()}
+    seen, rank = [], 0
+    while rank not in seen:
+        seen.append(rank)
+        (rank,) = edges[rank]
+    assert sorted(seen) == exp["culprit_ranks"]
+
+
+def test_deepspeed_culprit_finished_while_the_others_wait_in_the_next_step() -> None:
+    exp = _expected("deepspeed_zero3")
+    run = _run("deepspeed_zero3")
+    culprit = run.ranks[exp["culprit_ranks"][0]]
+    assert culprit.state is RankState.FINISHED
+    short = max(r.step for r in culprit.records) + 1
+    for rank, rt in run.ranks.items():
+        if rank != culprit.rank:
+            assert rt.last is not None and rt.last.step == short and (rt.last.in_flight or rt.last.error)
