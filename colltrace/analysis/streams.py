@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+import struct
+import sys
+from itertools import groupby
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from colltrace.trace import schema
 from colltrace.trace.reader import RecordView
-from colltrace.trace.records import Collective, RankTrace, Run
+from colltrace.trace.records import RankTrace, Run
 
 # ops whose receive-side count is the one all ranks agree on (non-root ranks pass no scatter list)
 _OUT_COUNTED = frozenset({"scatter", "scatter_object_list"})
@@ -92,107 +95,222 @@ def p2p_key(group: str, a: int, b: int) -> str:
     return f"p2p:{group}:{lo}-{hi}"
 
 
-_SIG_FIELDS = itemgetter(1, 5, 6, 7, 8, 9, 10, 15, 16, 17)  # kind, group, op, dtype, redop, module, phase, nin, nout, peer
+# The signature's fields, as two raw byte strings per slot (a hashable key, decoded once per distinct value):
+# group..phase string ids (offsets 16-40) and numel_in, numel_out, peer (64-84).
+_KEYS = struct.Struct("<16x24s24x20s44x")
+assert _KEYS.size == schema.SLOT_SIZE
+_KEY_A = struct.Struct("<IIIIII")
+_KEY_B = struct.Struct("<qqi")
+_NO_STREAM = -1
 
 
-def _rows(rt: RankTrace) -> tuple[Iterator[tuple[int, tuple[Any, ...]]], dict[Any, str] | None, int]:
-    """(idx, slot-shaped tuple) rows and their string table (None: the strings are inline) and clock offset."""
+def _chunks(rt: RankTrace) -> tuple[Iterator[tuple[int, bytes]], dict[int, str], int]:
+    """Raw slot blocks, their string table and clock offset; a plain list of records is packed the same way."""
     recs = rt.records
     if isinstance(recs, RecordView):
-        return recs.raw(), recs.strings, recs.offset
-    return ((c.idx, _as_slot(c)) for c in recs), None, 0
+        return recs.chunks(), recs.strings, recs.offset
+    ids: dict[str, int] = {"": 0}
 
+    def sid(text: str) -> int:
+        return ids.setdefault(text, len(ids))
 
-def _as_slot(c: Collective) -> tuple[Any, ...]:
-    kind = {"collective": schema.KIND_COLLECTIVE, "p2p": schema.KIND_P2P, "span": schema.KIND_SPAN}.get(c.kind, 0)
-    return (
-        c.idx + 1, kind, c.flags, 0, c.tid, c.group, c.op, c.dtype, c.reduce_op, c.module, c.phase, c.flavour,
-        c.shape, c.seq, c.backend_seq, c.numel_in, c.numel_out, c.peer, c.step, c.micro_step, c.t_issue_ns,
-        c.t_done_ns or 0, c.wait_ns,
-    )  # fmt: skip
+    kinds = {"collective": schema.KIND_COLLECTIVE, "p2p": schema.KIND_P2P, "span": schema.KIND_SPAN}
+    ordered = sorted(recs, key=lambda c: c.idx)
+    slots = [
+        schema.SLOT.pack(
+            c.idx + 1, kinds.get(c.kind, 0), c.flags, 0, c.tid, sid(c.group), sid(c.op), sid(c.dtype),
+            sid(c.reduce_op), sid(c.module), sid(c.phase), sid(c.flavour), sid(c.shape), c.seq, c.backend_seq,
+            c.numel_in, c.numel_out, c.peer, c.step, c.micro_step, c.t_issue_ns, c.t_done_ns or 0, c.wait_ns,
+        ).ljust(schema.SLOT_SIZE, b"\0")
+        for c in ordered
+    ]  # fmt: skip
+    blocks: list[tuple[int, bytes]] = []  # one block per run of consecutive idx
+    start = 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or ordered[i].idx != ordered[i - 1].idx + 1:
+            blocks.append((ordered[start].idx, b"".join(slots[start:i])))
+            start = i
+    return iter(blocks), {v: k for k, v in ids.items()}, 0
 
 
 def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
-    """One pass over a rank's ring: the hot loop of the analyzer, so it touches each record once."""
-    rows, strings, offset = _rows(rt)
+    """One pass over a rank's ring, a block of slots at a time, column by column (the analyzer's hot loop)."""
+    chunks, strings, offset = _chunks(rt)
     rank = rt.rank
     groups: dict[str, GroupStream] = {}
-    cache: dict[tuple[Any, ...], tuple[GroupStream, int]] = {}
+    order: list[GroupStream] = []  # stream number -> stream
+    stream_of: dict[tuple[bytes, bytes], int] = {}
+    sig_of: dict[tuple[bytes, bytes], int] = {}
     open_: list[tuple[str, int, int]] = []
     failed: list[tuple[str, int, int]] = []
-    count = 0
     first_idx = -1
     last_idx = -1
     last_t = 0
-    span = schema.KIND_SPAN
-    flag_error = schema.FLAG_ERROR
 
-    def resolve(ck: tuple[Any, ...]) -> tuple[GroupStream, int]:
-        kind, g, op, dtype, redop, module, phase, nin, nout, peer = ck
-        if strings is not None:
-            g, op, dtype, redop, module, phase = (strings.get(x, "?") for x in (g, op, dtype, redop, module, phase))
+    def resolve(key: tuple[bytes, bytes], kind: int) -> None:
+        a, b = key
+        if kind not in (schema.KIND_COLLECTIVE, schema.KIND_P2P):  # compute spans are not aligned
+            stream_of[key] = _NO_STREAM
+            sig_of[key] = 0
+            return
+        g, op, dtype, redop, module, phase = (strings.get(x, "?") for x in _KEY_A.unpack(a))
+        nin, nout, peer = _KEY_B.unpack(b)
         if kind == schema.KIND_P2P:
-            key = p2p_key(g, rank, peer)
+            stream = p2p_key(g, rank, peer)
             # both sides of a pair share one signature: the direction of the transfer
             src, dst = (rank, peer) if op in _SEND else (peer, rank)
             sig = Signature("p2p", f"{src}->{dst}", nin, dtype, "", -1, "", "")
         else:
-            key = g
+            stream = g
             numel = nout if op in _OUT_COUNTED else nin
             sig = Signature("collective", op, numel, dtype, redop, peer, module, phase)
-        st = groups.get(key)
+        st = groups.get(stream)
         if st is None:
-            st = groups[key] = GroupStream(key)
-        return st, table.intern(sig)
+            st = groups[stream] = GroupStream(stream)
+            order.append(st)
+        stream_of[key] = order.index(st)
+        sig_of[key] = table.intern(sig)
 
-    for idx, raw in rows:
-        if raw[1] == span:
+    for idx0, chunk in chunks:
+        if not chunk:
             continue
-        ck = _SIG_FIELDS(raw)
-        ent = cache.get(ck)
-        if ent is None:
-            ent = cache[ck] = resolve(ck)
-        st, sid = ent
-        seq = raw[13]
-        sigs = st.sigs
-        n = len(sigs)
-        if n == 0:
-            st.seq0 = seq
-        gap = seq - st.seq0 - n
-        if gap < 0:
-            continue  # a seq seen twice (should not happen): keep the first
-        while gap > 0:  # torn slots: holes the aligner will not compare
-            sigs.append(0)
-            st.idxs.append(-1)
-            st.t_issue.append(0)
-            gap -= 1
-            n += 1
-        step = raw[18]
-        if step != st.last_step:
-            st.step_starts.append((n, step))
-            st.last_step = step
-        sigs.append(sid)
-        st.idxs.append(idx)
-        st.t_issue.append(raw[20] + offset)
-        if not raw[21]:
-            open_.append((st.key, seq, idx))
-        if raw[2] & flag_error:
-            failed.append((st.key, seq, idx))
-        count += 1
+        n = len(chunk) // schema.SLOT_SIZE
+        markers, kinds, flags, keys, seqs, steps, t_issue, t_done = _columns(chunk)
+        idxs: Sequence[int] = range(idx0, idx0 + n)
+        if markers[-1] != idx0 + n and n > 1 and markers[:-1] == list(range(idx0 + 1, idx0 + n)):
+            # the usual torn slot: the last one, never committed (head points past the last record)
+            n -= 1
+            kinds, flags, keys, seqs, steps, t_issue, t_done = (
+                c[:n] for c in (kinds, flags, keys, seqs, steps, t_issue, t_done)
+            )
+            markers = markers[:n]
+            idxs = range(idx0, idx0 + n)
+        if markers != list(range(idx0 + 1, idx0 + n + 1)):  # torn or stale slots: keep the good ones
+            keep = [i for i in range(n) if markers[i] == idx0 + i + 1]
+            if not keep:
+                continue
+            pick = _picker(keep)
+            kinds, flags, keys, seqs, steps, t_issue, t_done = (
+                list(pick(c)) for c in (kinds, flags, keys, seqs, steps, t_issue, t_done)
+            )
+            idxs = [idx0 + i for i in keep]
+        gcol = list(map(stream_of.get, keys))
+        if None in gcol:
+            for i in range(len(keys)):
+                if keys[i] not in stream_of:
+                    resolve(keys[i], kinds[i])
+            gcol = list(map(stream_of.__getitem__, keys))
+        sids = list(map(sig_of.__getitem__, keys))
+        present = set(gcol)
+        for g in present:
+            if g == _NO_STREAM:
+                continue
+            cols: tuple[Sequence[int], ...] = (sids, seqs, steps, t_issue, t_done, flags, idxs)
+            if len(present) > 1:
+                pick = _picker([i for i, x in enumerate(gcol) if x == g])
+                cols = tuple(pick(c) for c in cols)
+            _extend(order[g], *cols, offset=offset, open_=open_, failed=failed)
         if first_idx < 0:
-            first_idx = idx
-        last_idx = idx
-        last_t = raw[21] or raw[20]
+            first_idx = idxs[0]
+        last_idx = idxs[-1]
+        last_t = t_done[-1] or t_issue[-1]
     return RankStreams(
         rank=rank,
         groups=groups,
         open=open_,
         failed=failed,
-        count=count,
+        count=sum(len(st.sigs) for st in groups.values()),
         first_idx=max(first_idx, 0),
         last_idx=last_idx,
         last_t_ns=(last_t + offset) if last_t else 0,
     )
+
+
+def _columns(chunk: bytes) -> tuple[list[Any], ...]:
+    """Columns of a block of slots, read as strided views (C speed, no per-record tuples but the key)."""
+    n = len(chunk) // schema.SLOT_SIZE
+    keys = list(_KEYS.iter_unpack(chunk))
+    if sys.byteorder != "little":  # the views below read native order; the file is little-endian
+        rows = [schema.SLOT.unpack_from(chunk, i * schema.SLOT_SIZE) for i in range(n)]
+        m, k, f, *_, seq, _b, _ni, _no, _p, step, _mi, ti, td, _w = zip(*rows)
+        return list(m), list(k), list(f), keys, list(seq), list(step), list(ti), list(td)
+    b = memoryview(chunk)
+    q = b.cast("Q")
+    i32 = b.cast("i")
+    q4 = b[4 : len(chunk) - 4].cast("q")  # 8-byte fields at offsets 4 mod 8: t_issue (92), t_done (100)
+    return (
+        q[0::16].tolist(),  # marker
+        b[8::128].tolist(),  # kind
+        b[9::128].tolist(),  # flags
+        keys,
+        q[6::16].tolist(),  # seq (48)
+        i32[21::32].tolist(),  # step (84)
+        q4[11::16].tolist(),  # t_issue
+        q4[12::16].tolist(),  # t_done
+    )
+
+
+def _picker(sel: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    get = itemgetter(*sel)
+    if len(sel) == 1:
+        return lambda col: (get(col),)
+    return get
+
+
+def _extend(
+    st: GroupStream,
+    sids: Sequence[int],
+    seqs: Sequence[int],
+    steps: Sequence[int],
+    t_issue: Sequence[int],
+    t_done: Sequence[int],
+    flags: Sequence[int],
+    idxs: Sequence[int],
+    *,
+    offset: int,
+    open_: list[tuple[str, int, int]],
+    failed: list[tuple[str, int, int]],
+) -> None:
+    """Append one block of one stream's records: columns at C speed when its seqs are consecutive."""
+    n = len(sids)
+    if not st.sigs:
+        st.seq0 = seqs[0]
+    base = len(st.sigs)
+    expected = st.seq0 + base
+    where: Sequence[int]
+    if seqs[0] == expected and seqs[-1] == expected + n - 1:
+        st.sigs.extend(sids)
+        st.idxs.extend(idxs)
+        st.t_issue.extend([t + offset for t in t_issue])
+        pos = base
+        for step, same in groupby(steps):
+            if step != st.last_step:
+                st.step_starts.append((pos, step))
+                st.last_step = step
+            pos += len(tuple(same))
+        where = range(n)
+    else:  # holes (torn slots) or a repeated seq: one record at a time
+        kept = []
+        for i in range(n):
+            gap = seqs[i] - st.seq0 - len(st.sigs)
+            if gap < 0:
+                continue
+            for _ in range(gap):
+                st.sigs.append(0)
+                st.idxs.append(-1)
+                st.t_issue.append(0)
+            if steps[i] != st.last_step:
+                st.step_starts.append((len(st.sigs), steps[i]))
+                st.last_step = steps[i]
+            st.sigs.append(sids[i])
+            st.idxs.append(idxs[i])
+            st.t_issue.append(t_issue[i] + offset)
+            kept.append(i)
+        where = kept
+    if 0 in t_done:
+        open_.extend((st.key, seqs[i], idxs[i]) for i in where if not t_done[i])
+    if any(f & schema.FLAG_ERROR for f in set(flags)):
+        failed.extend((st.key, seqs[i], idxs[i]) for i in where if flags[i] & schema.FLAG_ERROR)
 
 
 def build_all(run: Run, table: SigTable) -> dict[int, RankStreams]:

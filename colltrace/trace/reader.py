@@ -100,6 +100,24 @@ def ring_info(ring_path: str) -> RingInfo | None:
 _CHUNK_SLOTS = 32768  # 4 MiB reads: bounded memory for rings of any size
 
 
+def iter_chunks(ring_path: str, info: RingInfo) -> Iterator[tuple[int, bytes]]:
+    """Yield (idx of the first slot, raw bytes of consecutive slots) in idx order, torn slots included."""
+    cap = info.capacity
+    size = schema.SLOT_SIZE
+    with open(ring_path, "rb") as f:
+        idx = info.first
+        while idx <= info.last:
+            pos = idx % cap
+            n = min(info.last + 1 - idx, cap - pos, _CHUNK_SLOTS)
+            f.seek(schema.RING_HEADER_SIZE + pos * size)
+            chunk = f.read(n * size)
+            n = len(chunk) // size
+            if n == 0:
+                return
+            yield idx, chunk[: n * size]
+            idx += n
+
+
 def _scan(ring_path: str, info: RingInfo, layout: struct.Struct) -> Iterator[tuple[int, tuple[Any, ...]]]:
     """Yield (idx, unpacked slot) in idx order, skipping torn or stale slots (marker != idx + 1).
 
@@ -210,6 +228,10 @@ class RecordView(Sequence[Collective]):
     def raw(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
         """(idx, slot tuple as in schema.SLOT_FIELDS) for every readable record, oldest first."""
         return _scan(self.ring_path, self.info, schema.SLOT)
+
+    def chunks(self) -> Iterator[tuple[int, bytes]]:
+        """(first idx, raw slots) blocks for columnar readers; slots whose marker != idx + 1 are torn."""
+        return iter_chunks(self.ring_path, self.info)
 
     def decode(self, idx: int, raw: tuple[Any, ...]) -> Collective:
         s = self.strings.get
