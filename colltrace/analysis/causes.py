@@ -124,8 +124,10 @@ def find(f: Facts) -> Finding:
         return Finding(Cause.RECOMPUTE_MISMATCH, Confidence.MEDIUM, (Evidence(Clue.RECOMPUTE, f.culprits),))
     if d.seq is not None and d.kind in (Kind.MISSING, Kind.EXTRA) or any(s.phase not in _TRAINING for s in f.sigs(f.culprits)):
         starting = [v for v in f.victims if _step_start(f.stream(v), d.seq or 0)]
+        # it left the loop: exited cleanly, or went on to collectives outside training (a final barrier, eval)
         left = all(
-            ends[r].state is RankState.FINISHED or not any(s.phase in _TRAINING for s in f.sigs((r,)))
+            ends[r].state is RankState.FINISHED
+            or (f.sigs((r,)) and not any(s.phase in _TRAINING for s in f.sigs((r,))))
             for r in f.culprits
         )
         if starting and left and f.culprits:
@@ -144,7 +146,9 @@ def find(f: Facts) -> Finding:
         stuck = [r for r in f.culprits if ends[r].blocked is None and ends[r].state is not RankState.FINISHED]
         if stuck and d.kind is Kind.MISSING and f.slow is not None and f.slow.rank in stuck:
             return Finding(Cause.STRAGGLER, Confidence.MEDIUM, (Evidence(Clue.LAST_ARRIVER, (f.slow.rank,), f"{f.slow.waited_s:.1f}"),))
-        if d.kind is Kind.MISSING and stuck and all(states.died_unseen(ends[r]) for r in stuck):
-            return Finding(Cause.UNKNOWN, Confidence.LOW, (Evidence(Clue.KILLED, tuple(stuck)),))
+        if d.kind is Kind.MISSING and stuck and len(stuck) == len(f.culprits):
+            # stopped outside any collective (compute, data loading, killed): the catalogue names no cause,
+            # the culprit's stack says where to look
+            return Finding(Cause.UNKNOWN, Confidence.LOW, ())
         return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, ())
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
