@@ -29,7 +29,9 @@ class Facts:
         table: SigTable,
         cycle: tuple[int, ...] | None,
         slow: Straggler | None,
+        deviates: bool = False,
     ) -> None:
+        self.deviates = deviates  # the culprits broke their own earlier pattern (not a setting fixed from the start)
         self.run, self.d, self.culprits, self.victims = run, d, culprits, victims
         self.ends, self.streams, self.table, self.cycle, self.slow = ends, streams, table, cycle, slow
 
@@ -115,6 +117,10 @@ def find(f: Facts) -> Finding:
     sigs = f.sigs(tuple(a.rank for a in d.at))
     modules = {s.module for s in sigs}
     same_module = len(modules) == 1 and len({s.op for s in sigs}) == 1
+    grad = bool(sigs) and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs)
+    if grad and f.deviates and d.kind in (Kind.NUMEL, Kind.MODULE, Kind.OP):
+        # gradient reductions that changed from the culprit's own earlier steps: parameters without gradients
+        return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
     if d.kind is Kind.DTYPE and same_module:
         return Finding(Cause.DTYPE_MISMATCH, Confidence.HIGH, (Evidence(Clue.SAME_MODULE, f.culprits, next(iter(modules))),))
     if d.kind is Kind.NUMEL and same_module:

@@ -65,7 +65,8 @@ def diagnose(run: Run) -> Diagnosis:
     verdict = _verdict(d, culprits, ends, bool(cycle))
     finding: Finding | None = None
     if verdict is not Verdict.HEALTHY or slow is not None:
-        facts = causes.Facts(run, d, culprits, victims, ends, streams, table, cycle, slow)
+        deviates = any(e.clue is Clue.HISTORY_DEVIATES for e in blame.evidence)
+        facts = causes.Facts(run, d, culprits, victims, ends, streams, table, cycle, slow, deviates)
         f = causes.find(facts)
         finding = Finding(f.cause, _confidence(blame.confidence, f.confidence), blame.evidence + f.evidence)
         if verdict is Verdict.HEALTHY and f.cause is Cause.STRAGGLER and slow is not None:

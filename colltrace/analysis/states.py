@@ -66,11 +66,11 @@ def _frames_from_stacks(stacks: list[dict[str, Any]]) -> list[str]:
 
 def _frames_from_text(text: str) -> list[str]:
     """faulthandler prints innermost first; tracebacks innermost last. Return innermost last."""
-    frames = [f"{m[1]}:{m[2]} in {m[3]}" for m in _FRAME.findall(text)]
+    frames = [f"{m[0]}:{m[1]} in {m[2]}" for m in _FRAME.findall(text)]
     if "Most recent call first" in text:
         # only the current thread's block (the first one) matters
         block = text.split("\n\n")[0]
-        frames = [f"{m[1]}:{m[2]} in {m[3]}" for m in _FRAME.findall(block)][::-1]
+        frames = [f"{m[0]}:{m[1]} in {m[2]}" for m in _FRAME.findall(block)][::-1]
     return frames[-_MAX_FRAMES:]
 
 

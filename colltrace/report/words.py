@@ -58,10 +58,12 @@ def headline(dx: Diagnosis) -> str:
 def evidence_text(e: Evidence) -> str:
     who = ranks_text(e.ranks)
     detail = e.detail
+    its = "its" if len(e.ranks) == 1 else "their"
+    s = "s" if len(e.ranks) == 1 else ""
     text = {
-        Clue.HISTORY_DEVIATES: f"{who} issued something other than what it issued at this point of its earlier steps",
-        Clue.HISTORY_CONSISTENT: f"{who} issued the same as at this point of its earlier steps",
-        Clue.MAJORITY: f"{who} disagree with the majority of the group ({detail} ranks)",
+        Clue.HISTORY_DEVIATES: f"{who} issued something other than what {'it' if s else 'they'} issued at this point of {its} earlier steps",
+        Clue.HISTORY_CONSISTENT: f"{who} issued the same as at this point of {its} earlier steps",
+        Clue.MAJORITY: f"{who} disagree{s} with the majority of the group ({detail} ranks agree)",
         Clue.CRASHED: f"{who} raised {detail or 'an exception'} on its own, not inside a failing collective",
         Clue.OOM: f"{who} ran out of memory ({detail})",
         Clue.FATAL_SIGNAL: f"{who} died of a fatal signal outside any collective ({detail})",
