@@ -15,6 +15,7 @@ from colltrace.scenarios.worker import FR_DIR_ENV, FR_SIGNAL
 
 HANG_S = 2.0  # COLLTRACE_HANG_S: the watchdog dumps stacks well before the gloo timeout
 FIXTURE_RING = 128  # slots per rank (16 KiB + 4 KiB header): the scenarios issue a few dozen collectives
+FR_DUMP_WAIT_S = 10.0  # how long the ranks get to write their Flight Recorder dumps before SIGTERM
 KILL_GRACE_S = 5.0  # between the scheduler's SIGTERM and its SIGKILL
 DEADLINE_S = 150.0  # no scenario may run longer than this, whatever goes wrong
 LOG_TAIL = 24_000  # bytes of launcher output kept beside the trace
@@ -129,9 +130,16 @@ def _kill_from_outside(proc: subprocess.Popen[bytes], run_dir: str) -> None:
     First SIGUSR1 to the ranks, so that each writes its Flight Recorder dump (our worker's doing, not the
     scheduler's: a real job would get it from TORCH_NCCL_DUMP_ON_TIMEOUT).
     """
-    for pid in _worker_pids(run_dir):
+    pids = _worker_pids(run_dir)
+    for pid in pids:
         _signal(pid, FR_SIGNAL)
-    time.sleep(1.5)
+    fr_dir = os.path.join(run_dir, FR_SUBDIR)
+    until = time.monotonic() + FR_DUMP_WAIT_S  # symbolizing C++ stacks takes seconds on a busy host
+    while time.monotonic() < until:
+        done = len([f for f in os.listdir(fr_dir) if not f.endswith(".tmp")]) if os.path.isdir(fr_dir) else 0
+        if done >= len(pids):
+            break
+        time.sleep(0.2)
     _signal_group(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=KILL_GRACE_S)
