@@ -18,11 +18,22 @@ def _no_graph_task() -> int:
     return -1
 
 
+class _ThreadState(threading.local):
+    """Per-thread attribution. Class-level defaults: a missing attribute would cost an exception."""
+
+    serve: tuple[str, str, str] | None = None
+    prefetch = False
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+        self.labels: list[str] = []
+
+
 class Context:
     """Attribution state read on every collective. Writes happen in hooks; reads must be cheap."""
 
     def __init__(self) -> None:
-        self.tls = threading.local()
+        self.tls = _ThreadState()
         self.step = 0  # optimizer steps completed
         self.micro_step = 0  # root forwards since the last optimizer step, 0-based
         self.seen_forward = False
@@ -37,28 +48,18 @@ class Context:
     # -- per-thread stacks -----------------------------------------------------------------
 
     def stack(self) -> list[str]:
-        tls = self.tls
-        try:
-            return tls.stack  # type: ignore[no-any-return]
-        except AttributeError:
-            tls.stack = []
-            return tls.stack  # type: ignore[no-any-return]
+        return self.tls.stack
 
     def labels(self) -> list[str]:
-        tls = self.tls
-        try:
-            return tls.labels  # type: ignore[no-any-return]
-        except AttributeError:
-            tls.labels = []
-            return tls.labels  # type: ignore[no-any-return]
+        return self.tls.labels
 
     def serving(self) -> tuple[str, str, str] | None:
         """(module, phase, flavour) set by a framework adapter around its own collectives."""
-        return getattr(self.tls, "serve", None)
+        return self.tls.serve
 
     def set_serving(self, value: tuple[str, str, str] | None) -> tuple[str, str, str] | None:
         tls = self.tls
-        old = getattr(tls, "serve", None)
+        old = tls.serve
         tls.serve = value
         return old
 
@@ -69,12 +70,13 @@ class Context:
 
     def current(self) -> tuple[str, str, str]:
         """(module, phase, flavour) for a collective issued now on this thread."""
-        serve = getattr(self.tls, "serve", None)
+        tls = self.tls
+        serve = tls.serve
         if serve is not None:
             return serve
-        stack = getattr(self.tls, "stack", None)
+        stack = tls.stack
         module = stack[-1] if stack else ""
-        labels = getattr(self.tls, "labels", None)
+        labels = tls.labels
         if labels:  # the user's own phase label wins over the inferred one
             return module, labels[-1], ""
         return module, self.phase(bool(stack)), ""

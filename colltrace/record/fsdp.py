@@ -49,7 +49,7 @@ class FsdpAdapters:
 
     def _serve(self, module: str, phase: str, flavour: str, fn: Callable[[], Any]) -> Any:
         ctx = self.ctx
-        labels = getattr(ctx.tls, "labels", None)
+        labels = ctx.tls.labels
         if labels and flavour == UNSHARD:
             flavour = f"{flavour}:{labels[-1]}"
         old = ctx.set_serving((module, phase, flavour))
@@ -89,7 +89,7 @@ class FsdpAdapters:
                     phase = PHASE_BACKWARD
                 else:
                     phase = ctx.current()[1]
-                flavour = PREFETCH if getattr(ctx.tls, "prefetch", False) else UNSHARD
+                flavour = PREFETCH if ctx.tls.prefetch else UNSHARD
                 return adapters._serve(fqn(self), phase, flavour, lambda: orig(self, *args, **kwargs))
 
             return unshard
@@ -103,7 +103,7 @@ class FsdpAdapters:
         def make_prefetch(orig: Callable[..., Any]) -> Callable[..., Any]:
             def prefetch(*args: Any, **kwargs: Any) -> Any:
                 tls = ctx.tls
-                old = getattr(tls, "prefetch", False)
+                old = tls.prefetch
                 tls.prefetch = True
                 try:
                     return orig(*args, **kwargs)
@@ -147,7 +147,7 @@ class FsdpAdapters:
                     phase = PHASE_BACKWARD
                 else:
                     phase = ctx.current()[1]
-                flavour = PREFETCH if getattr(ctx.tls, "prefetch", False) else UNSHARD
+                flavour = PREFETCH if ctx.tls.prefetch else UNSHARD
                 return adapters._serve(fqn(self), phase, flavour, lambda: orig(self, *args, **kwargs))
 
             return unshard
@@ -163,7 +163,7 @@ class FsdpAdapters:
         def make_prefetch(orig: Callable[..., Any]) -> Callable[..., Any]:
             def prefetch(*args: Any, **kwargs: Any) -> Any:
                 tls = ctx.tls
-                old = getattr(tls, "prefetch", False)
+                old = tls.prefetch
                 tls.prefetch = True
                 try:
                     return orig(*args, **kwargs)

@@ -100,12 +100,17 @@ class Recorder:
         return sid
 
     def _shape(self, inp: Any, out: Any) -> int:
-        key = (_shape_key(inp), _shape_key(out))
+        key = _shape_key(inp) if out is inp else (_shape_key(inp), _shape_key(out))
         sid = self._shapes.get(key)
         if sid is None:
             if len(self._shapes) >= _SHAPE_CACHE_MAX:
                 return 0
-            sid = self._shapes[key] = self.sid(f"{_shape_text(key[0])} -> {_shape_text(key[1])}")
+            if out is inp:
+                text = _shape_text(key)
+                text = f"{text} -> {text}"
+            else:
+                text = f"{_shape_text(key[0])} -> {_shape_text(key[1])}"
+            sid = self._shapes[key] = self.sid(text)
         return sid
 
     def str_id(self, s: str) -> int:
@@ -116,9 +121,11 @@ class Recorder:
 
     # -- hot path ----------------------------------------------------------------------------
 
-    def issue(self, spec: OpSpec, op_sid: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int, Any]:
+    def issue(
+        self, spec: OpSpec, op_sid: int, args: tuple[Any, ...], kwargs: dict[str, Any], t_issue: int = 0
+    ) -> tuple[int, int, Any]:
         """Write the slot for a call about to run. Returns (idx, flags, pg); idx -1: not recorded."""
-        t_issue = _now()
+        t_issue = t_issue or _now()
         n = len(args)
         pos = spec.group_pos
         pg = args[pos] if -1 < pos < n else kwargs.get("group")
@@ -186,17 +193,20 @@ class Recorder:
 
     def returned(self, idx: int, flags: int, pg: Any, result: Any, t_issue: int) -> None:
         """The call returned: sync ops are done; async ones get a completion callback on their Work."""
+        bseq = -1
         if self.backend_seq:
             try:
-                self.writer.set_backend_seq(idx, pg._get_sequence_number_for_group())
+                bseq = pg._get_sequence_number_for_group()
             except Exception:
                 self.backend_seq = False
         if flags & schema.FLAG_ASYNC and result is not None:
+            if bseq >= 0:
+                self.writer.set_backend_seq(idx, bseq)
             self._watch(idx, flags, result)
             return
         t = _now()
-        self.writer.complete(idx, t, flags | schema.FLAG_DONE)
-        self.writer.add_wait(idx, t - t_issue)
+        # a sync call: blocked for its whole duration
+        self.writer.finish_sync(idx, bseq, t, t - t_issue, flags | schema.FLAG_DONE)
         self.last_progress_ns = t
         self.in_flight -= 1
 

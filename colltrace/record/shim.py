@@ -14,12 +14,16 @@ from colltrace.trace import schema
 _now = time.monotonic_ns
 
 
+class _Depth(threading.local):
+    depth = 0  # > 0: inside a traced call, so a call that forwards to another is counted once
+
+
 class Shim:
     """Holds the originals, so `uninstall` restores torch exactly."""
 
     def __init__(self) -> None:
         self.recorder: Recorder | None = None
-        self.tls = threading.local()  # depth > 0: inside a traced call (count a call once)
+        self.tls = _Depth()
         self.originals: list[tuple[Any, str, Any]] = []
         self.op_sids: dict[str, int] = {}
 
@@ -72,14 +76,14 @@ class Shim:
         @functools.wraps(orig)
         def traced(*args: Any, **kwargs: Any) -> Any:
             rec = shim.recorder
-            if rec is None or getattr(tls, "depth", 0):
+            if rec is None or tls.depth:
                 return orig(*args, **kwargs)
             try:
                 op_sid = shim.op_sids.get(name)
                 if op_sid is None:
                     op_sid = shim.op_sids[name] = rec.sid(name)
                 t_issue = _now()
-                idx, flags, pg = rec.issue(spec, op_sid, args, kwargs)
+                idx, flags, pg = rec.issue(spec, op_sid, args, kwargs, t_issue)
             except Exception as e:  # the shim steps aside, the collective still runs
                 rec.warn_once(f"recording {name} failed", e)
                 return orig(*args, **kwargs)
@@ -111,7 +115,7 @@ class Shim:
         @functools.wraps(orig)
         def traced(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
             rec = shim.recorder
-            if rec is None or getattr(tls, "depth", 0):
+            if rec is None or tls.depth:
                 return orig(p2p_op_list, *args, **kwargs)
             issued: list[tuple[int, Any]] = []
             try:

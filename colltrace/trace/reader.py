@@ -92,9 +92,31 @@ def ring_info(ring_path: str) -> RingInfo | None:
     capacity = min(capacity, (size - schema.RING_HEADER_SIZE) // slot_size)
     if capacity <= 0:
         return None
-    # head is bumped after the marker: slot `head` may be committed already, in which case it
-    # overwrote `head - capacity`; the slots' markers tell which of the two is there
-    return RingInfo(capacity=capacity, first=max(0, head - capacity), last=head, head=head)
+    # the writer publishes head only every HEAD_EVERY records (it is a lower bound): the
+    # slots' own markers say how far the ring really goes
+    last = _last_committed(ring_path, head, capacity)
+    return RingInfo(capacity=capacity, first=max(0, last + 1 - capacity), last=last, head=last + 1)
+
+
+def _last_committed(ring_path: str, head: int, capacity: int) -> int:
+    """The highest idx whose slot holds it, scanning forward from head (a few gaps allowed:
+    another thread may hold an idx it has not committed yet when the process died)."""
+    marker = struct.Struct("<Q")
+    size = schema.SLOT_SIZE
+    last = head - 1
+    idx, gaps = max(0, head - 1), 0
+    with open(ring_path, "rb") as f:
+        while idx < head + capacity and gaps <= schema.HEAD_EVERY:
+            f.seek(schema.RING_HEADER_SIZE + (idx % capacity) * size)
+            data = f.read(marker.size)
+            if len(data) < marker.size:
+                break
+            if marker.unpack(data)[0] == idx + 1:
+                last, gaps = idx, 0
+            else:
+                gaps += 1
+            idx += 1
+    return last
 
 
 _CHUNK_SLOTS = 32768  # 4 MiB reads: bounded memory for rings of any size

@@ -8,10 +8,12 @@ SCHEMA_VERSION = 1
 MAGIC = b"CLTRACE1"
 
 # Ring file: a fixed header page, then `capacity` fixed-size slots.
-#   magic 8s | version I | slot_size I | capacity Q | head Q (records ever written)
+#   magic 8s | version I | slot_size I | capacity Q | head Q (records written, published every
+#   HEAD_EVERY records: a lower bound; the reader scans forward from it by the slots' markers)
 RING_HEADER = struct.Struct("<8sIIQQ")
 RING_HEADER_SIZE = 4096
 HEAD_OFFSET = 24  # byte offset of `head` inside the ring header
+HEAD_EVERY = 64  # head is published every this many records (and at exit): a lower bound
 
 # One record per slot. Categorical fields are ids into the rank's string table
 # (the `str` events of the sidecar), so the slot stays fixed-size and the hot path

@@ -31,6 +31,11 @@ except ImportError:  # pragma: no cover - orjson is a dependency, keep working w
 _MARKER = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 _FLAGS = struct.Struct("<B")
+_pack_slot = schema.SLOT.pack_into
+_BASE = schema.RING_HEADER_SIZE
+_SIZE = schema.SLOT_SIZE
+_HEAD_MASK = schema.HEAD_EVERY - 1
+_DONE_WAIT = struct.Struct("<qq")  # t_done_ns, wait_ns: adjacent, last in the slot
 
 
 class TraceWriter:
@@ -44,6 +49,7 @@ class TraceWriter:
         self._lock = threading.Lock()
         self._strings: dict[str, int] = {"": 0}
         self._counter = itertools.count()
+        self.last_idx = -1
         self.capacity = max(16, int(capacity))
 
         events_path = os.path.join(run_dir, schema.EVENTS_NAME.format(rank=rank))
@@ -80,23 +86,30 @@ class TraceWriter:
             if idx >= self.capacity:
                 self._map(max(self.capacity * 2, idx + 1))
 
-    def _slot_offset(self, idx: int) -> int:
-        if idx >= self.capacity:
-            if self.full:
-                self._grow(idx)
-            else:
-                return schema.RING_HEADER_SIZE + (idx % self.capacity) * schema.SLOT_SIZE
-        return schema.RING_HEADER_SIZE + idx * schema.SLOT_SIZE
-
     def append(self, *fields: Any) -> int:
         """Write one slot (all SLOT_FIELDS but the marker) and return its idx."""
         idx = next(self._counter)
-        off = self._slot_offset(idx)
+        if idx < self.capacity:
+            off = _BASE + idx * _SIZE
+        elif self.full:
+            self._grow(idx)
+            off = _BASE + idx * _SIZE
+        else:
+            off = _BASE + (idx % self.capacity) * _SIZE
         mm = self._mm
-        schema.SLOT.pack_into(mm, off, 0, *fields)
-        _MARKER.pack_into(mm, off, idx + 1)  # commit
-        _MARKER.pack_into(mm, schema.HEAD_OFFSET, idx + 1)
+        _pack_slot(mm, off, 0, *fields)
+        _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
+        if not idx & _HEAD_MASK:
+            _MARKER.pack_into(mm, schema.HEAD_OFFSET, idx + 1)
+        self.last_idx = idx
         return idx
+
+    def publish_head(self) -> None:
+        """Write the exact record count into the ring header (at exit; appends do it every HEAD_EVERY)."""
+        try:
+            _MARKER.pack_into(self._mm, schema.HEAD_OFFSET, self.last_idx + 1)
+        except (ValueError, OSError):
+            pass
 
     def _live_offset(self, idx: int) -> int:
         """Offset of slot idx if it still holds idx (the ring may have moved on), else -1."""
@@ -113,6 +126,15 @@ class TraceWriter:
         if off >= 0:
             mm = self._mm
             _I64.pack_into(mm, off + schema.T_DONE_OFFSET, t_done_ns)
+            _FLAGS.pack_into(mm, off + schema.FLAGS_OFFSET, flags)
+
+    def finish_sync(self, idx: int, backend_seq: int, t_done_ns: int, wait_ns: int, flags: int) -> None:
+        """Completion of a call that blocked until done: one marker check, three stores."""
+        off = self._live_offset(idx)
+        if off >= 0:
+            mm = self._mm
+            _I64.pack_into(mm, off + schema.BACKEND_SEQ_OFFSET, backend_seq)
+            _DONE_WAIT.pack_into(mm, off + schema.T_DONE_OFFSET, t_done_ns, wait_ns)
             _FLAGS.pack_into(mm, off + schema.FLAGS_OFFSET, flags)
 
     def set_flags(self, idx: int, flags: int) -> None:
@@ -152,6 +174,7 @@ class TraceWriter:
 
     def flush(self) -> None:
         """Ask the kernel to push to disk (only matters for a machine crash)."""
+        self.publish_head()
         try:
             self._mm.flush()
             os.fsync(self._events_fd)
