@@ -108,6 +108,9 @@ def rank_end(rt: RankTrace, rs: RankStreams) -> RankEnd:
     collective_failure = bool(
         (etype or fault) and not oom and in_collective and (_COMM_FAILURE.search(text) or fault or blocked and blocked.error)
     )
+    if err.get("in_collective") is not None and not oom:
+        # the recorder saw this exception come out of a collective: a victim's error, whatever it says
+        collective_failure = True
     if blocked is not None:
         activity = f"in {blocked.op} (seq {blocked.seq})"
     elif stack:

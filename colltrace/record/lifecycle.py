@@ -99,6 +99,7 @@ class Lifecycle:
                     "traceback": text[-8000:],
                     "step": rec.ctx.step,
                     "in_flight": rec.in_flight,
+                    "in_collective": _raised_by_collective(rec, exc),
                 }
             )
         except Exception:
@@ -232,6 +233,21 @@ class Lifecycle:
                     )  # fmt: skip
                 except Exception:
                     pass
+
+
+def _raised_by_collective(rec: Any, exc: BaseException) -> int | None:
+    """idx of the collective this exception (or one it was raised from) came out of, else None."""
+    failure = rec.last_failure
+    if failure is None:
+        return None
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if e is failure[0]:
+            return failure[1]
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _noop_handler(signum: int, frame: Any) -> None:

@@ -38,6 +38,7 @@ class Recorder:
         self.last_progress_ns = _now()
         self.in_flight = 0
         self._warned: set[str] = set()
+        self.last_failure: tuple[BaseException, int] | None = None
         self._str_cache: dict[str, int] = {}
         self.sid = writer.intern
 
@@ -210,9 +211,11 @@ class Recorder:
         self.last_progress_ns = t
         self.in_flight -= 1
 
-    def failed(self, idx: int, flags: int) -> None:
+    def failed(self, idx: int, flags: int, exc: BaseException | None = None) -> None:
         self.writer.complete(idx, _now(), flags | schema.FLAG_ERROR)
         self.in_flight -= 1
+        if exc is not None:  # lets the error record say the exception came out of this collective
+            self.last_failure = (exc, idx)
 
     def _watch(self, idx: int, flags: int, work: Any) -> None:
         works = work if isinstance(work, list) else [work]

@@ -90,10 +90,10 @@ class Shim:
             tls.depth = 1
             try:
                 result = orig(*args, **kwargs)
-            except BaseException:
+            except BaseException as e:
                 tls.depth = 0
                 if idx >= 0:
-                    rec.failed(idx, flags)
+                    rec.failed(idx, flags, e)
                 raise
             tls.depth = 0
             if idx >= 0:
