@@ -28,12 +28,8 @@ def _step() -> list[sch.Planned]:
 def shard_batches(rank: int, world: int) -> int:
     """Batches in this rank's shard: contiguous shards of STEPS batches, and the dataset is one batch short,
     so the last rank's shard has one batch fewer (no padding, no drop_last across ranks)."""
-    from colltrace.scenarios.job import BATCH
-
-    samples = BATCH * (STEPS * world - 1)
-    per_rank = STEPS * BATCH
-    mine = max(0, min(per_rank, samples - rank * per_rank))
-    return mine // BATCH
+    total = STEPS * world - 1
+    return max(0, min(STEPS, total - rank * STEPS))
 
 
 def _uneven_truth(world: int) -> Truth:

@@ -106,7 +106,6 @@ def cross_group_deadlock(job: Job) -> None:
     Right diagnosis: deadlock, culprits every rank of the cycle (0, 1, 3, 2), each blocked at seq 1 of
     mesh_tp or mesh_dp, cause cross_group_deadlock.
     """
-    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -117,5 +116,4 @@ def cross_group_deadlock(job: Job) -> None:
         x, _ = job.batch(step)
         for dim in cycle_order(job.rank, (2, 2)):
             dist.all_reduce(x if dim == "tp" else x.sum(0), group=groups[dim])
-    del torch
     job.finish()
