@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Any
 
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from colltrace.scenarios.job import Job
 
 # A seq is exact, a range {"min": a, "max": b} where the exact one depends on things we cannot pin down, or None.
-Seq = Union[int, dict[str, int], None]
+Seq = int | dict[str, int] | None
 
 EXPECTED_KEYS = ("scenario", "framework", "ranks", "verdict", "culprit_ranks", "group", "seq", "kind", "cause", "notes")
 

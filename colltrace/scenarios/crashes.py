@@ -138,7 +138,7 @@ def oom(job: Job) -> None:
                 f"capacity of 79.11 GiB of which {free / 2**20:.2f} MiB is free."
             )
 
-    model.blocks[OOM_BLOCK].backward_workspace = allocate
+    model.block(OOM_BLOCK).backward_workspace = allocate
     job.train(model, opt, STEPS, before_step=lambda s: step_now.__setitem__(0, s))
     job.finish()
 

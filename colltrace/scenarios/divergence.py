@@ -156,7 +156,7 @@ def recompute_mismatch(job: Job) -> None:
     """
     job.init()
     model, opt = job.fsdp2_net(BLOCKS)
-    model.blocks[STATS_BLOCK].sync_stats = True
+    model.block(STATS_BLOCK).sync_stats = True
     free_gib = 12 if job.rank == job.culprit else 40  # another process holds memory on the culprit's device
     if free_gib < 16:  # the bug: a per-rank memory heuristic decides the checkpointing policy
         model.checkpointed = {STATS_BLOCK}

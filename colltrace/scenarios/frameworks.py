@@ -87,7 +87,7 @@ def _ds_truth(world: int) -> Truth:
 
 def _skip_shm_build() -> None:
     """DeepSpeed compiles a shared-memory op on its first CPU start (a minute, inference only): skip it."""
-    import deepspeed.comm.torch  # noqa: F401
+    import deepspeed.comm.torch  # type: ignore[import-untyped]  # noqa: F401
 
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # type: ignore[attr-defined]
 
@@ -115,7 +115,7 @@ def deepspeed_zero3(job: Job) -> None:
     Right diagnosis: hang, culprit the early rank (finished), missing at the first all-gather of the step it
     never ran, cause uneven_data.
     """
-    import deepspeed
+    import deepspeed  # type: ignore[import-untyped]
     import torch
 
     from colltrace.scenarios.crashes import shard_batches

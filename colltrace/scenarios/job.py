@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

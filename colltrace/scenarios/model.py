@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -65,15 +66,15 @@ class TinyNet(nn.Module):
         self.route: Callable[[torch.Tensor], list[int]] = lambda x: list(range(len(self.blocks)))
         self.aux_off: Callable[[torch.Tensor], set[int]] = lambda x: set()
 
+    def block(self, i: int) -> Block:
+        return cast(Block, self.blocks[i])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         skip_aux = self.aux_off(x)
         for i in self.route(x):
-            blk = self.blocks[i]
+            blk = self.block(i)
             blk.use_aux = i not in skip_aux
-            if i in self.checkpointed:
-                x = checkpoint(blk, x, use_reentrant=False)
-            else:
-                x = blk(x)
+            x = checkpoint(blk, x, use_reentrant=False) if i in self.checkpointed else blk(x)
         return self.head(x)
 
 

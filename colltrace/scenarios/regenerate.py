@@ -1,7 +1,7 @@
 """Re-record every scenario into fixtures/<scenario>/: the trace, Flight Recorder dumps and expected.json.
 
-    python -m colltrace.scenarios.regenerate              # all scenarios, one after the other
-    python -m colltrace.scenarios.regenerate oom killed   # just these
+python -m colltrace.scenarios.regenerate              # all scenarios, one after the other
+python -m colltrace.scenarios.regenerate oom killed   # just these
 """
 
 from __future__ import annotations

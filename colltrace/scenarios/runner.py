@@ -124,7 +124,12 @@ def summary(run_dir: str, fmt: str) -> tuple[str, bool]:
 
         return json.dumps({"run_dir": run_dir, "world_size": run.world_size, "ranks": rows,
                            "missing": run.missing, "problem": problem}, indent=2) + "\n", problem  # fmt: skip
-    out = [f"## colltrace run {run_dir}", "", f"{run.world_size} ranks. `colltrace dump {run_dir}` prints every record.", ""]
+    out = [
+        f"## colltrace run {run_dir}",
+        "",
+        f"{run.world_size} ranks. `colltrace dump {run_dir}` prints every record.",
+        "",
+    ]
     out += ["| rank | state | error | last collective |", "|---|---|---|---|"]
     for r in rows:
         last = r["last"]

@@ -30,7 +30,7 @@ def dump_flight_recorder() -> None:
         try:
             import torch
 
-            data = torch._C._distributed_c10d._dump_fr_trace()
+            data = torch._C._distributed_c10d._dump_fr_trace()  # type: ignore[attr-defined]
             os.makedirs(out, exist_ok=True)
             path = os.path.join(out, f"rank_{os.environ.get('RANK', '0')}")
             with open(path + ".tmp", "wb") as f:
