@@ -215,6 +215,31 @@ def _rebind_stale_references() -> None:
                 setattr(mod, attr, new)
 
 
+_paused: dict[str, Any] = {}
+
+
+def pause() -> None:
+    """Take every patch and hook out, keeping the open trace (benchmarks interleave on/off)."""
+    with _lock:
+        _paused["recorder"] = SHIM.recorder
+        SHIM.recorder = None
+        SHIM.uninstall()
+        HOOKS.uninstall()
+        FSDP.uninstall()
+
+
+def resume() -> None:
+    """Put back what pause() took out."""
+    with _lock:
+        cfg: config_mod.Config = _state["cfg"] or config_mod.from_env()
+        SHIM.install()
+        _wrap_group_creation()
+        _rebind_stale_references()
+        HOOKS.install(module_hooks=cfg.hooks)
+        FSDP.install()
+        SHIM.recorder = _paused.pop("recorder", None)
+
+
 def uninstall() -> None:
     with _lock:
         SHIM.recorder = None

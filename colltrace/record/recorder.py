@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import sys
 import threading
 import time
@@ -16,6 +17,10 @@ from colltrace.trace.writer import TraceWriter
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
 _SHAPE_CACHE_MAX = 4096
+_STATIC_CACHE_MAX = 65536
+# the slot minus marker, seq/backend_seq and step..wait: see schema.SLOT_FIELDS
+_STATIC_HEAD = struct.Struct("<BBHIIIIIIIII")  # kind .. shape
+_STATIC_MID = struct.Struct("<qqi")  # numel_in, numel_out, peer
 
 
 class Recorder:
@@ -33,6 +38,8 @@ class Recorder:
         self._dtypes: dict[Any, int] = {}
         self._redops: dict[Any, int] = {}
         self._shapes: dict[Any, int] = {}
+        self._static: dict[Any, tuple[bytes, bytes, int]] = {}
+        self.op_sids: dict[str, int] = {}
         self._lock = threading.Lock()
         self.works: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.last_progress_ns = _now()
@@ -58,9 +65,6 @@ class Recorder:
 
     def _group(self, pg: Any) -> list[Any]:
         key = id(pg)
-        slot = self._groups.get(key)
-        if slot is not None and slot[0] is pg:
-            return slot
         with self._lock:
             name, desc, ranks, backend = describe_group(pg)
             slot = [pg, self.sid(name), 0, ranks]
@@ -125,7 +129,11 @@ class Recorder:
     def issue(
         self, spec: OpSpec, op_sid: int, args: tuple[Any, ...], kwargs: dict[str, Any], t_issue: int = 0
     ) -> tuple[int, int, Any]:
-        """Write the slot for a call about to run. Returns (idx, flags, pg); idx -1: not recorded."""
+        """Write the slot for a call about to run. Returns (idx, flags, pg); idx -1: not recorded.
+
+        A training loop repeats the same few calls, so everything but seq, step and times is
+        packed once per distinct call (op, group, shapes, dtype, reduce op, root, module, phase,
+        thread) and copied from a cache afterwards."""
         t_issue = t_issue or _now()
         n = len(args)
         pos = spec.group_pos
@@ -134,31 +142,20 @@ class Recorder:
             pg = self.default_pg
         if pg is self.non_member:  # this rank is not in the group: torch does nothing
             return -1, 0, pg
-        g = self._group(pg)
+        g = self._groups.get(id(pg))
+        if g is None or g[0] is not pg:
+            g = self._group(pg)
         pos = spec.async_pos
-        async_op = bool(args[pos] if -1 < pos < n else kwargs.get("async_op", False))
+        flags = spec.flags
+        if (args[pos] if -1 < pos < n else kwargs.get("async_op", False)):
+            flags |= schema.FLAG_ASYNC
         pos = spec.in_pos
         inp = args[pos] if -1 < pos < n else kwargs.get(spec.in_name)
         pos = spec.out_pos
         out = args[pos] if -1 < pos < n else kwargs.get(spec.out_name)
-        flags = spec.flags
-        if flags & schema.FLAG_OBJECT:
-            numel_in = _obj_count(inp)
-            numel_out = _obj_count(out)
-            dtype = self.str_id("object")
-            shape = 0
-        else:
-            numel_in = _numel(inp)
-            numel_out = _numel(out)
-            first = _first_tensor(inp) if inp is not None else _first_tensor(out)
-            dtype = self._dtype(first) if first is not None else 0
-            shape = self._shape(inp, out)
         pos = spec.op_pos
-        if pos >= 0:
-            redop = self._redop(args[pos] if pos < n else kwargs.get("op", "SUM"))
-        else:
-            redop = 0
-        peer = -1
+        redop = (args[pos] if pos < n else kwargs.get("op", "SUM")) if pos >= 0 else None
+        root = None
         if spec.root_name:
             pos = spec.root_pos
             root = args[pos] if -1 < pos < n else kwargs.get(spec.root_name)
@@ -168,29 +165,57 @@ class Recorder:
                 if groot is not None:
                     ranks = g[3]
                     root = ranks[groot] if 0 <= groot < len(ranks) else groot
-            if root is not None:
-                peer = int(root)
-        if spec.kind == schema.KIND_P2P:
-            key = (id(pg), peer)
-            seq = self._p2p_seq.get(key, 0) + 1
-            self._p2p_seq[key] = seq
-            flags |= schema.FLAG_ASYNC if async_op else 0
-        else:
-            seq = g[2] = g[2] + 1
-            if async_op:
-                flags |= schema.FLAG_ASYNC
         ctx = self.ctx
         module, phase, flavour = ctx.current()
-        sid = self.str_id
-        idx = self.writer.append(
-            spec.kind, flags, 0, self._tid(), g[1], op_sid, dtype, redop,
-            sid(module), sid(phase), sid(flavour), shape,
-            seq, -1, numel_in, numel_out, peer, ctx.step, ctx.micro_step,
-            t_issue, 0, 0,
-        )  # fmt: skip
+        ident = _get_ident()
+        try:
+            key = (op_sid, g[1], inp.shape, inp.dtype, None if out is inp else out.shape, redop, root,
+                   module, phase, flavour, flags, ident)  # fmt: skip
+            static = self._static.get(key)
+        except (AttributeError, TypeError):  # lists of tensors, objects, no tensor: not cached
+            key = None
+            static = None
+        if static is None:
+            static = self._pack_static(spec, op_sid, flags, g, inp, out, redop, root, module, phase, flavour, ident)
+            if key is not None:
+                if len(self._static) >= _STATIC_CACHE_MAX:
+                    self._static.clear()
+                self._static[key] = static
+        if spec.kind == schema.KIND_P2P:
+            pkey = (id(pg), static[2])
+            seq = self._p2p_seq.get(pkey, 0) + 1
+            self._p2p_seq[pkey] = seq
+        else:
+            seq = g[2] = g[2] + 1
+        idx = self.writer.append_static(static[0], seq, static[1], ctx.step, ctx.micro_step, t_issue)
         self.last_progress_ns = t_issue
         self.in_flight += 1
         return idx, flags, pg
+
+    def _pack_static(
+        self, spec: OpSpec, op_sid: int, flags: int, g: list[Any], inp: Any, out: Any, redop: Any, root: Any,
+        module: str, phase: str, flavour: str, ident: int,
+    ) -> tuple[bytes, bytes, int]:  # fmt: skip
+        """The per-call-site part of a slot, as two byte strings (see TraceWriter.append_static)."""
+        if flags & schema.FLAG_OBJECT:
+            numel_in, numel_out = _obj_count(inp), _obj_count(out)
+            dtype, shape = self.str_id("object"), 0
+        else:
+            numel_in, numel_out = _numel(inp), _numel(out)
+            first = _first_tensor(inp) if inp is not None else _first_tensor(out)
+            dtype = self._dtype(first) if first is not None else 0
+            shape = self._shape(inp, out)
+        peer = int(root) if root is not None else -1
+        sid = self.str_id
+        tid = self._tids.get(ident)
+        if tid is None:
+            with self._lock:
+                tid = self._tids.setdefault(ident, len(self._tids))
+        head = _STATIC_HEAD.pack(
+            spec.kind, flags, 0, tid, g[1], op_sid, dtype, self._redop(redop) if redop is not None else 0,
+            sid(module), sid(phase), sid(flavour), shape,
+        )  # fmt: skip
+        return head, _STATIC_MID.pack(numel_in, numel_out, peer), peer
 
     def returned(self, idx: int, flags: int, pg: Any, result: Any, t_issue: int) -> None:
         """The call returned: sync ops are done; async ones get a completion callback on their Work."""

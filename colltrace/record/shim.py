@@ -79,9 +79,9 @@ class Shim:
             if rec is None or tls.depth:
                 return orig(*args, **kwargs)
             try:
-                op_sid = shim.op_sids.get(name)
+                op_sid = rec.op_sids.get(name)
                 if op_sid is None:
-                    op_sid = shim.op_sids[name] = rec.sid(name)
+                    op_sid = rec.op_sids[name] = rec.sid(name)
                 t_issue = _now()
                 idx, flags, pg = rec.issue(spec, op_sid, args, kwargs, t_issue)
             except Exception as e:  # the shim steps aside, the collective still runs

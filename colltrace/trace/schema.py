@@ -50,7 +50,8 @@ assert SLOT.size <= SLOT_SIZE, SLOT.size
 FIELD_NAMES = tuple(name for name, _ in SLOT_FIELDS)
 
 
-def _offset(field: str) -> int:
+def field_offset(field: str) -> int:
+    """Byte offset of a field inside a slot."""
     fmt = "<"
     for name, code in SLOT_FIELDS:
         if name == field:
@@ -59,10 +60,10 @@ def _offset(field: str) -> int:
     raise KeyError(field)
 
 
-FLAGS_OFFSET = _offset("flags")
-T_DONE_OFFSET = _offset("t_done_ns")
-WAIT_OFFSET = _offset("wait_ns")
-BACKEND_SEQ_OFFSET = _offset("backend_seq")
+FLAGS_OFFSET = field_offset("flags")
+T_DONE_OFFSET = field_offset("t_done_ns")
+WAIT_OFFSET = field_offset("wait_ns")
+BACKEND_SEQ_OFFSET = field_offset("backend_seq")
 
 KIND_COLLECTIVE = 1
 KIND_P2P = 2

@@ -35,7 +35,13 @@ _pack_slot = schema.SLOT.pack_into
 _BASE = schema.RING_HEADER_SIZE
 _SIZE = schema.SLOT_SIZE
 _HEAD_MASK = schema.HEAD_EVERY - 1
-_DONE_WAIT = struct.Struct("<qq")  # t_done_ns, wait_ns: adjacent, last in the slot
+_DONE_WAIT = struct.Struct("<qq")
+_HEAD_AT, _HEAD_END = schema.field_offset("kind"), schema.field_offset("seq")
+_SEQ_AT = schema.field_offset("seq")
+_SEQ = struct.Struct("<Qq")  # seq, backend_seq
+_MID_AT, _MID_END = schema.field_offset("numel_in"), schema.field_offset("step")
+_TAIL_AT = schema.field_offset("step")
+_TAIL = struct.Struct("<iiqqq")  # step, micro_step, t_issue_ns, t_done_ns, wait_ns  # t_done_ns, wait_ns: adjacent, last in the slot
 
 
 class TraceWriter:
@@ -79,6 +85,7 @@ class TraceWriter:
         if old is not None:  # keep head; old map stays valid for writers still holding it
             _MARKER.pack_into(mm, schema.HEAD_OFFSET, _MARKER.unpack_from(old, schema.HEAD_OFFSET)[0])
         self._mm = mm
+        self._mv = memoryview(mm)  # stores through a memoryview skip mmap's own buffer export
         self.capacity = capacity
 
     def _grow(self, idx: int) -> None:
@@ -98,6 +105,30 @@ class TraceWriter:
             off = _BASE + (idx % self.capacity) * _SIZE
         mm = self._mm
         _pack_slot(mm, off, 0, *fields)
+        _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
+        if not idx & _HEAD_MASK:
+            _MARKER.pack_into(mm, schema.HEAD_OFFSET, idx + 1)
+        self.last_idx = idx
+        return idx
+
+    def append_static(self, head: bytes, seq: int, mid: bytes, step: int, micro_step: int, t_issue_ns: int) -> int:
+        """append() with the per-call-site fields pre-packed: head = kind..shape, mid = numel_in,
+        numel_out, peer. Four stores instead of packing 22 fields."""
+        idx = next(self._counter)
+        if idx < self.capacity:
+            off = _BASE + idx * _SIZE
+        elif self.full:
+            self._grow(idx)
+            off = _BASE + idx * _SIZE
+        else:
+            off = _BASE + (idx % self.capacity) * _SIZE
+        mm = self._mv
+        if idx >= self.capacity:
+            _MARKER.pack_into(mm, off, 0)  # invalidate: the slot holds an older record
+        mm[off + _HEAD_AT : off + _HEAD_END] = head
+        _SEQ.pack_into(mm, off + _SEQ_AT, seq, -1)
+        mm[off + _MID_AT : off + _MID_END] = mid
+        _TAIL.pack_into(mm, off + _TAIL_AT, step, micro_step, t_issue_ns, 0, 0)
         _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
         if not idx & _HEAD_MASK:
             _MARKER.pack_into(mm, schema.HEAD_OFFSET, idx + 1)
@@ -129,10 +160,14 @@ class TraceWriter:
             _FLAGS.pack_into(mm, off + schema.FLAGS_OFFSET, flags)
 
     def finish_sync(self, idx: int, backend_seq: int, t_done_ns: int, wait_ns: int, flags: int) -> None:
-        """Completion of a call that blocked until done: one marker check, three stores."""
-        off = self._live_offset(idx)
+        """Completion of a call that blocked until done: three stores, no read back when fewer
+        than `capacity` records were written since (the slot cannot have been reused)."""
+        if self.full or self.last_idx - idx < self.capacity:
+            off = _BASE + (idx if self.full else idx % self.capacity) * _SIZE
+        else:
+            off = self._live_offset(idx)
         if off >= 0:
-            mm = self._mm
+            mm = self._mv
             _I64.pack_into(mm, off + schema.BACKEND_SEQ_OFFSET, backend_seq)
             _DONE_WAIT.pack_into(mm, off + schema.T_DONE_OFFSET, t_done_ns, wait_ns)
             _FLAGS.pack_into(mm, off + schema.FLAGS_OFFSET, flags)
