@@ -100,8 +100,8 @@ def _hot_path(x: Any) -> dict[str, float]:
     """The shim's own CPU time per collective (issue + completion, no collective), beside a
     yardstick measured the same way: one dict + orjson.dumps + os.write."""
     import orjson
-
     import torch.distributed.distributed_c10d as c10d
+
     from colltrace.record import ops
     from colltrace.record.shim import SHIM
 

@@ -21,7 +21,7 @@ class _AfterTorchImport:
                 loader = spec.loader
                 exec_module = loader.exec_module
 
-                def exec_then_install(module: Any) -> None:
+                def exec_then_install(module: Any, exec_module: Any = exec_module) -> None:
                     exec_module(module)
                     _remove_finder()
                     _install()

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 import struct
 import sys
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from colltrace.trace import schema
 from colltrace.trace.reader import RecordView

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from colltrace.record.context import CONTEXT, PHASE_CHECKPOINT, Context
+from colltrace.record.context import CONTEXT, Context
 from colltrace.trace import schema
 
 

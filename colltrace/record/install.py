@@ -8,7 +8,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from colltrace import config as config_mod
 from colltrace.record.context import CONTEXT

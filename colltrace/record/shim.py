@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from colltrace.record import ops
 from colltrace.record.recorder import Recorder

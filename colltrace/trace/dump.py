@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import Collective, RankTrace

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import glob
-import mmap
 import os
 import re
 import struct
 from array import array
-from collections.abc import Sequence
-from typing import Any, Callable, Iterator, NamedTuple, overload
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, overload
 
 from colltrace.trace import schema
 from colltrace.trace.records import Collective, GroupInfo, RankState, RankTrace, Run

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets everything up, then lints and runs the whole test suite (real multi-process runs included).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check colltrace tests bench
+.venv/bin/python -m pytest -n 2 -q "$@"
