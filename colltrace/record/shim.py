@@ -13,6 +13,7 @@ from colltrace.record.recorder import Recorder
 from colltrace.trace import schema
 
 _now = time.monotonic_ns
+_MAX_FAILURES = 100
 
 
 class _Depth(threading.local):
@@ -27,6 +28,16 @@ class Shim:
         self.tls = _Depth()
         self.originals: list[tuple[Any, str, Any]] = []
         self.op_sids: dict[str, int] = {}
+        self.failures = 0
+
+    def failed(self, rec: Recorder, what: str, exc: BaseException) -> None:
+        """Say it once; stop recording for good when the trace cannot be written (disk full,
+        file gone) or the failures keep coming, so a broken shim never taxes the job."""
+        rec.warn_once(what, exc)
+        self.failures += 1
+        if isinstance(exc, OSError) or self.failures >= _MAX_FAILURES:
+            self.recorder = None
+            rec.warn_once("recording stopped", None)
 
     # -- patching ----------------------------------------------------------------------------
 
@@ -86,7 +97,7 @@ class Shim:
                 t_issue = _now()
                 idx, flags, pg = rec.issue(spec, op_sid, args, kwargs, t_issue)
             except Exception as e:  # the shim steps aside, the collective still runs
-                rec.warn_once(f"recording {name} failed", e)
+                shim.failed(rec, f"recording {name} failed", e)
                 return orig(*args, **kwargs)
             tls.depth = 1
             try:

@@ -45,7 +45,29 @@ def main() -> None:
     dist.all_reduce(torch.ones(3), group=mesh.get_group("tp"))
     with __import__("colltrace").phase("eval"):
         dist.all_reduce(torch.ones(1))
+    model = torch.nn.Linear(2, 2)
+    opt = AllReduceSGD(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()  # one all_reduce per parameter, inside the optimizer step
+    import tempfile
+
+    import torch.distributed.checkpoint as dcp
+
+    ckpt_dir = [tempfile.mkdtemp() if rank == 0 else None]
+    dist.broadcast_object_list(ckpt_dir, src=0)
+    dcp.save({"w": model.weight.detach()}, checkpoint_id=ckpt_dir[0])
     dist.destroy_process_group()
+
+
+class AllReduceSGD(torch.optim.SGD):
+    """A ZeRO-like optimizer that averages gradients inside step()."""
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        for group in self.param_groups:
+            for p in group["params"]:
+                dist.all_reduce(p.grad)
+        return super().step(closure)
 
 
 if __name__ == "__main__":
