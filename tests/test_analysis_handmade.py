@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from handmade import FSDP_STEP, FakeRank, ranks
+
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report.build import run_report
 from colltrace.trace.reader import read_run
-from handmade import FSDP_STEP, FakeRank, ranks
 
 
 def test_healthy_two_ranks_three_steps(tmp_path: Path) -> None:

@@ -98,14 +98,19 @@ def ring_info(ring_path: str) -> RingInfo | None:
 
 
 def _last_committed(ring_path: str, head: int, capacity: int) -> int:
-    """The highest idx whose slot holds it, scanning forward from head (a few gaps allowed:
-    another thread may hold an idx it has not committed yet when the process died)."""
+    """The highest idx whose slot holds it, scanning forward by idx from the published head.
+
+    The true end lies less than HEAD_EVERY records past head, but a ring smaller than that
+    may have wrapped since: the slots just past head then hold later records (their markers
+    do not match), so the scan runs by gaps, not by capacity. Up to HEAD_EVERY gaps in a row
+    are allowed: wrapped slots, or another thread's idx not yet committed when the process died.
+    """
     marker = struct.Struct("<Q")
     size = schema.SLOT_SIZE
-    last = head - 1
+    last = -1
     idx, gaps = max(0, head - 1), 0
     with open(ring_path, "rb") as f:
-        while idx < head + capacity and gaps <= schema.HEAD_EVERY:
+        while gaps <= schema.HEAD_EVERY:
             f.seek(schema.RING_HEADER_SIZE + (idx % capacity) * size)
             data = f.read(marker.size)
             if len(data) < marker.size:
@@ -115,7 +120,7 @@ def _last_committed(ring_path: str, head: int, capacity: int) -> int:
             else:
                 gaps += 1
             idx += 1
-    return last
+    return last if last >= 0 else head - 1  # nothing matched: trust the header
 
 
 _CHUNK_SLOTS = 32768  # 4 MiB reads: bounded memory for rings of any size
