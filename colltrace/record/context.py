@@ -27,6 +27,7 @@ class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.stack: list[str] = []
         self.labels: list[str] = []
+        self.static: dict[object, object] = {}  # the recorder's per-call-site slot cache, per thread
 
 
 class Context:

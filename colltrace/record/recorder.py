@@ -38,7 +38,6 @@ class Recorder:
         self._dtypes: dict[Any, int] = {}
         self._redops: dict[Any, int] = {}
         self._shapes: dict[Any, int] = {}
-        self._static: dict[Any, tuple[bytes, bytes, int]] = {}
         self.op_sids: dict[str, int] = {}
         self._lock = threading.Lock()
         self.works: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -166,21 +165,22 @@ class Recorder:
                     ranks = g[3]
                     root = ranks[groot] if 0 <= groot < len(ranks) else groot
         ctx = self.ctx
-        module, phase, flavour = ctx.current()
-        ident = _get_ident()
+        tls = ctx.tls
+        attribution = tls.serve or ctx.current()  # (module, phase, flavour)
+        cache = tls.static  # per thread: the thread number is part of the static bytes
         try:
             key = (op_sid, g[1], inp.shape, inp.dtype, None if out is inp else out.shape, redop, root,
-                   module, phase, flavour, flags, ident)  # fmt: skip
-            static = self._static.get(key)
+                   attribution, flags)  # fmt: skip
+            static = cache.get(key)
         except (AttributeError, TypeError):  # lists of tensors, objects, no tensor: not cached
             key = None
             static = None
         if static is None:
-            static = self._pack_static(spec, op_sid, flags, g, inp, out, redop, root, module, phase, flavour, ident)
+            static = self._pack_static(spec, op_sid, flags, g, inp, out, redop, root, *attribution, _get_ident())
             if key is not None:
-                if len(self._static) >= _STATIC_CACHE_MAX:
-                    self._static.clear()
-                self._static[key] = static
+                if len(cache) >= _STATIC_CACHE_MAX:
+                    cache.clear()
+                cache[key] = static
         if spec.kind == schema.KIND_P2P:
             pkey = (id(pg), static[2])
             seq = self._p2p_seq.get(pkey, 0) + 1
