@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from colltrace.analysis import states
+from colltrace.analysis import groups, states
+from colltrace.analysis.history import TRAINING, starts_step
 from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, Finding, RankEnd
 from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
 from colltrace.analysis.timing import Straggler
 from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.records import RankState, Run
 
-_TRAINING = frozenset({"forward", "backward", "recompute", "optimizer"})
 _GRAD_OPS = ("reduce_scatter", "_reduce_scatter_base", "all_reduce", "reduce")
 
 
@@ -46,22 +46,16 @@ class Facts:
         return self.streams[rank].groups.get(self.d.group)
 
 
-def _group_create_differs(run: Run) -> tuple[int, ...]:
-    """Ranks whose k-th new_group/split_group call asked for other ranks than the majority's k-th call."""
-    calls = {r: [tuple(map(str, ev.get("ranks") or ())) for ev in rt.group_creations] for r, rt in run.ranks.items()}
-    if len(calls) < 2:
-        return ()
-    odd: set[int] = set()
-    for k in range(max(len(c) for c in calls.values())):
-        seen = Counter(c[k] for c in calls.values() if len(c) > k)
-        if len(seen) > 1:
-            common = seen.most_common(1)[0][0]
-            odd.update(r for r, c in calls.items() if len(c) > k and c[k] != common)
-    return tuple(sorted(odd))
-
-
-def _step_start(st: GroupStream | None, seq: int) -> bool:
-    return st is not None and any(o == seq - st.seq0 for o, _ in st.step_starts[1:])
+def _left_loop(f: Facts, rank: int) -> bool:
+    """The rank left the training loop: it exited cleanly, or from the divergent seq on it issued only
+    collectives outside training (a final barrier, eval) and never came back to a training step."""
+    if f.ends[rank].state is RankState.FINISHED:
+        return True
+    st = f.stream(rank)
+    if st is None or f.d is None or f.d.seq is None:
+        return False
+    after = [f.table[sid] for sid in st.sigs[max(0, f.d.seq - st.seq0) :] if sid]
+    return bool(after) and not any(s is not None and s.phase in TRAINING for s in after)
 
 
 def _repeated_module(f: Facts) -> str:
@@ -94,7 +88,7 @@ def find(f: Facts) -> Finding:
     ev: list[Evidence] = []
     if f.cycle:
         return Finding(Cause.CROSS_GROUP_DEADLOCK, Confidence.HIGH, (Evidence(Clue.CYCLE, f.cycle),))
-    odd = _group_create_differs(f.run)
+    odd = groups.odd_creators(f.run)
     if d is not None and d.kind is Kind.MEMBERSHIP:
         ev.append(Evidence(Clue.MEMBERSHIP, d.group_ranks, d.label))
         if odd:
@@ -128,14 +122,10 @@ def find(f: Facts) -> Finding:
     phases = {s.phase for s in sigs}
     if "recompute" in phases:
         return Finding(Cause.RECOMPUTE_MISMATCH, Confidence.MEDIUM, (Evidence(Clue.RECOMPUTE, f.culprits),))
-    if d.seq is not None and d.kind in (Kind.MISSING, Kind.EXTRA) or any(s.phase not in _TRAINING for s in f.sigs(f.culprits)):
-        starting = [v for v in f.victims if _step_start(f.stream(v), d.seq or 0)]
+    if d.seq is not None and d.kind in (Kind.MISSING, Kind.EXTRA) or any(s.phase not in TRAINING for s in f.sigs(f.culprits)):
+        starting = [v for v in f.victims if starts_step(f.stream(v), d.seq or 0)]
         # it left the loop: exited cleanly, or went on to collectives outside training (a final barrier, eval)
-        left = all(
-            ends[r].state is RankState.FINISHED
-            or (f.sigs((r,)) and not any(s.phase in _TRAINING for s in f.sigs((r,))))
-            for r in f.culprits
-        )
+        left = all(_left_loop(f, r) for r in f.culprits)
         if starting and left and f.culprits:
             return Finding(
                 Cause.UNEVEN_DATA,

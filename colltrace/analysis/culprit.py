@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from colltrace.analysis import states
-from colltrace.analysis.history import Habit, precedent
+from colltrace.analysis import groups, states
+from colltrace.analysis.history import TRAINING, Habit, precedent, starts_step
 from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, RankEnd
 from colltrace.analysis.streams import RankStreams, SigTable
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
-from colltrace.trace.records import RankState
+from colltrace.trace.records import RankState, Run
 
 
 class Blame(NamedTuple):
@@ -118,7 +118,8 @@ def for_missing(
     con = tuple(r for r in issuers if hab.get(r) is Habit.CONSISTENT)
     against_absent = _state_clues(absent, ends)
     failed_absent = [e for e in against_absent if e.clue in (Clue.CRASHED, Clue.OOM, Clue.FATAL_SIGNAL)]
-    if dev and len(dev) * 2 > len(issuers) and not failed_absent:
+    left = left_early(d, absent, streams, ends)
+    if dev and len(dev) * 2 > len(issuers) and not failed_absent and not left:
         # the issuers left their own pattern: they issued something the others had no reason to
         culprits = tuple(sorted(dev))
         evidence.append(Evidence(Clue.HISTORY_DEVIATES, culprits))
@@ -146,6 +147,48 @@ def for_missing(
     kinds = {e.clue for e in evidence}
     confidence = Confidence.HIGH if len(kinds - {Clue.TIMED_OUT}) >= 2 else Confidence.MEDIUM
     return Blame(culprits, victims, Kind.MISSING, confidence, tuple(evidence))
+
+
+def left_early(
+    d: Divergence, absent: tuple[int, ...], streams: dict[int, RankStreams], ends: dict[int, RankEnd]
+) -> tuple[int, ...]:
+    """Absent ranks that exited cleanly before a training step the issuers were starting at this seq: they
+    left the loop early (ran out of data), whatever the issuers' own history says (frameworks such as
+    DeepSpeed change their per-step schedule after the first steps, so a step boundary is weak history)."""
+    if d.seq is None:
+        return ()
+    starting = [
+        a.step
+        for a in d.at
+        if a.sig is not None
+        and a.sig.phase in TRAINING
+        and a.step is not None
+        and starts_step(streams[a.rank].groups.get(d.group) if a.rank in streams else None, d.seq)
+    ]
+    if not starting:
+        return ()
+    out = []
+    for r in absent:
+        e = ends.get(r)
+        if e is None or e.state is not RankState.FINISHED:
+            continue
+        if e.last is None or e.last.step < min(starting):  # it never began the step the others began
+            out.append(r)
+    return tuple(out)
+
+
+def for_membership(d: Divergence, run: Run) -> Blame | None:
+    """Ranks disagree on who is in a group: the majority of every rank's same new_group/split_group call
+    (members and non-members alike take part in it) says whose view is wrong. None when it cannot."""
+    knowing = tuple(sorted(r for c in d.classes for r in c))
+    odd, view = groups.misbuilt(run, d.group, knowing)
+    if not odd or view is None or len(odd) == len(knowing):
+        return None
+    members = view.members if isinstance(view.members, tuple) and all(isinstance(m, int) for m in view.members) else ()
+    victims = tuple(sorted(set(members or knowing) - set(odd)))
+    detail = ",".join(map(str, members)) if members else str(view.members)
+    evidence = (Evidence(Clue.CREATION_MAJORITY, odd, detail),)
+    return Blame(odd, victims, Kind.MEMBERSHIP, Confidence.HIGH, evidence)
 
 
 def _reach(wf: WaitFor, r: int) -> set[int]:

@@ -52,6 +52,8 @@ def diagnose(run: Run) -> Diagnosis:
         blame = _no_divergence(ends, slow)
     elif d.kind in (Kind.MISSING, Kind.EXTRA):
         blame = culprit.for_missing(d, streams, table, ends, wf)
+    elif d.kind is Kind.MEMBERSHIP:
+        blame = culprit.for_membership(d, run) or culprit.for_content(d, streams, table, ends)
     else:
         blame = culprit.for_content(d, streams, table, ends)
     if d is not None and blame.kind is not d.kind:

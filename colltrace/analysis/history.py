@@ -8,6 +8,7 @@ from typing import NamedTuple
 from colltrace.analysis.streams import GroupStream
 
 _MAX_PERIOD = 4096  # longest step pattern searched when the trace has no step numbers
+TRAINING = frozenset({"forward", "backward", "recompute", "optimizer"})  # phases of a training step
 
 
 class Habit(str, enum.Enum):
@@ -68,3 +69,8 @@ def precedent(st: GroupStream, seq: int, sid: int) -> Precedent:
 def next_expected(st: GroupStream) -> Precedent:
     """What a rank that stopped in this group would have issued next, by its own history."""
     return precedent(st, st.last_seq + 1, 0)
+
+
+def starts_step(st: GroupStream | None, seq: int) -> bool:
+    """Is `seq` the first record of a new step (by step number) in this stream, after an earlier one?"""
+    return st is not None and any(o == seq - st.seq0 for o, _ in st.step_starts[1:])

@@ -32,14 +32,15 @@ class Clue(str, enum.Enum):
     CYCLE = "cycle"  # ranks wait on each other across groups
     MEMBERSHIP = "membership"  # the ranks disagree on the members of a group
     GROUP_CREATE = "group_create"  # the ranks asked new_group/split_group for different rank lists
+    CREATION_MAJORITY = "creation_majority"  # the rank built a group with other members than most ranks' same call
     SAME_MODULE = "same_module"  # the mismatch is on the same module and op: the tensors themselves differ
     RECOMPUTE = "recompute"  # the divergent records are in activation-checkpoint recompute
     GRAD_REDUCTION = "grad_reduction"  # the divergent records are gradient reductions in backward
     REPEATED_MODULE = "repeated_module"  # the culprit gathered a module more often than in its earlier steps
     LEFT_LOOP = "left_loop"  # the culprit stopped issuing training-step collectives at a step boundary
     TIMED_OUT = "timed_out"  # the victims' collectives failed (timeout, peer gone)
-    LAST_ARRIVER = "last_arriver"
-    STEP_BOUNDARY = "step_boundary"  # the victims were starting a new step the culprit never started  # the rank arrived last at most collectives, by a wide margin
+    LAST_ARRIVER = "last_arriver"  # the rank arrived last at most collectives, by a wide margin
+    STEP_BOUNDARY = "step_boundary"  # the victims were starting a new step the culprit never started
     UNDECIDED = "undecided"  # the evidence does not separate the ranks
 
 

@@ -74,6 +74,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.CYCLE: f"{who} wait on each other in different groups (a cycle in the wait-for graph)",
         Clue.MEMBERSHIP: f"the ranks disagree on the members of group {detail}",
         Clue.GROUP_CREATE: f"{who} asked new_group/split_group for other ranks than the rest",
+        Clue.CREATION_MAJORITY: f"{who} created the group with other members than most ranks' same "
+        f"new_group/split_group call asked for (ranks {detail})",
         Clue.SAME_MODULE: f"same op on the same module ({detail}) on every rank: the tensors themselves differ",
         Clue.RECOMPUTE: "the divergent collectives are in activation-checkpoint recompute",
         Clue.GRAD_REDUCTION: "the divergent collectives are gradient reductions in backward",

@@ -58,6 +58,9 @@ class Collective(NamedTuple):
         return bool(self.flags & 4)
 
 
+UNNAMED_DESC = "undefined"  # torch's group_desc for a group created without one
+
+
 @dataclass(frozen=True, slots=True)
 class GroupInfo:
     """A process group as one rank knows it."""
@@ -69,7 +72,11 @@ class GroupInfo:
 
     @property
     def label(self) -> str:
-        return self.desc or self.name
+        """The group's desc (default_pg, mesh_dp), else its name: torch gives every subgroup created
+        without a group_desc the same desc, "undefined", which would make unrelated groups look alike."""
+        if self.desc and self.desc != UNNAMED_DESC:
+            return self.desc
+        return self.name
 
 
 @dataclass(slots=True)

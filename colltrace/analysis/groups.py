@@ -1,0 +1,92 @@
+"""Who should be in each group: the majority of the ranks' new_group/split_group calls, members or not.
+
+A rank records only the groups it is a member of, so two ranks that disagree on a group cannot say
+which of them is wrong. But every rank takes part in every new_group/split_group call (torch requires
+it) and logs the ranks it asked for: the k-th call of all ranks is the same call, and the ranks that
+asked for other members than the majority did are the misconfigured ones.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, NamedTuple
+
+from colltrace.trace.records import Run
+
+Members = Any  # a hashable rank list as asked (new_group: ranks; split_group: a list of rank lists)
+
+
+class Intended(NamedTuple):
+    """The majority view of one group's creation call."""
+
+    call: int  # k: its position among the creation calls of every rank
+    members: Members  # the rank list most ranks asked for at call k
+    agree: int  # how many ranks asked for it
+    asked: int  # how many ranks made a k-th call
+
+
+def _hashable(v: Any) -> Members:
+    if isinstance(v, (list, tuple)):
+        return tuple(_hashable(x) for x in v)
+    return v
+
+
+def calls(run: Run) -> dict[int, list[Members]]:
+    """rank -> the rank lists it asked for, one per creation call, in call order."""
+    return {r: [_hashable(ev.get("ranks") or ()) for ev in rt.group_creations] for r, rt in sorted(run.ranks.items())}
+
+
+def _majority(per_rank: dict[int, list[Members]], k: int) -> tuple[Members, int, int] | None:
+    """The rank list a strict plurality asked for at call k, its votes and the number of voters."""
+    seen = Counter(c[k] for c in per_rank.values() if len(c) > k)
+    if not seen:
+        return None
+    top = seen.most_common(2)
+    if len(top) > 1 and top[0][1] == top[1][1]:
+        return None  # a tie: no majority view
+    return top[0][0], top[0][1], sum(seen.values())
+
+
+def odd_creators(run: Run) -> tuple[int, ...]:
+    """Ranks whose k-th new_group/split_group call asked for other ranks than the majority's k-th call."""
+    per_rank = calls(run)
+    if len(per_rank) < 2:
+        return ()
+    odd: set[int] = set()
+    for k in range(max((len(c) for c in per_rank.values()), default=0)):
+        seen = {c[k] for c in per_rank.values() if len(c) > k}
+        if len(seen) > 1:
+            common = Counter(c[k] for c in per_rank.values() if len(c) > k).most_common(1)[0][0]
+            odd.update(r for r, c in per_rank.items() if len(c) > k and c[k] != common)
+    return tuple(sorted(odd))
+
+
+def creation_call(run: Run, rank: int, name: str) -> int:
+    """Which of the rank's creation calls made the group `name` (-1: none recorded)."""
+    rt = run.ranks.get(rank)
+    if rt is None:
+        return -1
+    for k, ev in enumerate(rt.group_creations):
+        if str(ev.get("name")) == name:
+            return k
+    return -1
+
+
+def misbuilt(run: Run, name: str, ranks: tuple[int, ...]) -> tuple[tuple[int, ...], Intended | None]:
+    """Of `ranks` (the ranks that know group `name`), those whose call that made it asked for other
+    members than the majority of all ranks' same call; and that majority view. ((), None) when a rank's
+    call is not recorded or the vote ties."""
+    per_rank = calls(run)
+    odd: list[int] = []
+    view: Intended | None = None
+    for r in ranks:
+        k = creation_call(run, r, name)
+        found = _majority(per_rank, k) if k >= 0 else None
+        if found is None:
+            return (), None
+        members, agree, asked = found
+        if per_rank[r][k] != members:
+            odd.append(r)
+        elif view is None:
+            view = Intended(k, members, agree, asked)
+    return tuple(odd), view
