@@ -141,7 +141,7 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
     seq: int | None = None
     if hi >= lo:
         windows = {}
-        for r, (a, _) in spans.items():
+        for r in spans:
             st = streams[r].groups[key]
             windows[r] = st.sigs[lo - st.seq0 : hi - st.seq0 + 1]
         ref = next(iter(windows.values()))
@@ -202,4 +202,8 @@ def divergences(run: Run, streams: dict[int, RankStreams], table: SigTable) -> l
         d = in_group(run, key, streams, table)
         if d is not None:
             found.append(d)
-    return sorted(found, key=functools.cmp_to_key(lambda x, y: _compare(x, y, streams)))
+
+    def earlier(x: Divergence, y: Divergence) -> int:
+        return _compare(x, y, streams)
+
+    return sorted(found, key=functools.cmp_to_key(earlier))

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from colltrace.trace import schema
 from colltrace.trace.reader import RecordView
@@ -194,12 +194,13 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
                 list(pick(c)) for c in (kinds, flags, keys, seqs, steps, t_issue, t_done)
             )
             idxs = [idx0 + i for i in keep]
-        gcol = list(map(stream_of.get, keys))
-        if None in gcol:
+        known = list(map(stream_of.get, keys))
+        if None in known:  # new call sites in this block: resolve them once
             for i in range(len(keys)):
                 if keys[i] not in stream_of:
                     resolve(keys[i], kinds[i])
-            gcol = list(map(stream_of.__getitem__, keys))
+            known = list(map(stream_of.get, keys))
+        gcol = cast("list[int]", known)
         sids = list(map(sig_of.__getitem__, keys))
         present = set(gcol)
         for g in present:

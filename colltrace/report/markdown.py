@@ -54,8 +54,8 @@ def _ranks(report: dict[str, Any]) -> list[str]:
         folded: dict[tuple[str, ...], list[int]] = {}
         for r, *rest in rows:
             folded.setdefault(tuple(rest), []).append(int(r))
-        for rest, rs in folded.items():
-            out.append(f"| {words.ranks_text(rs)} | " + " | ".join(rest) + " |")
+        for cells, rs in folded.items():
+            out.append(f"| {words.ranks_text(rs)} | " + " | ".join(cells) + " |")
     else:
         for row in rows:
             out.append("| " + " | ".join(str(x) for x in row) + " |")
