@@ -11,6 +11,7 @@ from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report.build import run_report
 from colltrace.trace.reader import read_run
+from colltrace.trace.records import GroupInfo
 
 
 def test_healthy_two_ranks_three_steps(tmp_path: Path) -> None:
@@ -171,3 +172,98 @@ def test_straggler_is_named_when_all_finish(tmp_path: Path) -> None:
     assert dx.verdict is Verdict.HEALTHY
     assert dx.finding is not None and dx.finding.cause is Cause.STRAGGLER
     assert dx.culprits == (1,)
+
+
+def test_ring_smaller_than_head_interval_is_read_after_it_wrapped(tmp_path: Path) -> None:
+    """A 16-slot ring wraps between two publications of its head (every 64 records): the reader must
+    find the newest records by their markers and count the overwritten ones, not read an empty ring."""
+    r = FakeRank(str(tmp_path), 0, 1, capacity=16, full=False)
+    for _ in range(40):
+        r.coll("all_reduce", 8)
+    rt = read_run(str(tmp_path)).ranks[0]
+    assert [c.seq for c in rt.records] == list(range(25, 41))
+    assert rt.dropped == 24
+
+
+def test_unnamed_subgroup_is_labelled_by_its_name() -> None:
+    """torch gives every subgroup created without group_desc the desc "undefined": label by name instead."""
+    assert GroupInfo("3", "undefined", (0, 1)).label == "3"
+    assert GroupInfo("0", "default_pg", (0, 1)).label == "default_pg"
+
+
+def test_rank_out_of_batches_under_a_schedule_that_changes_after_step_0(tmp_path: Path) -> None:
+    """DeepSpeed-like: step 0 fetches parameters one way, later steps another (a learned prefetch), so the
+    others' first collective of step 2 differs from their step 1's. Rank 2 ran out of data and finished:
+    it left early; the others did not issue anything 'extra'."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+        r.coll("broadcast", 16, "<root>", "forward", peer=0)  # step 1 starts with a prefetch broadcast
+        r.fsdp_step()
+    rs[2].footer()
+    for r in rs[:2]:
+        r.coll("all_gather_single", 34, "<root>", "forward", done=False, error=True)
+        r.error("RuntimeError", "[gloo] Connection closed by peer")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HANG
+    assert dx.divergence is not None and dx.divergence.kind is Kind.MISSING
+    assert dx.divergence.seq == 2 * len(FSDP_STEP) + 2
+    assert dx.culprits == (2,) and dx.victims == (0, 1)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
+
+
+def test_extra_collective_after_the_loop_on_one_rank_is_extra(tmp_path: Path) -> None:
+    """The counter-case: every rank ran 3 steps, then rank 0 alone calls a barrier (outside training) and
+    waits for ranks that finished: rank 0 issued something extra, the finished ranks did nothing wrong."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(3):
+            r.fsdp_step()
+    for r in rs[1:]:
+        r.footer()
+    rs[0].coll("barrier", 1, "", "other", done=False, error=True)
+    rs[0].error("RuntimeError", "[gloo] Connection closed by peer")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.EXTRA
+    assert dx.culprits == (0,)
+
+
+def test_rank_0_gathers_full_params_outside_forward_then_trains_on(tmp_path: Path) -> None:
+    """FSDP1-like: after step 1 rank 0 alone gathers every unit to save a checkpoint (phase other), then goes
+    back to training. It left nothing: a rank-dependent branch, not uneven data."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+    for module, numel in (("<root>", 34), ("layers.0", 136), ("layers.1", 136), ("layers.2", 136)):
+        rs[0].coll("all_gather_single", numel, module, "other")
+    for r in rs:
+        r.fsdp_step(stop_after=6)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None
+    assert (dx.divergence.seq, dx.divergence.kind) == (len(FSDP_STEP) + 1, Kind.PHASE)
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+
+
+def test_subgroup_built_with_other_members_on_one_rank(tmp_path: Path) -> None:
+    """4 ranks, replica groups [0, 2] and [1, 3]; rank 3 reads the mesh transposed and asks for [0, 1] and
+    [2, 3]. Only ranks 1 and 3 know group "2" and they disagree; every rank's second new_group call (members
+    or not) says [1, 3]: rank 3 is wrong."""
+    right, transposed = [[0, 2], [1, 3]], [[0, 1], [2, 3]]
+    for rank in range(4):
+        asked = transposed if rank == 3 else right
+        mine = next(i for i, g in enumerate(asked) if rank in g)
+        name = str(mine + 1)
+        groups = {"0": ("default_pg", (0, 1, 2, 3)), name: (f"replicate_{mine}", tuple(asked[mine]))}
+        f = FakeRank(str(tmp_path), rank, 4, groups=groups)
+        for i, g in enumerate(asked):
+            f.w.event({"ev": "group_create", "fn": "new_group", "ranks": g, "name": str(i + 1) if i == mine else None})
+        for _ in range(3):
+            f.coll("all_reduce", 68, group=name, redop="SUM", phase="other")
+        f.footer()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DIVERGENCE
+    assert dx.divergence is not None and dx.divergence.kind is Kind.MEMBERSHIP
+    assert dx.divergence.label == "replicate_1"
+    assert dx.culprits == (3,) and dx.victims == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
