@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check colltrace tests bench
+.venv/bin/mypy
 .venv/bin/python -m pytest -n 2 -q "$@"

@@ -14,7 +14,7 @@ class Hooks:
     def __init__(self, ctx: Context = CONTEXT) -> None:
         self.ctx = ctx
         self.handles: list[Any] = []
-        self.on_step: Callable[[int], None] | None = None  # set by install: writes the step event
+        self.on_step: Callable[[int], object] | None = None  # set by install: writes the step event
         self.originals: list[tuple[Any, str, Any]] = []
 
     def install(self, module_hooks: bool = True) -> None:

@@ -141,7 +141,7 @@ class Lifecycle:
         _wrap.__colltrace__ = True  # type: ignore[attr-defined]
         _wrap.__module__ = orig.__module__
         _wrap.__qualname__ = orig.__qualname__
-        spawn_mod._wrap = _wrap
+        spawn_mod._wrap = _wrap  # type: ignore[attr-defined]
 
     # -- fatal signals and SIGTERM ----------------------------------------------------------
 

@@ -40,7 +40,8 @@ class Recorder:
         self._shapes: dict[Any, int] = {}
         self.op_sids: dict[str, int] = {}
         self._lock = threading.Lock()
-        self.works: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # Work -> (idx, flags, [Works of this record still running])
+        self.works: weakref.WeakKeyDictionary[Any, tuple[int, int, list[int]]] = weakref.WeakKeyDictionary()
         self.last_progress_ns = _now()
         self.in_flight = 0
         self._warned: set[str] = set()
@@ -167,10 +168,10 @@ class Recorder:
         ctx = self.ctx
         tls = ctx.tls
         attribution = tls.serve or ctx.current()  # (module, phase, flavour)
-        cache = tls.static  # per thread: the thread number is part of the static bytes
+        cache: dict[Any, Any] = tls.static  # per thread: the thread number is part of the static bytes
         try:
-            key = (op_sid, g[1], inp.shape, inp.dtype, None if out is inp else out.shape, redop, root,
-                   attribution, flags)  # fmt: skip
+            key = (op_sid, g[1], inp.shape, inp.dtype, None if out is inp else out.shape,  # type: ignore[union-attr]
+                   redop, root, attribution, flags)  # fmt: skip
             static = cache.get(key)
         except (AttributeError, TypeError):  # lists of tensors, objects, no tensor: not cached
             key = None

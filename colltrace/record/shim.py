@@ -138,7 +138,9 @@ class Shim:
                     fn_name = "irecv" if "recv" in fn_name else "isend"
                     spec = specs.get(fn_name)
                     if spec is None:
-                        spec = specs[fn_name] = ops.build_spec(fn_name, getattr(c10d, fn_name))  # type: ignore[assignment]
+                        built = ops.build_spec(fn_name, getattr(c10d, fn_name))
+                        assert built is not None
+                        spec = specs[fn_name] = built
                     op_sid = rec.sid(fn_name)
                     idx, _, pg = rec.issue(
                         spec._replace(flags=spec.flags | schema.FLAG_COALESCED),
