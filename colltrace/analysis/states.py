@@ -55,7 +55,7 @@ def _frames_from_stacks(stacks: list[dict[str, Any]]) -> list[str]:
     if not main:
         return []
     out = []
-    for f in (main.get("frames") or [])[-_MAX_FRAMES:]:
+    for f in main.get("frames") or []:
         try:
             path, line, func, code = f
         except (TypeError, ValueError):
@@ -71,14 +71,31 @@ def _frames_from_text(text: str) -> list[str]:
         # only the current thread's block (the first one) matters
         block = text.split("\n\n")[0]
         frames = [f"{m[0]}:{m[1]} in {m[2]}" for m in _FRAME.findall(block)][::-1]
-    return frames[-_MAX_FRAMES:]
+    return frames
 
 
 def _tb_frames(tb: str) -> list[str]:
     out = []
     for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', tb):
         out.append(f"{m[1]}:{m[2]} in {m[3]}: {m[4].strip()}")
-    return out[-_MAX_FRAMES:]
+    return out
+
+
+_OWN_FRAME = re.compile(r"[/\\]colltrace[/\\](record|trace)[/\\]|[/\\]threading\.py:")
+_LIBRARY_FRAME = re.compile(r"[/\\](site|dist)-packages[/\\]|<frozen |[/\\]lib[/\\]python3")
+
+
+def excerpt(frames: list[str]) -> list[str]:
+    """The innermost frames, without colltrace's own, and the user's innermost frame even when
+    library frames (torch, FSDP) fill the rest: that is the line a user goes to first."""
+    frames = [f for f in frames if not _OWN_FRAME.search(f)]
+    if len(frames) <= _MAX_FRAMES:
+        return frames
+    tail = frames[-(_MAX_FRAMES - 1):]
+    if any(not _LIBRARY_FRAME.search(f) for f in tail):
+        return frames[-_MAX_FRAMES:]
+    user = [f for f in frames[: -(_MAX_FRAMES - 1)] if not _LIBRARY_FRAME.search(f)]
+    return ([user[-1], "..."] if user else ["..."]) + tail
 
 
 def rank_end(rt: RankTrace, rs: RankStreams) -> RankEnd:
@@ -105,6 +122,7 @@ def rank_end(rt: RankTrace, rs: RankStreams) -> RankEnd:
         stack = _tb_frames(str(err["traceback"]))
     else:
         stack = _frames_from_stacks(rt.stacks)
+    stack = excerpt(stack)
     collective_failure = bool(
         (etype or fault) and not oom and in_collective and (_COMM_FAILURE.search(text) or fault or blocked and blocked.error)
     )
