@@ -7,6 +7,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # torch==2.13.0 exactly: any other spec may download a multi-GB CUDA build
-.venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[tui,dev]" 2>&1 \
+.venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[record,tui,dev]" 2>&1 \
   | grep -v "is ignored: it is neither a file nor a directory" || true
 .venv/bin/python -c "import torch, colltrace, networkx, orjson" >/dev/null

@@ -40,6 +40,7 @@ class Context:
         self.seen_forward = False
         self.forwards_since_step = 0
         self.optimizer_depth = 0
+        self.engine_step_depth = 0  # inside a framework's step wrapper (DeepSpeedEngine.step)
         self.checkpoint_depth = 0
         self.graph_task_id: Callable[[], int] = _no_graph_task
         # module -> FQN, filled when a root module first runs forward
@@ -83,7 +84,7 @@ class Context:
         return module, self.phase(bool(stack)), ""
 
     def phase(self, in_module: bool) -> str:
-        if self.optimizer_depth:
+        if self.optimizer_depth or self.engine_step_depth:
             return PHASE_OPTIMIZER
         if self.checkpoint_depth:
             return PHASE_CHECKPOINT

@@ -13,6 +13,7 @@ from typing import Any
 
 from colltrace import config as config_mod
 from colltrace.record.context import CONTEXT
+from colltrace.record.deepspeed import DEEPSPEED
 from colltrace.record.fsdp import FSDP
 from colltrace.record.hooks import HOOKS, step_event
 from colltrace.record.lifecycle import LIFECYCLE
@@ -98,7 +99,9 @@ def start_recording() -> None:
         rec._group(default_pg)
         for ev in _state.pop("pending_groups", []):
             writer.event(ev)
-        adapters = FSDP.install()
+        adapters = list(FSDP.install())
+        if DEEPSPEED.install():
+            adapters.append("deepspeed")
         if adapters:
             writer.event({"ev": "adapters", "names": adapters})
         HOOKS.on_step = lambda step: step_event(writer, step, time.time_ns())
@@ -247,4 +250,5 @@ def uninstall() -> None:
         SHIM.uninstall()
         HOOKS.uninstall()
         FSDP.uninstall()
+        DEEPSPEED.uninstall()
         _state["installed"] = False

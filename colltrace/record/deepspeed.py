@@ -1,0 +1,128 @@
+"""DeepSpeed ZeRO adapter: the submodule a ZeRO-3 fetch gathers, gradient reduction, the engine's step."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from colltrace.record.context import (
+    CONTEXT,
+    PHASE_BACKWARD,
+    PHASE_FORWARD,
+    PHASE_RECOMPUTE,
+    Context,
+)
+from colltrace.record.fsdp import REDUCE_GRAD, UNSHARD
+
+
+class DeepSpeedAdapter:
+    """Installed only when the job has imported DeepSpeed itself; colltrace never imports it."""
+
+    def __init__(self, ctx: Context = CONTEXT) -> None:
+        self.ctx = ctx
+        self.originals: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> bool:
+        if "deepspeed" not in sys.modules:
+            return False
+        done = False
+        for fn in (self._install_zero3_fetch, self._install_zero3_reduce, self._install_zero12, self._install_engine):
+            try:
+                done = fn() or done
+            except Exception:  # a DeepSpeed we do not know: generic attribution still works
+                pass
+        return done
+
+    def uninstall(self) -> None:
+        for owner, name, value in reversed(self.originals):
+            setattr(owner, name, value)
+        self.originals.clear()
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+        orig = owner.__dict__.get(name)
+        if orig is None or getattr(orig, "__colltrace__", False):
+            return False
+        wrapped = functools.wraps(orig)(make(orig))
+        wrapped.__colltrace__ = True  # type: ignore[attr-defined]
+        self.originals.append((owner, name, orig))
+        setattr(owner, name, wrapped)
+        return True
+
+    def _serving(self, value: tuple[str, str, str], fn: Callable[[], Any]) -> Any:
+        old = self.ctx.set_serving(value)
+        try:
+            return fn()
+        finally:
+            self.ctx.set_serving(old)
+
+    def _install_zero3_fetch(self) -> bool:
+        """ZeRO-3 gathers a submodule's parameters in fetch_sub_module (forward and backward hooks)."""
+        from deepspeed.runtime.zero import partitioned_param_coordinator as ppc
+
+        ctx = self.ctx
+        adapter = self
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def fetch_sub_module(self: Any, current_submodule: Any, forward: bool, *a: Any, **k: Any) -> Any:
+                in_bwd = ctx.in_backward()
+                if forward:
+                    phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
+                else:
+                    phase = PHASE_BACKWARD
+                module = ctx.module_name(current_submodule)
+                return adapter._serving(
+                    (module, phase, UNSHARD), lambda: orig(self, current_submodule, forward, *a, **k)
+                )
+
+            return fetch_sub_module
+
+        return self._patch(ppc.PartitionedParameterCoordinator, "fetch_sub_module", make)
+
+    def _install_zero3_reduce(self) -> bool:
+        from deepspeed.runtime.zero import stage3
+
+        cls = stage3.DeepSpeedZeroOptimizer_Stage3
+        return self._reduce(cls, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads")
+
+    def _install_zero12(self) -> bool:
+        from deepspeed.runtime.zero import stage_1_and_2
+
+        cls = stage_1_and_2.DeepSpeedZeroOptimizer
+        return self._reduce(cls, "reduce_ipg_grads")
+
+    def _reduce(self, cls: Any, name: str) -> bool:
+        adapter = self
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def reduce(self: Any, *a: Any, **k: Any) -> Any:
+                # a bucket of many modules' gradients: no single module to name
+                return adapter._serving(("<grad bucket>", PHASE_BACKWARD, REDUCE_GRAD), lambda: orig(self, *a, **k))
+
+            return reduce
+
+        return self._patch(cls, name, make)
+
+    def _install_engine(self) -> bool:
+        """DeepSpeedEngine.step runs ZeRO's own collectives (the all-gather of updated partitions,
+        overflow checks) outside torch.optim's step hooks."""
+        from deepspeed.runtime.engine import DeepSpeedEngine
+
+        ctx = self.ctx
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def step(self: Any, *a: Any, **k: Any) -> Any:
+                # phase optimizer; the step count stays with torch.optim's hooks on the inner optimizer
+                ctx.engine_step_depth += 1
+                try:
+                    return orig(self, *a, **k)
+                finally:
+                    ctx.engine_step_depth -= 1
+
+            return step
+
+        return self._patch(DeepSpeedEngine, "step", make)
+
+
+DEEPSPEED = DeepSpeedAdapter()
