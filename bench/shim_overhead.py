@@ -53,6 +53,12 @@ def _init(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
+def _iqr(values: list[float]) -> list[float]:
+    """25th and 75th percentiles: how far to trust the median on a shared machine."""
+    q = statistics.quantiles(values, n=4)
+    return [q[0], q[2]]
+
+
 def _batch(fn: Any, x: Any, n: int) -> float:
     t0 = time.perf_counter_ns()
     for _ in range(n):
@@ -88,6 +94,7 @@ def child_collective(out: str, rounds: int) -> None:
         "untraced_us": statistics.median(off),
         "traced_us": statistics.median(on),
         "delta_us": statistics.median(deltas),
+        "delta_iqr_us": _iqr(deltas),
     }
     if traced:
         result.update(_hot_path(x))
@@ -177,6 +184,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
                     "untraced_ms": statistics.median(off),
                     "traced_ms": statistics.median(on),
                     "overhead_pct": 100 * statistics.median(ratios),
+                    "overhead_iqr_pct": [100 * q for q in _iqr(ratios)],
                     "collectives_per_step": 4 * depth + 4,
                 },
                 f,
@@ -245,16 +253,18 @@ def main() -> None:
         coll = _child("collective", out, args.rounds, trace_env)
         print(
             f"all_reduce, 1 float, gloo world 1: untraced {coll['untraced_us']:.1f} us, traced "
-            f"{coll['traced_us']:.1f} us, shim adds {coll['delta_us']:.2f} us (median of {args.rounds} interleaved batches)"
+            f"{coll['traced_us']:.1f} us, shim adds {coll['delta_us']:.2f} us (median of {args.rounds} interleaved "
+            f"batches, IQR {coll['delta_iqr_us'][0]:.1f}..{coll['delta_iqr_us'][1]:.1f})"
         )
         print(
             f"shim hot path (CPU time, issue + completion): {coll['hot_path_us']:.2f} us; yardstick dict+orjson+os.write: "
             f"{coll['yardstick_us']:.2f} us (ratio {coll['hot_path_us'] / coll['yardstick_us']:.2f})"
         )
-        step = _child("fsdp", out, max(6, args.rounds // 2), dict(trace_env, COLLTRACE_DIR=os.path.join(tmp, "fsdp")))
+        step = _child("fsdp", out, args.rounds, dict(trace_env, COLLTRACE_DIR=os.path.join(tmp, "fsdp")))
         print(
             f"FSDP2 step, 2 ranks, 6 blocks: untraced {step['untraced_ms']:.2f} ms, traced {step['traced_ms']:.2f} ms, "
-            f"overhead {step['overhead_pct']:.2f}% ({step['collectives_per_step']} collectives/step)"
+            f"overhead {step['overhead_pct']:.2f}% (IQR {step['overhead_iqr_pct'][0]:.1f}..{step['overhead_iqr_pct'][1]:.1f}; "
+            f"{step['collectives_per_step']} collectives/step)"
         )
     fr_off, fr_on = _alternate("pair", 10, {"TORCH_FR_BUFFER_SIZE": "0"}, {"TORCH_FR_BUFFER_SIZE": "2000"}, 3)
     print(f"Flight Recorder, all_reduce gloo world 2: off {fr_off:.1f} us, on {fr_on:.1f} us ({fr_on - fr_off:+.1f} us)")
