@@ -59,6 +59,30 @@ class FsdpAdapters:
         finally:
             ctx.set_serving(old)
 
+    def _prefetching(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """Marks the unshards run inside FSDP's prefetch functions as prefetches."""
+        tls = self.ctx.tls
+
+        def prefetch(*args: Any, **kwargs: Any) -> Any:
+            old = tls.prefetch
+            tls.prefetch = True
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                tls.prefetch = old
+
+        return prefetch
+
+    def _unshard_phase(self, forward: bool, backward: bool) -> str:
+        """Phase of an unshard from the unit's own training state (FORWARD / PRE_BACKWARD)."""
+        ctx = self.ctx
+        in_bwd = ctx.in_backward()
+        if forward:
+            return PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
+        if backward or in_bwd:
+            return PHASE_BACKWARD
+        return ctx.current()[1]
+
     # -- FSDP2 (fully_shard) -----------------------------------------------------------------
 
     def _install_fsdp2(self) -> bool:
@@ -83,13 +107,7 @@ class FsdpAdapters:
         def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
             def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
                 state = self._training_state
-                in_bwd = ctx.in_backward()
-                if state == forward:
-                    phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
-                elif state == pre_backward or in_bwd:
-                    phase = PHASE_BACKWARD
-                else:
-                    phase = ctx.current()[1]
+                phase = adapters._unshard_phase(state == forward, state == pre_backward)
                 flavour = PREFETCH if ctx.tls.prefetch else UNSHARD
                 return adapters._serve(fqn(self), phase, flavour, lambda: orig(self, *args, **kwargs))
 
@@ -101,24 +119,12 @@ class FsdpAdapters:
 
             return post_backward
 
-        def make_prefetch(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def prefetch(*args: Any, **kwargs: Any) -> Any:
-                tls = ctx.tls
-                old = tls.prefetch
-                tls.prefetch = True
-                try:
-                    return orig(*args, **kwargs)
-                finally:
-                    tls.prefetch = old
-
-            return prefetch
-
         self._patch(group_cls, "unshard", make_unshard)
         self._patch(group_cls, "post_backward", make_post_backward)
         if "_prefetch_unshard" in group_cls.__dict__:
             orig = group_cls.__dict__["_prefetch_unshard"]
             func = orig.__func__ if isinstance(orig, staticmethod) else orig
-            wrapped = functools.wraps(func)(make_prefetch(func))
+            wrapped = functools.wraps(func)(self._prefetching(func))
             wrapped.__colltrace__ = True  # type: ignore[attr-defined]
             self.originals.append((group_cls, "_prefetch_unshard", orig))
             setattr(group_cls, "_prefetch_unshard", staticmethod(wrapped))
@@ -141,13 +147,7 @@ class FsdpAdapters:
         def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
             def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
                 state = getattr(self, "_training_state", None)
-                in_bwd = ctx.in_backward()
-                if state == states.FORWARD:
-                    phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
-                elif state == states.BACKWARD_PRE or in_bwd:
-                    phase = PHASE_BACKWARD
-                else:
-                    phase = ctx.current()[1]
+                phase = adapters._unshard_phase(state == states.FORWARD, state == states.BACKWARD_PRE)
                 flavour = PREFETCH if ctx.tls.prefetch else UNSHARD
                 return adapters._serve(fqn(self), phase, flavour, lambda: orig(self, *args, **kwargs))
 
@@ -161,24 +161,12 @@ class FsdpAdapters:
 
             return reduce_grad
 
-        def make_prefetch(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def prefetch(*args: Any, **kwargs: Any) -> Any:
-                tls = ctx.tls
-                old = tls.prefetch
-                tls.prefetch = True
-                try:
-                    return orig(*args, **kwargs)
-                finally:
-                    tls.prefetch = old
-
-            return prefetch
-
         self._patch(flat_mod.FlatParamHandle, "unshard", make_unshard)
         for name in ("_reduce_grad", "_reduce_grad_no_shard"):
             if hasattr(rt, name):
                 self._patch(rt, name, make_reduce)
         if hasattr(rt, "_prefetch_handle"):
-            self._patch(rt, "_prefetch_handle", make_prefetch)
+            self._patch(rt, "_prefetch_handle", self._prefetching)
         return True
 
 

@@ -150,24 +150,12 @@ def _scan(ring_path: str, info: RingInfo, layout: struct.Struct) -> Iterator[tup
     `layout` unpacks a whole slot and must begin with the marker; the file is read in
     chunks so a million-record ring never sits in memory at once.
     """
-    cap = info.capacity
-    size = schema.SLOT_SIZE
-    pad = size - layout.size
+    pad = schema.SLOT_SIZE - layout.size
     unpack = struct.Struct(layout.format + (f"{pad}x" if pad else "")).iter_unpack
-    with open(ring_path, "rb") as f:
-        idx = info.first
-        while idx <= info.last:
-            pos = idx % cap
-            n = min(info.last + 1 - idx, cap - pos, _CHUNK_SLOTS)
-            f.seek(schema.RING_HEADER_SIZE + pos * size)
-            chunk = f.read(n * size)
-            n = len(chunk) // size
-            if n == 0:
-                return
-            for i, raw in zip(range(idx, idx + n), unpack(memoryview(chunk)[: n * size])):
-                if raw[0] == i + 1:
-                    yield i, raw
-            idx += n
+    for idx, chunk in iter_chunks(ring_path, info):
+        for i, raw in zip(range(idx, idx + len(chunk) // schema.SLOT_SIZE), unpack(chunk)):
+            if raw[0] == i + 1:
+                yield i, raw
 
 
 def _clock_offset(header: dict[str, Any]) -> int:

@@ -96,13 +96,7 @@ class TraceWriter:
     def append(self, *fields: Any) -> int:
         """Write one slot (all SLOT_FIELDS but the marker) and return its idx."""
         idx = next(self._counter)
-        if idx < self.capacity:
-            off = _BASE + idx * _SIZE
-        elif self.full:
-            self._grow(idx)
-            off = _BASE + idx * _SIZE
-        else:
-            off = _BASE + (idx % self.capacity) * _SIZE
+        off = _BASE + idx * _SIZE if idx < self.capacity else self._wrapped_offset(idx)
         mm = self._mm
         _pack_slot(mm, off, 0, *fields)
         _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
@@ -115,13 +109,7 @@ class TraceWriter:
         """append() with the per-call-site fields pre-packed: head = kind..shape, mid = numel_in,
         numel_out, peer. Four stores instead of packing 22 fields."""
         idx = next(self._counter)
-        if idx < self.capacity:
-            off = _BASE + idx * _SIZE
-        elif self.full:
-            self._grow(idx)
-            off = _BASE + idx * _SIZE
-        else:
-            off = _BASE + (idx % self.capacity) * _SIZE
+        off = _BASE + idx * _SIZE if idx < self.capacity else self._wrapped_offset(idx)
         mm = self._mv
         if idx >= self.capacity:
             _MARKER.pack_into(mm, off, 0)  # invalidate: the slot holds an older record
@@ -134,6 +122,13 @@ class TraceWriter:
             _MARKER.pack_into(mm, schema.HEAD_OFFSET, idx + 1)
         self.last_idx = idx
         return idx
+
+    def _wrapped_offset(self, idx: int) -> int:
+        """Slot offset of an idx past the first lap: grow (full mode) or wrap (ring)."""
+        if self.full:
+            self._grow(idx)
+            return _BASE + idx * _SIZE
+        return _BASE + (idx % self.capacity) * _SIZE
 
     def publish_head(self) -> None:
         """Write the exact record count into the ring header (at exit; appends do it every HEAD_EVERY)."""
