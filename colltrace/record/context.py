@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+_get_ident = threading.get_ident
+
 PHASE_INIT = "init"
 PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"
@@ -18,23 +20,26 @@ def _no_graph_task() -> int:
     return -1
 
 
-class _ThreadState(threading.local):
-    """Per-thread attribution. Class-level defaults: a missing attribute would cost an exception."""
+class ThreadState:
+    """What one thread is doing. Plain slots, found by thread id: a threading.local attribute
+    costs several times more, and the shim reads these on every collective."""
 
-    serve: tuple[str, str, str] | None = None
-    prefetch = False
+    __slots__ = ("stack", "labels", "serve", "prefetch", "static", "depth")
 
     def __init__(self) -> None:
-        self.stack: list[str] = []
-        self.labels: list[str] = []
-        self.static: dict[object, object] = {}  # the recorder's per-call-site slot cache, per thread
+        self.stack: list[str] = []  # FQNs of the modules whose forward is running
+        self.labels: list[str] = []  # colltrace.phase(...) labels
+        self.serve: tuple[str, str, str] | None = None  # set by a framework adapter
+        self.prefetch = False  # inside FSDP's prefetch
+        self.static: dict[object, object] = {}  # the recorder's per-call-site slot cache
+        self.depth = 0  # > 0: inside a traced call (a call that forwards to another counts once)
 
 
 class Context:
     """Attribution state read on every collective. Writes happen in hooks; reads must be cheap."""
 
     def __init__(self) -> None:
-        self.tls = _ThreadState()
+        self.threads: dict[int, ThreadState] = {}
         self.step = 0  # optimizer steps completed
         self.micro_step = 0  # root forwards since the last optimizer step, 0-based
         self.seen_forward = False
@@ -47,22 +52,29 @@ class Context:
         self.fqn: dict[int, str] = {}
         self._roots: list[object] = []  # keep roots alive so ids stay unique
 
+    def state(self) -> ThreadState:
+        """This thread's state (made on first use)."""
+        ts = self.threads.get(_get_ident())
+        if ts is None:
+            ts = self.threads[_get_ident()] = ThreadState()
+        return ts
+
     # -- per-thread stacks -----------------------------------------------------------------
 
     def stack(self) -> list[str]:
-        return self.tls.stack
+        return self.state().stack
 
     def labels(self) -> list[str]:
-        return self.tls.labels
+        return self.state().labels
 
     def serving(self) -> tuple[str, str, str] | None:
         """(module, phase, flavour) set by a framework adapter around its own collectives."""
-        return self.tls.serve
+        return self.state().serve
 
     def set_serving(self, value: tuple[str, str, str] | None) -> tuple[str, str, str] | None:
-        tls = self.tls
-        old = tls.serve
-        tls.serve = value
+        ts = self.state()
+        old = ts.serve
+        ts.serve = value
         return old
 
     # -- what a collective issued now is for -----------------------------------------------
@@ -70,15 +82,16 @@ class Context:
     def in_backward(self) -> bool:
         return self.graph_task_id() != -1
 
-    def current(self) -> tuple[str, str, str]:
+    def current(self, ts: ThreadState | None = None) -> tuple[str, str, str]:
         """(module, phase, flavour) for a collective issued now on this thread."""
-        tls = self.tls
-        serve = tls.serve
+        if ts is None:
+            ts = self.state()
+        serve = ts.serve
         if serve is not None:
             return serve
-        stack = tls.stack
+        stack = ts.stack
         module = stack[-1] if stack else ""
-        labels = tls.labels
+        labels = ts.labels
         if labels:  # the user's own phase label wins over the inferred one
             return module, labels[-1], ""
         return module, self.phase(bool(stack)), ""

@@ -50,7 +50,7 @@ class FsdpAdapters:
 
     def _serve(self, module: str, phase: str, flavour: str, fn: Callable[[], Any]) -> Any:
         ctx = self.ctx
-        labels = ctx.tls.labels
+        labels = ctx.state().labels
         if labels and flavour == UNSHARD:
             flavour = f"{flavour}:{labels[-1]}"
         old = ctx.set_serving((module, phase, flavour))
@@ -61,15 +61,16 @@ class FsdpAdapters:
 
     def _prefetching(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """Marks the unshards run inside FSDP's prefetch functions as prefetches."""
-        tls = self.ctx.tls
+        ctx = self.ctx
 
         def prefetch(*args: Any, **kwargs: Any) -> Any:
-            old = tls.prefetch
-            tls.prefetch = True
+            ts = ctx.state()
+            old = ts.prefetch
+            ts.prefetch = True
             try:
                 return orig(*args, **kwargs)
             finally:
-                tls.prefetch = old
+                ts.prefetch = old
 
         return prefetch
 
@@ -108,7 +109,7 @@ class FsdpAdapters:
             def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
                 state = self._training_state
                 phase = adapters._unshard_phase(state == forward, state == pre_backward)
-                flavour = PREFETCH if ctx.tls.prefetch else UNSHARD
+                flavour = PREFETCH if ctx.state().prefetch else UNSHARD
                 return adapters._serve(fqn(self), phase, flavour, lambda: orig(self, *args, **kwargs))
 
             return unshard
@@ -148,7 +149,7 @@ class FsdpAdapters:
             def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
                 state = getattr(self, "_training_state", None)
                 phase = adapters._unshard_phase(state == states.FORWARD, state == states.BACKWARD_PRE)
-                flavour = PREFETCH if ctx.tls.prefetch else UNSHARD
+                flavour = PREFETCH if ctx.state().prefetch else UNSHARD
                 return adapters._serve(fqn(self), phase, flavour, lambda: orig(self, *args, **kwargs))
 
             return unshard

@@ -13,7 +13,10 @@ P2P = schema.KIND_P2P
 
 
 class OpSpec(NamedTuple):
-    """Where one function keeps what we record, as positions into *args (-1: not a parameter)."""
+    """Where one function keeps what we record, as positions into *args (-1: not a parameter).
+
+    `extract(args, kwargs)` returns (group, async_op, input, output, reduce op, root, group root)
+    for one call: generated per function with its positions inlined (the shim's hot path)."""
 
     name: str
     kind: int
@@ -29,6 +32,7 @@ class OpSpec(NamedTuple):
     root_name: str
     groot_pos: int  # group_src/group_dst: a rank inside the group
     groot_name: str
+    extract: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
 
 
 # name: (input param, output param, kind, root param, flags). Parameters are looked up by
@@ -94,6 +98,15 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
     except (TypeError, ValueError):
         return None
     groot = {"src": "group_src", "dst": "group_dst"}.get(root or "", "")
+    fields = (
+        ("group", "group", None),
+        ("async_op", "async_op", False),
+        (inp, inp, None),
+        (out, out, None),
+        ("op", "op", "SUM" if "op" in params else None),
+        (root, root, None),
+        (groot, groot, None),
+    )
     return OpSpec(
         name=name,
         kind=kind,
@@ -109,7 +122,27 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
         root_name=root or "",
         groot_pos=_pos(params, groot),
         groot_name=groot,
+        extract=_extractor(name, params, fields),
     )
+
+
+def _extractor(
+    name: str, params: list[str], fields: tuple[tuple[str | None, str | None, Any], ...]
+) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]:
+    """Compile `extract(args, kwargs)` for one signature: each value is args[i] when passed by
+    position, else kwargs.get(name, default); a parameter the function lacks is its default."""
+    parts = []
+    for _label, param, default in fields:
+        if not param or param not in params:
+            parts.append(repr(default))
+            continue
+        i = params.index(param)
+        parts.append(f"(args[{i}] if n > {i} else kwargs.get({param!r}, {default!r}))")
+    src = f"def extract_{name}(args, kwargs):\n    n = len(args)\n    return ({', '.join(parts)},)\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(src, f"<colltrace extract {name}>", "exec"), namespace)  # noqa: S102 - generated from a signature
+    fn: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]] = namespace[f"extract_{name}"]
+    return fn
 
 
 def traced_names() -> tuple[str, ...]:

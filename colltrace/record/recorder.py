@@ -9,7 +9,18 @@ import time
 import weakref
 from typing import Any
 
-from colltrace.record.context import CONTEXT, Context
+from colltrace.record.context import (
+    CONTEXT,
+    PHASE_BACKWARD,
+    PHASE_CHECKPOINT,
+    PHASE_FORWARD,
+    PHASE_INIT,
+    PHASE_OPTIMIZER,
+    PHASE_OTHER,
+    PHASE_RECOMPUTE,
+    Context,
+    ThreadState,
+)
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
 from colltrace.trace.writer import TraceWriter
@@ -18,6 +29,9 @@ _now = time.monotonic_ns
 _get_ident = threading.get_ident
 _SHAPE_CACHE_MAX = 4096
 _STATIC_CACHE_MAX = 65536
+_BSEQ_MASK = 31  # read the backend seq at every 32nd record of a group (and after multi-op calls)
+_MULTI = schema.FLAG_OBJECT | schema.FLAG_COALESCED
+_OPEN_WINDOW = 256
 # the slot minus marker, seq/backend_seq and step..wait: see schema.SLOT_FIELDS
 _STATIC_HEAD = struct.Struct("<BBHIIIIIIIII")  # kind .. shape
 _STATIC_MID = struct.Struct("<qqi")  # numel_in, numel_out, peer
@@ -32,7 +46,7 @@ class Recorder:
         self.default_pg = default_pg
         self.backend_seq = backend_seq
         self.non_member: Any = None
-        self._groups: dict[int, list[Any]] = {}  # id(pg) -> [pg, sid, seq, ranks]
+        self._groups: dict[int, list[Any]] = {}  # id(pg) -> [pg, sid, seq, ranks, anchor next]
         self._p2p_seq: dict[tuple[int, int], int] = {}
         self._tids: dict[int, int] = {}
         self._dtypes: dict[Any, int] = {}
@@ -43,13 +57,17 @@ class Recorder:
         # Work -> (idx, flags, [Works of this record still running])
         self.works: weakref.WeakKeyDictionary[Any, tuple[int, int, list[int]]] = weakref.WeakKeyDictionary()
         self.last_progress_ns = _now()
-        self.in_flight = 0
         self._warned: set[str] = set()
         self.last_failure: tuple[BaseException, int] | None = None
         self._str_cache: dict[str, int] = {}
         self.sid = writer.intern
 
     # -- helpers (cold) ----------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Collectives issued and not completed, among the last few hundred (for stack dumps)."""
+        return self.writer.count_open(_OPEN_WINDOW)
 
     def warn_once(self, what: str, exc: BaseException | None = None) -> None:
         """The shim never breaks the job: a failure is said once, then that part steps aside."""
@@ -67,7 +85,8 @@ class Recorder:
         key = id(pg)
         with self._lock:
             name, desc, ranks, backend = describe_group(pg)
-            slot = [pg, self.sid(name), 0, ranks]
+            # [pg, name sid, seq, ranks, read the backend seq at the next record, idx of the last record]
+            slot = [pg, self.sid(name), 0, ranks, True, -1]
             self._groups[key] = slot
         self.writer.event({"ev": schema.EV_GROUP, "name": name, "desc": desc, "ranks": list(ranks), "backend": backend})
         return slot
@@ -127,17 +146,16 @@ class Recorder:
     # -- hot path ----------------------------------------------------------------------------
 
     def issue(
-        self, spec: OpSpec, op_sid: int, args: tuple[Any, ...], kwargs: dict[str, Any], t_issue: int = 0
-    ) -> tuple[int, int, Any]:
+        self, spec: OpSpec, op_sid: int, args: tuple[Any, ...], kwargs: dict[str, Any], t_issue: int = 0,
+        ts: ThreadState | None = None,
+    ) -> tuple[int, int, Any]:  # fmt: skip
         """Write the slot for a call about to run. Returns (idx, flags, pg); idx -1: not recorded.
 
         A training loop repeats the same few calls, so everything but seq, step and times is
         packed once per distinct call (op, group, shapes, dtype, reduce op, root, module, phase,
         thread) and copied from a cache afterwards."""
         t_issue = t_issue or _now()
-        n = len(args)
-        pos = spec.group_pos
-        pg = args[pos] if -1 < pos < n else kwargs.get("group")
+        pg, async_op, inp, out, redop, root, groot = spec.extract(args, kwargs)
         if pg is None:
             pg = self.default_pg
         if pg is self.non_member:  # this rank is not in the group: torch does nothing
@@ -145,30 +163,32 @@ class Recorder:
         g = self._groups.get(id(pg))
         if g is None or g[0] is not pg:
             g = self._group(pg)
-        pos = spec.async_pos
         flags = spec.flags
-        if (args[pos] if -1 < pos < n else kwargs.get("async_op", False)):
+        if async_op:
             flags |= schema.FLAG_ASYNC
-        pos = spec.in_pos
-        inp = args[pos] if -1 < pos < n else kwargs.get(spec.in_name)
-        pos = spec.out_pos
-        out = args[pos] if -1 < pos < n else kwargs.get(spec.out_name)
-        pos = spec.op_pos
-        redop = (args[pos] if pos < n else kwargs.get("op", "SUM")) if pos >= 0 else None
-        root = None
-        if spec.root_name:
-            pos = spec.root_pos
-            root = args[pos] if -1 < pos < n else kwargs.get(spec.root_name)
-            if root is None:
-                pos = spec.groot_pos
-                groot = args[pos] if -1 < pos < n else kwargs.get(spec.groot_name)
-                if groot is not None:
-                    ranks = g[3]
-                    root = ranks[groot] if 0 <= groot < len(ranks) else groot
+        if root is None and groot is not None:
+            ranks = g[3]
+            root = ranks[groot] if 0 <= groot < len(ranks) else groot
         ctx = self.ctx
-        tls = ctx.tls
-        attribution = tls.serve or ctx.current()  # (module, phase, flavour)
-        cache: dict[Any, Any] = tls.static  # per thread: the thread number is part of the static bytes
+        if ts is None:
+            ts = ctx.state()
+        attribution = ts.serve  # (module, phase, flavour) set by a framework adapter
+        if attribution is None:  # Context.current() and Context.phase(), inlined: the hot path
+            stack = ts.stack
+            module = stack[-1] if stack else ""
+            if ts.labels:
+                attribution = (module, ts.labels[-1], "")
+            elif ctx.optimizer_depth or ctx.engine_step_depth:
+                attribution = (module, PHASE_OPTIMIZER, "")
+            elif ctx.checkpoint_depth:
+                attribution = (module, PHASE_CHECKPOINT, "")
+            elif ctx.graph_task_id() != -1:
+                attribution = (module, PHASE_RECOMPUTE if stack else PHASE_BACKWARD, "")
+            elif stack:
+                attribution = (module, PHASE_FORWARD, "")
+            else:
+                attribution = (module, PHASE_OTHER if ctx.seen_forward else PHASE_INIT, "")
+        cache: dict[Any, Any] = ts.static  # per thread: the thread number is part of the static bytes
         try:
             key = (op_sid, g[1], inp.shape, inp.dtype, None if out is inp else out.shape,  # type: ignore[union-attr]
                    redop, root, attribution, flags)  # fmt: skip
@@ -186,12 +206,26 @@ class Recorder:
             pkey = (id(pg), static[2])
             seq = self._p2p_seq.get(pkey, 0) + 1
             self._p2p_seq[pkey] = seq
+            anchor = pg
         else:
             seq = g[2] = g[2] + 1
+            # The backend's seq is read at every 32nd record of a group, and around calls that
+            # run several backend collectives (object, coalesced): before (for the record before
+            # it), after, and after the next. `colltrace dump` fills the ones between two reads
+            # that moved exactly as our seq did.
+            multi = flags & _MULTI
+            anchor = pg if g[4] or multi or not seq & _BSEQ_MASK else None
+            if multi and g[5] >= 0 and self.backend_seq:
+                try:
+                    self.writer.set_backend_seq(g[5], pg._get_sequence_number_for_group())
+                except Exception:
+                    self.backend_seq = False
+            g[4] = bool(multi)
         idx = self.writer.append_static(static[0], seq, static[1], ctx.step, ctx.micro_step, t_issue)
+        if spec.kind != schema.KIND_P2P:
+            g[5] = idx
         self.last_progress_ns = t_issue
-        self.in_flight += 1
-        return idx, flags, pg
+        return idx, flags, anchor if self.backend_seq else None
 
     def _pack_static(
         self, spec: OpSpec, op_sid: int, flags: int, g: list[Any], inp: Any, out: Any, redop: Any, root: Any,
@@ -218,12 +252,13 @@ class Recorder:
         )  # fmt: skip
         return head, _STATIC_MID.pack(numel_in, numel_out, peer), peer
 
-    def returned(self, idx: int, flags: int, pg: Any, result: Any, t_issue: int) -> None:
-        """The call returned: sync ops are done; async ones get a completion callback on their Work."""
+    def returned(self, idx: int, flags: int, anchor: Any, result: Any, t_issue: int) -> None:
+        """The call returned: sync ops are done; async ones get a completion callback on their Work.
+        `anchor`: the group whose backend seq to read now (None: not this time)."""
         bseq = -1
-        if self.backend_seq:
+        if anchor is not None:
             try:
-                bseq = pg._get_sequence_number_for_group()
+                bseq = anchor._get_sequence_number_for_group()
             except Exception:
                 self.backend_seq = False
         if flags & schema.FLAG_ASYNC and result is not None:
@@ -233,13 +268,11 @@ class Recorder:
             return
         t = _now()
         # a sync call: blocked for its whole duration
-        self.writer.finish_sync(idx, bseq, t, t - t_issue, flags | schema.FLAG_DONE)
+        self.writer.finish_sync(idx, bseq, t, t - t_issue)
         self.last_progress_ns = t
-        self.in_flight -= 1
 
     def failed(self, idx: int, flags: int, exc: BaseException | None = None) -> None:
         self.writer.complete(idx, _now(), flags | schema.FLAG_ERROR)
-        self.in_flight -= 1
         if exc is not None:  # lets the error record say the exception came out of this collective
             self.last_failure = (exc, idx)
 
@@ -277,7 +310,6 @@ class Recorder:
             remaining[0] = 0 if err else remaining[0] - 1
             if remaining[0]:
                 return
-            self.in_flight -= 1
         t = _now()
         self.writer.complete(idx, t, flags | schema.FLAG_DONE | err)
         self.last_progress_ns = t

@@ -9,15 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from colltrace.record import ops
+from colltrace.record.context import CONTEXT
 from colltrace.record.recorder import Recorder
 from colltrace.trace import schema
 
 _now = time.monotonic_ns
+_get_ident = threading.get_ident
 _MAX_FAILURES = 100
-
-
-class _Depth(threading.local):
-    depth = 0  # > 0: inside a traced call, so a call that forwards to another is counted once
 
 
 class Shim:
@@ -25,7 +23,7 @@ class Shim:
 
     def __init__(self) -> None:
         self.recorder: Recorder | None = None
-        self.tls = _Depth()
+        self.threads = CONTEXT.threads  # per-thread state (ThreadState.depth), by thread id
         self.originals: list[tuple[Any, str, Any]] = []
         self.op_sids: dict[str, int] = {}
         self.failures = 0
@@ -82,35 +80,38 @@ class Shim:
 
     def _wrap(self, spec: ops.OpSpec, orig: Callable[..., Any]) -> Callable[..., Any]:
         shim = self
-        tls = self.tls
+        threads = self.threads
         name = spec.name
 
         @functools.wraps(orig)
         def traced(*args: Any, **kwargs: Any) -> Any:
             rec = shim.recorder
-            if rec is None or tls.depth:
+            if rec is None:
+                return orig(*args, **kwargs)
+            ts = threads.get(_get_ident()) or CONTEXT.state()
+            if ts.depth:
                 return orig(*args, **kwargs)
             try:
                 op_sid = rec.op_sids.get(name)
                 if op_sid is None:
                     op_sid = rec.op_sids[name] = rec.sid(name)
                 t_issue = _now()
-                idx, flags, pg = rec.issue(spec, op_sid, args, kwargs, t_issue)
+                idx, flags, anchor = rec.issue(spec, op_sid, args, kwargs, t_issue, ts)
             except Exception as e:  # the shim steps aside, the collective still runs
                 shim.failed(rec, f"recording {name} failed", e)
                 return orig(*args, **kwargs)
-            tls.depth = 1
+            ts.depth = 1
             try:
                 result = orig(*args, **kwargs)
             except BaseException as e:
-                tls.depth = 0
+                ts.depth = 0
                 if idx >= 0:
                     rec.failed(idx, flags, e)
                 raise
-            tls.depth = 0
+            ts.depth = 0
             if idx >= 0:
                 try:
-                    rec.returned(idx, flags, pg, result, t_issue)
+                    rec.returned(idx, flags, anchor, result, t_issue)
                 except Exception as e:
                     rec.warn_once(f"completing {name} failed", e)
             return result
@@ -121,12 +122,12 @@ class Shim:
     def _wrap_batch(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """batch_isend_irecv: one p2p record per P2POp, completed by the Works it returns."""
         shim = self
-        tls = self.tls
         specs: dict[str, ops.OpSpec] = {}
 
         @functools.wraps(orig)
         def traced(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
             rec = shim.recorder
+            tls = CONTEXT.state()
             if rec is None or tls.depth:
                 return orig(p2p_op_list, *args, **kwargs)
             issued: list[tuple[int, Any]] = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from colltrace.trace.reader import read_run
@@ -53,10 +53,34 @@ def record_dict(rt: RankTrace, r: Collective) -> dict[str, Any]:
     }
 
 
+def backend_seqs(records: Iterable[Collective]) -> dict[int, int]:
+    """The backend's seq of every collective record whose value is certain: read by the recorder
+    (an anchor), or between two anchors of its group that moved exactly as our seq did."""
+    by_group: dict[str, list[Collective]] = {}
+    for r in records:
+        if r.kind == "collective":
+            by_group.setdefault(r.group, []).append(r)
+    out: dict[int, int] = {}
+    for recs in by_group.values():
+        anchors = [r for r in recs if r.backend_seq >= 0]
+        for r in anchors:
+            out[r.idx] = r.backend_seq
+        for a, b in zip(anchors, anchors[1:]):
+            if b.backend_seq - a.backend_seq != b.seq - a.seq:
+                continue  # something else ran on this group in between: leave those unknown
+            for r in recs:
+                if a.seq < r.seq < b.seq:
+                    out[r.idx] = a.backend_seq + (r.seq - a.seq)
+    return out
+
+
 def dump_lines(run_dir: str, ranks: set[int] | None = None) -> Iterator[bytes]:
     run = read_run(run_dir)
     for rank, rt in sorted(run.ranks.items()):
         if ranks is not None and rank not in ranks:
             continue
+        bseq = backend_seqs(rt.records)
         for r in rt.records:
-            yield _line(record_dict(rt, r))
+            d = record_dict(rt, r)
+            d["backend_seq"] = bseq.get(r.idx)
+            yield _line(d)

@@ -36,12 +36,11 @@ _BASE = schema.RING_HEADER_SIZE
 _SIZE = schema.SLOT_SIZE
 _HEAD_MASK = schema.HEAD_EVERY - 1
 _DONE_WAIT = struct.Struct("<qq")
-_HEAD_AT, _HEAD_END = schema.field_offset("kind"), schema.field_offset("seq")
-_SEQ_AT = schema.field_offset("seq")
-_SEQ = struct.Struct("<Qq")  # seq, backend_seq
-_MID_AT, _MID_END = schema.field_offset("numel_in"), schema.field_offset("step")
-_TAIL_AT = schema.field_offset("step")
-_TAIL = struct.Struct("<iiqqq")  # step, micro_step, t_issue_ns, t_done_ns, wait_ns  # t_done_ns, wait_ns: adjacent, last in the slot
+# a whole slot from its pre-packed parts: marker, kind..shape, seq, backend_seq, numel_in..peer,
+# step, micro_step, t_issue_ns, t_done_ns, wait_ns (see schema.SLOT_FIELDS)
+_FAST = struct.Struct("<Q40sQq20siiqqq")
+assert _FAST.size == schema.SLOT.size
+_pack_fast = _FAST.pack_into
 
 
 class TraceWriter:
@@ -107,16 +106,11 @@ class TraceWriter:
 
     def append_static(self, head: bytes, seq: int, mid: bytes, step: int, micro_step: int, t_issue_ns: int) -> int:
         """append() with the per-call-site fields pre-packed: head = kind..shape, mid = numel_in,
-        numel_out, peer. Four stores instead of packing 22 fields."""
+        numel_out, peer. One store for the slot (marker 0), one for the marker."""
         idx = next(self._counter)
         off = _BASE + idx * _SIZE if idx < self.capacity else self._wrapped_offset(idx)
         mm = self._mv
-        if idx >= self.capacity:
-            _MARKER.pack_into(mm, off, 0)  # invalidate: the slot holds an older record
-        mm[off + _HEAD_AT : off + _HEAD_END] = head
-        _SEQ.pack_into(mm, off + _SEQ_AT, seq, -1)
-        mm[off + _MID_AT : off + _MID_END] = mid
-        _TAIL.pack_into(mm, off + _TAIL_AT, step, micro_step, t_issue_ns, 0, 0)
+        _pack_fast(mm, off, 0, head, seq, -1, mid, step, micro_step, t_issue_ns, 0, 0)
         _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
         if not idx & _HEAD_MASK:
             _MARKER.pack_into(mm, schema.HEAD_OFFSET, idx + 1)
@@ -154,18 +148,28 @@ class TraceWriter:
             _I64.pack_into(mm, off + schema.T_DONE_OFFSET, t_done_ns)
             _FLAGS.pack_into(mm, off + schema.FLAGS_OFFSET, flags)
 
-    def finish_sync(self, idx: int, backend_seq: int, t_done_ns: int, wait_ns: int, flags: int) -> None:
-        """Completion of a call that blocked until done: three stores, no read back when fewer
-        than `capacity` records were written since (the slot cannot have been reused)."""
+    def finish_sync(self, idx: int, backend_seq: int, t_done_ns: int, wait_ns: int) -> None:
+        """Completion of a call that blocked until done: two stores (t_done_ns != 0 means done),
+        no read back when fewer than `capacity` records were written since (the slot cannot have
+        been reused)."""
         if self.full or self.last_idx - idx < self.capacity:
             off = _BASE + (idx if self.full else idx % self.capacity) * _SIZE
         else:
             off = self._live_offset(idx)
         if off >= 0:
             mm = self._mv
-            _I64.pack_into(mm, off + schema.BACKEND_SEQ_OFFSET, backend_seq)
+            if backend_seq >= 0:
+                _I64.pack_into(mm, off + schema.BACKEND_SEQ_OFFSET, backend_seq)
             _DONE_WAIT.pack_into(mm, off + schema.T_DONE_OFFSET, t_done_ns, wait_ns)
-            _FLAGS.pack_into(mm, off + schema.FLAGS_OFFSET, flags)
+
+    def count_open(self, window: int) -> int:
+        """Records among the last `window` that are committed and not completed (t_done_ns 0)."""
+        open_ = 0
+        for idx in range(self.last_idx, max(-1, self.last_idx - window), -1):
+            off = self._live_offset(idx)
+            if off >= 0 and _I64.unpack_from(self._mm, off + schema.T_DONE_OFFSET)[0] == 0:
+                open_ += 1
+        return open_
 
     def set_flags(self, idx: int, flags: int) -> None:
         off = self._live_offset(idx)
