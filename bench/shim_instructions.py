@@ -1,0 +1,98 @@
+"""The shim's hot path in CPU instructions (valgrind callgrind): repeatable on a shared, noisy machine.
+
+    python bench/shim_instructions.py
+
+Runs the recorder's issue + completion for one all_reduce-shaped call (a stand-in tensor and
+process group, no torch: under valgrind, importing torch alone takes minutes) N times and 10 N
+times, and reports the difference per call, beside the same figure for a yardstick: one dict +
+orjson.dumps + os.write (whose system call's kernel instructions callgrind does not count, so the
+yardstick is flattered). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+N = 1000
+
+
+def _child(mode: str, n: int) -> None:
+    import orjson
+
+    from colltrace.record import ops
+    from colltrace.record import recorder as recorder_mod
+    from colltrace.record.context import Context
+    from colltrace.trace.writer import TraceWriter
+
+    class Size(tuple):  # type: ignore[type-arg]
+        pass
+
+    class Tensor:
+        shape = Size((1,))
+        dtype = "float32"
+
+        def numel(self) -> int:
+            return 1
+
+    class Group:
+        group_name = "0"
+        group_desc = "default_pg"
+
+        def _get_sequence_number_for_group(self) -> int:
+            return 7
+
+    def all_reduce(tensor: object, op: object = "SUM", group: object = None, async_op: bool = False) -> None:
+        pass
+
+    recorder_mod.describe_group = lambda pg: ("0", "default_pg", (0,), "gloo")  # type: ignore[assignment]
+    spec = ops.build_spec("all_reduce", all_reduce)
+    assert spec is not None
+    out = tempfile.mkdtemp()
+    rec = recorder_mod.Recorder(TraceWriter(out, 0, 100_000, False, {}), Group(), Context())
+    args = (Tensor(),)
+    if mode == "shim":
+        for _ in range(n):
+            idx, flags, anchor = rec.issue(spec, 1, args, {}, 5)
+            rec.returned(idx, flags, anchor, None, 1)
+    elif mode == "yardstick":
+        fd = os.open(os.path.join(out, "y"), os.O_WRONLY | os.O_CREAT)
+        for i in range(n):
+            os.write(fd, orjson.dumps({"rank": 0, "seq": i, "op": "all_reduce", "numel": 1, "dtype": "float32"}) + b"\n")
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def _instructions(mode: str, n: int) -> int:
+    proc = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, "--child", mode, str(n)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    m = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
+    if not m:
+        raise SystemExit(f"valgrind gave no count for {mode}:\n{proc.stderr[-2000:]}")
+    return int(m.group(1))
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(sys.argv[2], int(sys.argv[3]))
+        return
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    per = {}
+    for mode in ("shim", "yardstick"):
+        per[mode] = (_instructions(mode, 11 * N) - _instructions(mode, N)) / (10 * N)
+        print(f"{mode}: {per[mode]:,.0f} instructions per call")
+    ratio = per["shim"] / per["yardstick"]
+    print(f"shim / yardstick: {ratio:.2f}")
+    print(json.dumps({"shim_instructions": round(per["shim"]), "yardstick_instructions": round(per["yardstick"]),
+                      "ratio": round(ratio, 2)}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
