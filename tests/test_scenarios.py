@@ -15,6 +15,7 @@ from colltrace.cli import main as cli_main
 from colltrace.scenarios import schedule as sch
 from colltrace.scenarios.base import EXPECTED_KEYS
 from colltrace.scenarios.catalog import DEFAULT, REGISTRY, get, names
+from colltrace.scenarios.regenerate import TWO_RANK_VARIANTS, variant_dir
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import Collective, RankState, Run
 
@@ -246,3 +247,17 @@ def test_deepspeed_culprit_finished_while_the_others_wait_in_the_next_step() -> 
     for rank, rt in run.ranks.items():
         if rank != culprit.rank:
             assert rt.last is not None and rt.last.step == short and (rt.last.in_flight or rt.last.error)
+
+
+# -- two-rank variants: no majority to vote with ------------------------------------------------
+
+VARIANTS = [variant_dir(n, 2) for n in TWO_RANK_VARIANTS]
+
+
+@pytest.mark.parametrize("dirname", VARIANTS)
+def test_two_rank_variant_is_its_scenario_at_two_ranks(dirname: str) -> None:
+    exp = _expected(dirname)
+    assert exp["ranks"] == 2 and exp == get(exp["scenario"]).expected(2)
+    run = _run(dirname)
+    assert sorted(run.ranks) == [0, 1] and not run.problems
+    assert exp["culprit_ranks"] == [1]  # the bug strikes the last rank

@@ -22,15 +22,25 @@ FIXTURES = REPO / "fixtures"
 KEEP_SUFFIXES = (".jsonl", ".ring", ".fault")
 
 
-def record(name: str, out_root: Path) -> dict[str, object]:
-    """Run one scenario at its default world size and replace its fixture directory."""
+# Two ranks, where a majority vote cannot tell culprit from victim: the rank's own history must.
+TWO_RANK_VARIANTS = ("control_flow", "uneven_data", "rank_exception")
+
+
+def variant_dir(name: str, ranks: int) -> str:
+    return f"{name}-{ranks}ranks"
+
+
+def record(name: str, out_root: Path, ranks: int | None = None) -> dict[str, object]:
+    """Run one scenario (at its default world size unless `ranks`) and replace its fixture directory
+    (fixtures/<name>, or fixtures/<name>-<ranks>ranks for a variant)."""
     from colltrace.scenarios.catalog import get
 
     sc = get(name)
+    world = ranks or sc.ranks
     with tempfile.TemporaryDirectory(prefix=f"colltrace-{name}-") as tmp:
         run_dir = os.path.join(tmp, "run")
-        outcome = launch(sc, sc.ranks, run_dir, ring=FIXTURE_RING)
-        dest = out_root / name
+        outcome = launch(sc, world, run_dir, ring=FIXTURE_RING)
+        dest = out_root / (variant_dir(name, world) if ranks else name)
         if dest.exists():
             shutil.rmtree(dest)
         dest.mkdir(parents=True)
@@ -41,11 +51,11 @@ def record(name: str, out_root: Path) -> dict[str, object]:
         fr = os.path.join(run_dir, FR_SUBDIR)
         if os.path.isdir(fr):
             shutil.copytree(fr, dest / FR_SUBDIR)
-    expected = sc.expected(sc.ranks)
+    expected = sc.expected(world)
     (dest / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
     meta = {
         "scenario": name,
-        "ranks": sc.ranks,
+        "ranks": world,
         "stopped_by": outcome.stopped_by,
         "launcher_exit": outcome.returncode,
         "seconds": round(outcome.seconds, 1),
@@ -69,9 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown scenario(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
-    for name in chosen:  # one job at a time: the ranks of two jobs would fight for the same cores
-        meta = record(name, Path(args.out))
-        print(f"{name:<22} {meta['stopped_by']:<8} exit {meta['launcher_exit']:<4} {meta['seconds']:>6}s  "
+    jobs: list[tuple[str, int | None]] = [(n, None) for n in chosen]
+    jobs += [(n, 2) for n in TWO_RANK_VARIANTS if n in chosen]
+    for name, ranks in jobs:  # one job at a time: the ranks of two jobs would fight for the same cores
+        meta = record(name, Path(args.out), ranks)
+        label = variant_dir(name, ranks) if ranks else name
+        print(f"{label:<22} {meta['stopped_by']:<8} exit {meta['launcher_exit']:<4} {meta['seconds']:>6}s  "
               f"FR dumps: {len(meta['flight_recorder_ranks'])}", flush=True)  # type: ignore[arg-type]  # fmt: skip
     return 0
 
