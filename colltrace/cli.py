@@ -26,12 +26,30 @@ def _out(text: str, path: str | None) -> None:
         sys.stdout.flush()
 
 
+def _run_dir(given: str | None) -> str:
+    """RUN_DIR as given, or the newest run under ./colltrace-runs (COLLTRACE_ROOT) when omitted."""
+    if given:
+        return given
+    from colltrace.config import RUNS_ROOT
+
+    root = os.environ.get("COLLTRACE_ROOT", RUNS_ROOT)
+    try:
+        runs = [e.path for e in os.scandir(root) if e.is_dir()]
+    except OSError:
+        runs = []
+    if not runs:
+        raise UsageError(f"no RUN_DIR given and no runs under {root}/")
+    newest = max(runs, key=os.path.getmtime)
+    print(f"colltrace: {newest} (the newest run under {root}/)", file=sys.stderr)
+    return newest
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
     from colltrace.trace.dump import dump_lines
 
     stream = open(args.output, "wb") if args.output else sys.stdout.buffer  # noqa: SIM115
     try:
-        for line in dump_lines(args.run_dir, ranks=_ranks(args.rank)):
+        for line in dump_lines(_run_dir(args.run_dir), ranks=_ranks(args.rank)):
             stream.write(line)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -62,7 +80,7 @@ def _ranks(spec: str | None) -> set[int] | None:
 def cmd_report(args: argparse.Namespace) -> int:
     from colltrace.report.build import run_report
 
-    text, problem = run_report(args.run_dir, fmt=args.format)
+    text, problem = run_report(_run_dir(args.run_dir), fmt=args.format)
     _out(text, args.output)
     return EXIT_PROBLEM if problem else EXIT_OK
 
@@ -84,13 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     d = sub.add_parser("dump", help="print every record of a run as JSON lines")
-    d.add_argument("run_dir", metavar="RUN_DIR")
+    d.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="default: the newest run under ./colltrace-runs")
     d.add_argument("--rank", help="only these ranks, e.g. 0,3,5-7")
     d.add_argument("-o", "--output", help="write to FILE instead of stdout")
     d.set_defaults(fn=cmd_dump)
 
     r = sub.add_parser("report", help="find the first cross-rank divergence and its culprit")
-    r.add_argument("run_dir", metavar="RUN_DIR")
+    r.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="default: the newest run under ./colltrace-runs")
     r.add_argument("--format", choices=("md", "json"), default="md")
     r.add_argument("-o", "--output", help="write to FILE instead of stdout")
     r.set_defaults(fn=cmd_report)
