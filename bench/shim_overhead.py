@@ -90,7 +90,33 @@ def child_collective(out: str, rounds: int) -> None:
             install.resume()
         on.append(_batch(dist.all_reduce, x, n))
     deltas = sorted(b - a for a, b in zip(off, on))
+    # the machine's share: plain Python work of known tight-loop cost, put beside the collective
+    orig = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
+
+    def busy() -> None:
+        s = 0
+        for i in range(120):
+            s += i
+
+    def beside(t: Any) -> Any:
+        busy()
+        return orig(t)
+
+    t0 = time.perf_counter_ns()
+    for _ in range(20 * n):
+        busy()
+    busy_us = (time.perf_counter_ns() - t0) / (20 * n) / 1000
+    plain: list[float] = []
+    padded: list[float] = []
+    for _ in range(rounds):
+        plain.append(_batch(orig, x, n))
+        padded.append(_batch(beside, x, n))
+    result_machine = {
+        "busy_us": busy_us,
+        "busy_beside_us": statistics.median(sorted(b - a for a, b in zip(plain, padded))),
+    }
     result: dict[str, Any] = {
+        **result_machine,
         "untraced_us": statistics.median(off),
         "traced_us": statistics.median(on),
         "delta_us": statistics.median(deltas),
@@ -257,6 +283,10 @@ def main() -> None:
             f"batches, IQR {coll['delta_iqr_us'][0]:.1f}..{coll['delta_iqr_us'][1]:.1f})"
         )
         print(
+            f"plain Python work of {coll['busy_us']:.2f} us in a tight loop adds {coll['busy_beside_us']:.2f} us "
+            f"beside the same collective (x{coll['busy_beside_us'] / coll['busy_us']:.1f}: this machine's share)"
+        )
+        print(
             f"shim hot path (CPU time, issue + completion): {coll['hot_path_us']:.2f} us; yardstick dict+orjson+os.write: "
             f"{coll['yardstick_us']:.2f} us (ratio {coll['hot_path_us'] / coll['yardstick_us']:.2f})"
         )
@@ -278,6 +308,7 @@ def main() -> None:
                 "yardstick_us": round(coll["yardstick_us"], 3),
                 "step_overhead_pct": round(step["overhead_pct"], 3),
                 "step_ms": round(step["untraced_ms"], 3),
+                "beside_amplification": round(coll["busy_beside_us"] / coll["busy_us"], 2),
                 "flight_recorder_us": round(fr_on - fr_off, 3),
                 "detail_ratio": round(det_on / det_off, 3),
             }
