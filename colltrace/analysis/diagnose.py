@@ -114,6 +114,13 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
     if dead:
         ev = tuple(Evidence(Clue.CRASHED, (r,), ends[r].error_type) for r in dead)
         return culprit.Blame(dead, tuple(r for r in everyone if r not in dead), Kind.MISSING, Confidence.MEDIUM, ev)
+    blocked = tuple(r for r, e in ends.items() if e.blocked is not None)
+    unseen_ranks = tuple(r for r, e in ends.items() if e.state is RankState.MISSING)
+    if unseen_ranks and blocked:
+        # nothing can be aligned against a rank without a trace, yet the others wait: it is the suspect
+        detail = ",".join(map(str, blocked))
+        ev = tuple(Evidence(Clue.NO_TRACE, (r,), detail) for r in unseen_ranks)
+        return culprit.Blame(unseen_ranks, blocked, Kind.MISSING, Confidence.LOW, ev)
     stuck = tuple(r for r, e in ends.items() if e.blocked is None and e.state in (RankState.HUNG, RankState.KILLED))
     if stuck and len(stuck) < len(ends):
         ev = tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r].activity) for r in stuck)

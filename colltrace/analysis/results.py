@@ -29,6 +29,7 @@ class Clue(str, enum.Enum):
     STUCK_OUTSIDE = "stuck_outside"  # hung or killed with no collective in flight (compute, data loading)
     KILLED = "killed"  # stopped from outside with no collective in flight
     WAITED_FOR = "waited_for"  # blocked ranks wait for this rank in the wait-for graph
+    NO_TRACE = "no_trace"  # the rank left no trace file while the others waited
     CYCLE = "cycle"  # ranks wait on each other across groups
     MEMBERSHIP = "membership"  # the ranks disagree on the members of a group
     GROUP_CREATE = "group_create"  # the ranks asked new_group/split_group for different rank lists

@@ -70,6 +70,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.FINISHED_EARLY: f"{who} exited cleanly after {detail} step(s) while others still waited for it",
         Clue.STUCK_OUTSIDE: f"{who} hung outside any collective (last frame: {detail})",
         Clue.KILLED: f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)",
+        Clue.NO_TRACE: f"{who} left no trace while ranks {detail} were blocked: it never started tracing "
+        f"(died before init_process_group returned) or its files were not copied",
         Clue.WAITED_FOR: f"{who} never reached the collective that ranks {detail} were blocked in (wait-for graph sink)",
         Clue.CYCLE: f"{who} wait on each other in different groups (a cycle in the wait-for graph)",
         Clue.MEMBERSHIP: f"the ranks disagree on the members of group {detail}",
