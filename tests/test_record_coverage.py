@@ -97,3 +97,14 @@ def test_backend_seq_read_at_anchors_and_filled_by_dump(every_op) -> None:
     known = [b for b in bseq if b is not None]
     assert known == sorted(known) and len(set(known)) == len(known)
     assert all(b is not None for b in bseq[: objects[0]])  # before any object collective: all provable
+
+
+def test_functional_collectives_of_dtensor(every_op) -> None:
+    from colltrace.trace import schema
+
+    for rt in every_op.ranks.values():
+        tail = [r for r in rt.records if r.group == "0"][-3:]
+        assert [(r.op, r.numel_in) for r in tail] == [("all_reduce", 5), ("scatter", 8 if rt.rank == 0 else 0), ("all_gather_single", 4)]
+        funcol = [tail[0], tail[2]]  # funcol.all_reduce, DTensor.full_tensor()
+        assert all(r.flags & schema.FLAG_FUNCTIONAL and r.t_done_ns is not None for r in funcol)
+        assert tail[0].reduce_op == "SUM" and not tail[1].flags & schema.FLAG_FUNCTIONAL

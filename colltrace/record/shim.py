@@ -69,6 +69,12 @@ class Shim:
                 self._set(dist, "batch_isend_irecv", wrapper)
             wrapped.append("batch_isend_irecv")
         self._wrap_work_wait(c10d)
+        try:
+            from colltrace.record import functional
+
+            wrapped += [f"functional.{n}" for n in functional.install(self)]
+        except Exception:  # a torch without functional collectives: the rest is traced
+            pass
         return wrapped
 
     def uninstall(self) -> None:

@@ -56,6 +56,15 @@ def main() -> None:
     ckpt_dir = [tempfile.mkdtemp() if rank == 0 else None]
     dist.broadcast_object_list(ckpt_dir, src=0)
     dcp.save({"w": model.weight.detach()}, checkpoint_id=ckpt_dir[0])
+    # DTensor and TP run on functional collectives
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    line = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    funcol.all_reduce(torch.ones(5), "sum", line).wait()
+    sharded = distribute_tensor(torch.arange(8.0).reshape(4, 2), line, [Shard(0)])
+    full = sharded.full_tensor()  # an all-gather of the shards
+    assert full.shape == (4, 2)
     dist.destroy_process_group()
 
 
