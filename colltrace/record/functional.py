@@ -6,13 +6,10 @@ returned (the collective is issued), and it carries FLAG_FUNCTIONAL.
 
 from __future__ import annotations
 
-import functools
 import inspect
-import time
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record.context import CONTEXT
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
 
@@ -30,7 +27,6 @@ _TABLE: dict[str, str] = {
     "reduce_scatter_tensor_coalesced": "reduce_scatter_coalesced",
     "permute_tensor": "permute_tensor",
 }
-_now = time.monotonic_ns
 _COALESCED = ("all_reduce_coalesced", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced")
 
 
@@ -56,64 +52,28 @@ def install(shim: Any) -> list[str]:
             continue
         flags = schema.FLAG_FUNCTIONAL | (schema.FLAG_COALESCED if name in _COALESCED else 0)
         at = {p: i for i, p in enumerate(params)}
-        spec = _spec(op, flags, at.get("reduceOp", -1), at.get("src", -1))
-        shim._set(fc, name, _wrap(shim, orig, spec, at["group"], resolve_name, resolve_pg))
+        spec = _spec(op, flags, at, resolve_name, resolve_pg)
+        shim._set(fc, name, shim._wrap(spec, orig))
         wrapped.append(name)
     return wrapped
 
 
-def _spec(op: str, flags: int, redop_at: int, root_at: int) -> OpSpec:
+def _spec(
+    op: str, flags: int, at: dict[str, int], resolve_name: Callable[..., Any], resolve_pg: Callable[..., Any]
+) -> OpSpec:
+    group_at, redop_at, root_at = at["group"], at.get("reduceOp", -1), at.get("src", -1)
+
     def extract(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        # (group, async_op, input, output, reduce op, root, group root); the group is resolved by the wrapper
+        """(group, async_op, input, output, reduce op, root, group root), the group resolved from a
+        ProcessGroup, a DeviceMesh, (mesh, dim), a rank list or a group name."""
+        group = args[group_at] if group_at < len(args) else kwargs.get("group")
+        pg = resolve_pg(resolve_name(group, kwargs.get("tag", "")))
         redop = args[redop_at] if -1 < redop_at < len(args) else kwargs.get("reduceOp")
         root = args[root_at] if -1 < root_at < len(args) else kwargs.get("src")
-        return kwargs["__pg"], False, args[0] if args else kwargs.get("self"), None, redop, root, None
+        return pg, False, args[0] if args else kwargs.get("self"), None, redop, root, None
 
     return OpSpec(
         name=op, kind=schema.KIND_COLLECTIVE, flags=flags, in_pos=0, in_name="self", out_pos=-1, out_name="",
-        group_pos=-1, async_pos=-1, op_pos=redop_at, root_pos=root_at, root_name="src" if root_at >= 0 else "",
+        group_pos=group_at, async_pos=-1, op_pos=redop_at, root_pos=root_at, root_name="src" if root_at >= 0 else "",
         groot_pos=-1, groot_name="", extract=extract,
     )  # fmt: skip
-
-
-def _wrap(
-    shim: Any, orig: Callable[..., Any], spec: OpSpec, group_at: int, resolve_name: Callable[..., Any],
-    resolve_pg: Callable[..., Any],
-) -> Callable[..., Any]:  # fmt: skip
-    name = spec.name
-
-    @functools.wraps(orig)
-    def traced(*args: Any, **kwargs: Any) -> Any:
-        rec = shim.recorder
-        if rec is None:
-            return orig(*args, **kwargs)
-        ts = CONTEXT.state()
-        if ts.depth:
-            return orig(*args, **kwargs)
-        try:
-            group = args[group_at] if group_at < len(args) else kwargs.get("group")
-            pg = resolve_pg(resolve_name(group, kwargs.get("tag", "")))
-            op_sid = rec.op_sids.get(name)
-            if op_sid is None:
-                op_sid = rec.op_sids[name] = rec.sid(name)
-            t_issue = _now()
-            idx, flags, anchor = rec.issue(spec, op_sid, args, {**kwargs, "__pg": pg}, t_issue, ts)
-        except Exception as e:
-            shim.failed(rec, f"recording functional {name} failed", e)
-            return orig(*args, **kwargs)
-        ts.depth = 1
-        try:
-            result = orig(*args, **kwargs)
-        except BaseException as e:
-            ts.depth = 0
-            rec.failed(idx, flags, e)
-            raise
-        ts.depth = 0
-        try:
-            rec.returned(idx, flags, anchor, None, t_issue)
-        except Exception as e:
-            rec.warn_once(f"completing functional {name} failed", e)
-        return result
-
-    traced.__colltrace__ = True  # type: ignore[attr-defined]
-    return traced
