@@ -63,7 +63,9 @@ def _child(mode: str, n: int) -> None:
     elif mode == "yardstick":
         fd = os.open(os.path.join(out, "y"), os.O_WRONLY | os.O_CREAT)
         for i in range(n):
-            os.write(fd, orjson.dumps({"rank": 0, "seq": i, "op": "all_reduce", "numel": 1, "dtype": "float32"}) + b"\n")
+            os.write(
+                fd, orjson.dumps({"rank": 0, "seq": i, "op": "all_reduce", "numel": 1, "dtype": "float32"}) + b"\n"
+            )
     shutil.rmtree(out, ignore_errors=True)
 
 

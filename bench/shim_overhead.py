@@ -156,7 +156,9 @@ def _hot_path(x: Any) -> dict[str, float]:
     for _ in range(5):
         t0 = time.thread_time_ns()
         for i in range(n):
-            os.write(fd, orjson.dumps({"rank": 0, "seq": i, "op": "all_reduce", "numel": 1, "dtype": "float32"}) + b"\n")
+            os.write(
+                fd, orjson.dumps({"rank": 0, "seq": i, "op": "all_reduce", "numel": 1, "dtype": "float32"}) + b"\n"
+            )
         yard.append((time.thread_time_ns() - t0) / n / 1000)
     os.close(fd)
     os.unlink(path)
@@ -297,8 +299,12 @@ def main() -> None:
             f"{step['collectives_per_step']} collectives/step)"
         )
     fr_off, fr_on = _alternate("pair", 10, {"TORCH_FR_BUFFER_SIZE": "0"}, {"TORCH_FR_BUFFER_SIZE": "2000"}, 3)
-    print(f"Flight Recorder, all_reduce gloo world 2: off {fr_off:.1f} us, on {fr_on:.1f} us ({fr_on - fr_off:+.1f} us)")
-    det_off, det_on = _alternate("pair", 10, {"TORCH_DISTRIBUTED_DEBUG": "OFF"}, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, 3)
+    print(
+        f"Flight Recorder, all_reduce gloo world 2: off {fr_off:.1f} us, on {fr_on:.1f} us ({fr_on - fr_off:+.1f} us)"
+    )
+    det_off, det_on = _alternate(
+        "pair", 10, {"TORCH_DISTRIBUTED_DEBUG": "OFF"}, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, 3
+    )
     print(f"TORCH_DISTRIBUTED_DEBUG=DETAIL, same: off {det_off:.1f} us, on {det_on:.1f} us (x{det_on / det_off:.2f})")
     print(
         json.dumps(

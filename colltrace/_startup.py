@@ -41,7 +41,10 @@ def _install() -> None:
 
         install()
     except Exception as e:  # never break the job
-        print(f"[colltrace] could not install the tracer ({type(e).__name__}: {e}); the job runs untraced", file=sys.stderr)
+        print(
+            f"[colltrace] could not install the tracer ({type(e).__name__}: {e}); the job runs untraced",
+            file=sys.stderr,
+        )
 
 
 def activate() -> None:

@@ -4,5 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check colltrace tests bench
+.venv/bin/ruff format --check colltrace tests bench
 .venv/bin/mypy
 .venv/bin/python -m pytest -n 2 -q "$@"

@@ -30,7 +30,9 @@ def torchrun_cmd(script: str, nprocs: int) -> list[str]:
     ]  # fmt: skip
 
 
-def torchrun(script: str, nprocs: int, run_dir: Path, timeout: float = 180, **env: str) -> subprocess.CompletedProcess[str]:
+def torchrun(
+    script: str, nprocs: int, run_dir: Path, timeout: float = 180, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         torchrun_cmd(script, nprocs), env=job_env(run_dir, **env), capture_output=True, text=True, timeout=timeout
     )

@@ -78,7 +78,9 @@ class FakeRank:
             self.t, t_done, 0,
         )  # fmt: skip
 
-    def fsdp_step(self, skip: set[int] | frozenset[int] = frozenset(), stop_after: int | None = None, **kw: Any) -> None:
+    def fsdp_step(
+        self, skip: set[int] | frozenset[int] = frozenset(), stop_after: int | None = None, **kw: Any
+    ) -> None:
         """One FSDP_STEP; `skip` drops positions; `stop_after` ends the step early (position index)."""
         for i, (op, numel, module, phase) in enumerate(FSDP_STEP):
             if i in skip:
@@ -94,11 +96,15 @@ class FakeRank:
 
     def error(self, etype: str, message: str) -> None:
         tb = f'Traceback (most recent call last):\n  File "train.py", line 42, in main\n    loss = model(x)\n{etype}: {message}\n'
-        self.w.event({"ev": schema.EV_ERROR, "type": etype, "qualname": f"builtins.{etype}", "message": message, "traceback": tb})
+        self.w.event(
+            {"ev": schema.EV_ERROR, "type": etype, "qualname": f"builtins.{etype}", "message": message, "traceback": tb}
+        )
 
     def hang_stacks(self, func: str = "load_batch", line: str = "time.sleep(600)") -> None:
         frames = [["train.py", 40, "main", "for x in loader:"], ["data.py", 7, func, line]]
-        self.w.event({"ev": schema.EV_STACKS, "reason": "hang", "threads": [{"thread": "MainThread", "frames": frames}]})
+        self.w.event(
+            {"ev": schema.EV_STACKS, "reason": "hang", "threads": [{"thread": "MainThread", "frames": frames}]}
+        )
 
 
 def ranks(run_dir: str, world: int, **kw: Any) -> list[FakeRank]:

@@ -12,7 +12,9 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def _colltrace(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "colltrace.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "colltrace.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_report_without_run_dir_takes_the_newest_run(tmp_path: Path) -> None:

@@ -29,14 +29,19 @@ dist.destroy_process_group()
 
 
 def test_shim_failure_is_reported_once_and_the_job_goes_on(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", CODE], env=job_env(tmp_path), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CODE], env=job_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "result [1.0, 1.0, 1.0]" in proc.stdout
     said = [line for line in proc.stderr.splitlines() if line.startswith("[colltrace]")]
     assert len(said) == 2 and "recording all_reduce failed" in said[0] and "No space left" in said[0]
     assert "recording stopped" in said[1]  # a trace that cannot be written is not retried 5 times
     rt = read_run(str(tmp_path)).ranks[0]
-    assert rt.warnings == ["recording all_reduce failed: OSError: [Errno 28] No space left on device", "recording stopped"]
+    assert rt.warnings == [
+        "recording all_reduce failed: OSError: [Errno 28] No space left on device",
+        "recording stopped",
+    ]
     assert rt.state.value == "finished"
 
 
@@ -64,7 +69,9 @@ dist.destroy_process_group()
 def test_enable_from_code_and_two_threads_on_two_groups(tmp_path: Path) -> None:
     env = job_env(tmp_path)
     del env["COLLTRACE"]
-    proc = subprocess.run([sys.executable, "-c", ENABLE_AND_THREADS], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", ENABLE_AND_THREADS], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rt = read_run(str(tmp_path)).ranks[0]
     by_group: dict[str, list[int]] = {}

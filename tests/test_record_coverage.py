@@ -64,7 +64,10 @@ def test_groups_are_named_with_members_and_creation_is_logged(every_op) -> None:
         created = [(c["fn"], c["ranks"], c["desc"]) for c in rt.group_creations]
         assert ("new_group", [0, 1], "pair") in created
         # every rank takes part in creating every tp subgroup, member or not
-        assert [c for c in created if c[2] == "mesh_tp"] == [("new_group", [0], "mesh_tp"), ("new_group", [1], "mesh_tp")]
+        assert [c for c in created if c[2] == "mesh_tp"] == [
+            ("new_group", [0], "mesh_tp"),
+            ("new_group", [1], "mesh_tp"),
+        ]
 
 
 def test_phases_user_label_optimizer_and_checkpoint(every_op) -> None:
@@ -104,7 +107,11 @@ def test_functional_collectives_of_dtensor(every_op) -> None:
 
     for rt in every_op.ranks.values():
         tail = [r for r in rt.records if r.group == "0"][-3:]
-        assert [(r.op, r.numel_in) for r in tail] == [("all_reduce", 5), ("scatter", 8 if rt.rank == 0 else 0), ("all_gather_single", 4)]
+        assert [(r.op, r.numel_in) for r in tail] == [
+            ("all_reduce", 5),
+            ("scatter", 8 if rt.rank == 0 else 0),
+            ("all_gather_single", 4),
+        ]
         funcol = [tail[0], tail[2]]  # funcol.all_reduce, DTensor.full_tensor()
         assert all(r.flags & schema.FLAG_FUNCTIONAL and r.t_done_ns is not None for r in funcol)
         assert tail[0].reduce_op == "SUM" and not tail[1].flags & schema.FLAG_FUNCTIONAL

@@ -95,7 +95,9 @@ def test_backend_abort_on_dtype_mismatch_leaves_a_fault_record(tmp_path: Path) -
 
 def test_mp_spawn_child_exception_and_clean_exit_are_recorded(tmp_path: Path) -> None:
     env = job_env(tmp_path, FAULT="raise")
-    proc = subprocess.run([sys.executable, str(WORKLOADS / "spawn_job.py")], env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, str(WORKLOADS / "spawn_job.py")], env=env, capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     run = read_run(str(tmp_path))
     r1 = run.ranks[1]
@@ -103,7 +105,13 @@ def test_mp_spawn_child_exception_and_clean_exit_are_recorded(tmp_path: Path) ->
     assert r1.header["launcher"] == "multiprocessing"
 
     healthy = tmp_path / "healthy"
-    proc = subprocess.run([sys.executable, str(WORKLOADS / "spawn_job.py")], env=job_env(healthy), capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, str(WORKLOADS / "spawn_job.py")],
+        env=job_env(healthy),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = read_run(str(healthy))
     assert [rt.state for rt in run.ranks.values()] == [RankState.FINISHED, RankState.FINISHED]

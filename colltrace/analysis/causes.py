@@ -102,11 +102,17 @@ def find(f: Facts) -> Finding:
         if oom:
             return Finding(Cause.OOM, Confidence.HIGH, (Evidence(Clue.OOM, tuple(oom), failed[0].error_type),))
         return Finding(
-            Cause.RANK_EXCEPTION, Confidence.HIGH, (Evidence(Clue.CRASHED, tuple(e.rank for e in failed), failed[0].error_type),)
+            Cause.RANK_EXCEPTION,
+            Confidence.HIGH,
+            (Evidence(Clue.CRASHED, tuple(e.rank for e in failed), failed[0].error_type),),
         )
     if d is None:
         if f.slow is not None:
-            return Finding(Cause.STRAGGLER, Confidence.MEDIUM, (Evidence(Clue.LAST_ARRIVER, (f.slow.rank,), f"{f.slow.waited_s:.1f}"),))
+            return Finding(
+                Cause.STRAGGLER,
+                Confidence.MEDIUM,
+                (Evidence(Clue.LAST_ARRIVER, (f.slow.rank,), f"{f.slow.waited_s:.1f}"),),
+            )
         return Finding(Cause.UNKNOWN, Confidence.LOW, ())
     sigs = f.sigs(tuple(a.rank for a in d.at))
     modules = {s.module for s in sigs}
@@ -116,13 +122,21 @@ def find(f: Facts) -> Finding:
         # gradient reductions that changed from the culprit's own earlier steps: parameters without gradients
         return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
     if d.kind is Kind.DTYPE and same_module:
-        return Finding(Cause.DTYPE_MISMATCH, Confidence.HIGH, (Evidence(Clue.SAME_MODULE, f.culprits, next(iter(modules))),))
+        return Finding(
+            Cause.DTYPE_MISMATCH, Confidence.HIGH, (Evidence(Clue.SAME_MODULE, f.culprits, next(iter(modules))),)
+        )
     if d.kind is Kind.NUMEL and same_module:
-        return Finding(Cause.NUMEL_MISMATCH, Confidence.HIGH, (Evidence(Clue.SAME_MODULE, f.culprits, next(iter(modules))),))
+        return Finding(
+            Cause.NUMEL_MISMATCH, Confidence.HIGH, (Evidence(Clue.SAME_MODULE, f.culprits, next(iter(modules))),)
+        )
     phases = {s.phase for s in sigs}
     if "recompute" in phases:
         return Finding(Cause.RECOMPUTE_MISMATCH, Confidence.MEDIUM, (Evidence(Clue.RECOMPUTE, f.culprits),))
-    if d.seq is not None and d.kind in (Kind.MISSING, Kind.EXTRA) or any(s.phase not in TRAINING for s in f.sigs(f.culprits)):
+    if (
+        d.seq is not None
+        and d.kind in (Kind.MISSING, Kind.EXTRA)
+        or any(s.phase not in TRAINING for s in f.sigs(f.culprits))
+    ):
         starting = [v for v in f.victims if starts_step(f.stream(v), d.seq or 0)]
         # it left the loop: exited cleanly, or went on to collectives outside training (a final barrier, eval)
         left = all(_left_loop(f, r) for r in f.culprits)
@@ -135,13 +149,19 @@ def find(f: Facts) -> Finding:
     if d.seq is not None and f.culprits:
         module = _repeated_module(f)
         if module:
-            return Finding(Cause.SHARED_MODULE_CALLS, Confidence.MEDIUM, (Evidence(Clue.REPEATED_MODULE, f.culprits, module),))
+            return Finding(
+                Cause.SHARED_MODULE_CALLS, Confidence.MEDIUM, (Evidence(Clue.REPEATED_MODULE, f.culprits, module),)
+            )
     if sigs and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs):
         return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
     if f.culprits and d.kind in (Kind.OP, Kind.NUMEL, Kind.MODULE, Kind.PHASE, Kind.MISSING, Kind.EXTRA, Kind.DTYPE):
         stuck = [r for r in f.culprits if ends[r].blocked is None and ends[r].state is not RankState.FINISHED]
         if stuck and d.kind is Kind.MISSING and f.slow is not None and f.slow.rank in stuck:
-            return Finding(Cause.STRAGGLER, Confidence.MEDIUM, (Evidence(Clue.LAST_ARRIVER, (f.slow.rank,), f"{f.slow.waited_s:.1f}"),))
+            return Finding(
+                Cause.STRAGGLER,
+                Confidence.MEDIUM,
+                (Evidence(Clue.LAST_ARRIVER, (f.slow.rank,), f"{f.slow.waited_s:.1f}"),),
+            )
         if d.kind is Kind.MISSING and stuck and len(stuck) == len(f.culprits):
             # stopped outside any collective (compute, data loading, killed): the catalogue names no cause,
             # the culprit's stack says where to look

@@ -66,9 +66,7 @@ def _others(ranks: tuple[int, ...], culprits: tuple[int, ...]) -> tuple[int, ...
     return tuple(r for r in ranks if r not in culprits)
 
 
-def for_content(
-    d: Divergence, streams: dict[int, RankStreams], table: SigTable, ends: dict[int, RankEnd]
-) -> Blame:
+def for_content(d: Divergence, streams: dict[int, RankStreams], table: SigTable, ends: dict[int, RankEnd]) -> Blame:
     """Ranks issued different things at one seq: which class broke from its own pattern?"""
     hab = habits(d, streams, table)
     scores: dict[tuple[int, ...], float] = {}

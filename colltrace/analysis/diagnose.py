@@ -87,7 +87,9 @@ def diagnose(run: Run) -> Diagnosis:
     )
 
 
-def context(d: Divergence | None, streams: dict[int, RankStreams], table: SigTable, before: int = 4) -> tuple[ContextRow, ...]:
+def context(
+    d: Divergence | None, streams: dict[int, RankStreams], table: SigTable, before: int = 4
+) -> tuple[ContextRow, ...]:
     """The seqs of the divergent group just before and at the divergence, per member rank."""
     if d is None or d.seq is None:
         return ()

@@ -91,7 +91,7 @@ def excerpt(frames: list[str]) -> list[str]:
     frames = [f for f in frames if not _OWN_FRAME.search(f)]
     if len(frames) <= _MAX_FRAMES:
         return frames
-    tail = frames[-(_MAX_FRAMES - 1):]
+    tail = frames[-(_MAX_FRAMES - 1) :]
     if any(not _LIBRARY_FRAME.search(f) for f in tail):
         return frames[-_MAX_FRAMES:]
     user = [f for f in frames[: -(_MAX_FRAMES - 1)] if not _LIBRARY_FRAME.search(f)]
@@ -124,7 +124,10 @@ def rank_end(rt: RankTrace, rs: RankStreams) -> RankEnd:
         stack = _frames_from_stacks(rt.stacks)
     stack = excerpt(stack)
     collective_failure = bool(
-        (etype or fault) and not oom and in_collective and (_COMM_FAILURE.search(text) or fault or blocked and blocked.error)
+        (etype or fault)
+        and not oom
+        and in_collective
+        and (_COMM_FAILURE.search(text) or fault or blocked and blocked.error)
     )
     if err.get("in_collective") is not None and not oom:
         # the recorder saw this exception come out of a collective: a victim's error, whatever it says

@@ -94,7 +94,12 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
             "id": dx.finding.cause.value,
             "confidence": dx.finding.confidence.value,
             "evidence": [
-                {"clue": e.clue.value, "ranks": list(e.ranks), "detail": e.detail or None, "text": words.evidence_text(e)}
+                {
+                    "clue": e.clue.value,
+                    "ranks": list(e.ranks),
+                    "detail": e.detail or None,
+                    "text": words.evidence_text(e),
+                }
                 for e in dx.finding.evidence
             ],
             "check": words.CHECK.get(dx.finding.cause),

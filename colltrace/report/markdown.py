@@ -29,7 +29,9 @@ def _context(dx: Diagnosis) -> list[str]:
     out = [
         f"#### Aligned context: {d.label} (group {d.group}, {words.ranks_text(d.group_ranks)})",
         "",
-        "| seq | " + " | ".join(words.ranks_text(rs) + (" (culprit)" if set(rs) & set(dx.culprits) else "") for _, rs in heads) + " |",
+        "| seq | "
+        + " | ".join(words.ranks_text(rs) + (" (culprit)" if set(rs) & set(dx.culprits) else "") for _, rs in heads)
+        + " |",
         "|---|" + "---|" * len(heads),
     ]
     for j, row in enumerate(dx.context):
@@ -42,7 +44,12 @@ def _context(dx: Diagnosis) -> list[str]:
 
 
 def _ranks(report: dict[str, Any]) -> list[str]:
-    out = ["#### Ranks", "", "| rank | state | last collective | last known activity | error |", "|---|---|---|---|---|"]
+    out = [
+        "#### Ranks",
+        "",
+        "| rank | state | last collective | last known activity | error |",
+        "|---|---|---|---|---|",
+    ]
     rows = []
     for r, info in report["ranks"].items():
         last = info["last_collective"]
@@ -75,7 +82,9 @@ def _stacks(report: dict[str, Any], culprits: list[int]) -> list[str]:
 def render(report: dict[str, Any], dx: Diagnosis) -> str:
     out = [f"### colltrace: {report['headline']}", ""]
     out.append(f"- **Verdict:** {report['verdict']}")
-    out.append(f"- **Culprit:** {words.ranks_text(dx.culprits) if dx.culprits else ('none' if dx.verdict.value == 'healthy' else 'undecided')}")
+    out.append(
+        f"- **Culprit:** {words.ranks_text(dx.culprits) if dx.culprits else ('none' if dx.verdict.value == 'healthy' else 'undecided')}"
+    )
     if dx.victims:
         out.append(f"- **Victims:** {words.ranks_text(dx.victims)}")
     d = report["first_divergence"]
