@@ -67,10 +67,6 @@ class Context:
     def labels(self) -> list[str]:
         return self.state().labels
 
-    def serving(self) -> tuple[str, str, str] | None:
-        """(module, phase, flavour) set by a framework adapter around its own collectives."""
-        return self.state().serve
-
     def set_serving(self, value: tuple[str, str, str] | None) -> tuple[str, str, str] | None:
         ts = self.state()
         old = ts.serve

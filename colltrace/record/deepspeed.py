@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from colltrace.record.adapter import Adapter
 from colltrace.record.context import (
-    CONTEXT,
     PHASE_BACKWARD,
     PHASE_FORWARD,
     PHASE_RECOMPUTE,
-    Context,
 )
 from colltrace.record.fsdp import REDUCE_GRAD, UNSHARD
 
 
-class DeepSpeedAdapter:
+class DeepSpeedAdapter(Adapter):
     """Installed only when the job has imported DeepSpeed itself; colltrace never imports it."""
-
-    def __init__(self, ctx: Context = CONTEXT) -> None:
-        self.ctx = ctx
-        self.originals: list[tuple[Any, str, Any]] = []
 
     def install(self) -> bool:
         if "deepspeed" not in sys.modules:
@@ -34,28 +28,6 @@ class DeepSpeedAdapter:
             except Exception:  # a DeepSpeed we do not know: generic attribution still works
                 pass
         return done
-
-    def uninstall(self) -> None:
-        for owner, name, value in reversed(self.originals):
-            setattr(owner, name, value)
-        self.originals.clear()
-
-    def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
-        orig = owner.__dict__.get(name)
-        if orig is None or getattr(orig, "__colltrace__", False):
-            return False
-        wrapped = functools.wraps(orig)(make(orig))
-        wrapped.__colltrace__ = True  # type: ignore[attr-defined]
-        self.originals.append((owner, name, orig))
-        setattr(owner, name, wrapped)
-        return True
-
-    def _serving(self, value: tuple[str, str, str], fn: Callable[[], Any]) -> Any:
-        old = self.ctx.set_serving(value)
-        try:
-            return fn()
-        finally:
-            self.ctx.set_serving(old)
 
     def _install_zero3_fetch(self) -> bool:
         """ZeRO-3 gathers a submodule's parameters in fetch_sub_module (forward and backward hooks)."""

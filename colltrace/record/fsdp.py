@@ -6,12 +6,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from colltrace.record.adapter import Adapter
 from colltrace.record.context import (
-    CONTEXT,
     PHASE_BACKWARD,
     PHASE_FORWARD,
     PHASE_RECOMPUTE,
-    Context,
 )
 
 UNSHARD = "unshard"
@@ -19,45 +18,22 @@ PREFETCH = "prefetch"
 REDUCE_GRAD = "reduce_grad"
 
 
-class FsdpAdapters:
-    def __init__(self, ctx: Context = CONTEXT) -> None:
-        self.ctx = ctx
-        self.originals: list[tuple[Any, str, Any]] = []
-        self.installed: list[str] = []
-
+class FsdpAdapters(Adapter):
     def install(self) -> list[str]:
+        installed = []
         for name, fn in (("fsdp2", self._install_fsdp2), ("fsdp1", self._install_fsdp1)):
             try:
                 if fn():
-                    self.installed.append(name)
+                    installed.append(name)
             except Exception:  # an FSDP we do not know: generic attribution still works
                 pass
-        return self.installed
-
-    def uninstall(self) -> None:
-        for owner, name, value in reversed(self.originals):
-            setattr(owner, name, value)
-        self.originals.clear()
-
-    def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        orig = getattr(owner, name)
-        if getattr(orig, "__colltrace__", False):
-            return
-        wrapped = functools.wraps(orig)(make(orig))
-        wrapped.__colltrace__ = True  # type: ignore[attr-defined]
-        self.originals.append((owner, name, orig))
-        setattr(owner, name, wrapped)
+        return installed
 
     def _serve(self, module: str, phase: str, flavour: str, fn: Callable[[], Any]) -> Any:
-        ctx = self.ctx
-        labels = ctx.state().labels
+        labels = self.ctx.state().labels
         if labels and flavour == UNSHARD:
             flavour = f"{flavour}:{labels[-1]}"
-        old = ctx.set_serving((module, phase, flavour))
-        try:
-            return fn()
-        finally:
-            ctx.set_serving(old)
+        return self._serving((module, phase, flavour), fn)
 
     def _prefetching(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """Marks the unshards run inside FSDP's prefetch functions as prefetches."""

@@ -72,8 +72,4 @@ def _spec(
         root = args[root_at] if -1 < root_at < len(args) else kwargs.get("src")
         return pg, False, args[0] if args else kwargs.get("self"), None, redop, root, None
 
-    return OpSpec(
-        name=op, kind=schema.KIND_COLLECTIVE, flags=flags, in_pos=0, in_name="self", out_pos=-1, out_name="",
-        group_pos=group_at, async_pos=-1, op_pos=redop_at, root_pos=root_at, root_name="src" if root_at >= 0 else "",
-        groot_pos=-1, groot_name="", extract=extract,
-    )  # fmt: skip
+    return OpSpec(name=op, kind=schema.KIND_COLLECTIVE, flags=flags, extract=extract)

@@ -13,25 +13,13 @@ P2P = schema.KIND_P2P
 
 
 class OpSpec(NamedTuple):
-    """Where one function keeps what we record, as positions into *args (-1: not a parameter).
-
-    `extract(args, kwargs)` returns (group, async_op, input, output, reduce op, root, group root)
-    for one call: generated per function with its positions inlined (the shim's hot path)."""
+    """One traced function: its op name, kind and flags, and `extract(args, kwargs)`, which returns
+    (group, async_op, input, output, reduce op, root, group root) for one call. `extract` is
+    generated per function with the installed torch's parameter positions inlined (the hot path)."""
 
     name: str
     kind: int
     flags: int
-    in_pos: int
-    in_name: str
-    out_pos: int
-    out_name: str
-    group_pos: int
-    async_pos: int
-    op_pos: int  # reduce op
-    root_pos: int  # src/dst: a global rank
-    root_name: str
-    groot_pos: int  # group_src/group_dst: a rank inside the group
-    groot_name: str
     extract: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
 
 
@@ -79,15 +67,6 @@ _TABLE: dict[str, tuple[str | None, str | None, int, str | None, int]] = {
 GROUP_CREATORS = ("new_group", "split_group", "new_subgroups", "new_subgroups_by_enumeration")
 
 
-def _pos(params: list[str], name: str | None) -> int:
-    if name is None:
-        return -1
-    try:
-        return params.index(name)
-    except ValueError:
-        return -1
-
-
 def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
     entry = _TABLE.get(name)
     if entry is None:
@@ -98,41 +77,25 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
     except (TypeError, ValueError):
         return None
     groot = {"src": "group_src", "dst": "group_dst"}.get(root or "", "")
-    fields = (
-        ("group", "group", None),
-        ("async_op", "async_op", False),
-        (inp, inp, None),
-        (out, out, None),
-        ("op", "op", "SUM" if "op" in params else None),
-        (root, root, None),
-        (groot, groot, None),
+    fields = (  # (parameter, default), in the order extract returns them
+        ("group", None),
+        ("async_op", False),
+        (inp, None),
+        (out, None),
+        ("op", "SUM" if "op" in params else None),
+        (root, None),
+        (groot, None),
     )
-    return OpSpec(
-        name=name,
-        kind=kind,
-        flags=flags,
-        in_pos=_pos(params, inp),
-        in_name=inp or "",
-        out_pos=_pos(params, out),
-        out_name=out or "",
-        group_pos=_pos(params, "group"),
-        async_pos=_pos(params, "async_op"),
-        op_pos=_pos(params, "op"),
-        root_pos=_pos(params, root),
-        root_name=root or "",
-        groot_pos=_pos(params, groot),
-        groot_name=groot,
-        extract=_extractor(name, params, fields),
-    )
+    return OpSpec(name=name, kind=kind, flags=flags, extract=_extractor(name, params, fields))
 
 
 def _extractor(
-    name: str, params: list[str], fields: tuple[tuple[str | None, str | None, Any], ...]
+    name: str, params: list[str], fields: tuple[tuple[str | None, Any], ...]
 ) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]:
     """Compile `extract(args, kwargs)` for one signature: each value is args[i] when passed by
     position, else kwargs.get(name, default); a parameter the function lacks is its default."""
     parts = []
-    for _label, param, default in fields:
+    for param, default in fields:
         if not param or param not in params:
             parts.append(repr(default))
             continue

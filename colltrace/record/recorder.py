@@ -11,13 +11,6 @@ from typing import Any
 
 from colltrace.record.context import (
     CONTEXT,
-    PHASE_BACKWARD,
-    PHASE_CHECKPOINT,
-    PHASE_FORWARD,
-    PHASE_INIT,
-    PHASE_OPTIMIZER,
-    PHASE_OTHER,
-    PHASE_RECOMPUTE,
     Context,
     ThreadState,
 )
@@ -59,7 +52,6 @@ class Recorder:
         self.last_progress_ns = _now()
         self._warned: set[str] = set()
         self.last_failure: tuple[BaseException, int] | None = None
-        self._str_cache: dict[str, int] = {}
         self.sid = writer.intern
 
     # -- helpers (cold) ----------------------------------------------------------------------
@@ -137,12 +129,6 @@ class Recorder:
             sid = self._shapes[key] = self.sid(text)
         return sid
 
-    def str_id(self, s: str) -> int:
-        sid = self._str_cache.get(s)
-        if sid is None:
-            sid = self._str_cache[s] = self.sid(s)
-        return sid
-
     # -- hot path ----------------------------------------------------------------------------
 
     def issue(
@@ -172,22 +158,7 @@ class Recorder:
         ctx = self.ctx
         if ts is None:
             ts = ctx.state()
-        attribution = ts.serve  # (module, phase, flavour) set by a framework adapter
-        if attribution is None:  # Context.current() and Context.phase(), inlined: the hot path
-            stack = ts.stack
-            module = stack[-1] if stack else ""
-            if ts.labels:
-                attribution = (module, ts.labels[-1], "")
-            elif ctx.optimizer_depth or ctx.engine_step_depth:
-                attribution = (module, PHASE_OPTIMIZER, "")
-            elif ctx.checkpoint_depth:
-                attribution = (module, PHASE_CHECKPOINT, "")
-            elif ctx.graph_task_id() != -1:
-                attribution = (module, PHASE_RECOMPUTE if stack else PHASE_BACKWARD, "")
-            elif stack:
-                attribution = (module, PHASE_FORWARD, "")
-            else:
-                attribution = (module, PHASE_OTHER if ctx.seen_forward else PHASE_INIT, "")
+        attribution = ctx.current(ts)  # (module, phase, flavour)
         cache: dict[Any, Any] = ts.static  # per thread: the thread number is part of the static bytes
         try:
             key = (op_sid, g[1], inp.shape, inp.dtype, None if out is inp else out.shape,  # type: ignore[union-attr]
@@ -197,7 +168,7 @@ class Recorder:
             key = None
             static = None
         if static is None:
-            static = self._pack_static(spec, op_sid, flags, g, inp, out, redop, root, *attribution, _get_ident())
+            static = self._pack_static(spec, op_sid, flags, g, inp, out, redop, root, *attribution)
             if key is not None:
                 if len(cache) >= _STATIC_CACHE_MAX:
                     cache.clear()
@@ -229,25 +200,21 @@ class Recorder:
 
     def _pack_static(
         self, spec: OpSpec, op_sid: int, flags: int, g: list[Any], inp: Any, out: Any, redop: Any, root: Any,
-        module: str, phase: str, flavour: str, ident: int,
+        module: str, phase: str, flavour: str,
     ) -> tuple[bytes, bytes, int]:  # fmt: skip
         """The per-call-site part of a slot, as two byte strings (see TraceWriter.append_static)."""
         if flags & schema.FLAG_OBJECT:
             numel_in, numel_out = _obj_count(inp), _obj_count(out)
-            dtype, shape = self.str_id("object"), 0
+            dtype, shape = self.sid("object"), 0
         else:
             numel_in, numel_out = _numel(inp), _numel(out)
             first = _first_tensor(inp) if inp is not None else _first_tensor(out)
             dtype = self._dtype(first) if first is not None else 0
             shape = self._shape(inp, out)
         peer = int(root) if root is not None else -1
-        sid = self.str_id
-        tid = self._tids.get(ident)
-        if tid is None:
-            with self._lock:
-                tid = self._tids.setdefault(ident, len(self._tids))
+        sid = self.sid
         head = _STATIC_HEAD.pack(
-            spec.kind, flags, 0, tid, g[1], op_sid, dtype, self._redop(redop) if redop is not None else 0,
+            spec.kind, flags, 0, self._tid(), g[1], op_sid, dtype, self._redop(redop) if redop is not None else 0,
             sid(module), sid(phase), sid(flavour), shape,
         )  # fmt: skip
         return head, _STATIC_MID.pack(numel_in, numel_out, peer), peer

@@ -25,7 +25,6 @@ class Shim:
         self.recorder: Recorder | None = None
         self.threads = CONTEXT.threads  # per-thread state (ThreadState.depth), by thread id
         self.originals: list[tuple[Any, str, Any]] = []
-        self.op_sids: dict[str, int] = {}
         self.failures = 0
 
     def failed(self, rec: Recorder, what: str, exc: BaseException) -> None:

@@ -171,11 +171,6 @@ class TraceWriter:
                 open_ += 1
         return open_
 
-    def set_flags(self, idx: int, flags: int) -> None:
-        off = self._live_offset(idx)
-        if off >= 0:
-            _FLAGS.pack_into(self._mm, off + schema.FLAGS_OFFSET, flags)
-
     def add_wait(self, idx: int, wait_ns: int) -> None:
         off = self._live_offset(idx)
         if off >= 0:
