@@ -10,6 +10,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from colltrace.record import ops
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
 
@@ -62,14 +63,23 @@ def _spec(
     op: str, flags: int, at: dict[str, int], resolve_name: Callable[..., Any], resolve_pg: Callable[..., Any]
 ) -> OpSpec:
     group_at, redop_at, root_at = at["group"], at.get("reduceOp", -1), at.get("src", -1)
+    key_id = next(ops.KEYS)
+    cached = not flags & schema.FLAG_COALESCED
 
     def extract(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """(group, async_op, input, output, reduce op, root, group root), the group resolved from a
-        ProcessGroup, a DeviceMesh, (mesh, dim), a rank list or a group name."""
+        """(key, group, async_op, input, output, reduce op, root, group root), the group resolved
+        from a ProcessGroup, a DeviceMesh, (mesh, dim), a rank list or a group name."""
         group = args[group_at] if group_at < len(args) else kwargs.get("group")
         pg = resolve_pg(resolve_name(group, kwargs.get("tag", "")))
         redop = args[redop_at] if -1 < redop_at < len(args) else kwargs.get("reduceOp")
         root = args[root_at] if -1 < root_at < len(args) else kwargs.get("src")
-        return pg, False, args[0] if args else kwargs.get("self"), None, redop, root, None
+        inp: Any = args[0] if args else kwargs.get("self")
+        key = None
+        if cached:
+            try:
+                key = (key_id, pg, redop, root, inp.shape, inp.dtype)
+            except AttributeError:
+                pass
+        return key, pg, False, inp, None, redop, root, None
 
     return OpSpec(name=op, kind=schema.KIND_COLLECTIVE, flags=flags, extract=extract)

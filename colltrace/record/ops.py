@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -14,8 +15,12 @@ P2P = schema.KIND_P2P
 
 class OpSpec(NamedTuple):
     """One traced function: its op name, kind and flags, and `extract(args, kwargs)`, which returns
-    (group, async_op, input, output, reduce op, root, group root) for one call. `extract` is
-    generated per function with the installed torch's parameter positions inlined (the hot path)."""
+    (key, group, async_op, input, output, reduce op, root, group root) for one call. `extract` is
+    generated per function with the installed torch's parameter positions inlined (the hot path).
+
+    `key` identifies everything a record takes from the call's arguments (op, group, shapes,
+    dtype, reduce op, root, async): calls with equal keys pack the same static bytes, so the
+    recorder caches them. It is None where the arguments are lists or objects (not cached)."""
 
     name: str
     kind: int
@@ -63,6 +68,21 @@ _TABLE: dict[str, tuple[str | None, str | None, int, str | None, int]] = {
     "recv_object_list": (None, "object_list", P2P, "src", schema.FLAG_OBJECT),
 }
 
+# Parameters that hold a list of tensors or objects: a call with one is packed afresh each time.
+_LISTS = frozenset(
+    {
+        "tensor_list",
+        "input_list",
+        "input_tensor_list",
+        "output_tensor_list",
+        "output_tensor_lists",
+        "gather_list",
+        "scatter_list",
+        "tensors",
+    }
+)
+KEYS = itertools.count(1)  # a distinct first key element per spec
+
 # Functions that create process groups: their calls are logged as `group_create` events.
 GROUP_CREATORS = ("new_group", "split_group", "new_subgroups", "new_subgroups_by_enumeration")
 
@@ -86,23 +106,42 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
         (root, None),
         (groot, None),
     )
-    return OpSpec(name=name, kind=kind, flags=flags, extract=_extractor(name, params, fields))
+    cached = not flags & (schema.FLAG_OBJECT | schema.FLAG_COALESCED) and inp not in _LISTS and out not in _LISTS
+    return OpSpec(name=name, kind=kind, flags=flags, extract=_extractor(name, params, fields, cached))
 
 
 def _extractor(
-    name: str, params: list[str], fields: tuple[tuple[str | None, Any], ...]
+    name: str, params: list[str], fields: tuple[tuple[str | None, Any], ...], cached: bool
 ) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]:
     """Compile `extract(args, kwargs)` for one signature: each value is args[i] when passed by
-    position, else kwargs.get(name, default); a parameter the function lacks is its default."""
-    parts = []
-    for param, default in fields:
+    position, else kwargs.get(name, default); a parameter the function lacks is its default.
+    The key holds the tensors' shape and dtype, never the tensors (see OpSpec)."""
+    names = ("group", "async_op", "inp", "out", "redop", "root", "groot")
+    lines = [f"def extract_{name}(args, kwargs):", "    n = len(args)"]
+    for var, (param, default) in zip(names, fields):
         if not param or param not in params:
-            parts.append(repr(default))
-            continue
-        i = params.index(param)
-        parts.append(f"(args[{i}] if n > {i} else kwargs.get({param!r}, {default!r}))")
-    src = f"def extract_{name}(args, kwargs):\n    n = len(args)\n    return ({', '.join(parts)},)\n"
+            value = repr(default)
+        else:
+            i = params.index(param)
+            value = f"args[{i}] if n > {i} else (kwargs.get({param!r}, {default!r}) if kwargs else {default!r})"
+        lines.append(f"    {var} = {value}")
+    if cached:
+        inp, out = fields[2][0], fields[3][0]
+        parts = [str(next(KEYS)), "group", "async_op", "redop", "root", "groot"]
+        for var, param in (("inp", inp), ("out", out)):
+            if param and param in params and not (var == "out" and out == inp):
+                parts += [f"{var}.shape", f"{var}.dtype"]
+        lines += [
+            "    try:",
+            f"        key = ({', '.join(parts)})",
+            "    except AttributeError:  # not a tensor: torch will say so",
+            "        key = None",
+        ]
+    else:
+        lines.append("    key = None")
+    lines.append(f"    return key, {', '.join(names)}")
     namespace: dict[str, Any] = {}
+    src = "\n".join(lines) + "\n"
     exec(compile(src, f"<colltrace extract {name}>", "exec"), namespace)  # noqa: S102 - generated from a signature
     fn: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]] = namespace[f"extract_{name}"]
     return fn

@@ -6,7 +6,6 @@ import struct
 import sys
 import threading
 import time
-import weakref
 from typing import Any
 
 from colltrace.record.context import (
@@ -25,9 +24,24 @@ _STATIC_CACHE_MAX = 65536
 _BSEQ_MASK = 31  # read the backend seq at every 32nd record of a group (and after multi-op calls)
 _MULTI = schema.FLAG_OBJECT | schema.FLAG_COALESCED
 _OPEN_WINDOW = 256
+_PENDING_MAX = 8192
 # the slot minus marker, seq/backend_seq and step..wait: see schema.SLOT_FIELDS
 _STATIC_HEAD = struct.Struct("<BBHIIIIIIIII")  # kind .. shape
 _STATIC_MID = struct.Struct("<qqi")  # numel_in, numel_out, peer
+
+
+class _Seq:
+    """A sequence counter: one per process group (collectives), one per (group, peer) (p2p)."""
+
+    __slots__ = ("pg", "sid", "seq", "ranks", "anchor_next", "last_idx")
+
+    def __init__(self, pg: Any, sid: int, ranks: tuple[int, ...]) -> None:
+        self.pg = pg
+        self.sid = sid  # string id of the group name
+        self.seq = 0
+        self.ranks = ranks
+        self.anchor_next = True  # read the backend's seq after the next record
+        self.last_idx = -1  # idx of this group's last record
 
 
 class Recorder:
@@ -39,16 +53,15 @@ class Recorder:
         self.default_pg = default_pg
         self.backend_seq = backend_seq
         self.non_member: Any = None
-        self._groups: dict[int, list[Any]] = {}  # id(pg) -> [pg, sid, seq, ranks, anchor next]
-        self._p2p_seq: dict[tuple[int, int], int] = {}
+        self._groups: dict[int, _Seq] = {}  # id(pg) -> its counter
+        self._p2p: dict[tuple[int, int], _Seq] = {}  # (id(pg), peer) -> its counter
         self._tids: dict[int, int] = {}
         self._dtypes: dict[Any, int] = {}
         self._redops: dict[Any, int] = {}
         self._shapes: dict[Any, int] = {}
-        self.op_sids: dict[str, int] = {}
         self._lock = threading.Lock()
-        # Work -> (idx, flags, [Works of this record still running])
-        self.works: weakref.WeakKeyDictionary[Any, tuple[int, int, list[int]]] = weakref.WeakKeyDictionary()
+        # async Works not yet seen complete -> (idx, flags, [Works of this record still running])
+        self.pending: dict[Any, tuple[int, int, list[int]]] = {}
         self.last_progress_ns = _now()
         self._warned: set[str] = set()
         self.last_failure: tuple[BaseException, int] | None = None
@@ -59,6 +72,7 @@ class Recorder:
     @property
     def in_flight(self) -> int:
         """Collectives issued and not completed, among the last few hundred (for stack dumps)."""
+        self.poll()
         return self.writer.count_open(_OPEN_WINDOW)
 
     def warn_once(self, what: str, exc: BaseException | None = None) -> None:
@@ -73,15 +87,15 @@ class Recorder:
             pass
         print(f"[colltrace] rank {self.writer.rank}: {msg} (tracing goes on without it)", file=sys.stderr)
 
-    def _group(self, pg: Any) -> list[Any]:
-        key = id(pg)
+    def _group(self, pg: Any) -> _Seq:
+        g = self._groups.get(id(pg))
+        if g is not None and g.pg is pg:
+            return g
         with self._lock:
             name, desc, ranks, backend = describe_group(pg)
-            # [pg, name sid, seq, ranks, read the backend seq at the next record, idx of the last record]
-            slot = [pg, self.sid(name), 0, ranks, True, -1]
-            self._groups[key] = slot
+            g = self._groups[id(pg)] = _Seq(pg, self.sid(name), ranks)
         self.writer.event({"ev": schema.EV_GROUP, "name": name, "desc": desc, "ranks": list(ranks), "backend": backend})
-        return slot
+        return g
 
     def _tid(self) -> int:
         ident = _get_ident()
@@ -132,74 +146,77 @@ class Recorder:
     # -- hot path ----------------------------------------------------------------------------
 
     def issue(
-        self, spec: OpSpec, op_sid: int, args: tuple[Any, ...], kwargs: dict[str, Any], t_issue: int = 0,
-        ts: ThreadState | None = None,
-    ) -> tuple[int, int, Any]:  # fmt: skip
-        """Write the slot for a call about to run. Returns (idx, flags, pg); idx -1: not recorded.
+        self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], t_issue: int, ts: ThreadState
+    ) -> tuple[int, int, Any]:
+        """Write the slot for a call about to run. Returns (idx, flags, anchor); idx -1: not
+        recorded; anchor: the group whose backend seq to read when the call returns, or None.
 
         A training loop repeats the same few calls, so everything but seq, step and times is
-        packed once per distinct call (op, group, shapes, dtype, reduce op, root, module, phase,
-        thread) and copied from a cache afterwards."""
-        t_issue = t_issue or _now()
-        pg, async_op, inp, out, redop, root, groot = spec.extract(args, kwargs)
+        packed once per distinct call (the spec's key: op, group, shapes, dtypes, reduce op,
+        root; plus module, phase and flavour) and taken from a per-thread cache afterwards."""
+        key, pg, async_op, inp, out, redop, root, groot = spec.extract(args, kwargs)
         if pg is None:
             pg = self.default_pg
-        if pg is self.non_member:  # this rank is not in the group: torch does nothing
-            return -1, 0, pg
-        g = self._groups.get(id(pg))
-        if g is None or g[0] is not pg:
-            g = self._group(pg)
-        flags = spec.flags
-        if async_op:
-            flags |= schema.FLAG_ASYNC
-        if root is None and groot is not None:
-            ranks = g[3]
-            root = ranks[groot] if 0 <= groot < len(ranks) else groot
-        ctx = self.ctx
-        if ts is None:
-            ts = ctx.state()
-        attribution = ctx.current(ts)  # (module, phase, flavour)
-        cache: dict[Any, Any] = ts.static  # per thread: the thread number is part of the static bytes
-        try:
-            key = (op_sid, g[1], inp.shape, inp.dtype, None if out is inp else out.shape,  # type: ignore[union-attr]
-                   redop, root, attribution, flags)  # fmt: skip
-            static = cache.get(key)
-        except (AttributeError, TypeError):  # lists of tensors, objects, no tensor: not cached
-            key = None
-            static = None
+        elif pg is self.non_member:  # this rank is not in the group: torch does nothing
+            return -1, 0, None
+        attribution = ts.serve or self.ctx.current(ts)  # (module, phase, flavour)
+        static: Any = None
+        if key is not None:
+            key = (key, attribution)
+            static = ts.static.get(key)
         if static is None:
-            static = self._pack_static(spec, op_sid, flags, g, inp, out, redop, root, *attribution)
-            if key is not None:
-                if len(cache) >= _STATIC_CACHE_MAX:
-                    cache.clear()
-                cache[key] = static
-        if spec.kind == schema.KIND_P2P:
-            pkey = (id(pg), static[2])
-            seq = self._p2p_seq.get(pkey, 0) + 1
-            self._p2p_seq[pkey] = seq
-            anchor = pg
+            static = self._miss(spec, key, ts, pg, async_op, inp, out, redop, root, groot, attribution)
+        head, mid, counter, flags = static
+        seq = counter.seq = counter.seq + 1
+        ctx = self.ctx
+        if flags & _MULTI or counter.anchor_next or not seq & _BSEQ_MASK:
+            anchor = self._anchor(pg, counter, flags)
         else:
-            seq = g[2] = g[2] + 1
-            # The backend's seq is read at every 32nd record of a group, and around calls that
-            # run several backend collectives (object, coalesced): before (for the record before
-            # it), after, and after the next. `colltrace dump` fills the ones between two reads
-            # that moved exactly as our seq did.
-            multi = flags & _MULTI
-            anchor = pg if g[4] or multi or not seq & _BSEQ_MASK else None
-            if multi and g[5] >= 0 and self.backend_seq:
-                try:
-                    self.writer.set_backend_seq(g[5], pg._get_sequence_number_for_group())
-                except Exception:
-                    self.backend_seq = False
-            g[4] = bool(multi)
-        idx = self.writer.append_static(static[0], seq, static[1], ctx.step, ctx.micro_step, t_issue)
-        if spec.kind != schema.KIND_P2P:
-            g[5] = idx
+            anchor = None
+        idx = counter.last_idx = self.writer.append_static(head, seq, mid, ctx.step, ctx.micro_step, t_issue)
         self.last_progress_ns = t_issue
-        return idx, flags, anchor if self.backend_seq else None
+        return idx, flags, anchor
+
+    def _anchor(self, pg: Any, counter: _Seq, flags: int) -> Any:
+        """The backend's seq is read at every 32nd record of a group, and around calls that run
+        several backend collectives (object, coalesced): before (for the record before it),
+        after, and after the next. `colltrace dump` fills the ones between two reads that moved
+        exactly as our seq did. p2p records read it every time."""
+        if not self.backend_seq:
+            return None
+        multi = flags & _MULTI
+        if multi and counter.pg is not None and counter.last_idx >= 0:
+            try:
+                self.writer.set_backend_seq(counter.last_idx, pg._get_sequence_number_for_group())
+            except Exception:
+                self.backend_seq = False
+                return None
+        counter.anchor_next = bool(multi) or counter.pg is None
+        return pg
+
+    def _miss(
+        self, spec: OpSpec, key: Any, ts: ThreadState, pg: Any, async_op: Any, inp: Any, out: Any, redop: Any,
+        root: Any, groot: Any, attribution: tuple[str, str, str],
+    ) -> tuple[bytes, bytes, _Seq, int]:  # fmt: skip
+        """Pack the static part of a call not seen before (and cache it when it has a key)."""
+        g = self._group(pg)
+        flags = spec.flags | (schema.FLAG_ASYNC if async_op else 0)
+        if root is None and groot is not None:
+            root = g.ranks[groot] if 0 <= groot < len(g.ranks) else groot
+        head, mid, peer = self._pack_static(spec, flags, g, inp, out, redop, root, *attribution)
+        counter = g
+        if spec.kind == schema.KIND_P2P:  # numbered per (group, peer); pg None: read the backend seq every time
+            counter = self._p2p.get((id(pg), peer)) or self._p2p.setdefault((id(pg), peer), _Seq(None, g.sid, ()))
+        static = (head, mid, counter, flags)
+        if key is not None:
+            cache = ts.static
+            if len(cache) >= _STATIC_CACHE_MAX:
+                cache.clear()
+            cache[key] = static
+        return static
 
     def _pack_static(
-        self, spec: OpSpec, op_sid: int, flags: int, g: list[Any], inp: Any, out: Any, redop: Any, root: Any,
+        self, spec: OpSpec, flags: int, g: _Seq, inp: Any, out: Any, redop: Any, root: Any,
         module: str, phase: str, flavour: str,
     ) -> tuple[bytes, bytes, int]:  # fmt: skip
         """The per-call-site part of a slot, as two byte strings (see TraceWriter.append_static)."""
@@ -214,14 +231,14 @@ class Recorder:
         peer = int(root) if root is not None else -1
         sid = self.sid
         head = _STATIC_HEAD.pack(
-            spec.kind, flags, 0, self._tid(), g[1], op_sid, dtype, self._redop(redop) if redop is not None else 0,
-            sid(module), sid(phase), sid(flavour), shape,
+            spec.kind, flags, 0, self._tid(), g.sid, sid(spec.name), dtype,
+            self._redop(redop) if redop is not None else 0, sid(module), sid(phase), sid(flavour), shape,
         )  # fmt: skip
         return head, _STATIC_MID.pack(numel_in, numel_out, peer), peer
 
     def returned(self, idx: int, flags: int, anchor: Any, result: Any, t_issue: int) -> None:
-        """The call returned: sync ops are done; async ones get a completion callback on their Work.
-        `anchor`: the group whose backend seq to read now (None: not this time)."""
+        """The call returned: a sync op is done; an async one is done when its Work is seen
+        complete (Work.wait, or the watchdog's poll)."""
         bseq = -1
         if anchor is not None:
             try:
@@ -231,7 +248,7 @@ class Recorder:
         if flags & schema.FLAG_ASYNC and result is not None:
             if bseq >= 0:
                 self.writer.set_backend_seq(idx, bseq)
-            self._watch(idx, flags, result)
+            self.watch(idx, flags, result)
             return
         t = _now()
         # a sync call: blocked for its whole duration
@@ -243,61 +260,72 @@ class Recorder:
         if exc is not None:  # lets the error record say the exception came out of this collective
             self.last_failure = (exc, idx)
 
-    def _watch(self, idx: int, flags: int, work: Any) -> None:
-        works = work if isinstance(work, list) else [work]
+    # -- async completion --------------------------------------------------------------------
+    #
+    # No callback on the Work's future: that runs Python on the backend's thread, which then
+    # contends for the GIL with the training loop on every collective. A Work is seen complete
+    # when Work.wait() returns (t_done_ns is then the moment the rank saw it done), or by
+    # `poll`, which the watchdog runs twice a second for Works nobody waits on (FLAG_POLLED).
+
+    def watch(self, idx: int, flags: int, work: Any) -> None:
+        works = work if type(work) is list else [work]
         if not works:
             return
-        remaining = [len(works)]
+        entry = (idx, flags, [len(works)])
+        pending = self.pending
         for w in works:
             try:
-                self.works[w] = (idx, flags, remaining)
-            except TypeError:
+                pending[w] = entry
+            except TypeError:  # an unhashable result: completion stays unknown
                 pass
+        if len(pending) > _PENDING_MAX:
+            self._shed()
 
-        def done(fut: Any) -> None:
+    def _shed(self) -> None:
+        """Forget the oldest Works when too many are never waited on (they stay in flight)."""
+        self.warn_once(f"more than {_PENDING_MAX} async collectives never waited on; the oldest stay in flight")
+        for w in list(self.pending)[: _PENDING_MAX // 2]:
+            self.pending.pop(w, None)
+
+    def waited(self, entry: tuple[int, int, list[int]], t0: int, t1: int, done: bool, error: bool) -> None:
+        idx, flags, remaining = entry
+        self.writer.add_wait(idx, t1 - t0)
+        if done or error:
+            self._finish(idx, flags, remaining, schema.FLAG_ERROR if error else 0, t1)
+
+    def poll(self) -> None:
+        """Complete the pending Works that finished without anyone waiting (watchdog thread)."""
+        if not self.pending:
+            return
+        for work, entry in list(self.pending.items()):
             try:
-                fut.value()
-                err = 0
+                if not work.is_completed():
+                    continue
+            except Exception:
+                continue
+            if self.pending.pop(work, None) is None:  # its wait() got there first
+                continue
+            err = 0
+            try:
+                work.get_future().value()
+            except RuntimeError as e:
+                if "not implemented" not in str(e).lower():  # no future on this Work: assume success
+                    err = schema.FLAG_ERROR
             except Exception:
                 err = schema.FLAG_ERROR
-            self._finish(idx, flags, remaining, err)
+            idx, flags, remaining = entry
+            self._finish(idx, flags | schema.FLAG_POLLED, remaining, err, _now())
 
-        for w in works:
-            try:
-                w.get_future().add_done_callback(done)
-            except Exception:
-                # no future on this Work (some backends): completion is seen at wait()
-                pass
-
-    def _finish(self, idx: int, flags: int, remaining: list[int], err: int) -> None:
-        """One Work of record idx completed (from its future's callback or from wait())."""
+    def _finish(self, idx: int, flags: int, remaining: list[int], err: int, t: int) -> None:
+        """One Work of record idx completed."""
         with self._lock:
             if remaining[0] <= 0:
                 return
             remaining[0] = 0 if err else remaining[0] - 1
             if remaining[0]:
                 return
-        t = _now()
         self.writer.complete(idx, t, flags | schema.FLAG_DONE | err)
         self.last_progress_ns = t
-
-    def waited(self, work: Any, wait_ns: int, error: bool) -> None:
-        entry = self.works.get(work)
-        if entry is None:
-            return
-        idx, flags, remaining = entry
-        self.writer.add_wait(idx, wait_ns)
-        # Works without a future (gloo p2p) complete here; with one, whichever comes first wins
-        try:
-            completed = bool(work.is_completed())
-        except Exception:
-            completed = not error
-        if error or completed:
-            self._finish(idx, flags, remaining, schema.FLAG_ERROR if error else 0)
-        try:
-            del self.works[work]
-        except KeyError:
-            pass
 
 
 def describe_group(pg: Any) -> tuple[str, str, tuple[int, ...], str]:

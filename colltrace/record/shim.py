@@ -86,6 +86,7 @@ class Shim:
     def _wrap(self, spec: ops.OpSpec, orig: Callable[..., Any]) -> Callable[..., Any]:
         shim = self
         threads = self.threads
+        state = CONTEXT.state
         name = spec.name
 
         @functools.wraps(orig)
@@ -93,15 +94,12 @@ class Shim:
             rec = shim.recorder
             if rec is None:
                 return orig(*args, **kwargs)
-            ts = threads.get(_get_ident()) or CONTEXT.state()
+            ts = threads.get(_get_ident()) or state()
             if ts.depth:
                 return orig(*args, **kwargs)
+            t_issue = _now()
             try:
-                op_sid = rec.op_sids.get(name)
-                if op_sid is None:
-                    op_sid = rec.op_sids[name] = rec.sid(name)
-                t_issue = _now()
-                idx, flags, anchor = rec.issue(spec, op_sid, args, kwargs, t_issue, ts)
+                idx, flags, anchor = rec.issue(spec, args, kwargs, t_issue, ts)
             except Exception as e:  # the shim steps aside, the collective still runs
                 shim.failed(rec, f"recording {name} failed", e)
                 return orig(*args, **kwargs)
@@ -129,32 +127,28 @@ class Shim:
         shim = self
         specs: dict[str, ops.OpSpec] = {}
 
+        def spec_for(fn_name: str) -> ops.OpSpec:
+            spec = specs.get(fn_name)
+            if spec is None:
+                import torch.distributed.distributed_c10d as c10d
+
+                built = ops.build_spec(fn_name, getattr(c10d, fn_name))
+                assert built is not None
+                spec = specs[fn_name] = built._replace(flags=built.flags | schema.FLAG_COALESCED)
+            return spec
+
         @functools.wraps(orig)
         def traced(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
             rec = shim.recorder
             tls = CONTEXT.state()
             if rec is None or tls.depth:
                 return orig(p2p_op_list, *args, **kwargs)
-            issued: list[tuple[int, Any]] = []
+            issued: list[int] = []
             try:
-                import torch.distributed.distributed_c10d as c10d
-
                 for p2p in p2p_op_list:
-                    fn_name = getattr(p2p.op, "__name__", "isend")
-                    fn_name = "irecv" if "recv" in fn_name else "isend"
-                    spec = specs.get(fn_name)
-                    if spec is None:
-                        built = ops.build_spec(fn_name, getattr(c10d, fn_name))
-                        assert built is not None
-                        spec = specs[fn_name] = built
-                    op_sid = rec.sid(fn_name)
-                    idx, _, pg = rec.issue(
-                        spec._replace(flags=spec.flags | schema.FLAG_COALESCED),
-                        op_sid,
-                        (p2p.tensor, p2p.peer, p2p.group),
-                        {},
-                    )
-                    issued.append((idx, pg))
+                    fn_name = "irecv" if "recv" in getattr(p2p.op, "__name__", "isend") else "isend"
+                    idx, _, _ = rec.issue(spec_for(fn_name), (p2p.tensor, p2p.peer, p2p.group), {}, _now(), tls)
+                    issued.append(idx)
             except Exception as e:
                 rec.warn_once("recording batch_isend_irecv failed", e)
             tls.depth = 1
@@ -162,18 +156,18 @@ class Shim:
                 works = orig(p2p_op_list, *args, **kwargs)
             except BaseException:
                 tls.depth = 0
-                for idx, _ in issued:
+                for idx in issued:
                     rec.failed(idx, schema.FLAG_ASYNC)
                 raise
             tls.depth = 0
             try:
                 flags = schema.FLAG_ASYNC | schema.FLAG_COALESCED
                 if works and len(works) == len(issued):
-                    for (idx, _), w in zip(issued, works):
-                        rec._watch(idx, flags, w)
+                    for idx, w in zip(issued, works):
+                        rec.watch(idx, flags, w)
                 else:
-                    for idx, _ in issued:
-                        rec._watch(idx, flags, list(works or []))
+                    for idx in issued:
+                        rec.watch(idx, flags, list(works or []))
             except Exception as e:
                 rec.warn_once("completing batch_isend_irecv failed", e)
             return works
@@ -182,6 +176,7 @@ class Shim:
         return traced
 
     def _wrap_work_wait(self, c10d: Any) -> None:
+        """Work.wait: the time a rank spends blocked on an async collective, and its completion."""
         work_cls = getattr(c10d, "Work", None)
         if work_cls is None:
             return
@@ -192,15 +187,21 @@ class Shim:
 
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             rec = shim.recorder
-            if rec is None or not rec.works:
+            if rec is None or not rec.pending:
+                return orig(work, *args, **kwargs)
+            entry = rec.pending.pop(work, None)
+            if entry is None:
                 return orig(work, *args, **kwargs)
             t0 = _now()
             try:
                 result = orig(work, *args, **kwargs)
             except BaseException:
-                rec.waited(work, _now() - t0, True)
+                rec.waited(entry, t0, _now(), False, True)
                 raise
-            rec.waited(work, _now() - t0, False)
+            done = result is not False  # wait(timeout) returns False while the Work still runs
+            if not done:
+                rec.pending[work] = entry
+            rec.waited(entry, t0, _now(), done, False)
             return result
 
         wait.__colltrace__ = True  # type: ignore[attr-defined]
@@ -208,7 +209,7 @@ class Shim:
         try:
             self._set(work_cls, "wait", wait)
         except (TypeError, AttributeError):
-            pass  # a Work class we cannot patch: async wait times stay 0
+            pass  # a Work class we cannot patch: async Works complete by the watchdog's poll
 
 
 SHIM = Shim()

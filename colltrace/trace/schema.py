@@ -76,6 +76,7 @@ FLAG_ERROR = 4  # the call raised or its Work failed
 FLAG_COALESCED = 8
 FLAG_OBJECT = 16  # object collective (pickled payload)
 FLAG_FUNCTIONAL = 32  # torch.distributed._functional_collectives
+FLAG_POLLED = 64  # async: seen complete by the watchdog's poll, not by wait(): t_done_ns is late by < 0.5 s
 
 # File names inside a run directory, one set per rank.
 RING_NAME = "rank{rank:05d}.ring"
