@@ -142,8 +142,29 @@ def test_ring_keeps_a_bounded_tail_and_full_mode_keeps_everything(tmp_path: Path
         assert proc.returncode == 0, proc.stderr[-2000:]
         rt = read_run(str(out)).ranks[0]
         assert [r.seq for r in rt.records] == kept
+        assert all(r.t_done_ns is not None and r.wait_ns > 0 for r in rt.records)
         assert rt.dropped == 50 - len(kept)
         assert rt.state is RankState.FINISHED
+
+
+def test_async_collectives_complete_at_wait_or_by_the_watchdogs_poll(tmp_path: Path) -> None:
+    code = (
+        "import time, torch, torch.distributed as dist, os\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'])\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1)\n"
+        "dist.all_reduce(torch.ones(4), async_op=True).wait()\n"
+        "work = dist.all_reduce(torch.ones(4), async_op=True)\n"  # never waited on
+        "time.sleep(1.5)\n"
+        "dist.all_reduce(torch.ones(4), async_op=True)\n"  # nor this one, and the job ends at once
+        "os._exit(0)\n"
+    )
+    env = job_env(tmp_path, PORT=str(_free_port()))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    waited, polled, last = read_run(str(tmp_path)).ranks[0].records
+    assert waited.t_done_ns is not None and waited.wait_ns > 0 and not waited.flags & schema.FLAG_POLLED
+    assert polled.t_done_ns is not None and polled.wait_ns == 0 and polled.flags & schema.FLAG_POLLED
+    assert last.t_done_ns is None  # issued after the last poll: in flight, as far as the trace can tell
 
 
 def test_without_colltrace_nothing_is_patched(tmp_path: Path) -> None:

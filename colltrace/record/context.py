@@ -79,7 +79,7 @@ class Context:
         return self.graph_task_id() != -1
 
     def current(self, ts: ThreadState | None = None) -> tuple[str, str, str]:
-        """(module, phase, flavour) for a collective issued now on this thread."""
+        """(module, phase, flavour) for a collective issued now on this thread (hot path)."""
         if ts is None:
             ts = self.state()
         serve = ts.serve
@@ -90,18 +90,15 @@ class Context:
         labels = ts.labels
         if labels:  # the user's own phase label wins over the inferred one
             return module, labels[-1], ""
-        return module, self.phase(bool(stack)), ""
-
-    def phase(self, in_module: bool) -> str:
         if self.optimizer_depth or self.engine_step_depth:
-            return PHASE_OPTIMIZER
+            return module, PHASE_OPTIMIZER, ""
         if self.checkpoint_depth:
-            return PHASE_CHECKPOINT
+            return module, PHASE_CHECKPOINT, ""
         if self.graph_task_id() != -1:
-            return PHASE_RECOMPUTE if in_module else PHASE_BACKWARD
-        if in_module:
-            return PHASE_FORWARD
-        return PHASE_OTHER if self.seen_forward else PHASE_INIT
+            return module, PHASE_RECOMPUTE if stack else PHASE_BACKWARD, ""
+        if stack:
+            return module, PHASE_FORWARD, ""
+        return module, PHASE_OTHER if self.seen_forward else PHASE_INIT, ""
 
     def module_name(self, module: object) -> str:
         name = self.fqn.get(id(module))

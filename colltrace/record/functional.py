@@ -66,7 +66,7 @@ def _spec(
     key_id = next(ops.KEYS)
     cached = not flags & schema.FLAG_COALESCED
 
-    def extract(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    def extract(args: tuple[Any, ...], kwargs: dict[str, Any], attribution: tuple[str, str, str]) -> tuple[Any, ...]:
         """(key, group, async_op, input, output, reduce op, root, group root), the group resolved
         from a ProcessGroup, a DeviceMesh, (mesh, dim), a rank list or a group name."""
         group = args[group_at] if group_at < len(args) else kwargs.get("group")
@@ -77,7 +77,7 @@ def _spec(
         key = None
         if cached:
             try:
-                key = (key_id, pg, redop, root, inp.shape, inp.dtype)
+                key = (key_id, pg, redop, root, inp.shape, inp.dtype, attribution)
             except AttributeError:
                 pass
         return key, pg, False, inp, None, redop, root, None

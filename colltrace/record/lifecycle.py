@@ -200,7 +200,7 @@ class Lifecycle:
         import select
 
         rec = self.recorder
-        poll = 0.5 if not self.hang_s else min(0.5, max(0.05, self.hang_s / 4))
+        poll = 0.5 if not self.hang_s else min(0.5, max(0.05, self.hang_s / 4))  # keep <= 0.5: FLAG_POLLED
         dumped_at = -1
         dumps = 0
         while not self._stop.is_set():
@@ -219,6 +219,10 @@ class Lifecycle:
                             self._on_signal(signum)
             else:
                 time.sleep(poll)
+            try:
+                rec.poll()  # async Works that finished with nobody waiting on them
+            except Exception as e:
+                rec.warn_once("polling async collectives failed", e)
             if not self.hang_s or dumps >= _MAX_DUMPS:
                 continue
             last = rec.last_progress_ns

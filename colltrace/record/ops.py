@@ -14,18 +14,19 @@ P2P = schema.KIND_P2P
 
 
 class OpSpec(NamedTuple):
-    """One traced function: its op name, kind and flags, and `extract(args, kwargs)`, which returns
-    (key, group, async_op, input, output, reduce op, root, group root) for one call. `extract` is
+    """One traced function: its op name, kind and flags, and `extract(args, kwargs, attribution)`,
+    which returns (key, group, async_op, input, output, reduce op, root, group root) for one call. `extract` is
     generated per function with the installed torch's parameter positions inlined (the hot path).
 
-    `key` identifies everything a record takes from the call's arguments (op, group, shapes,
-    dtype, reduce op, root, async): calls with equal keys pack the same static bytes, so the
-    recorder caches them. It is None where the arguments are lists or objects (not cached)."""
+    `key` identifies everything a record takes from the call and its attribution (op, group,
+    shapes, dtype, reduce op, root, async; module, phase, flavour): calls with equal keys pack
+    the same static bytes, so the recorder caches them. It is None where the arguments are lists or objects (not cached)."""
 
     name: str
     kind: int
     flags: int
-    extract: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
+    extract: Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, ...]]
+    source: str = ""  # extract's body, for wrappers that inline it (see shim.Shim._wrap)
 
 
 # name: (input param, output param, kind, root param, flags). Parameters are looked up by
@@ -107,17 +108,32 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
         (groot, None),
     )
     cached = not flags & (schema.FLAG_OBJECT | schema.FLAG_COALESCED) and inp not in _LISTS and out not in _LISTS
-    return OpSpec(name=name, kind=kind, flags=flags, extract=_extractor(name, params, fields, cached))
+    source = _extract_source(params, fields, cached)
+    return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source), source=source)
 
 
-def _extractor(
-    name: str, params: list[str], fields: tuple[tuple[str | None, Any], ...], cached: bool
-) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]:
-    """Compile `extract(args, kwargs)` for one signature: each value is args[i] when passed by
-    position, else kwargs.get(name, default); a parameter the function lacks is its default.
-    The key holds the tensors' shape and dtype, never the tensors (see OpSpec)."""
-    names = ("group", "async_op", "inp", "out", "redop", "root", "groot")
-    lines = [f"def extract_{name}(args, kwargs):", "    n = len(args)"]
+EXTRACTED = ("key", "group", "async_op", "inp", "out", "redop", "root", "groot")
+
+
+def _compile(
+    name: str, source: str
+) -> Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, ...]]:
+    src = f"def extract_{name}(args, kwargs, attribution):\n{source}    return {', '.join(EXTRACTED)}\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(src, f"<colltrace extract {name}>", "exec"), namespace)  # noqa: S102 - generated from a signature
+    fn: Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, ...]] = namespace[
+        f"extract_{name}"
+    ]
+    return fn
+
+
+def _extract_source(params: list[str], fields: tuple[tuple[str | None, Any], ...], cached: bool) -> str:
+    """The body of `extract(args, kwargs)` for one signature, as source indented by 4, setting
+    the EXTRACTED names: each value is args[i] when passed by position, else kwargs.get(name,
+    default); a parameter the function lacks is its default. The key holds the tensors' shape
+    and dtype, never the tensors (see OpSpec)."""
+    names = EXTRACTED[1:]
+    lines = ["    n = len(args)"]
     for var, (param, default) in zip(names, fields):
         if not param or param not in params:
             value = repr(default)
@@ -131,6 +147,7 @@ def _extractor(
         for var, param in (("inp", inp), ("out", out)):
             if param and param in params and not (var == "out" and out == inp):
                 parts += [f"{var}.shape", f"{var}.dtype"]
+        parts.append("attribution")
         lines += [
             "    try:",
             f"        key = ({', '.join(parts)})",
@@ -139,12 +156,7 @@ def _extractor(
         ]
     else:
         lines.append("    key = None")
-    lines.append(f"    return key, {', '.join(names)}")
-    namespace: dict[str, Any] = {}
-    src = "\n".join(lines) + "\n"
-    exec(compile(src, f"<colltrace extract {name}>", "exec"), namespace)  # noqa: S102 - generated from a signature
-    fn: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]] = namespace[f"extract_{name}"]
-    return fn
+    return "\n".join(lines) + "\n"
 
 
 def traced_names() -> tuple[str, ...]:

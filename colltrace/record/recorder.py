@@ -21,13 +21,13 @@ _now = time.monotonic_ns
 _get_ident = threading.get_ident
 _SHAPE_CACHE_MAX = 4096
 _STATIC_CACHE_MAX = 65536
-_BSEQ_MASK = 31  # read the backend seq at every 32nd record of a group (and after multi-op calls)
-_MULTI = schema.FLAG_OBJECT | schema.FLAG_COALESCED
+BSEQ_MASK = 31  # read the backend seq at every 32nd record of a group (and after multi-op calls)
+ANCHOR_FLAGS = schema.FLAG_OBJECT | schema.FLAG_COALESCED  # calls that run several backend collectives
 _OPEN_WINDOW = 256
 _PENDING_MAX = 8192
 # the slot minus marker, seq/backend_seq and step..wait: see schema.SLOT_FIELDS
 _STATIC_HEAD = struct.Struct("<BBHIIIIIIIII")  # kind .. shape
-_STATIC_MID = struct.Struct("<qqi")  # numel_in, numel_out, peer
+_STATIC_MID = struct.Struct("<qqqi")  # backend_seq (-1: read later), numel_in, numel_out, peer
 
 
 class _Seq:
@@ -154,37 +154,34 @@ class Recorder:
         A training loop repeats the same few calls, so everything but seq, step and times is
         packed once per distinct call (the spec's key: op, group, shapes, dtypes, reduce op,
         root; plus module, phase and flavour) and taken from a per-thread cache afterwards."""
-        key, pg, async_op, inp, out, redop, root, groot = spec.extract(args, kwargs)
+        attribution = ts.serve or self.ctx.current(ts)  # (module, phase, flavour)
+        key, pg, async_op, inp, out, redop, root, groot = spec.extract(args, kwargs, attribution)
         if pg is None:
             pg = self.default_pg
         elif pg is self.non_member:  # this rank is not in the group: torch does nothing
             return -1, 0, None
-        attribution = ts.serve or self.ctx.current(ts)  # (module, phase, flavour)
-        static: Any = None
-        if key is not None:
-            key = (key, attribution)
-            static = ts.static.get(key)
+        static: Any = ts.static.get(key) if key is not None else None
         if static is None:
             static = self._miss(spec, key, ts, pg, async_op, inp, out, redop, root, groot, attribution)
         head, mid, counter, flags = static
         seq = counter.seq = counter.seq + 1
         ctx = self.ctx
-        if flags & _MULTI or counter.anchor_next or not seq & _BSEQ_MASK:
-            anchor = self._anchor(pg, counter, flags)
+        if flags & ANCHOR_FLAGS or counter.anchor_next or not seq & BSEQ_MASK:
+            anchor = self.anchor(pg, counter, flags)
         else:
             anchor = None
         idx = counter.last_idx = self.writer.append_static(head, seq, mid, ctx.step, ctx.micro_step, t_issue)
         self.last_progress_ns = t_issue
         return idx, flags, anchor
 
-    def _anchor(self, pg: Any, counter: _Seq, flags: int) -> Any:
+    def anchor(self, pg: Any, counter: _Seq, flags: int) -> Any:
         """The backend's seq is read at every 32nd record of a group, and around calls that run
         several backend collectives (object, coalesced): before (for the record before it),
         after, and after the next. `colltrace dump` fills the ones between two reads that moved
         exactly as our seq did. p2p records read it every time."""
         if not self.backend_seq:
             return None
-        multi = flags & _MULTI
+        multi = flags & ANCHOR_FLAGS
         if multi and counter.pg is not None and counter.last_idx >= 0:
             try:
                 self.writer.set_backend_seq(counter.last_idx, pg._get_sequence_number_for_group())
@@ -234,7 +231,7 @@ class Recorder:
             spec.kind, flags, 0, self._tid(), g.sid, sid(spec.name), dtype,
             self._redop(redop) if redop is not None else 0, sid(module), sid(phase), sid(flavour), shape,
         )  # fmt: skip
-        return head, _STATIC_MID.pack(numel_in, numel_out, peer), peer
+        return head, _STATIC_MID.pack(-1, numel_in, numel_out, peer), peer
 
     def returned(self, idx: int, flags: int, anchor: Any, result: Any, t_issue: int) -> None:
         """The call returned: a sync op is done; an async one is done when its Work is seen

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import functools
+import textwrap
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record import ops
+from colltrace.record import ops, recorder
 from colltrace.record.context import CONTEXT
 from colltrace.record.recorder import Recorder
-from colltrace.trace import schema
+from colltrace.trace import schema, writer
 
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
@@ -84,6 +85,38 @@ class Shim:
     # -- wrappers ----------------------------------------------------------------------------
 
     def _wrap(self, spec: ops.OpSpec, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """The traced version of one torch function. Where the spec carries its extractor's
+        source, the wrapper is generated with it inlined, with a fast path for a call seen
+        before on this thread (the per-call cost is the product: see bench/shim_overhead.py)."""
+        if not spec.source:
+            return self._wrap_generic(spec, orig)
+        source = _TEMPLATE.format(name=spec.name, extract=textwrap.indent(spec.source, "    "))
+        namespace: dict[str, Any] = {
+            "shim": self,
+            "orig": orig,
+            "spec": spec,
+            "threads_get": self.threads.get,
+            "state": CONTEXT.state,
+            "current": CONTEXT.current,
+            "get_ident": _get_ident,
+            "now": _now,
+            "ASYNC": schema.FLAG_ASYNC,
+            "ANCHOR": recorder.ANCHOR_FLAGS,
+            "BSEQ_MASK": recorder.BSEQ_MASK,
+            "SLOT_BASE": schema.RING_HEADER_SIZE,
+            "SLOT_SIZE": schema.SLOT_SIZE,
+            "HEAD_MASK": schema.HEAD_EVERY - 1,
+            "T_DONE": schema.T_DONE_OFFSET,
+            "pack_slot": writer.pack_slot,
+            "pack_marker": writer.pack_marker,
+            "pack_done": writer.pack_done,
+        }
+        exec(compile(source, f"<colltrace traced {spec.name}>", "exec"), namespace)  # noqa: S102
+        traced: Callable[..., Any] = functools.wraps(orig)(namespace[spec.name])
+        traced.__colltrace__ = True  # type: ignore[attr-defined]
+        return traced
+
+    def _wrap_generic(self, spec: ops.OpSpec, orig: Callable[..., Any]) -> Callable[..., Any]:
         shim = self
         threads = self.threads
         state = CONTEXT.state
@@ -211,5 +244,70 @@ class Shim:
         except (TypeError, AttributeError):
             pass  # a Work class we cannot patch: async Works complete by the watchdog's poll
 
+
+# The generated wrapper: _wrap_generic with the extractor inlined and, for a call whose key is in
+# this thread's cache, Recorder.issue and Recorder.returned inlined (keep the three in step).
+_TEMPLATE = """
+def {name}(*args, **kwargs):
+    rec = shim.recorder
+    if rec is None:
+        return orig(*args, **kwargs)
+    ts = threads_get(get_ident()) or state()
+    if ts.depth:
+        return orig(*args, **kwargs)
+    t_issue = now()
+    try:
+        attribution = ts.serve or current(ts)
+{extract}
+        static = ts.static.get(key) if key is not None else None
+        if static is None:
+            idx, flags, anchor = rec.issue(spec, args, kwargs, t_issue, ts)
+        else:
+            head, mid, counter, flags = static
+            seq = counter.seq = counter.seq + 1
+            anchor = None
+            if flags & ANCHOR or counter.anchor_next or not seq & BSEQ_MASK:
+                anchor = rec.anchor(rec.default_pg if group is None else group, counter, flags)
+            ctx = rec.ctx
+            w = rec.writer
+            idx = next(w.counter)
+            cap = w.capacity
+            if idx < cap:
+                off = SLOT_BASE + idx * SLOT_SIZE
+            elif w.full:
+                off = w.offset_of(idx)
+            else:
+                off = SLOT_BASE + idx % cap * SLOT_SIZE
+            mv = w.mv
+            pack_slot(mv, off, head, seq, mid, ctx.step, ctx.micro_step, t_issue)
+            pack_marker(mv, off, idx + 1)
+            if not idx & HEAD_MASK:
+                w.publish_head(idx)
+            counter.last_idx = w.last_idx = idx
+            rec.last_progress_ns = t_issue
+    except Exception as e:  # the shim steps aside, the collective still runs
+        shim.failed(rec, "recording {name} failed", e)
+        return orig(*args, **kwargs)
+    ts.depth = 1
+    try:
+        result = orig(*args, **kwargs)
+    except BaseException as e:
+        ts.depth = 0
+        if idx >= 0:
+            rec.failed(idx, flags, e)
+        raise
+    ts.depth = 0
+    if idx >= 0:
+        try:
+            if anchor is None and not flags & ASYNC and static is not None and w.last_idx - idx < cap:
+                t = now()
+                pack_done(mv, off + T_DONE, t, t - t_issue)
+                rec.last_progress_ns = t
+            else:
+                rec.returned(idx, flags, anchor, result, t_issue)
+        except Exception as e:
+            rec.warn_once("completing {name} failed", e)
+    return result
+"""
 
 SHIM = Shim()

@@ -36,11 +36,15 @@ _BASE = schema.RING_HEADER_SIZE
 _SIZE = schema.SLOT_SIZE
 _HEAD_MASK = schema.HEAD_EVERY - 1
 _DONE_WAIT = struct.Struct("<qq")
-# a whole slot from its pre-packed parts: marker, kind..shape, seq, backend_seq, numel_in..peer,
-# step, micro_step, t_issue_ns, t_done_ns, wait_ns (see schema.SLOT_FIELDS)
-_FAST = struct.Struct("<Q40sQq20siiqqq")
+# a whole slot from its pre-packed parts: marker (0), kind..shape, seq, backend_seq..peer, step,
+# micro_step, t_issue_ns, t_done_ns and wait_ns (0) (see schema.SLOT_FIELDS): four integers to convert
+_FAST = struct.Struct("<8x40sQ28siiq16x")
 assert _FAST.size == schema.SLOT.size
 _pack_fast = _FAST.pack_into
+# for wrappers that inline append_static and finish_sync (colltrace.record.shim)
+pack_slot = _pack_fast
+pack_marker = _MARKER.pack_into
+pack_done = _DONE_WAIT.pack_into
 
 
 class TraceWriter:
@@ -53,7 +57,7 @@ class TraceWriter:
         self.full = full
         self._lock = threading.Lock()
         self._strings: dict[str, int] = {"": 0}
-        self._counter = itertools.count()
+        self.counter = itertools.count()
         self.last_idx = -1
         self.capacity = max(16, int(capacity))
 
@@ -84,7 +88,7 @@ class TraceWriter:
         if old is not None:  # keep head; old map stays valid for writers still holding it
             _MARKER.pack_into(mm, schema.HEAD_OFFSET, _MARKER.unpack_from(old, schema.HEAD_OFFSET)[0])
         self._mm = mm
-        self._mv = memoryview(mm)  # stores through a memoryview skip mmap's own buffer export
+        self.mv = memoryview(mm)  # stores through a memoryview skip mmap's own buffer export
         self.capacity = capacity
 
     def _grow(self, idx: int) -> None:
@@ -94,40 +98,43 @@ class TraceWriter:
 
     def append(self, *fields: Any) -> int:
         """Write one slot (all SLOT_FIELDS but the marker) and return its idx."""
-        idx = next(self._counter)
-        off = _BASE + idx * _SIZE if idx < self.capacity else self._wrapped_offset(idx)
-        mm = self._mm
+        idx = next(self.counter)
+        off = self.offset_of(idx)
+        mm = self.mv
         _pack_slot(mm, off, 0, *fields)
         _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
         if not idx & _HEAD_MASK:
-            _MARKER.pack_into(mm, schema.HEAD_OFFSET, idx + 1)
+            self.publish_head(idx)
         self.last_idx = idx
         return idx
 
     def append_static(self, head: bytes, seq: int, mid: bytes, step: int, micro_step: int, t_issue_ns: int) -> int:
-        """append() with the per-call-site fields pre-packed: head = kind..shape, mid = numel_in,
-        numel_out, peer. One store for the slot (marker 0), one for the marker."""
-        idx = next(self._counter)
-        off = _BASE + idx * _SIZE if idx < self.capacity else self._wrapped_offset(idx)
-        mm = self._mv
-        _pack_fast(mm, off, 0, head, seq, -1, mid, step, micro_step, t_issue_ns, 0, 0)
+        """append() with the per-call-site fields pre-packed: head = kind..shape, mid = backend_seq
+        (-1), numel_in, numel_out, peer. One store for the slot (marker 0), one for the marker."""
+        idx = next(self.counter)
+        off = self.offset_of(idx)
+        mm = self.mv
+        _pack_fast(mm, off, head, seq, mid, step, micro_step, t_issue_ns)
         _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
         if not idx & _HEAD_MASK:
-            _MARKER.pack_into(mm, schema.HEAD_OFFSET, idx + 1)
+            self.publish_head(idx)
         self.last_idx = idx
         return idx
 
-    def _wrapped_offset(self, idx: int) -> int:
-        """Slot offset of an idx past the first lap: grow (full mode) or wrap (ring)."""
+    def offset_of(self, idx: int) -> int:
+        """Where a new slot idx goes: the ring wraps; full mode grows the file."""
+        if idx < self.capacity:
+            return _BASE + idx * _SIZE
         if self.full:
             self._grow(idx)
             return _BASE + idx * _SIZE
         return _BASE + (idx % self.capacity) * _SIZE
 
-    def publish_head(self) -> None:
-        """Write the exact record count into the ring header (at exit; appends do it every HEAD_EVERY)."""
+    def publish_head(self, idx: int = -1) -> None:
+        """Write a record count into the ring header: idx + 1 (every HEAD_EVERY records), or the
+        exact count (at exit)."""
         try:
-            _MARKER.pack_into(self._mm, schema.HEAD_OFFSET, self.last_idx + 1)
+            _MARKER.pack_into(self._mm, schema.HEAD_OFFSET, (idx if idx >= 0 else self.last_idx) + 1)
         except (ValueError, OSError):
             pass
 
@@ -157,7 +164,7 @@ class TraceWriter:
         else:
             off = self._live_offset(idx)
         if off >= 0:
-            mm = self._mv
+            mm = self.mv
             if backend_seq >= 0:
                 _I64.pack_into(mm, off + schema.BACKEND_SEQ_OFFSET, backend_seq)
             _DONE_WAIT.pack_into(mm, off + schema.T_DONE_OFFSET, t_done_ns, wait_ns)
