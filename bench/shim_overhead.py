@@ -66,103 +66,145 @@ def _batch(fn: Any, x: Any, n: int) -> float:
     return (time.perf_counter_ns() - t0) / n / 1000
 
 
+def _interleaved(variants: dict[str, Any], x: Any, rounds: int, n: int = 400) -> dict[str, list[float]]:
+    """Batches of n calls of each variant in turn, `rounds` times; us per call of each batch.
+    A variant is (fn, traced): the shim is put in or taken out before its batch."""
+    from colltrace.record import install
+    from colltrace.record.shim import SHIM
+
+    traced_now = SHIM.recorder is not None
+    out: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(rounds + 2):
+        for k, (fn, traced) in variants.items():
+            if traced and not traced_now:
+                install.resume()
+            elif traced_now and not traced:
+                install.pause()
+            traced_now = traced
+            us = _batch(fn, x, n)
+            if r >= 2:  # the first two rounds warm up
+                out[k].append(us)
+    if not traced_now:
+        install.resume()
+    return out
+
+
+def _delta(samples: dict[str, list[float]], base: str, k: str) -> tuple[float, list[float]]:
+    deltas = [b - a for a, b in zip(samples[base], samples[k])]
+    return statistics.median(deltas), _iqr(deltas)
+
+
 def child_collective(out: str, rounds: int) -> None:
-    """World size 1: the collective itself is short, so the shim's share is visible."""
+    """World size 1: the collective itself is short, so the shim's share is visible. Beside the
+    shim, the issue's own yardsticks run the same way (their work, then the untraced collective):
+    what this machine charges for any code run between two collectives."""
+    import mmap
+    import struct
+
+    import orjson
     import torch
     import torch.distributed as dist
 
     from colltrace.record import install
-    from colltrace.record.shim import SHIM
 
     _init(0, 1, _free_port())
-    traced = SHIM.recorder is not None
     x = torch.ones(1)
-    n = 500
-    on: list[float] = []
-    off: list[float] = []
-    for _ in range(3):
-        _batch(dist.all_reduce, x, n)
-    for _ in range(rounds):
-        if traced:
-            install.pause()
-        off.append(_batch(dist.all_reduce, x, n))
-        if traced:
-            install.resume()
-        on.append(_batch(dist.all_reduce, x, n))
-    deltas = sorted(b - a for a, b in zip(off, on))
-    # the machine's share: plain Python work of known tight-loop cost, put beside the collective
-    orig = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
+    install.pause()
+    plain = dist.all_reduce  # the untraced function
+    install.resume()
+    mm = mmap.mmap(-1, 1 << 20)
+    slot = struct.Struct("<QQqq")
+    fd, path = tempfile.mkstemp()
+    count = [0]
 
-    def busy() -> None:
-        s = 0
-        for i in range(120):
-            s += i
+    def traced_sync(t: Any) -> Any:
+        return dist.all_reduce(t)
 
-    def beside(t: Any) -> Any:
-        busy()
-        return orig(t)
+    def traced_async(t: Any) -> Any:
+        return dist.all_reduce(t, async_op=True).wait()
 
-    t0 = time.perf_counter_ns()
-    for _ in range(20 * n):
-        busy()
-    busy_us = (time.perf_counter_ns() - t0) / (20 * n) / 1000
-    plain: list[float] = []
-    padded: list[float] = []
-    for _ in range(rounds):
-        plain.append(_batch(orig, x, n))
-        padded.append(_batch(beside, x, n))
-    result_machine = {
-        "busy_us": busy_us,
-        "busy_beside_us": statistics.median(sorted(b - a for a, b in zip(plain, padded))),
-    }
-    result: dict[str, Any] = {
-        **result_machine,
-        "untraced_us": statistics.median(off),
-        "traced_us": statistics.median(on),
-        "delta_us": statistics.median(deltas),
-        "delta_iqr_us": _iqr(deltas),
-    }
-    if traced:
-        result.update(_hot_path(x))
+    def plain_async(t: Any) -> Any:
+        return plain(t, async_op=True).wait()
+
+    def mmap_struct(t: Any) -> Any:  # "a struct into an mmap"
+        i = count[0] = count[0] + 1
+        slot.pack_into(mm, (i & 4095) * 32, i, 1, 2, 3)
+        return plain(t)
+
+    def dict_orjson_write(t: Any) -> Any:  # "a dict + orjson + os.write"
+        os.write(fd, orjson.dumps({"rank": 0, "seq": 1, "op": "all_reduce", "numel": 1, "dtype": "float32"}) + b"\n")
+        return plain(t)
+
+    samples = _interleaved(
+        {
+            "untraced": (plain, False),
+            "traced": (traced_sync, True),
+            "mmap_struct": (mmap_struct, False),
+            "dict_orjson_write": (dict_orjson_write, False),
+            "untraced_async": (plain_async, False),
+            "traced_async": (traced_async, True),
+        },
+        x,
+        rounds,
+    )
+    os.close(fd)
+    os.unlink(path)
+    result: dict[str, Any] = {"untraced_us": statistics.median(samples["untraced"])}
+    for k in ("traced", "mmap_struct", "dict_orjson_write"):
+        result[f"{k}_delta_us"], result[f"{k}_delta_iqr_us"] = _delta(samples, "untraced", k)
+    result["async_delta_us"], result["async_delta_iqr_us"] = _delta(samples, "untraced_async", "traced_async")
+    result.update(_cpu_cost(x))
     with open(out, "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
 
 
-def _hot_path(x: Any) -> dict[str, float]:
-    """The shim's own CPU time per collective (issue + completion, no collective), beside a
-    yardstick measured the same way: one dict + orjson.dumps + os.write."""
+def _cpu_cost(x: Any) -> dict[str, float]:
+    """CPU time per call, warm (a tight loop, no collective): the shim's generated wrapper around
+    a function that does nothing, and the issue's yardsticks, measured the same way."""
+    import mmap
+    import struct
+
     import orjson
     import torch.distributed.distributed_c10d as c10d
 
     from colltrace.record import ops
     from colltrace.record.shim import SHIM
 
-    rec = SHIM.recorder
-    assert rec is not None
+    def nothing(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> None:
+        return None
+
     spec = ops.build_spec("all_reduce", c10d.all_reduce.__wrapped__)  # type: ignore[attr-defined]
     assert spec is not None
-    args = (x,)
-    n = 20000
-    samples = []
-    for _ in range(5):
-        t0 = time.thread_time_ns()
-        for _ in range(n):
-            idx, flags, pg = rec.issue(spec, 1, args, {}, 1)
-            rec.returned(idx, flags, pg, None, 1)
-        samples.append((time.thread_time_ns() - t0) / n / 1000)
+    traced = SHIM._wrap(spec, nothing)
+    mm = mmap.mmap(-1, 1 << 20)
+    slot = struct.Struct("<QQqq")
     fd, path = tempfile.mkstemp()
-    yard = []
-    for _ in range(5):
-        t0 = time.thread_time_ns()
-        for i in range(n):
-            os.write(
-                fd, orjson.dumps({"rank": 0, "seq": i, "op": "all_reduce", "numel": 1, "dtype": "float32"}) + b"\n"
-            )
-        yard.append((time.thread_time_ns() - t0) / n / 1000)
+
+    def mmap_struct(t: Any) -> None:
+        slot.pack_into(mm, 64, 1, 1, 2, 3)
+
+    def dict_orjson_write(t: Any) -> None:
+        os.write(fd, orjson.dumps({"rank": 0, "seq": 1, "op": "all_reduce", "numel": 1, "dtype": "float32"}) + b"\n")
+
+    def cpu(fn: Any, n: int = 20000) -> float:
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.thread_time_ns()
+            for _ in range(n):
+                fn(x)
+            best = min(best, (time.thread_time_ns() - t0) / n / 1000)
+        return best
+
+    base = cpu(nothing)
+    result = {
+        "cpu_us": cpu(traced) - base,
+        "cpu_mmap_struct_us": cpu(mmap_struct) - base,
+        "cpu_dict_orjson_write_us": cpu(dict_orjson_write) - base,
+    }
     os.close(fd)
     os.unlink(path)
-    return {"hot_path_us": min(samples), "yardstick_us": min(yard)}
+    return result
 
 
 def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interleave: bool) -> None:
@@ -181,21 +223,22 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     batch = torch.randn(64, width)
 
-    def steps(k: int) -> float:
-        t0 = time.perf_counter_ns()
+    def steps(k: int) -> tuple[float, float]:
+        """ms per step: wall clock, and CPU time of this (the training loop's) thread."""
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for _ in range(k):
             model(batch).sum().backward()
             opt.step()
             opt.zero_grad()
-        return (time.perf_counter_ns() - t0) / k / 1e6
+        return (time.perf_counter_ns() - t0) / k / 1e6, (time.thread_time_ns() - c0) / k / 1e6
 
     from colltrace.record import install
     from colltrace.record.shim import SHIM
 
     traced = SHIM.recorder is not None and interleave
     steps(3)
-    on: list[float] = []
-    off: list[float] = []
+    on: list[tuple[float, float]] = []
+    off: list[tuple[float, float]] = []
     k = 4
     for _ in range(rounds):
         if traced:
@@ -205,14 +248,20 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
             install.resume()
         on.append(steps(k))
     if rank == 0:
-        ratios = sorted(b / a - 1 for a, b in zip(off, on))
+        ratios = [b[0] / a[0] - 1 for a, b in zip(off, on)]
+        wall_off = statistics.median(a[0] for a in off)
+        cpu_deltas = [b[1] - a[1] for a, b in zip(off, on)]
         with open(out, "w") as f:
             json.dump(
                 {
-                    "untraced_ms": statistics.median(off),
-                    "traced_ms": statistics.median(on),
+                    "untraced_ms": wall_off,
+                    "traced_ms": statistics.median(b[0] for b in on),
                     "overhead_pct": 100 * statistics.median(ratios),
                     "overhead_iqr_pct": [100 * q for q in _iqr(ratios)],
+                    # the shim runs on the training loop's thread: its CPU time there is added to the step
+                    "cpu_overhead_ms": statistics.median(cpu_deltas),
+                    "cpu_overhead_pct": 100 * statistics.median(cpu_deltas) / wall_off,
+                    "cpu_overhead_iqr_pct": [100 * q / wall_off for q in _iqr(cpu_deltas)],
                     "collectives_per_step": 4 * depth + 4,
                 },
                 f,
@@ -280,23 +329,30 @@ def main() -> None:
         out = os.path.join(tmp, "r.json")
         coll = _child("collective", out, args.rounds, trace_env)
         print(
-            f"all_reduce, 1 float, gloo world 1: untraced {coll['untraced_us']:.1f} us, traced "
-            f"{coll['traced_us']:.1f} us, shim adds {coll['delta_us']:.2f} us (median of {args.rounds} interleaved "
-            f"batches, IQR {coll['delta_iqr_us'][0]:.1f}..{coll['delta_iqr_us'][1]:.1f})"
+            f"all_reduce, 1 float, gloo world 1, untraced {coll['untraced_us']:.1f} us per call; added per call "
+            f"(median of {args.rounds} interleaved batches, IQR):"
         )
+        for k, label in (
+            ("traced", "the shim"),
+            ("mmap_struct", "yardstick: a struct into an mmap"),
+            ("dict_orjson_write", "yardstick: a dict + orjson + os.write"),
+        ):
+            lo, hi = coll[f"{k}_delta_iqr_us"]
+            print(f"  {label:40s} {coll[f'{k}_delta_us']:6.2f} us  ({lo:.1f}..{hi:.1f})")
+        lo, hi = coll["async_delta_iqr_us"]
+        print(f"  {'the shim, async_op=True + wait()':40s} {coll['async_delta_us']:6.2f} us  ({lo:.1f}..{hi:.1f})")
         print(
-            f"plain Python work of {coll['busy_us']:.2f} us in a tight loop adds {coll['busy_beside_us']:.2f} us "
-            f"beside the same collective (x{coll['busy_beside_us'] / coll['busy_us']:.1f}: this machine's share)"
-        )
-        print(
-            f"shim hot path (CPU time, issue + completion): {coll['hot_path_us']:.2f} us; yardstick dict+orjson+os.write: "
-            f"{coll['yardstick_us']:.2f} us (ratio {coll['hot_path_us'] / coll['yardstick_us']:.2f})"
+            f"CPU time per call, warm (tight loop, no collective): the shim {coll['cpu_us']:.2f} us, "
+            f"struct into an mmap {coll['cpu_mmap_struct_us']:.2f} us, "
+            f"dict + orjson + os.write {coll['cpu_dict_orjson_write_us']:.2f} us"
         )
         step = _child("fsdp", out, args.rounds, dict(trace_env, COLLTRACE_DIR=os.path.join(tmp, "fsdp")))
         print(
-            f"FSDP2 step, 2 ranks, 6 blocks: untraced {step['untraced_ms']:.2f} ms, traced {step['traced_ms']:.2f} ms, "
-            f"overhead {step['overhead_pct']:.2f}% (IQR {step['overhead_iqr_pct'][0]:.1f}..{step['overhead_iqr_pct'][1]:.1f}; "
-            f"{step['collectives_per_step']} collectives/step)"
+            f"FSDP2 step, 2 ranks, 6 blocks, {step['collectives_per_step']} collectives/step: untraced "
+            f"{step['untraced_ms']:.2f} ms, traced {step['traced_ms']:.2f} ms; wall clock "
+            f"{step['overhead_pct']:+.2f}% (IQR {step['overhead_iqr_pct'][0]:.1f}..{step['overhead_iqr_pct'][1]:.1f}); "
+            f"CPU time added on the training thread {step['cpu_overhead_ms']:.3f} ms = {step['cpu_overhead_pct']:.2f}% "
+            f"of the step (IQR {step['cpu_overhead_iqr_pct'][0]:.2f}..{step['cpu_overhead_iqr_pct'][1]:.2f})"
         )
     fr_off, fr_on = _alternate("pair", 10, {"TORCH_FR_BUFFER_SIZE": "0"}, {"TORCH_FR_BUFFER_SIZE": "2000"}, 3)
     print(
@@ -309,12 +365,19 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "per_collective_overhead_us": round(coll["delta_us"], 3),
-                "hot_path_us": round(coll["hot_path_us"], 3),
-                "yardstick_us": round(coll["yardstick_us"], 3),
+                "per_collective_overhead_us": round(coll["traced_delta_us"], 3),
+                "per_collective_overhead_iqr_us": [round(v, 3) for v in coll["traced_delta_iqr_us"]],
+                "async_overhead_us": round(coll["async_delta_us"], 3),
+                "mmap_struct_beside_us": round(coll["mmap_struct_delta_us"], 3),
+                "dict_orjson_write_beside_us": round(coll["dict_orjson_write_delta_us"], 3),
+                "per_collective_cpu_us": round(coll["cpu_us"], 3),
+                "mmap_struct_cpu_us": round(coll["cpu_mmap_struct_us"], 3),
+                "dict_orjson_write_cpu_us": round(coll["cpu_dict_orjson_write_us"], 3),
                 "step_overhead_pct": round(step["overhead_pct"], 3),
+                "step_overhead_iqr_pct": [round(v, 3) for v in step["overhead_iqr_pct"]],
+                "step_cpu_overhead_pct": round(step["cpu_overhead_pct"], 3),
+                "step_cpu_overhead_iqr_pct": [round(v, 3) for v in step["cpu_overhead_iqr_pct"]],
                 "step_ms": round(step["untraced_ms"], 3),
-                "beside_amplification": round(coll["busy_beside_us"] / coll["busy_us"], 2),
                 "flight_recorder_us": round(fr_on - fr_off, 3),
                 "detail_ratio": round(det_on / det_off, 3),
             }

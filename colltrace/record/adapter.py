@@ -32,10 +32,13 @@ class Adapter:
         setattr(owner, name, wrapped)
         return True
 
-    def _serving(self, value: tuple[str, str, str], fn: Callable[[], Any]) -> Any:
-        """Run fn with (module, phase, flavour) as the attribution of the collectives it issues."""
-        old = self.ctx.set_serving(value)
+    def _serving(self, value: tuple[str, str, str], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs) with (module, phase, flavour) as the attribution of the collectives
+        it issues on this thread."""
+        ts = self.ctx.state()
+        old = ts.serve
+        ts.serve = value
         try:
-            return fn()
+            return fn(*args, **kwargs)
         finally:
-            self.ctx.set_serving(old)
+            ts.serve = old

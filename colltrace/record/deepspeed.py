@@ -44,9 +44,7 @@ class DeepSpeedAdapter(Adapter):
                 else:
                     phase = PHASE_BACKWARD
                 module = ctx.module_name(current_submodule)
-                return adapter._serving(
-                    (module, phase, UNSHARD), lambda: orig(self, current_submodule, forward, *a, **k)
-                )
+                return adapter._serving((module, phase, UNSHARD), orig, self, current_submodule, forward, *a, **k)
 
             return fetch_sub_module
 
@@ -70,7 +68,7 @@ class DeepSpeedAdapter(Adapter):
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def reduce(self: Any, *a: Any, **k: Any) -> Any:
                 # a bucket of many modules' gradients: no single module to name
-                return adapter._serving(("<grad bucket>", PHASE_BACKWARD, REDUCE_GRAD), lambda: orig(self, *a, **k))
+                return adapter._serving(("<grad bucket>", PHASE_BACKWARD, REDUCE_GRAD), orig, self, *a, **k)
 
             return reduce
 

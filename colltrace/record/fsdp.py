@@ -29,12 +29,6 @@ class FsdpAdapters(Adapter):
                 pass
         return installed
 
-    def _serve(self, module: str, phase: str, flavour: str, fn: Callable[[], Any]) -> Any:
-        labels = self.ctx.state().labels
-        if labels and flavour == UNSHARD:
-            flavour = f"{flavour}:{labels[-1]}"
-        return self._serving((module, phase, flavour), fn)
-
     def _prefetching(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """Marks the unshards run inside FSDP's prefetch functions as prefetches."""
         ctx = self.ctx
@@ -50,15 +44,29 @@ class FsdpAdapters(Adapter):
 
         return prefetch
 
-    def _unshard_phase(self, forward: bool, backward: bool) -> str:
-        """Phase of an unshard from the unit's own training state (FORWARD / PRE_BACKWARD)."""
+    def _unshard(
+        self, module: str, forward: bool, backward: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """fn(*args, **kwargs), an unshard of `module`, attributed: its phase from the unit's own training
+        state (FORWARD / PRE_BACKWARD), prefetch or not, and the user's label as flavour."""
         ctx = self.ctx
+        ts = ctx.state()
         in_bwd = ctx.in_backward()
         if forward:
-            return PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
-        if backward or in_bwd:
-            return PHASE_BACKWARD
-        return ctx.current()[1]
+            phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
+        elif backward or in_bwd:
+            phase = PHASE_BACKWARD
+        else:
+            phase = ctx.current(ts)[1]
+        flavour = PREFETCH if ts.prefetch else UNSHARD
+        if ts.labels and flavour == UNSHARD:
+            flavour = f"{flavour}:{ts.labels[-1]}"
+        old = ts.serve
+        ts.serve = (module, phase, flavour)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            ts.serve = old
 
     # -- FSDP2 (fully_shard) -----------------------------------------------------------------
 
@@ -84,15 +92,15 @@ class FsdpAdapters(Adapter):
         def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
             def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
                 state = self._training_state
-                phase = adapters._unshard_phase(state == forward, state == pre_backward)
-                flavour = PREFETCH if ctx.state().prefetch else UNSHARD
-                return adapters._serve(fqn(self), phase, flavour, lambda: orig(self, *args, **kwargs))
+                return adapters._unshard(
+                    fqn(self), state == forward, state == pre_backward, orig, self, *args, **kwargs
+                )
 
             return unshard
 
         def make_post_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-                return adapters._serve(fqn(self), PHASE_BACKWARD, REDUCE_GRAD, lambda: orig(self, *args, **kwargs))
+                return adapters._serving((fqn(self), PHASE_BACKWARD, REDUCE_GRAD), orig, self, *args, **kwargs)
 
             return post_backward
 
@@ -124,16 +132,16 @@ class FsdpAdapters(Adapter):
         def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
             def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
                 state = getattr(self, "_training_state", None)
-                phase = adapters._unshard_phase(state == states.FORWARD, state == states.BACKWARD_PRE)
-                flavour = PREFETCH if ctx.state().prefetch else UNSHARD
-                return adapters._serve(fqn(self), phase, flavour, lambda: orig(self, *args, **kwargs))
+                return adapters._unshard(
+                    fqn(self), state == states.FORWARD, state == states.BACKWARD_PRE, orig, self, *args, **kwargs
+                )
 
             return unshard
 
         def make_reduce(orig: Callable[..., Any]) -> Callable[..., Any]:
             def reduce_grad(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
-                return adapters._serve(
-                    fqn(handle), PHASE_BACKWARD, REDUCE_GRAD, lambda: orig(state, handle, *args, **kwargs)
+                return adapters._serving(
+                    (fqn(handle), PHASE_BACKWARD, REDUCE_GRAD), orig, state, handle, *args, **kwargs
                 )
 
             return reduce_grad
