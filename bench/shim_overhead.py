@@ -66,14 +66,26 @@ def _batch(fn: Any, x: Any, n: int) -> float:
     return (time.perf_counter_ns() - t0) / n / 1000
 
 
-def _interleaved(variants: dict[str, Any], x: Any, rounds: int, n: int = 400) -> dict[str, list[float]]:
-    """Batches of n calls of each variant in turn, `rounds` times; us per call of each batch.
-    A variant is (fn, traced): the shim is put in or taken out before its batch."""
+def _calls(fn: Any, x: Any, n: int) -> list[float]:
+    """us taken by each of n calls: a median over single calls shrugs off the preemptions that
+    a batch's mean absorbs on a shared machine."""
+    clock = time.perf_counter_ns
+    out = []
+    for _ in range(n):
+        t0 = clock()
+        fn(x)
+        out.append((clock() - t0) / 1000)
+    return out
+
+
+def _interleaved(variants: dict[str, Any], x: Any, rounds: int, n: int = 200) -> dict[str, list[list[float]]]:
+    """Batches of n calls of each variant in turn, `rounds` times: per variant, each batch's
+    per-call times. A variant is (fn, traced): the shim is put in or taken out before its batch."""
     from colltrace.record import install
     from colltrace.record.shim import SHIM
 
     traced_now = SHIM.recorder is not None
-    out: dict[str, list[float]] = {k: [] for k in variants}
+    out: dict[str, list[list[float]]] = {k: [] for k in variants}
     for r in range(rounds + 2):
         for k, (fn, traced) in variants.items():
             if traced and not traced_now:
@@ -81,17 +93,21 @@ def _interleaved(variants: dict[str, Any], x: Any, rounds: int, n: int = 400) ->
             elif traced_now and not traced:
                 install.pause()
             traced_now = traced
-            us = _batch(fn, x, n)
+            times = _calls(fn, x, n)
             if r >= 2:  # the first two rounds warm up
-                out[k].append(us)
+                out[k].append(times)
     if not traced_now:
         install.resume()
     return out
 
 
-def _delta(samples: dict[str, list[float]], base: str, k: str) -> tuple[float, list[float]]:
-    deltas = [b - a for a, b in zip(samples[base], samples[k])]
-    return statistics.median(deltas), _iqr(deltas)
+def _delta(samples: dict[str, list[list[float]]], base: str, k: str) -> tuple[float, list[float]]:
+    """Median per-call time of k minus that of base, over all calls; and the IQR of the same
+    difference taken batch by batch."""
+    every = statistics.median(t for batch in samples[k] for t in batch)
+    every_base = statistics.median(t for batch in samples[base] for t in batch)
+    per_batch = [statistics.median(b) - statistics.median(a) for a, b in zip(samples[base], samples[k])]
+    return every - every_base, _iqr(per_batch)
 
 
 def child_collective(out: str, rounds: int) -> None:
@@ -149,7 +165,7 @@ def child_collective(out: str, rounds: int) -> None:
     )
     os.close(fd)
     os.unlink(path)
-    result: dict[str, Any] = {"untraced_us": statistics.median(samples["untraced"])}
+    result: dict[str, Any] = {"untraced_us": statistics.median(t for b in samples["untraced"] for t in b)}
     for k in ("traced", "mmap_struct", "dict_orjson_write"):
         result[f"{k}_delta_us"], result[f"{k}_delta_iqr_us"] = _delta(samples, "untraced", k)
     result["async_delta_us"], result["async_delta_iqr_us"] = _delta(samples, "untraced_async", "traced_async")
@@ -240,13 +256,16 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
     on: list[tuple[float, float]] = []
     off: list[tuple[float, float]] = []
     k = 4
+    per_step = 0.0
     for _ in range(rounds):
         if traced:
             install.pause()
         off.append(steps(k))
         if traced:
             install.resume()
+        first = SHIM.recorder.writer.last_idx if SHIM.recorder else 0
         on.append(steps(k))
+        per_step = ((SHIM.recorder.writer.last_idx if SHIM.recorder else 0) - first) / k
     if rank == 0:
         ratios = [b[0] / a[0] - 1 for a, b in zip(off, on)]
         wall_off = statistics.median(a[0] for a in off)
@@ -262,7 +281,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
                     "cpu_overhead_ms": statistics.median(cpu_deltas),
                     "cpu_overhead_pct": 100 * statistics.median(cpu_deltas) / wall_off,
                     "cpu_overhead_iqr_pct": [100 * q / wall_off for q in _iqr(cpu_deltas)],
-                    "collectives_per_step": 4 * depth + 4,
+                    "collectives_per_step": per_step,
                 },
                 f,
             )
@@ -330,7 +349,7 @@ def main() -> None:
         coll = _child("collective", out, args.rounds, trace_env)
         print(
             f"all_reduce, 1 float, gloo world 1, untraced {coll['untraced_us']:.1f} us per call; added per call "
-            f"(median of {args.rounds} interleaved batches, IQR):"
+            f"(median over {args.rounds} interleaved batches of 200 calls; IQR over batches):"
         )
         for k, label in (
             ("traced", "the shim"),
@@ -348,7 +367,7 @@ def main() -> None:
         )
         step = _child("fsdp", out, args.rounds, dict(trace_env, COLLTRACE_DIR=os.path.join(tmp, "fsdp")))
         print(
-            f"FSDP2 step, 2 ranks, 6 blocks, {step['collectives_per_step']} collectives/step: untraced "
+            f"FSDP2 step, 2 ranks, 6 blocks, {step['collectives_per_step']:.0f} collectives/step: untraced "
             f"{step['untraced_ms']:.2f} ms, traced {step['traced_ms']:.2f} ms; wall clock "
             f"{step['overhead_pct']:+.2f}% (IQR {step['overhead_iqr_pct'][0]:.1f}..{step['overhead_iqr_pct'][1]:.1f}); "
             f"CPU time added on the training thread {step['cpu_overhead_ms']:.3f} ms = {step['cpu_overhead_pct']:.2f}% "

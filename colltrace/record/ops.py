@@ -83,6 +83,7 @@ _LISTS = frozenset(
     }
 )
 KEYS = itertools.count(1)  # a distinct first key element per spec
+_KEYED = ("group", "async_op", "redop", "root", "groot")
 
 # Functions that create process groups: their calls are logged as `group_create` events.
 GROUP_CREATORS = ("new_group", "split_group", "new_subgroups", "new_subgroups_by_enumeration")
@@ -135,7 +136,9 @@ def _extract_source(params: list[str], fields: tuple[tuple[str | None, Any], ...
     names = EXTRACTED[1:]
     lines = ["    n = len(args)"]
     for var, (param, default) in zip(names, fields):
-        if not param or param not in params:
+        if var == "out" and param == fields[2][0]:  # one tensor, in and out (all_reduce, broadcast)
+            value = "inp"
+        elif not param or param not in params:
             value = repr(default)
         else:
             i = params.index(param)
@@ -143,7 +146,8 @@ def _extract_source(params: list[str], fields: tuple[tuple[str | None, Any], ...
         lines.append(f"    {var} = {value}")
     if cached:
         inp, out = fields[2][0], fields[3][0]
-        parts = [str(next(KEYS)), "group", "async_op", "redop", "root", "groot"]
+        parts = [str(next(KEYS))]  # the values that come from the call (the rest are constants)
+        parts += [var for var, (param, _) in zip(names, fields) if param and param in params and var in _KEYED]
         for var, param in (("inp", inp), ("out", out)):
             if param and param in params and not (var == "out" and out == inp):
                 parts += [f"{var}.shape", f"{var}.dtype"]
