@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from _jobs import torchrun
 
+from colltrace.trace import schema
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import RankState
 
@@ -50,10 +51,15 @@ def test_sizes_roots_and_reduce_ops(every_op) -> None:
 def test_p2p_pairs_by_group_and_peer(every_op) -> None:
     p2p = {rank: [(r.seq, r.op, r.peer, r.numel_in or r.numel_out) for r in rt.records if r.kind == "p2p"]
            for rank, rt in every_op.ranks.items()}  # fmt: skip
-    assert p2p[0] == [(1, "send", 1, 3), (2, "recv", 1, 5), (3, "isend", 1, 6), (4, "irecv", 1, 6)]
-    assert p2p[1] == [(1, "recv", 0, 3), (2, "send", 0, 5), (3, "isend", 0, 6), (4, "irecv", 0, 6)]
+    batch = [(3, "isend", 1, 6), (4, "irecv", 1, 6)]
+    assert p2p[0] == [(1, "send", 1, 3), (2, "recv", 1, 5), *batch, (5, "isend", 1, 6), (6, "irecv", 1, 6)]
+    batch = [(3, "isend", 0, 6), (4, "irecv", 0, 6)]
+    assert p2p[1] == [(1, "recv", 0, 3), (2, "send", 0, 5), *batch, (5, "isend", 0, 6), (6, "irecv", 0, 6)]
     for rt in every_op.ranks.values():
-        assert all(r.t_done_ns is not None for r in rt.records if r.kind == "p2p")
+        records = [r for r in rt.records if r.kind == "p2p"]
+        assert all(r.t_done_ns is not None for r in records)
+        coalesced = [r.seq for r in records if r.flags & schema.FLAG_COALESCED]
+        assert coalesced == [3, 4]  # batch_isend_irecv's, not the plain isend/irecv of the same shape
 
 
 def test_groups_are_named_with_members_and_creation_is_logged(every_op) -> None:

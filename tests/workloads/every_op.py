@@ -36,6 +36,9 @@ def main() -> None:
     )
     for r in reqs:
         r.wait()
+    # the same p2p ops outside a batch: their own records, not marked coalesced
+    for w in [dist.isend(torch.ones(6), peer), dist.irecv(torch.empty(6), peer)]:
+        w.wait()
     work = dist.all_reduce(torch.ones(1000), async_op=True)
     work.wait()
     sub = dist.new_group([0, 1], group_desc="pair")
