@@ -267,3 +267,25 @@ def test_subgroup_built_with_other_members_on_one_rank(tmp_path: Path) -> None:
     assert dx.divergence.label == "replicate_1"
     assert dx.culprits == (3,) and dx.victims == (1,)
     assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
+
+
+def test_traceback_frames_without_a_source_line_keep_their_own() -> None:
+    from colltrace.analysis.states import _tb_frames, excerpt
+
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/job/train.py", line 71, in train\n'
+        "    loss.backward()\n"
+        '  File "<colltrace traced reduce_scatter_single>", line 56, in reduce_scatter_single\n'
+        '  File "/venv/torch/distributed/c10d_logger.py", line 83, in wrapper\n'
+        "    return func(*args, **kwargs)\n"
+        "           ^^^^^^^^^^^^^^^^^^^^^\n"
+        "RuntimeError: Timed out waiting 6000ms for recv operation to complete\n"
+    )
+    frames = _tb_frames(tb)
+    assert frames == [
+        "/job/train.py:71 in train: loss.backward()",
+        "<colltrace traced reduce_scatter_single>:56 in reduce_scatter_single",
+        "/venv/torch/distributed/c10d_logger.py:83 in wrapper: return func(*args, **kwargs)",
+    ]
+    assert excerpt(frames) == [frames[0], frames[2]]  # the shim's own wrapper is left out

@@ -74,14 +74,26 @@ def _frames_from_text(text: str) -> list[str]:
     return frames
 
 
+_TB_FILE = re.compile(r'\s*File "([^"]+)", line (\d+), in (\S+)')
+
+
 def _tb_frames(tb: str) -> list[str]:
+    """Frames of a Python traceback, innermost last. A frame's source line is the next line
+    when it is indented as one (generated code and C extensions have none)."""
     out = []
-    for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', tb):
-        out.append(f"{m[1]}:{m[2]} in {m[3]}: {m[4].strip()}")
+    lines = tb.splitlines()
+    for i, line in enumerate(lines):
+        m = _TB_FILE.match(line)
+        if not m:
+            continue
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        code = nxt.strip() if nxt.startswith("    ") and not _TB_FILE.match(nxt) else ""
+        out.append(f"{m[1]}:{m[2]} in {m[3]}" + (f": {code}" if code else ""))
     return out
 
 
-_OWN_FRAME = re.compile(r"[/\\]colltrace[/\\](record|trace)[/\\]|[/\\]threading\.py:")
+# colltrace's own frames: the recorder's modules, its generated wrappers, the watchdog's thread
+_OWN_FRAME = re.compile(r"[/\\]colltrace[/\\](record|trace)[/\\]|^<colltrace |[/\\]threading\.py:")
 _LIBRARY_FRAME = re.compile(r"[/\\](site|dist)-packages[/\\]|<frozen |[/\\]lib[/\\]python3")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import linecache
 import textwrap
 import threading
 import time
@@ -111,7 +112,10 @@ class Shim:
             "pack_marker": writer.pack_marker,
             "pack_done": writer.pack_done,
         }
-        exec(compile(source, f"<colltrace traced {spec.name}>", "exec"), namespace)  # noqa: S102
+        filename = f"<colltrace traced {spec.name}>"
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+        # tracebacks and stack dumps through the wrapper show its lines (as attrs does for its code)
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         traced: Callable[..., Any] = functools.wraps(orig)(namespace[spec.name])
         traced.__colltrace__ = True  # type: ignore[attr-defined]
         return traced
