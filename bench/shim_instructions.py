@@ -80,7 +80,7 @@ def _instructions(mode: str, n: int) -> int:
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     m = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
-    if not m:
+    if not m or proc.returncode != 0:
         raise SystemExit(f"valgrind gave no count for {mode}:\n{proc.stderr[-2000:]}")
     return int(m.group(1))
 

@@ -136,6 +136,10 @@ def child_collective(out: str, rounds: int) -> None:
     def traced_sync(t: Any) -> Any:
         return dist.all_reduce(t)
 
+    def traced_python(t: Any) -> Any:  # the Python wrapper the C fast path hands over to
+        fn = dist.all_reduce
+        return getattr(fn, "slow", fn)(t)
+
     def traced_async(t: Any) -> Any:
         return dist.all_reduce(t, async_op=True).wait()
 
@@ -155,6 +159,7 @@ def child_collective(out: str, rounds: int) -> None:
         {
             "untraced": (plain, False),
             "traced": (traced_sync, True),
+            "traced_python": (traced_python, True),
             "mmap_struct": (mmap_struct, False),
             "dict_orjson_write": (dict_orjson_write, False),
             "untraced_async": (plain_async, False),
@@ -166,7 +171,8 @@ def child_collective(out: str, rounds: int) -> None:
     os.close(fd)
     os.unlink(path)
     result: dict[str, Any] = {"untraced_us": statistics.median(t for b in samples["untraced"] for t in b)}
-    for k in ("traced", "mmap_struct", "dict_orjson_write"):
+    result["fast_path"] = "C" if hasattr(dist.all_reduce, "slow") else "Python"
+    for k in ("traced", "traced_python", "mmap_struct", "dict_orjson_write"):
         result[f"{k}_delta_us"], result[f"{k}_delta_iqr_us"] = _delta(samples, "untraced", k)
     result["async_delta_us"], result["async_delta_iqr_us"] = _delta(samples, "untraced_async", "traced_async")
     result.update(_cpu_cost(x))
@@ -215,6 +221,7 @@ def _cpu_cost(x: Any) -> dict[str, float]:
     base = cpu(nothing)
     result = {
         "cpu_us": cpu(traced) - base,
+        "cpu_python_us": cpu(getattr(traced, "slow", traced)) - base,
         "cpu_mmap_struct_us": cpu(mmap_struct) - base,
         "cpu_dict_orjson_write_us": cpu(dict_orjson_write) - base,
     }
@@ -284,18 +291,26 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
 
         return beside
 
+    from colltrace.record import shim as shim_mod
+
+    fastpath = shim_mod._fastpath
+
     def switch(variant: str) -> None:
         for n, fn in plain.items():
             wrapped = yardstick(fn) if variant == "yardstick" else fn
             setattr(c10d, n, wrapped)
             setattr(dist, n, wrapped)
-        if variant == "traced" and traced:
+        if variant.startswith("traced") and traced:
+            # traced_python: the wrappers built without the C fast path
+            shim_mod._fastpath = None if variant == "traced_python" else fastpath
             install.resume()
 
     steps(3)
     k = 4
     per_step = 0.0
     results: dict[str, list[tuple[float, float]]] = {"untraced": [], "traced": [], "yardstick": []}
+    if fastpath is not None:
+        results["traced_python"] = []
     for _ in range(rounds):
         for variant, got in results.items():
             switch(variant)
@@ -303,16 +318,20 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
             got.append(steps(k))
             if variant == "traced":
                 per_step = ((SHIM.recorder.writer.last_idx if SHIM.recorder else 0) - first) / k
-            if traced and variant == "traced":
+            if traced and variant.startswith("traced"):
                 install.pause()
     if traced:
         switch("untraced")
+        shim_mod._fastpath = fastpath
         install.resume()
     if rank == 0:
         off = results["untraced"]
         wall_off = statistics.median(a[0] for a in off)
         summary: dict[str, Any] = {"untraced_ms": wall_off, "collectives_per_step": per_step}
-        for variant in ("traced", "yardstick"):
+        summary["fast_path"] = "C" if fastpath is not None else "Python"
+        for variant in results:
+            if variant == "untraced":
+                continue
             on = results[variant]
             ratios = [100 * (b[0] / a[0] - 1) for a, b in zip(off, on)]
             # the shim runs on the training loop's thread: its CPU time there is added to the step
@@ -391,7 +410,8 @@ def main() -> None:
             f"(median over {args.rounds} interleaved batches of 200 calls; IQR over batches):"
         )
         for k, label in (
-            ("traced", "the shim"),
+            ("traced", f"the shim ({coll['fast_path']} fast path)"),
+            ("traced_python", "the shim, Python fast path"),
             ("mmap_struct", "yardstick: a struct into an mmap"),
             ("dict_orjson_write", "yardstick: a dict + orjson + os.write"),
         ):
@@ -400,7 +420,8 @@ def main() -> None:
         lo, hi = coll["async_delta_iqr_us"]
         print(f"  {'the shim, async_op=True + wait()':40s} {coll['async_delta_us']:6.2f} us  ({lo:.1f}..{hi:.1f})")
         print(
-            f"CPU time per call, warm (tight loop, no collective): the shim {coll['cpu_us']:.2f} us, "
+            f"CPU time per call, warm (tight loop, no collective): the shim {coll['cpu_us']:.2f} us "
+            f"(Python fast path {coll['cpu_python_us']:.2f} us), "
             f"struct into an mmap {coll['cpu_mmap_struct_us']:.2f} us, "
             f"dict + orjson + os.write {coll['cpu_dict_orjson_write_us']:.2f} us"
         )
@@ -409,7 +430,14 @@ def main() -> None:
             f"FSDP2 step, 2 ranks, 6 blocks, {step['collectives_per_step']:.0f} collectives per step, untraced "
             f"{step['untraced_ms']:.2f} ms; added per step (median of {args.rounds} interleaved rounds, 90% CI):"
         )
-        for k, label in (("traced", "the shim"), ("yardstick", "yardstick: a struct into an mmap per collective")):
+        labels = {
+            "traced": f"the shim ({step['fast_path']} fast path)",
+            "traced_python": "the shim, Python fast path",
+            "yardstick": "yardstick: a struct into an mmap per collective",
+        }
+        for k, label in labels.items():
+            if k not in step:
+                continue
             v = step[k]
             print(
                 f"  {label:48s} wall clock {v['wall_pct']:+6.2f}% ({v['wall_ci90_pct'][0]:+.1f}..{v['wall_ci90_pct'][1]:+.1f}), "
@@ -431,7 +459,10 @@ def main() -> None:
                 "async_overhead_us": round(coll["async_delta_us"], 3),
                 "mmap_struct_beside_us": round(coll["mmap_struct_delta_us"], 3),
                 "dict_orjson_write_beside_us": round(coll["dict_orjson_write_delta_us"], 3),
+                "fast_path": coll["fast_path"],
+                "per_collective_python_us": round(coll["traced_python_delta_us"], 3),
                 "per_collective_cpu_us": round(coll["cpu_us"], 3),
+                "per_collective_python_cpu_us": round(coll["cpu_python_us"], 3),
                 "mmap_struct_cpu_us": round(coll["cpu_mmap_struct_us"], 3),
                 "dict_orjson_write_cpu_us": round(coll["cpu_dict_orjson_write_us"], 3),
                 "step_overhead_pct": round(step["traced"]["wall_pct"], 3),
@@ -439,6 +470,7 @@ def main() -> None:
                 "step_cpu_overhead_pct": round(step["traced"]["cpu_pct"], 3),
                 "step_cpu_overhead_ci90_pct": [round(v, 3) for v in step["traced"]["cpu_ci90_pct"]],
                 "step_yardstick_cpu_pct": round(step["yardstick"]["cpu_pct"], 3),
+                "step_python_cpu_pct": round(step.get("traced_python", step["traced"])["cpu_pct"], 3),
                 "step_ms": round(step["untraced_ms"], 3),
                 "flight_recorder_us": round(fr_on - fr_off, 3),
                 "detail_ratio": round(det_on / det_off, 3),

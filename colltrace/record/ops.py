@@ -27,6 +27,7 @@ class OpSpec(NamedTuple):
     flags: int
     extract: Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, ...]]
     source: str = ""  # extract's body, for wrappers that inline it (see shim.Shim._wrap)
+    plan: tuple[Any, ...] = ()  # the key's recipe, for the C fast path: see key_plan
 
 
 # name: (input param, output param, kind, root param, flags). Parameters are looked up by
@@ -109,8 +110,29 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
         (groot, None),
     )
     cached = not flags & (schema.FLAG_OBJECT | schema.FLAG_COALESCED) and inp not in _LISTS and out not in _LISTS
-    source = _extract_source(params, fields, cached)
-    return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source), source=source)
+    plan = key_plan(next(KEYS), params, fields) if cached else ()
+    source = _extract_source(params, fields, plan)
+    return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source), source=source, plan=plan)
+
+
+KEY_VALUE, KEY_SHAPE, KEY_DTYPE = 0, 1, 2
+
+
+def key_plan(key_id: int, params: list[str], fields: tuple[tuple[str | None, Any], ...]) -> tuple[Any, ...]:
+    """How a call's key is built: (key_id, items), each item (what, variable, position, keyword,
+    default): the argument itself, or its .shape or .dtype. The key is (key_id, *items,
+    attribution). The generated Python extractor and the C fast path both follow it."""
+    names = EXTRACTED[1:]
+    items = []
+    for var, (param, default) in zip(names, fields):
+        if var in _KEYED and param and param in params:
+            items.append((KEY_VALUE, var, params.index(param), param, default))
+    inp, out = fields[2][0], fields[3][0]
+    for var, param in (("inp", inp), ("out", out)):
+        if param and param in params and not (var == "out" and out == inp):
+            items.append((KEY_SHAPE, var, params.index(param), param, None))
+            items.append((KEY_DTYPE, var, params.index(param), param, None))
+    return key_id, tuple(items)
 
 
 EXTRACTED = ("key", "group", "async_op", "inp", "out", "redop", "root", "groot")
@@ -128,7 +150,7 @@ def _compile(
     return fn
 
 
-def _extract_source(params: list[str], fields: tuple[tuple[str | None, Any], ...], cached: bool) -> str:
+def _extract_source(params: list[str], fields: tuple[tuple[str | None, Any], ...], plan: tuple[Any, ...]) -> str:
     """The body of `extract(args, kwargs)` for one signature, as source indented by 4, setting
     the EXTRACTED names: each value is args[i] when passed by position, else kwargs.get(name,
     default); a parameter the function lacks is its default. The key holds the tensors' shape
@@ -144,14 +166,10 @@ def _extract_source(params: list[str], fields: tuple[tuple[str | None, Any], ...
             i = params.index(param)
             value = f"args[{i}] if n > {i} else (kwargs.get({param!r}, {default!r}) if kwargs else {default!r})"
         lines.append(f"    {var} = {value}")
-    if cached:
-        inp, out = fields[2][0], fields[3][0]
-        parts = [str(next(KEYS))]  # the values that come from the call (the rest are constants)
-        parts += [var for var, (param, _) in zip(names, fields) if param and param in params and var in _KEYED]
-        for var, param in (("inp", inp), ("out", out)):
-            if param and param in params and not (var == "out" and out == inp):
-                parts += [f"{var}.shape", f"{var}.dtype"]
-        parts.append("attribution")
+    if plan:
+        key_id, items = plan
+        attrs = {KEY_VALUE: "", KEY_SHAPE: ".shape", KEY_DTYPE: ".dtype"}
+        parts = [str(key_id), *(f"{var}{attrs[what]}" for what, var, *_ in items), "attribution"]
         lines += [
             "    try:",
             f"        key = ({', '.join(parts)})",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import linecache
+import os
 import textwrap
 import threading
 import time
@@ -15,6 +16,19 @@ from colltrace.record.context import CONTEXT
 from colltrace.record.recorder import Recorder
 from colltrace.trace import schema, writer
 
+
+def _load_fastpath() -> Any:
+    """The C fast path (colltrace/record/_fastpath.c), when it was built and not switched off."""
+    if os.environ.get("COLLTRACE_PURE", "") not in ("", "0"):
+        return None
+    try:
+        from colltrace.record import _fastpath  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _fastpath
+
+
+_fastpath = _load_fastpath()
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
 _MAX_FAILURES = 100
@@ -118,7 +132,15 @@ class Shim:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         traced: Callable[..., Any] = functools.wraps(orig)(namespace[spec.name])
         traced.__colltrace__ = True  # type: ignore[attr-defined]
-        return traced
+        if _fastpath is None or not spec.plan:
+            return traced
+        # the C fast path: the same fast path in one C call, handing every other call to `traced`
+        fast: Callable[..., Any] = _fastpath.Traced(
+            orig, traced, self, self.threads, CONTEXT.current, spec.plan, recorder.ANCHOR_FLAGS, recorder.BSEQ_MASK
+        )
+        functools.update_wrapper(fast, orig)
+        fast.__colltrace__ = True  # type: ignore[attr-defined]
+        return fast
 
     def _wrap_generic(self, spec: ops.OpSpec, orig: Callable[..., Any]) -> Callable[..., Any]:
         shim = self

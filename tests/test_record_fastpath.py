@@ -1,0 +1,92 @@
+"""The C fast path (colltrace/record/_fastpath.c) records exactly what the Python wrapper records."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from _jobs import job_env
+
+from colltrace.trace import schema
+from colltrace.trace.reader import read_run
+
+# A world-1 gloo job: repeated blocking calls (the fast path), a phase label, an async call (handed
+# over), a call inside a traced call, and the C wrapper rebuilt with a Python fallback that counts
+# the calls handed to it.
+CODE = """
+import json, os, socket, sys, torch, torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+dist.init_process_group("gloo", rank=0, world_size=1)
+import colltrace
+from colltrace.record import shim, recorder
+from colltrace.record.context import CONTEXT
+handed = [0]
+fast = dist.all_reduce
+if shim._fastpath is not None:
+    slow = fast.slow
+    def counting(*args, **kwargs):
+        handed[0] += 1
+        return slow(*args, **kwargs)
+    fast = shim._fastpath.Traced(fast.__wrapped__, counting, shim.SHIM, CONTEXT.threads, CONTEXT.current,
+                                 fast.plan, recorder.ANCHOR_FLAGS, recorder.BSEQ_MASK)
+x = torch.ones(4)
+for _ in range(100):
+    fast(x)
+with colltrace.phase("eval"):
+    for _ in range(5):
+        fast(x, op=dist.ReduceOp.MAX)
+dist.all_reduce(torch.ones(4), async_op=True).wait()
+dist.all_gather_into_tensor(torch.empty(4), torch.ones(4))
+for _ in range(40):
+    dist.broadcast(torch.ones(2, 3), src=0)
+print(json.dumps({"handed": handed[0], "fast": shim._fastpath is not None}))
+dist.destroy_process_group()
+"""
+
+
+def _run(tmp_path: Path, pure: bool) -> tuple[dict[str, object], list[tuple[object, ...]]]:
+    out = tmp_path / ("pure" if pure else "c")
+    env = job_env(out)
+    if pure:
+        env["COLLTRACE_PURE"] = "1"
+    proc = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    rt = read_run(str(out)).ranks[0]
+    assert all(r.t_done_ns is not None and r.t_done_ns >= r.t_issue_ns for r in rt.records)
+    rows = [
+        (r.op, r.seq, r.backend_seq, r.numel_in, r.numel_out, r.shape, r.dtype, r.reduce_op, r.peer, r.module,
+         r.phase, r.flavour, r.step, r.flags & ~schema.FLAG_POLLED, r.wait_ns > 0 or r.async_op)
+        for r in rt.records
+    ]  # fmt: skip
+    return said, rows
+
+
+def test_c_fast_path_records_what_the_python_wrapper_records(tmp_path: Path) -> None:
+    said_c, c = _run(tmp_path, pure=False)
+    said_py, py = _run(tmp_path, pure=True)
+    assert said_py == {"handed": 0, "fast": False}
+    assert c == py
+    assert [r[1] for r in c] == list(range(1, 148))  # one group, 147 records, seq 1..147
+    assert [r[7] for r in c[:105]] == ["SUM"] * 100 + ["MAX"] * 5
+    assert [r[10] for r in c[100:105]] == ["eval"] * 5
+    assert c[-1][:9] == ("broadcast", 147, c[-1][2], 6, 6, "[2,3] -> [2,3]", "float32", "", 0)
+    if said_c["fast"]:
+        # handed over: the first call of each key (SUM, then MAX; the first is also the group's
+        # first backend-seq read) and the other backend-seq reads (every 32nd record); nothing else
+        assert said_c["handed"] == 2 + len([32, 64, 96])
+
+
+def test_the_c_fast_path_is_built_where_a_compiler_is() -> None:
+    from colltrace.record import shim
+
+    if shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) is None:
+        assert shim._fastpath is None
+        return
+    assert shim._fastpath is not None, "a C compiler is here, yet colltrace/record/_fastpath was not built"
