@@ -62,6 +62,11 @@ typedef struct {
     long anchor_flags;
     long bseq_mask;
     PyObject *dict; /* __wrapped__, __name__, __doc__, __colltrace__ (functools.update_wrapper) */
+    /* the recorder's parts that do not change while it records (the ring is not remapped but
+     * in full mode, where mv is read each time) */
+    PyObject *c_rec, *c_writer, *c_ctx, *c_ids, *c_mv;
+    int64_t c_cap;
+    int c_full;
 } Traced;
 
 static inline int64_t
@@ -155,6 +160,45 @@ build_key(Traced *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
     return key;
 }
 
+static void
+forget_recorder(Traced *self)
+{
+    Py_CLEAR(self->c_rec);
+    Py_CLEAR(self->c_writer);
+    Py_CLEAR(self->c_ctx);
+    Py_CLEAR(self->c_ids);
+    Py_CLEAR(self->c_mv);
+}
+
+/* the cached parts of recorder rec: 0, or -1 with an exception */
+static int
+know_recorder(Traced *self, PyObject *rec)
+{
+    if (rec == self->c_rec)
+        return 0;
+    forget_recorder(self);
+    PyObject *writer = PyObject_GetAttr(rec, s_writer);
+    if (!writer)
+        return -1;
+    self->c_writer = writer;
+    if (!(self->c_ctx = PyObject_GetAttr(rec, s_ctx)) || !(self->c_ids = PyObject_GetAttr(writer, s_counter)) ||
+        get_i64(writer, s_capacity, &self->c_cap) < 0 || self->c_cap <= 0)
+        goto fail;
+    PyObject *v = PyObject_GetAttr(writer, s_full);
+    if (!v)
+        goto fail;
+    self->c_full = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (!self->c_full && !(self->c_mv = PyObject_GetAttr(writer, s_mv)))
+        goto fail;
+    Py_INCREF(rec);
+    self->c_rec = rec;
+    return 0;
+fail:
+    forget_recorder(self);
+    return -1;
+}
+
 static PyObject *
 hand_over(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -228,23 +272,19 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         goto over;
     if (anchor_next || !((seq + 1) & self->bseq_mask))
         goto over; /* this record reads the backend's sequence number */
-    writer = PyObject_GetAttr(rec, s_writer);
-    ctx = writer ? PyObject_GetAttr(rec, s_ctx) : NULL;
-    if (!ctx || get_i64(writer, s_capacity, &cap) < 0 || cap <= 0 || get_i64(ctx, s_step, &step) < 0 ||
-        get_i64(ctx, s_micro_step, &micro) < 0)
+    if (know_recorder(self, rec) < 0)
         goto over;
-    v = PyObject_GetAttr(writer, s_full);
-    if (!v)
-        goto over;
-    int full = PyObject_IsTrue(v);
-    Py_CLEAR(v);
-    PyObject *ids = PyObject_GetAttr(writer, s_counter);
-    if (!ids)
+    writer = self->c_writer;
+    Py_INCREF(writer);
+    ctx = self->c_ctx;
+    Py_INCREF(ctx);
+    cap = self->c_cap;
+    int full = self->c_full;
+    if (get_i64(ctx, s_step, &step) < 0 || get_i64(ctx, s_micro_step, &micro) < 0)
         goto over;
 
     /* -- the record: from here on it is ours to finish ---------------------------------------- */
-    v = PyIter_Next(ids);
-    Py_DECREF(ids);
+    v = PyIter_Next(self->c_ids);
     if (!v)
         goto over; /* nothing was written; the Python wrapper takes the next number */
     idx = PyLong_AsLongLong(v);
@@ -260,7 +300,7 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     Py_CLEAR(v);
     if (off < 0 || set_i64(counter, s_seq, seq + 1) < 0)
         goto lost;
-    mv = PyObject_GetAttr(writer, s_mv);
+    mv = self->c_mv ? (Py_INCREF(self->c_mv), self->c_mv) : PyObject_GetAttr(writer, s_mv);
     if (!mv || PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) < 0)
         goto lost;
     if (off + SLOT_SIZE > view.len) {
@@ -316,7 +356,7 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
             PyErr_Clear(); /* the ring moved past this slot meanwhile: nothing to complete */
             goto done;
         }
-        mv = PyObject_GetAttr(writer, s_mv); /* full mode may have grown the file */
+        mv = self->c_mv ? (Py_INCREF(self->c_mv), self->c_mv) : PyObject_GetAttr(writer, s_mv); /* full mode may have grown the file */
         if (mv && PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) == 0) {
             if (off + SLOT_SIZE <= view.len) {
                 char *slot = (char *)view.buf + off;
@@ -435,6 +475,11 @@ traced_traverse(Traced *self, visitproc visit, void *arg)
     Py_VISIT(self->threads);
     Py_VISIT(self->current);
     Py_VISIT(self->dict);
+    Py_VISIT(self->c_rec);
+    Py_VISIT(self->c_writer);
+    Py_VISIT(self->c_ctx);
+    Py_VISIT(self->c_ids);
+    Py_VISIT(self->c_mv);
     for (Py_ssize_t i = 0; i < self->n_items; i++)
         Py_VISIT(self->dflt[i]);
     return 0;
@@ -451,6 +496,7 @@ traced_clear(Traced *self)
     Py_CLEAR(self->key_id);
     Py_CLEAR(self->plan);
     Py_CLEAR(self->dict);
+    forget_recorder(self);
     for (Py_ssize_t i = 0; i < self->n_items; i++) {
         Py_CLEAR(self->kw[i]);
         Py_CLEAR(self->dflt[i]);
