@@ -45,7 +45,20 @@ dist.all_reduce(torch.ones(4), async_op=True).wait()
 dist.all_gather_into_tensor(torch.empty(4), torch.ones(4))
 for _ in range(40):
     dist.broadcast(torch.ones(2, 3), src=0)
-print(json.dumps({"handed": handed[0], "fast": shim._fastpath is not None}))
+real, calls, raised = dist.all_reduce.__wrapped__, [0], []
+def flaky(*args, **kwargs):  # the third call fails inside torch
+    calls[0] += 1
+    if calls[0] == 3:
+        raise RuntimeError("boom")
+    return real(*args, **kwargs)
+flaky_traced = shim.SHIM._wrap(shim.ops.build_spec("all_reduce", real), flaky)
+for _ in range(5):
+    try:
+        flaky_traced(torch.ones(3))
+    except RuntimeError as e:
+        raised.append(str(e))
+print(json.dumps({"handed": handed[0], "fast": shim._fastpath is not None, "raised": raised,
+                  "depth": CONTEXT.state().depth}))
 dist.destroy_process_group()
 """
 
@@ -71,12 +84,15 @@ def _run(tmp_path: Path, pure: bool) -> tuple[dict[str, object], list[tuple[obje
 def test_c_fast_path_records_what_the_python_wrapper_records(tmp_path: Path) -> None:
     said_c, c = _run(tmp_path, pure=False)
     said_py, py = _run(tmp_path, pure=True)
-    assert said_py == {"handed": 0, "fast": False}
+    assert said_py == {"handed": 0, "fast": False, "raised": ["boom"], "depth": 0}
+    assert said_c["raised"] == ["boom"] and said_c["depth"] == 0
     assert c == py
-    assert [r[1] for r in c] == list(range(1, 148))  # one group, 147 records, seq 1..147
+    assert [r[1] for r in c] == list(range(1, 153))  # one group, 152 records, seq 1..152
     assert [r[7] for r in c[:105]] == ["SUM"] * 100 + ["MAX"] * 5
     assert [r[10] for r in c[100:105]] == ["eval"] * 5
-    assert c[-1][:9] == ("broadcast", 147, c[-1][2], 6, 6, "[2,3] -> [2,3]", "float32", "", 0)
+    assert c[146][:9] == ("broadcast", 147, c[146][2], 6, 6, "[2,3] -> [2,3]", "float32", "", 0)
+    # the failed call: recorded with the error flag; the calls after it recorded as usual
+    assert [bool(r[13] & schema.FLAG_ERROR) for r in c[147:]] == [False, False, True, False, False]
     if said_c["fast"]:
         # handed over: the first call of each key (SUM, then MAX; the first is also the group's
         # first backend-seq read) and the other backend-seq reads (every 32nd record); nothing else

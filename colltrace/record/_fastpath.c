@@ -61,6 +61,7 @@ typedef struct {
     PyObject *dflt[MAX_ITEMS];
     long anchor_flags;
     long bseq_mask;
+    Py_ssize_t async_item; /* the key item holding async_op, or -1 */
     PyObject *dict; /* __wrapped__, __name__, __doc__, __colltrace__ (functools.update_wrapper) */
     /* the recorder's parts that do not change while it records (the ring is not remapped but
      * in full mode, where mv is read each time) */
@@ -227,6 +228,11 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         if (!ts)
             goto over; /* a thread not seen yet: the Python wrapper makes its state */
         Py_INCREF(ts);
+    }
+    if (self->async_item >= 0) { /* an async call: the Python wrapper watches its Work */
+        int is_async = PyObject_IsTrue(argument(self, self->async_item, args, nargs, kwnames));
+        if (is_async)
+            goto over;
     }
     v = PyObject_GetAttr(ts, s_depth);
     if (!v)
@@ -446,6 +452,7 @@ traced_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->plan = plan;
     self->anchor_flags = anchor_flags;
     self->bseq_mask = bseq_mask;
+    self->async_item = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         int what;
         Py_ssize_t pos;
@@ -455,6 +462,8 @@ traced_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
             return NULL;
         }
         self->what[i] = what;
+        if (what == KEY_VALUE && PyUnicode_Check(var) && PyUnicode_CompareWithASCIIString(var, "async_op") == 0)
+            self->async_item = i;
         self->pos[i] = pos;
         Py_INCREF(kw);
         PyUnicode_InternInPlace(&kw);
