@@ -106,3 +106,49 @@ def test_the_c_fast_path_is_built_where_a_compiler_is() -> None:
         assert shim._fastpath is None
         return
     assert shim._fastpath is not None, "a C compiler is here, yet colltrace/record/_fastpath was not built"
+
+
+# Two threads, each on its own group, through the fast path at once; then 20,000 more calls on one
+# thread, counting the interpreter's allocated blocks: a reference leaked per call would show here.
+STRESS = """
+import json, os, socket, sys, threading, torch, torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+dist.init_process_group("gloo", rank=0, world_size=1)
+from colltrace.record import shim
+groups = [dist.new_group([0]), dist.new_group([0])]
+def work(g):
+    x = torch.ones(8)
+    for _ in range(300):
+        dist.all_reduce(x, group=g)
+threads = [threading.Thread(target=work, args=(g,)) for g in groups]
+for t in threads: t.start()
+for t in threads: t.join()
+x = torch.ones(8)
+for _ in range(2000):
+    dist.all_reduce(x)
+before = sys.getallocatedblocks()
+for _ in range(20000):
+    dist.all_reduce(x)
+grown = sys.getallocatedblocks() - before
+print(json.dumps({"grown": grown, "fast": shim._fastpath is not None}))
+dist.destroy_process_group()
+"""
+
+
+def test_fast_path_under_threads_and_many_calls_leaks_nothing(tmp_path: Path) -> None:
+    env = job_env(tmp_path, COLLTRACE_RING="100000")
+    proc = subprocess.run([sys.executable, "-c", STRESS], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert said["grown"] < 2000, said  # 20,000 calls: one leaked object per call would be 20,000
+    rt = read_run(str(tmp_path)).ranks[0]
+    by_group: dict[str, list[int]] = {}
+    for r in rt.records:
+        by_group.setdefault(r.group, []).append(r.seq)
+    # the two threads' groups: 300 each, in order; the default group: 22,000
+    assert sorted(len(seqs) for seqs in by_group.values()) == [300, 300, 22000]
+    assert all(seqs == list(range(1, len(seqs) + 1)) for seqs in by_group.values())
+    assert len({r.tid for r in rt.records}) == 3
+    assert all(r.t_done_ns is not None for r in rt.records)
