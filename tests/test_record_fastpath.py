@@ -41,6 +41,8 @@ for _ in range(100):
 with colltrace.phase("eval"):
     for _ in range(5):
         fast(x, op=dist.ReduceOp.MAX)
+for _ in range(20):
+    fast(x, async_op=True).wait()
 dist.all_reduce(torch.ones(4), async_op=True).wait()
 dist.all_gather_into_tensor(torch.empty(4), torch.ones(4))
 for _ in range(40):
@@ -87,16 +89,17 @@ def test_c_fast_path_records_what_the_python_wrapper_records(tmp_path: Path) -> 
     assert said_py == {"handed": 0, "fast": False, "raised": ["boom"], "depth": 0}
     assert said_c["raised"] == ["boom"] and said_c["depth"] == 0
     assert c == py
-    assert [r[1] for r in c] == list(range(1, 153))  # one group, 152 records, seq 1..152
+    assert [r[1] for r in c] == list(range(1, 173))  # one group, 172 records, seq 1..172
     assert [r[7] for r in c[:105]] == ["SUM"] * 100 + ["MAX"] * 5
     assert [r[10] for r in c[100:105]] == ["eval"] * 5
-    assert c[146][:9] == ("broadcast", 147, c[146][2], 6, 6, "[2,3] -> [2,3]", "float32", "", 0)
+    assert all(r[13] & schema.FLAG_ASYNC and r[14] for r in c[105:125])  # async, waited on
+    assert c[166][:9] == ("broadcast", 167, c[166][2], 6, 6, "[2,3] -> [2,3]", "float32", "", 0)
     # the failed call: recorded with the error flag; the calls after it recorded as usual
-    assert [bool(r[13] & schema.FLAG_ERROR) for r in c[147:]] == [False, False, True, False, False]
+    assert [bool(r[13] & schema.FLAG_ERROR) for r in c[167:]] == [False, False, True, False, False]
     if said_c["fast"]:
-        # handed over: the first call of each key (SUM, then MAX; the first is also the group's
+        # handed over: the first call of each key (SUM, MAX, async; the first is also the group's
         # first backend-seq read) and the other backend-seq reads (every 32nd record); nothing else
-        assert said_c["handed"] == 2 + len([32, 64, 96])
+        assert said_c["handed"] == 3 + len([32, 64, 96])
 
 
 def test_the_c_fast_path_is_built_where_a_compiler_is() -> None:

@@ -2,9 +2,10 @@
  * that repeat (a training loop issues the same few thousand calls again and again).
  *
  * It does what the generated Python wrapper's fast path does (colltrace/record/shim.py,
- * _TEMPLATE), with the same objects, and hands every other call to that Python wrapper
+ * _TEMPLATE, and Recorder.watch for an async call's Work), with the same objects, and hands
+ * every other call to that Python wrapper
  * unchanged: a thread it has not seen, a call inside a traced call, a key not in the thread's
- * cache, a record that reads the backend's sequence number, an async call. It changes nothing
+ * cache, a record that reads the backend's sequence number. It changes nothing
  * before it knows it will finish the record itself, so handing over is always safe.
  *
  * Built by hatch_build.py when a C compiler is there; without it the Python wrapper does all.
@@ -34,13 +35,14 @@
 #define HEAD_LEN 40
 #define MID_LEN 28
 #define FLAG_ASYNC 1
+#define PENDING_MAX 8192 /* recorder._PENDING_MAX */
 
 #define KEY_VALUE 0
 #define KEY_SHAPE 1
 #define KEY_DTYPE 2
 #define MAX_ITEMS 16
 
-static PyObject *s_recorder, *s_depth, *s_serve, *s_static, *s_seq, *s_anchor_next, *s_writer, *s_counter,
+static PyObject *s_pending, *s_shed, *s_recorder, *s_depth, *s_serve, *s_static, *s_seq, *s_anchor_next, *s_writer, *s_counter,
     *s_capacity, *s_full, *s_mv, *s_ctx, *s_step, *s_micro_step, *s_last_idx, *s_last_progress_ns, *s_shape,
     *s_dtype, *s_offset_of, *s_failed, *s_one, *s_zero;
 
@@ -61,11 +63,10 @@ typedef struct {
     PyObject *dflt[MAX_ITEMS];
     long anchor_flags;
     long bseq_mask;
-    Py_ssize_t async_item; /* the key item holding async_op, or -1 */
     PyObject *dict; /* __wrapped__, __name__, __doc__, __colltrace__ (functools.update_wrapper) */
     /* the recorder's parts that do not change while it records (the ring is not remapped but
      * in full mode, where mv is read each time) */
-    PyObject *c_rec, *c_writer, *c_ctx, *c_ids, *c_mv;
+    PyObject *c_rec, *c_writer, *c_ctx, *c_ids, *c_mv, *c_pending;
     int64_t c_cap;
     int c_full;
 } Traced;
@@ -169,6 +170,7 @@ forget_recorder(Traced *self)
     Py_CLEAR(self->c_ctx);
     Py_CLEAR(self->c_ids);
     Py_CLEAR(self->c_mv);
+    Py_CLEAR(self->c_pending);
 }
 
 /* the cached parts of recorder rec: 0, or -1 with an exception */
@@ -191,6 +193,8 @@ know_recorder(Traced *self, PyObject *rec)
     self->c_full = PyObject_IsTrue(v);
     Py_DECREF(v);
     if (!self->c_full && !(self->c_mv = PyObject_GetAttr(writer, s_mv)))
+        goto fail;
+    if (!(self->c_pending = PyObject_GetAttr(rec, s_pending)) || !PyDict_Check(self->c_pending))
         goto fail;
     Py_INCREF(rec);
     self->c_rec = rec;
@@ -229,11 +233,6 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
             goto over; /* a thread not seen yet: the Python wrapper makes its state */
         Py_INCREF(ts);
     }
-    if (self->async_item >= 0) { /* an async call: the Python wrapper watches its Work */
-        int is_async = PyObject_IsTrue(argument(self, self->async_item, args, nargs, kwnames));
-        if (is_async)
-            goto over;
-    }
     v = PyObject_GetAttr(ts, s_depth);
     if (!v)
         goto over;
@@ -264,7 +263,7 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     counter = PyTuple_GET_ITEM(entry, 2);
     Py_INCREF(counter);
     long flags = PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
-    if ((flags == -1 && PyErr_Occurred()) || (flags & (FLAG_ASYNC | self->anchor_flags)))
+    if ((flags == -1 && PyErr_Occurred()) || (flags & self->anchor_flags))
         goto over;
     if (!PyBytes_Check(head) || PyBytes_GET_SIZE(head) != HEAD_LEN || !PyBytes_Check(mid) ||
         PyBytes_GET_SIZE(mid) != MID_LEN)
@@ -352,6 +351,20 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         Py_XDECREF(r);
         PyErr_Clear();
         PyErr_Restore(et, ev, etb);
+        goto done;
+    }
+
+    /* -- an async call is done when its Work is seen done: Recorder.watch, in C ------------- */
+    if ((flags & FLAG_ASYNC) && result != Py_None) {
+        PyObject *entry2 = Py_BuildValue("(Ll[i])", (long long)idx, flags, 1);
+        if (!entry2 || PyDict_SetItem(self->c_pending, result, entry2) < 0)
+            PyErr_Clear(); /* an unhashable result: its completion stays unknown, as in Python */
+        Py_XDECREF(entry2);
+        if (PyDict_GET_SIZE(self->c_pending) > PENDING_MAX) {
+            PyObject *r = PyObject_CallMethodNoArgs(rec, s_shed);
+            Py_XDECREF(r);
+            PyErr_Clear();
+        }
         goto done;
     }
 
@@ -452,7 +465,6 @@ traced_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->plan = plan;
     self->anchor_flags = anchor_flags;
     self->bseq_mask = bseq_mask;
-    self->async_item = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         int what;
         Py_ssize_t pos;
@@ -462,8 +474,6 @@ traced_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
             return NULL;
         }
         self->what[i] = what;
-        if (what == KEY_VALUE && PyUnicode_Check(var) && PyUnicode_CompareWithASCIIString(var, "async_op") == 0)
-            self->async_item = i;
         self->pos[i] = pos;
         Py_INCREF(kw);
         PyUnicode_InternInPlace(&kw);
@@ -489,6 +499,7 @@ traced_traverse(Traced *self, visitproc visit, void *arg)
     Py_VISIT(self->c_ctx);
     Py_VISIT(self->c_ids);
     Py_VISIT(self->c_mv);
+    Py_VISIT(self->c_pending);
     for (Py_ssize_t i = 0; i < self->n_items; i++)
         Py_VISIT(self->dflt[i]);
     return 0;
@@ -575,6 +586,8 @@ PyInit__fastpath(void)
         return NULL;
     }
     INTERN(s_recorder, "recorder");
+    INTERN(s_pending, "pending");
+    INTERN(s_shed, "_shed");
     INTERN(s_depth, "depth");
     INTERN(s_serve, "serve");
     INTERN(s_static, "static");

@@ -24,7 +24,7 @@ _STATIC_CACHE_MAX = 65536
 BSEQ_MASK = 31  # read the backend seq at every 32nd record of a group (and after multi-op calls)
 ANCHOR_FLAGS = schema.FLAG_OBJECT | schema.FLAG_COALESCED  # calls that run several backend collectives
 _OPEN_WINDOW = 256
-_PENDING_MAX = 8192
+_PENDING_MAX = 8192  # also in _fastpath.c
 # the slot minus marker, seq/backend_seq and step..wait: see schema.SLOT_FIELDS
 _STATIC_HEAD = struct.Struct("<BBHIIIIIIIII")  # kind .. shape
 _STATIC_MID = struct.Struct("<qqqi")  # backend_seq (-1: read later), numel_in, numel_out, peer

@@ -132,7 +132,7 @@ class Shim:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         traced: Callable[..., Any] = functools.wraps(orig)(namespace[spec.name])
         traced.__colltrace__ = True  # type: ignore[attr-defined]
-        if _fastpath is None or not spec.plan or spec.flags & schema.FLAG_ASYNC:  # isend/irecv: always async
+        if _fastpath is None or not spec.plan:
             return traced
         # the C fast path: the same fast path in one C call, handing every other call to `traced`
         fast: Callable[..., Any] = _fastpath.Traced(
