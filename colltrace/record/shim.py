@@ -42,6 +42,8 @@ class Shim:
         self.threads = CONTEXT.threads  # per-thread state (ThreadState.depth), by thread id
         self.originals: list[tuple[Any, str, Any]] = []
         self.failures = 0
+        # (id(torch function), C fast path) -> (it, its wrapper): a wrapper and its keys outlive a pause
+        self._made: dict[tuple[int, bool], tuple[Any, Callable[..., Any]]] = {}
 
     def failed(self, rec: Recorder, what: str, exc: BaseException) -> None:
         """Say it once; stop recording for good when the trace cannot be written (disk full,
@@ -103,9 +105,12 @@ class Shim:
         """The traced version of one torch function. Where the spec carries its extractor's
         source, the wrapper is generated with it inlined, with a fast path for a call seen
         before on this thread (the per-call cost is the product: see bench/shim_overhead.py)."""
-        if not spec.source:
-            return self._wrap_generic(spec, orig)
-        source = _TEMPLATE.format(name=spec.name, extract=textwrap.indent(spec.source, "    "))
+        made = self._made.get((id(orig), _fastpath is not None))
+        if made is not None and made[0] is orig:  # installed again (install.resume): the same wrapper
+            return made[1]
+        # a spec without source (functional collectives resolve their group in Python) is called
+        extract = spec.source or f"    {', '.join(ops.EXTRACTED)} = spec.extract(args, kwargs, attribution)\n"
+        source = _TEMPLATE.format(name=spec.name, extract=textwrap.indent(extract, "    "))
         namespace: dict[str, Any] = {
             "shim": self,
             "orig": orig,
@@ -126,60 +131,25 @@ class Shim:
             "pack_marker": writer.pack_marker,
             "pack_done": writer.pack_done,
         }
-        filename = f"<colltrace traced {spec.name}>"
+        filename = f"<colltrace traced {spec.name}{'' if spec.source else ' (functional)'}>"
         exec(compile(source, filename, "exec"), namespace)  # noqa: S102
         # tracebacks and stack dumps through the wrapper show its lines (as attrs does for its code)
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         traced: Callable[..., Any] = functools.wraps(orig)(namespace[spec.name])
         traced.__colltrace__ = True  # type: ignore[attr-defined]
-        if _fastpath is None or not spec.plan:
-            return traced
-        # the C fast path: the same fast path in one C call, handing every other call to `traced`
+        if _fastpath is not None and spec.plan:
+            traced = self._fast(spec, orig, traced)
+        self._made[(id(orig), _fastpath is not None)] = (orig, traced)
+        return traced
+
+    def _fast(self, spec: ops.OpSpec, orig: Callable[..., Any], traced: Callable[..., Any]) -> Callable[..., Any]:
+        """The C fast path: the same fast path in one C call, handing every other call to `traced`."""
         fast: Callable[..., Any] = _fastpath.Traced(
             orig, traced, self, self.threads, CONTEXT.current, spec.plan, recorder.ANCHOR_FLAGS, recorder.BSEQ_MASK
         )
         functools.update_wrapper(fast, orig)
         fast.__colltrace__ = True  # type: ignore[attr-defined]
         return fast
-
-    def _wrap_generic(self, spec: ops.OpSpec, orig: Callable[..., Any]) -> Callable[..., Any]:
-        shim = self
-        threads = self.threads
-        state = CONTEXT.state
-        name = spec.name
-
-        @functools.wraps(orig)
-        def traced(*args: Any, **kwargs: Any) -> Any:
-            rec = shim.recorder
-            if rec is None:
-                return orig(*args, **kwargs)
-            ts = threads.get(_get_ident()) or state()
-            if ts.depth:
-                return orig(*args, **kwargs)
-            t_issue = _now()
-            try:
-                idx, flags, anchor = rec.issue(spec, args, kwargs, t_issue, ts)
-            except Exception as e:  # the shim steps aside, the collective still runs
-                shim.failed(rec, f"recording {name} failed", e)
-                return orig(*args, **kwargs)
-            ts.depth = 1
-            try:
-                result = orig(*args, **kwargs)
-            except BaseException as e:
-                ts.depth = 0
-                if idx >= 0:
-                    rec.failed(idx, flags, e)
-                raise
-            ts.depth = 0
-            if idx >= 0:
-                try:
-                    rec.returned(idx, flags, anchor, result, t_issue)
-                except Exception as e:
-                    rec.warn_once(f"completing {name} failed", e)
-            return result
-
-        traced.__colltrace__ = True  # type: ignore[attr-defined]
-        return traced
 
     def _wrap_batch(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """batch_isend_irecv: one p2p record per P2POp, completed by the Works it returns."""
@@ -271,8 +241,8 @@ class Shim:
             pass  # a Work class we cannot patch: async Works complete by the watchdog's poll
 
 
-# The generated wrapper: _wrap_generic with the extractor inlined and, for a call whose key is in
-# this thread's cache, Recorder.issue and Recorder.returned inlined (keep the three in step).
+# The generated wrapper: the extractor inlined and, for a call whose key is in this thread's cache,
+# Recorder.issue and Recorder.returned inlined (keep them in step; _fastpath.c does the same in C).
 _TEMPLATE = """
 def {name}(*args, **kwargs):
     rec = shim.recorder
