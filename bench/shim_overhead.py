@@ -1,6 +1,7 @@
 """What tracing costs the job it observes: per collective, and per FSDP2 training step.
 
     python bench/shim_overhead.py [--rounds N]
+    python bench/shim_overhead.py --parts [--rounds N]    (the FSDP2 step's cost, part by part)
 
 Every figure is a difference or a ratio measured in the same process, traced and untraced
 batches interleaved (colltrace.record.install.pause/resume take every patch and hook out and
@@ -348,6 +349,73 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
     dist.destroy_process_group()
 
 
+def _parts_worker(rank: int, world: int, port: int, out: str, rounds: int) -> None:
+    """The same FSDP2 steps with the shim's parts installed one at a time: which part costs what."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.fsdp import fully_shard
+
+    from colltrace.record import install
+    from colltrace.record.fsdp import FSDP
+    from colltrace.record.hooks import HOOKS
+    from colltrace.record.shim import SHIM
+
+    _init(rank, world, port)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    width, depth = 256, 6
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)])
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = torch.randn(64, width)
+    rec = SHIM.recorder
+    parts = {
+        "nothing": (),
+        "collective wrappers": ("shim",),
+        "module and optimizer hooks": ("hooks",),
+        "FSDP adapters": ("fsdp",),
+        "all": ("shim", "hooks", "fsdp"),
+    }
+    cpu: dict[str, list[float]] = {k: [] for k in parts}
+    for r in range(rounds + 2):
+        for name, on in parts.items():
+            install.pause()
+            if "shim" in on:
+                SHIM.install()
+                SHIM.recorder = rec
+            if "hooks" in on:
+                HOOKS.install()
+            if "fsdp" in on:
+                FSDP.install()
+            c0 = time.thread_time_ns()
+            for _ in range(4):
+                model(batch).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            if r >= 2:
+                cpu[name].append((time.thread_time_ns() - c0) / 4 / 1e6)
+    install.pause()
+    install.resume()
+    if rank == 0:
+        base = cpu["nothing"]
+        summary = {}
+        for name in parts:
+            added = [b - a for a, b in zip(base, cpu[name])]
+            summary[name] = {"ms": statistics.median(added), "ci90_ms": _ci90(added)}
+        with open(out, "w") as f:
+            json.dump(summary, f)
+    dist.destroy_process_group()
+
+
+def child_parts(out: str, rounds: int) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_parts_worker, args=(2, _free_port(), out, rounds), nprocs=2)
+
+
 def child_fsdp(out: str, rounds: int, interleave: bool = True) -> None:
     import torch.multiprocessing as mp
 
@@ -396,9 +464,21 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--child")
     p.add_argument("--out")
+    p.add_argument("--parts", action="store_true", help="only: the FSDP2 step's cost, part by part")
     args = p.parse_args()
     if args.child:
-        {"collective": child_collective, "fsdp": child_fsdp, "pair": child_pair}[args.child](args.out, args.rounds)
+        children = {"collective": child_collective, "fsdp": child_fsdp, "pair": child_pair, "parts": child_parts}
+        children[args.child](args.out, args.rounds)
+        return
+    if args.parts:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {"COLLTRACE": "1", "COLLTRACE_DIR": os.path.join(tmp, "trace"), "COLLTRACE_QUIET": "1"}
+            parts = _child("parts", os.path.join(tmp, "r.json"), args.rounds, env)
+        print(f"FSDP2 step, 2 ranks, 18 collectives: CPU time added on the training thread per step, by part "
+              f"(median of {args.rounds} interleaved rounds, 90% CI):")  # fmt: skip
+        for name, v in parts.items():
+            print(f"  {name:28s} {v['ms']:+.3f} ms ({v['ci90_ms'][0]:+.3f}..{v['ci90_ms'][1]:+.3f})")
+        print(json.dumps({name: round(v["ms"], 4) for name, v in parts.items()}))
         return
 
     with tempfile.TemporaryDirectory() as tmp:
