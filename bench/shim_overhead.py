@@ -240,20 +240,11 @@ def _ci90(values: list[float], reps: int = 2000) -> list[float]:
     return [meds[int(0.05 * reps)], meds[int(0.95 * reps)]]
 
 
-def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interleave: bool) -> None:
-    """Three variants of the same FSDP2 steps, interleaved: untraced, traced, and untraced with
-    the issue's yardstick (a struct into an mmap) run beside each collective FSDP issues."""
-    import mmap
-    import struct
-
+def _fsdp_model(rank: int, world: int, port: int) -> tuple[Any, Any, Any]:
+    """The benched job: 6 blocks of Linear(256) + ReLU, each its own FSDP2 unit, SGD, batch 64."""
     import torch
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
     import torch.nn as nn
     from torch.distributed.fsdp import fully_shard
-
-    from colltrace.record import install
-    from colltrace.record.shim import SHIM
 
     _init(rank, world, port)
     torch.manual_seed(0)
@@ -263,8 +254,22 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
     for block in model:
         fully_shard(block)
     fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    batch = torch.randn(64, width)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01), torch.randn(64, width)
+
+
+def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interleave: bool) -> None:
+    """Three variants of the same FSDP2 steps, interleaved: untraced, traced, and untraced with
+    the issue's yardstick (a struct into an mmap) run beside each collective FSDP issues."""
+    import mmap
+    import struct
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from colltrace.record import install
+    from colltrace.record.shim import SHIM
+
+    model, opt, batch = _fsdp_model(rank, world, port)
 
     def steps(k: int) -> tuple[float, float]:
         """ms per step: wall clock, and CPU time of this (the training loop's) thread."""
@@ -351,26 +356,14 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
 
 def _parts_worker(rank: int, world: int, port: int, out: str, rounds: int) -> None:
     """The same FSDP2 steps with the shim's parts installed one at a time: which part costs what."""
-    import torch
     import torch.distributed as dist
-    import torch.nn as nn
-    from torch.distributed.fsdp import fully_shard
 
     from colltrace.record import install
     from colltrace.record.fsdp import FSDP
     from colltrace.record.hooks import HOOKS
     from colltrace.record.shim import SHIM
 
-    _init(rank, world, port)
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    width, depth = 256, 6
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)])
-    for block in model:
-        fully_shard(block)
-    fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    batch = torch.randn(64, width)
+    model, opt, batch = _fsdp_model(rank, world, port)
     rec = SHIM.recorder
     parts = {
         "nothing": (),
