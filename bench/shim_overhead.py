@@ -317,11 +317,13 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
     results: dict[str, list[tuple[float, float]]] = {"untraced": [], "traced": [], "yardstick": []}
     if fastpath is not None:
         results["traced_python"] = []
-    for _ in range(rounds):
+    for r in range(rounds + 1):  # round 0 warms every variant up (first calls, caches) and is dropped
         for variant, got in results.items():
             switch(variant)
             first = SHIM.recorder.writer.last_idx if SHIM.recorder else 0
-            got.append(steps(k))
+            took = steps(k)
+            if r:
+                got.append(took)
             if variant == "traced":
                 per_step = ((SHIM.recorder.writer.last_idx if SHIM.recorder else 0) - first) / k
             if traced and variant.startswith("traced"):
