@@ -157,3 +157,74 @@ def test_fast_path_under_threads_and_many_calls_leaks_nothing(tmp_path: Path) ->
     assert all(seqs == list(range(1, len(seqs) + 1)) for seqs in by_group.values())
     assert len({r.tid for r in rt.records}) == 3
     assert all(r.t_done_ns is not None for r in rt.records)
+
+
+# The wrapper stands in for a function: copy, deepcopy, pickle, weakref and binding as a class
+# attribute behave as with the original. And with backend-seq reads off, nothing is handed over
+# but a key's first call.
+LIKE_A_FUNCTION = """
+import copy, json, os, pickle, socket, weakref, torch, torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+dist.init_process_group("gloo", rank=0, world_size=1)
+from colltrace.record import shim, recorder
+from colltrace.record.context import CONTEXT
+f = dist.all_reduce
+class Holder:
+    fn = dist.all_reduce
+same = [copy.copy(f) is f, copy.deepcopy({"f": f})["f"] is f, pickle.loads(pickle.dumps(f)) is f,
+        weakref.ref(f)() is f, getattr(Holder().fn, "__func__", None) is f, Holder.fn is f]
+handed = [0]
+if shim._fastpath is not None:
+    slow = f.slow
+    def counting(*args, **kwargs):
+        handed[0] += 1
+        return slow(*args, **kwargs)
+    f = shim._fastpath.Traced(f.__wrapped__, counting, shim.SHIM, CONTEXT.threads, CONTEXT.current, f.plan,
+                              recorder.ANCHOR_FLAGS, recorder.BSEQ_MASK)
+x = torch.ones(4)
+for _ in range(100):
+    f(x)
+print(json.dumps({"same": same, "handed": handed[0], "fast": shim._fastpath is not None}))
+dist.destroy_process_group()
+"""
+
+
+def test_the_wrapper_copies_pickles_and_binds_like_the_function_it_replaces(tmp_path: Path) -> None:
+    env = job_env(tmp_path, COLLTRACE_BACKEND_SEQ="0")
+    proc = subprocess.run([sys.executable, "-c", LIKE_A_FUNCTION], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert said["same"] == [True] * 6
+    if said["fast"]:
+        assert said["handed"] == 1  # the first call (a new key); no backend-seq reads to hand over
+    rt = read_run(str(tmp_path)).ranks[0]
+    assert [r.seq for r in rt.records] == list(range(1, 101))
+    assert all(r.t_done_ns is not None and r.backend_seq == -1 for r in rt.records)  # -1: not read
+
+
+REINIT = """
+import os, socket, torch, torch.distributed as dist
+def init():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+for _ in range(2):
+    init()
+    for _ in range(3):
+        dist.all_reduce(torch.ones(4))
+    dist.destroy_process_group()
+"""
+
+
+def test_a_second_init_process_group_numbers_the_new_default_group_afresh(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", REINIT], env=job_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rt = read_run(str(tmp_path)).ranks[0]
+    # the cached calls of the first group are dropped: the new group's calls are its own, from 1
+    assert [r.seq for r in rt.records] == [1, 2, 3, 1, 2, 3]
+    assert all(r.t_done_ns is not None and r.op == "all_reduce" and r.numel_in == 4 for r in rt.records)

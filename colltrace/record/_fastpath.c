@@ -42,9 +42,9 @@
 #define KEY_DTYPE 2
 #define MAX_ITEMS 16
 
-static PyObject *s_pending, *s_shed, *s_recorder, *s_depth, *s_serve, *s_static, *s_seq, *s_anchor_next, *s_writer, *s_counter,
+static PyObject *s_pending, *s_shed, *s_backend_seq, *s_recorder, *s_depth, *s_serve, *s_static, *s_seq, *s_anchor_next, *s_writer, *s_counter,
     *s_capacity, *s_full, *s_mv, *s_ctx, *s_step, *s_micro_step, *s_last_idx, *s_last_progress_ns, *s_shape,
-    *s_dtype, *s_offset_of, *s_failed, *s_one, *s_zero;
+    *s_dtype, *s_offset_of, *s_one, *s_zero;
 
 typedef struct {
     PyObject_HEAD
@@ -64,6 +64,7 @@ typedef struct {
     long anchor_flags;
     long bseq_mask;
     PyObject *dict; /* __wrapped__, __name__, __doc__, __colltrace__ (functools.update_wrapper) */
+    PyObject *weakrefs;
     /* the recorder's parts that do not change while it records (the ring is not remapped but
      * in full mode, where mv is read each time) */
     PyObject *c_rec, *c_writer, *c_ctx, *c_ids, *c_mv, *c_pending;
@@ -173,35 +174,49 @@ forget_recorder(Traced *self)
     Py_CLEAR(self->c_pending);
 }
 
-/* the cached parts of recorder rec: 0, or -1 with an exception */
+/* Learn the fixed parts of recorder rec (0), or -1 with an exception. Everything is fetched into
+ * locals first and stored at the end, with no Python code in between: another thread may be inside
+ * a call of this wrapper, and it keeps its own references (see Parts). */
 static int
 know_recorder(Traced *self, PyObject *rec)
 {
     if (rec == self->c_rec)
         return 0;
-    forget_recorder(self);
-    PyObject *writer = PyObject_GetAttr(rec, s_writer);
-    if (!writer)
+    PyObject *writer = NULL, *ctx = NULL, *ids = NULL, *mv = NULL, *pending = NULL, *v = NULL;
+    int64_t cap = 0;
+    int full;
+    if (!(writer = PyObject_GetAttr(rec, s_writer)) || !(ctx = PyObject_GetAttr(rec, s_ctx)) ||
+        !(ids = PyObject_GetAttr(writer, s_counter)) || get_i64(writer, s_capacity, &cap) < 0 || cap <= 0 ||
+        !(v = PyObject_GetAttr(writer, s_full)) || (full = PyObject_IsTrue(v)) < 0 ||
+        (!full && !(mv = PyObject_GetAttr(writer, s_mv))) || !(pending = PyObject_GetAttr(rec, s_pending)) ||
+        !PyDict_Check(pending)) {
+        Py_XDECREF(writer);
+        Py_XDECREF(ctx);
+        Py_XDECREF(ids);
+        Py_XDECREF(mv);
+        Py_XDECREF(pending);
+        Py_XDECREF(v);
         return -1;
-    self->c_writer = writer;
-    if (!(self->c_ctx = PyObject_GetAttr(rec, s_ctx)) || !(self->c_ids = PyObject_GetAttr(writer, s_counter)) ||
-        get_i64(writer, s_capacity, &self->c_cap) < 0 || self->c_cap <= 0)
-        goto fail;
-    PyObject *v = PyObject_GetAttr(writer, s_full);
-    if (!v)
-        goto fail;
-    self->c_full = PyObject_IsTrue(v);
+    }
     Py_DECREF(v);
-    if (!self->c_full && !(self->c_mv = PyObject_GetAttr(writer, s_mv)))
-        goto fail;
-    if (!(self->c_pending = PyObject_GetAttr(rec, s_pending)) || !PyDict_Check(self->c_pending))
-        goto fail;
+    PyObject *old_rec = self->c_rec, *old_writer = self->c_writer, *old_ctx = self->c_ctx, *old_ids = self->c_ids,
+             *old_mv = self->c_mv, *old_pending = self->c_pending;
     Py_INCREF(rec);
     self->c_rec = rec;
+    self->c_writer = writer;
+    self->c_ctx = ctx;
+    self->c_ids = ids;
+    self->c_mv = mv;
+    self->c_pending = pending;
+    self->c_cap = cap;
+    self->c_full = full;
+    Py_XDECREF(old_rec);
+    Py_XDECREF(old_writer);
+    Py_XDECREF(old_ctx);
+    Py_XDECREF(old_ids);
+    Py_XDECREF(old_mv);
+    Py_XDECREF(old_pending);
     return 0;
-fail:
-    forget_recorder(self);
-    return -1;
 }
 
 static PyObject *
@@ -210,14 +225,30 @@ hand_over(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
 
+/* An exception that is not an Exception (KeyboardInterrupt, SystemExit) must reach the caller,
+ * as it would through the Python wrapper; any other error of the shim's own is dropped. */
+static int
+must_raise(void)
+{
+    return PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception);
+}
+
 static PyObject *
 traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *rec = NULL, *ts = NULL, *attribution = NULL, *key = NULL, *cache = NULL, *counter = NULL;
-    PyObject *writer = NULL, *ctx = NULL, *mv = NULL, *result = NULL, *v = NULL;
-    int64_t t_issue, seq, idx, cap, step, micro, off, last_idx;
+    /* strong references held for the whole call: the wrapper's cached parts may be replaced by
+     * another thread while this one is inside the collective (the GIL is released there) */
+    PyObject *rec = NULL, *ts = NULL, *attribution = NULL, *key = NULL, *cache = NULL, *entry = NULL;
+    PyObject *counter = NULL, *writer = NULL, *ctx = NULL, *ids = NULL, *mv = NULL, *pending = NULL;
+    PyObject *result = NULL, *v = NULL;
+    int64_t t_issue, seq, idx, cap, step, micro, off = -1, last_idx;
+    int full, truth;
+    long flags;
     Py_buffer view;
+
+    if (!self->orig || !self->slow || !self->shim)
+        return PyErr_Format(PyExc_RuntimeError, "colltrace: traced wrapper used after it was cleared");
 
     /* -- everything that can fail or hand over, before anything changes ---------------------- */
     rec = PyObject_GetAttr(self->shim, s_recorder);
@@ -233,66 +264,72 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
             goto over; /* a thread not seen yet: the Python wrapper makes its state */
         Py_INCREF(ts);
     }
-    v = PyObject_GetAttr(ts, s_depth);
-    if (!v)
-        goto over;
-    int depth = PyObject_IsTrue(v);
-    Py_CLEAR(v);
-    if (depth)
+    if (!(v = PyObject_GetAttr(ts, s_depth)) || (truth = PyObject_IsTrue(v)) != 0)
         goto over; /* inside a traced call: the Python wrapper calls the original */
+    Py_CLEAR(v);
     t_issue = now_ns();
-    attribution = PyObject_GetAttr(ts, s_serve);
-    if (!attribution)
+    if (!(attribution = PyObject_GetAttr(ts, s_serve)) || (truth = PyObject_IsTrue(attribution)) < 0)
         goto over;
-    if (!PyObject_IsTrue(attribution)) {
+    if (!truth) {
         Py_DECREF(attribution);
-        attribution = PyObject_CallOneArg(self->current, ts);
-        if (!attribution)
+        if (!(attribution = PyObject_CallOneArg(self->current, ts)))
             goto over;
     }
-    key = build_key(self, args, nargs, kwnames, attribution);
-    if (!key)
+    if (!(key = build_key(self, args, nargs, kwnames, attribution)))
         goto over;
-    cache = PyObject_GetAttr(ts, s_static);
-    if (!cache || !PyDict_Check(cache))
+    if (!(cache = PyObject_GetAttr(ts, s_static)) || !PyDict_Check(cache))
         goto over;
-    PyObject *entry = PyDict_GetItemWithError(cache, key); /* borrowed: (head, mid, counter, flags) */
+    entry = PyDict_GetItemWithError(cache, key); /* (head, mid, counter, flags) */
     if (!entry || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 4)
         goto over;
+    Py_INCREF(entry); /* Python code may drop it from the cache before the slot is written */
     PyObject *head = PyTuple_GET_ITEM(entry, 0), *mid = PyTuple_GET_ITEM(entry, 1);
     counter = PyTuple_GET_ITEM(entry, 2);
     Py_INCREF(counter);
-    long flags = PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
+    flags = PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
     if ((flags == -1 && PyErr_Occurred()) || (flags & self->anchor_flags))
         goto over;
     if (!PyBytes_Check(head) || PyBytes_GET_SIZE(head) != HEAD_LEN || !PyBytes_Check(mid) ||
         PyBytes_GET_SIZE(mid) != MID_LEN)
         goto over;
-    v = PyObject_GetAttr(counter, s_anchor_next);
-    if (!v)
-        goto over;
-    int anchor_next = PyObject_IsTrue(v);
-    Py_CLEAR(v);
-    if (get_i64(counter, s_seq, &seq) < 0)
-        goto over;
-    if (anchor_next || !((seq + 1) & self->bseq_mask))
-        goto over; /* this record reads the backend's sequence number */
     if (know_recorder(self, rec) < 0)
         goto over;
     writer = self->c_writer;
     Py_INCREF(writer);
     ctx = self->c_ctx;
     Py_INCREF(ctx);
+    ids = self->c_ids;
+    Py_INCREF(ids);
+    pending = self->c_pending;
+    Py_INCREF(pending);
+    Py_XINCREF(self->c_mv);
+    mv = self->c_mv; /* NULL in full mode: read at each use */
+    full = self->c_full;
     cap = self->c_cap;
-    int full = self->c_full;
+    if (full && get_i64(writer, s_capacity, &cap) < 0) /* full mode grows the file */
+        goto over;
     if (get_i64(ctx, s_step, &step) < 0 || get_i64(ctx, s_micro_step, &micro) < 0)
         goto over;
+    if (!(v = PyObject_GetAttr(counter, s_anchor_next)) || (truth = PyObject_IsTrue(v)) != 0)
+        goto over; /* this record reads the backend's sequence number */
+    Py_CLEAR(v);
+    if (get_i64(counter, s_seq, &seq) < 0)
+        goto over;
+    if (!((seq + 1) & self->bseq_mask)) { /* every 32nd record reads it, unless reading is off */
+        if (!(v = PyObject_GetAttr(rec, s_backend_seq)) || (truth = PyObject_IsTrue(v)) != 0)
+            goto over;
+        Py_CLEAR(v);
+    }
 
-    /* -- the record: from here on it is ours to finish ---------------------------------------- */
-    v = PyIter_Next(self->c_ids);
-    if (!v)
-        goto over; /* nothing was written; the Python wrapper takes the next number */
+    /* -- the record: from here on it is ours to finish (no Python code runs between reading the
+     *    seq and writing it back, so two threads on one group cannot both take it) ------------ */
+    if (set_i64(counter, s_seq, seq + 1) < 0)
+        goto over;
+    if (!(v = PyIter_Next(ids)))
+        goto lost;
     idx = PyLong_AsLongLong(v);
+    if (idx < 0)
+        goto lost;
     if (idx < cap)
         off = RING_HEADER_SIZE + idx * SLOT_SIZE;
     else if (!full)
@@ -301,15 +338,17 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         PyObject *o = PyObject_CallMethodOneArg(writer, s_offset_of, v); /* grows the file */
         off = o ? PyLong_AsLongLong(o) : -1;
         Py_XDECREF(o);
+        if (off < 0)
+            goto lost;
     }
     Py_CLEAR(v);
-    if (off < 0 || set_i64(counter, s_seq, seq + 1) < 0)
+    if (!mv && !(mv = PyObject_GetAttr(writer, s_mv)))
         goto lost;
-    mv = self->c_mv ? (Py_INCREF(self->c_mv), self->c_mv) : PyObject_GetAttr(writer, s_mv);
-    if (!mv || PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) < 0)
+    if (PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) < 0)
         goto lost;
     if (off + SLOT_SIZE > view.len) {
         PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "slot beyond the ring");
         goto lost;
     }
     {
@@ -321,13 +360,14 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         put_i32(slot + OFF_STEP, (int32_t)step);
         put_i32(slot + OFF_MICRO, (int32_t)micro);
         put_i64(slot + OFF_T_ISSUE, t_issue);
-        __atomic_signal_fence(__ATOMIC_SEQ_CST); /* the marker goes last: it commits the slot */
+        __atomic_thread_fence(__ATOMIC_RELEASE); /* the marker goes last: it commits the slot */
         put_i64(slot, idx + 1);
         if (!(idx & HEAD_MASK))
             put_i64((char *)view.buf + HEAD_OFFSET, idx + 1);
     }
     PyBuffer_Release(&view);
-    Py_CLEAR(mv);
+    if (full)
+        Py_CLEAR(mv);
     if (set_i64(writer, s_last_idx, idx) < 0 || set_i64(counter, s_last_idx, idx) < 0 ||
         set_i64(rec, s_last_progress_ns, t_issue) < 0 || PyObject_SetAttr(ts, s_depth, s_one) < 0)
         goto lost;
@@ -337,8 +377,8 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     {
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
-        PyObject_SetAttr(ts, s_depth, s_zero);
-        PyErr_Clear();
+        if (PyObject_SetAttr(ts, s_depth, s_zero) < 0)
+            PyErr_Clear();
         PyErr_Restore(et, ev, etb);
     }
     if (!result) { /* rec.failed(idx, flags, exc): the error record says the exception came from here */
@@ -356,69 +396,108 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
 
     /* -- an async call is done when its Work is seen done: Recorder.watch, in C ------------- */
     if ((flags & FLAG_ASYNC) && result != Py_None) {
-        PyObject *entry2 = Py_BuildValue("(Ll[i])", (long long)idx, flags, 1);
-        if (!entry2 || PyDict_SetItem(self->c_pending, result, entry2) < 0)
-            PyErr_Clear(); /* an unhashable result: its completion stays unknown, as in Python */
-        Py_XDECREF(entry2);
-        if (PyDict_GET_SIZE(self->c_pending) > PENDING_MAX) {
-            PyObject *r = PyObject_CallMethodNoArgs(rec, s_shed);
+        if (PyList_CheckExact(result)) { /* several Works for one record: Recorder.watch counts them */
+            PyObject *r = PyObject_CallMethod(rec, "watch", "LlO", (long long)idx, flags, result);
             Py_XDECREF(r);
-            PyErr_Clear();
         }
-        goto done;
+        else {
+            PyObject *watched = Py_BuildValue("(Ll[i])", (long long)idx, flags, 1);
+            if (!watched || PyDict_SetItem(pending, result, watched) < 0)
+                PyErr_Clear(); /* an unhashable result: its completion stays unknown, as in Python */
+            Py_XDECREF(watched);
+            if (PyDict_GET_SIZE(pending) > PENDING_MAX) {
+                PyObject *r = PyObject_CallMethodNoArgs(rec, s_shed);
+                Py_XDECREF(r);
+            }
+        }
+        goto completed;
     }
 
     /* -- a blocking call is done when it returns ---------------------------------------------- */
     {
         int64_t t = now_ns();
-        if (get_i64(writer, s_last_idx, &last_idx) < 0 || (!full && last_idx - idx >= cap)) {
-            PyErr_Clear(); /* the ring moved past this slot meanwhile: nothing to complete */
-            goto done;
-        }
-        mv = self->c_mv ? (Py_INCREF(self->c_mv), self->c_mv) : PyObject_GetAttr(writer, s_mv); /* full mode may have grown the file */
-        if (mv && PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) == 0) {
-            if (off + SLOT_SIZE <= view.len) {
-                char *slot = (char *)view.buf + off;
-                put_i64(slot + OFF_T_DONE, t);
-                put_i64(slot + OFF_WAIT, t - t_issue);
+        if (full)
+            cap = 0; /* full mode: slots are never reused */
+        if (get_i64(writer, s_last_idx, &last_idx) == 0 && (full || last_idx - idx < cap)) {
+            if (!mv)
+                mv = PyObject_GetAttr(writer, s_mv); /* full mode may have grown the file */
+            if (mv && PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) == 0) {
+                if (off + SLOT_SIZE <= view.len) {
+                    char *slot = (char *)view.buf + off;
+                    put_i64(slot + OFF_T_DONE, t);
+                    put_i64(slot + OFF_WAIT, t - t_issue);
+                }
+                PyBuffer_Release(&view);
             }
-            PyBuffer_Release(&view);
-        }
-        if (set_i64(rec, s_last_progress_ns, t) < 0)
+        } /* else the ring moved past this slot meanwhile: nothing to complete */
+        if (!must_raise())
             PyErr_Clear();
-        PyErr_Clear();
+        if (set_i64(rec, s_last_progress_ns, t) < 0 && !must_raise())
+            PyErr_Clear();
     }
+
+completed:
+    if (must_raise()) { /* KeyboardInterrupt and the like, raised while completing */
+        Py_CLEAR(result);
+        goto done;
+    }
+    PyErr_Clear();
     goto done;
 
 over: /* hand the call over, untouched */
+    if (must_raise())
+        goto done; /* result is NULL: the exception goes to the caller */
     PyErr_Clear();
     Py_XDECREF(rec);
     Py_XDECREF(ts);
     Py_XDECREF(attribution);
     Py_XDECREF(key);
     Py_XDECREF(cache);
+    Py_XDECREF(entry);
     Py_XDECREF(counter);
     Py_XDECREF(writer);
     Py_XDECREF(ctx);
+    Py_XDECREF(ids);
+    Py_XDECREF(mv);
+    Py_XDECREF(pending);
     Py_XDECREF(v);
     return hand_over(self, args, nargsf, kwnames);
 
-lost: /* the record could not be written (the trace is broken): the call still runs */
-    PyErr_Clear();
-    Py_XDECREF(mv);
-    mv = NULL;
+lost: /* the record could not be written: said once by Shim.failed (which stops recording when the
+       * trace cannot be written), and the call still runs */
+    if (must_raise())
+        goto done;
+    {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        PyErr_NormalizeException(&et, &ev, &etb);
+        if (!ev)
+            ev = PyObject_CallFunction(PyExc_RuntimeError, "s", "the slot could not be written");
+        PyObject *r = ev ? PyObject_CallMethod(self->shim, "failed", "OsO", rec, "recording (C fast path) failed", ev)
+                         : NULL;
+        Py_XDECREF(r);
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(etb);
+        PyErr_Clear();
+    }
+    Py_CLEAR(v);
     result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
 
 done:
-    Py_XDECREF(mv);
     Py_XDECREF(rec);
     Py_XDECREF(ts);
     Py_XDECREF(attribution);
     Py_XDECREF(key);
     Py_XDECREF(cache);
+    Py_XDECREF(entry);
     Py_XDECREF(counter);
     Py_XDECREF(writer);
     Py_XDECREF(ctx);
+    Py_XDECREF(ids);
+    Py_XDECREF(mv);
+    Py_XDECREF(pending);
+    Py_XDECREF(v);
     return result;
 }
 
@@ -473,6 +552,11 @@ traced_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
             Py_DECREF(self);
             return NULL;
         }
+        if (what < KEY_VALUE || what > KEY_DTYPE || pos < 0) {
+            Py_DECREF(self);
+            PyErr_SetString(PyExc_ValueError, "a key item is (0|1|2, name, position >= 0, keyword, default)");
+            return NULL;
+        }
         self->what[i] = what;
         self->pos[i] = pos;
         Py_INCREF(kw);
@@ -494,6 +578,8 @@ traced_traverse(Traced *self, visitproc visit, void *arg)
     Py_VISIT(self->threads);
     Py_VISIT(self->current);
     Py_VISIT(self->dict);
+    Py_VISIT(self->plan);
+    Py_VISIT(self->key_id);
     Py_VISIT(self->c_rec);
     Py_VISIT(self->c_writer);
     Py_VISIT(self->c_ctx);
@@ -529,6 +615,8 @@ static void
 traced_dealloc(Traced *self)
 {
     PyObject_GC_UnTrack(self);
+    if (self->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)self);
     traced_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -546,6 +634,30 @@ traced_get_plan(Traced *self, void *closure)
     Py_INCREF(self->plan);
     return self->plan;
 }
+
+/* like a function: bound when it is a class attribute */
+static PyObject *
+traced_descr_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+/* copy, deepcopy and pickle see the wrapper as what it stands for: the module attribute it
+ * replaced (found again by __module__ and __qualname__, as a function is) */
+static PyObject *
+traced_reduce(PyObject *self, PyObject *unused)
+{
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyMethodDef traced_methods[] = {
+    {"__reduce__", traced_reduce, METH_NOARGS, NULL},
+    {NULL},
+};
 
 static PyGetSetDef traced_getset[] = {
     {"plan", (getter)traced_get_plan, NULL, "how the key of a call is built (ops.key_plan)", NULL},
@@ -566,6 +678,9 @@ static PyTypeObject TracedType = {
     .tp_dealloc = (destructor)traced_dealloc,
     .tp_getset = traced_getset,
     .tp_dictoffset = offsetof(Traced, dict),
+    .tp_weaklistoffset = offsetof(Traced, weakrefs),
+    .tp_descr_get = traced_descr_get,
+    .tp_methods = traced_methods,
     .tp_doc = "The traced wrapper of one torch.distributed function (the C fast path).",
 };
 
@@ -588,6 +703,7 @@ PyInit__fastpath(void)
     INTERN(s_recorder, "recorder");
     INTERN(s_pending, "pending");
     INTERN(s_shed, "_shed");
+    INTERN(s_backend_seq, "backend_seq");
     INTERN(s_depth, "depth");
     INTERN(s_serve, "serve");
     INTERN(s_static, "static");
@@ -606,7 +722,6 @@ PyInit__fastpath(void)
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
     INTERN(s_offset_of, "offset_of");
-    INTERN(s_failed, "failed");
     if (!(s_one = PyLong_FromLong(1)) || !(s_zero = PyLong_FromLong(0)))
         return NULL;
     if (PyType_Ready(&TracedType) < 0)

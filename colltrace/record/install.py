@@ -70,8 +70,8 @@ def start_recording() -> None:
 
     with _lock:
         default_pg = c10d._get_default_group()
-        if SHIM.recorder is not None:
-            SHIM.recorder.default_pg = default_pg
+        if SHIM.recorder is not None:  # init_process_group again: the same trace, a new default group
+            SHIM.recorder.set_default_group(default_pg)
             return
         cfg: config_mod.Config = _state["cfg"] or config_mod.from_env()
         rank = dist.get_rank()

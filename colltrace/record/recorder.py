@@ -48,6 +48,7 @@ class Recorder:
     """One per process, created when the default process group exists."""
 
     def __init__(self, writer: TraceWriter, default_pg: Any, ctx: Context = CONTEXT, backend_seq: bool = True) -> None:
+        self._forget_calls(ctx)  # a new trace: the cached slots hold the last one's string ids
         self.writer = writer
         self.ctx = ctx
         self.default_pg = default_pg
@@ -68,6 +69,18 @@ class Recorder:
         self.sid = writer.intern
 
     # -- helpers (cold) ----------------------------------------------------------------------
+
+    @staticmethod
+    def _forget_calls(ctx: Context) -> None:
+        """Drop every thread's cache of packed calls (their string ids and group counters)."""
+        for ts in list(ctx.threads.values()):
+            ts.static.clear()
+
+    def set_default_group(self, pg: Any) -> None:
+        """init_process_group again: calls with group=None now go to this group, numbered afresh."""
+        if pg is not self.default_pg:
+            self.default_pg = pg
+            self._forget_calls(self.ctx)
 
     @property
     def in_flight(self) -> int:
@@ -179,9 +192,10 @@ class Recorder:
         several backend collectives (object, coalesced): before (for the record before it),
         after, and after the next. `colltrace dump` fills the ones between two reads that moved
         exactly as our seq did. p2p records read it every time."""
-        if not self.backend_seq:
-            return None
         multi = flags & ANCHOR_FLAGS
+        if not self.backend_seq:
+            counter.anchor_next = False  # nothing to read: the next call need not come here
+            return None
         if multi and counter.pg is not None and counter.last_idx >= 0:
             try:
                 self.writer.set_backend_seq(counter.last_idx, pg._get_sequence_number_for_group())
