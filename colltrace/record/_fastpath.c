@@ -18,7 +18,8 @@
 #include <string.h>
 #include <time.h>
 
-/* the slot layout of schema 1 (colltrace/trace/schema.py, checked at construction) */
+/* the slot layout of schema 1 (colltrace/trace/schema.py; shim._load_fastpath checks the exported
+ * constants against it and leaves the module unused if they differ) */
 #define SLOT_SIZE 128
 #define RING_HEADER_SIZE 4096
 #define HEAD_OFFSET 24
@@ -243,7 +244,7 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     PyObject *counter = NULL, *writer = NULL, *ctx = NULL, *ids = NULL, *mv = NULL, *pending = NULL;
     PyObject *result = NULL, *v = NULL;
     int64_t t_issue, seq, idx, cap, step, micro, off = -1, last_idx;
-    int full, truth;
+    int full, truth, handed = 0;
     long flags;
     Py_buffer view;
 
@@ -444,24 +445,12 @@ completed:
     PyErr_Clear();
     goto done;
 
-over: /* hand the call over, untouched */
+over: /* hand the call over, untouched (after letting go of what this call held) */
     if (must_raise())
         goto done; /* result is NULL: the exception goes to the caller */
     PyErr_Clear();
-    Py_XDECREF(rec);
-    Py_XDECREF(ts);
-    Py_XDECREF(attribution);
-    Py_XDECREF(key);
-    Py_XDECREF(cache);
-    Py_XDECREF(entry);
-    Py_XDECREF(counter);
-    Py_XDECREF(writer);
-    Py_XDECREF(ctx);
-    Py_XDECREF(ids);
-    Py_XDECREF(mv);
-    Py_XDECREF(pending);
-    Py_XDECREF(v);
-    return hand_over(self, args, nargsf, kwnames);
+    handed = 1;
+    goto done;
 
 lost: /* the record could not be written: said once by Shim.failed (which stops recording when the
        * trace cannot be written), and the call still runs */
@@ -498,7 +487,7 @@ done:
     Py_XDECREF(mv);
     Py_XDECREF(pending);
     Py_XDECREF(v);
-    return result;
+    return handed ? hand_over(self, args, nargsf, kwnames) : result;
 }
 
 static PyObject *

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record.context import CONTEXT, Context
+from colltrace.record.context import CONTEXT, Context, ThreadState
 
 
 class Adapter:
@@ -35,10 +35,14 @@ class Adapter:
     def _serving(self, value: tuple[str, str, str], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs) with (module, phase, flavour) as the attribution of the collectives
         it issues on this thread."""
-        ts = self.ctx.state()
-        old = ts.serve
-        ts.serve = value
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            ts.serve = old
+        return serving(self.ctx.state(), value, fn, args, kwargs)
+
+
+def serving(ts: ThreadState, value: tuple[str, str, str], fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """fn(*args, **kwargs) with `value` as what thread state ts's collectives serve."""
+    old = ts.serve
+    ts.serve = value
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        ts.serve = old

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record.adapter import Adapter
+from colltrace.record.adapter import Adapter, serving
 from colltrace.record.context import (
     PHASE_BACKWARD,
     PHASE_FORWARD,
@@ -61,12 +61,7 @@ class FsdpAdapters(Adapter):
         flavour = PREFETCH if ts.prefetch else UNSHARD
         if ts.labels and flavour == UNSHARD:
             flavour = f"{flavour}:{ts.labels[-1]}"
-        old = ts.serve
-        ts.serve = (module, phase, flavour)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            ts.serve = old
+        return serving(ts, (module, phase, flavour), fn, args, kwargs)
 
     # -- FSDP2 (fully_shard) -----------------------------------------------------------------
 

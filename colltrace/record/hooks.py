@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from colltrace.record.context import CONTEXT, Context
 from colltrace.trace import schema
-
-_get_ident = threading.get_ident
 
 
 class Hooks:
@@ -52,18 +49,17 @@ class Hooks:
 
     def _pre_forward(self, module: Any, args: Any) -> None:
         ctx = self.ctx
-        stack = (ctx.threads.get(_get_ident()) or ctx.state()).stack
+        stack = ctx.stack()
         if not stack and ctx.graph_task_id() == -1:
             if id(module) not in ctx.fqn:
                 ctx.learn_root(module, module.named_modules)
             ctx.micro_step = ctx.forwards_since_step
             ctx.forwards_since_step += 1
             ctx.seen_forward = True
-        stack.append(ctx.fqn.get(id(module)) or type(module).__name__)
+        stack.append(ctx.module_name(module))
 
     def _post_forward(self, module: Any, args: Any, output: Any) -> None:
-        ctx = self.ctx
-        stack = (ctx.threads.get(_get_ident()) or ctx.state()).stack
+        stack = self.ctx.stack()
         if stack:
             stack.pop()
 

@@ -25,6 +25,18 @@ def _load_fastpath() -> Any:
         from colltrace.record import _fastpath  # type: ignore[attr-defined]
     except ImportError:
         return None
+    layout = {
+        "SLOT_SIZE": schema.SLOT_SIZE,
+        "RING_HEADER_SIZE": schema.RING_HEADER_SIZE,
+        "HEAD_OFFSET": schema.HEAD_OFFSET,
+        "OFF_SEQ": schema.field_offset("seq"),
+        "OFF_STEP": schema.field_offset("step"),
+        "OFF_T_ISSUE": schema.field_offset("t_issue_ns"),
+        "OFF_T_DONE": schema.T_DONE_OFFSET,
+        "OFF_WAIT": schema.WAIT_OFFSET,
+    }
+    if any(getattr(_fastpath, name, None) != value for name, value in layout.items()):
+        return None  # built for another slot layout: the Python wrapper records
     return _fastpath
 
 
@@ -127,7 +139,7 @@ class Shim:
             "SLOT_SIZE": schema.SLOT_SIZE,
             "HEAD_MASK": schema.HEAD_EVERY - 1,
             "T_DONE": schema.T_DONE_OFFSET,
-            "pack_slot": writer.pack_slot,
+            "pack_fast": writer.pack_fast,
             "pack_marker": writer.pack_marker,
             "pack_done": writer.pack_done,
         }
@@ -275,7 +287,7 @@ def {name}(*args, **kwargs):
             else:
                 off = SLOT_BASE + idx % cap * SLOT_SIZE
             mv = w.mv
-            pack_slot(mv, off, head, seq, mid, ctx.step, ctx.micro_step, t_issue)
+            pack_fast(mv, off, head, seq, mid, ctx.step, ctx.micro_step, t_issue)
             pack_marker(mv, off, idx + 1)
             if not idx & HEAD_MASK:
                 w.publish_head(idx)

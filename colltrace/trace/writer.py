@@ -40,9 +40,8 @@ _DONE_WAIT = struct.Struct("<qq")
 # micro_step, t_issue_ns, t_done_ns and wait_ns (0) (see schema.SLOT_FIELDS): four integers to convert
 _FAST = struct.Struct("<8x40sQ28siiq16x")
 assert _FAST.size == schema.SLOT.size
-_pack_fast = _FAST.pack_into
 # for wrappers that inline append_static and finish_sync (colltrace.record.shim)
-pack_slot = _pack_fast
+pack_fast = _FAST.pack_into
 pack_marker = _MARKER.pack_into
 pack_done = _DONE_WAIT.pack_into
 
@@ -114,7 +113,7 @@ class TraceWriter:
         idx = next(self.counter)
         off = self.offset_of(idx)
         mm = self.mv
-        _pack_fast(mm, off, head, seq, mid, step, micro_step, t_issue_ns)
+        pack_fast(mm, off, head, seq, mid, step, micro_step, t_issue_ns)
         _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
         if not idx & _HEAD_MASK:
             self.publish_head(idx)
