@@ -21,7 +21,7 @@ class Config:
     full: bool  # keep every record (the ring file grows)
     hang_s: float  # watchdog: seconds without progress before stacks are dumped (0 = off)
     backend_seq: bool  # also record pg._get_sequence_number_for_group()
-    hooks: bool  # global module hooks for generic attribution
+    modules: str  # how running modules are found: MODULES_FRAMES, MODULES_HOOKS or MODULES_OFF
 
 
 def _float(name: str, default: float) -> float:
@@ -38,6 +38,18 @@ def _int(name: str, default: int) -> int:
         return default
 
 
+MODULES_FRAMES = "frames"  # walk the caller's frames when a collective needs its module (default)
+MODULES_HOOKS = "hooks"  # global module forward hooks (every module call takes torch's slow path)
+MODULES_OFF = "off"  # module names only from framework adapters (FSDP, DeepSpeed)
+
+
+def _modules(value: str) -> str:
+    value = value.strip().lower()
+    if value in (MODULES_HOOKS, MODULES_OFF):
+        return value
+    return MODULES_FRAMES
+
+
 def from_env() -> Config:
     value = os.environ.get("COLLTRACE", "").strip().lower()
     mode = os.environ.get("COLLTRACE_MODE", "").strip().lower()
@@ -48,7 +60,7 @@ def from_env() -> Config:
         full=mode == "full" or value == "full",
         hang_s=max(0.0, _float("COLLTRACE_HANG_S", DEFAULT_HANG_S)),
         backend_seq=os.environ.get("COLLTRACE_BACKEND_SEQ", "1") != "0",
-        hooks=os.environ.get("COLLTRACE_MODULE_HOOKS", "1") != "0",
+        modules=_modules(os.environ.get("COLLTRACE_MODULES", "")),
     )
 
 

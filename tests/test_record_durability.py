@@ -169,16 +169,20 @@ def test_async_collectives_complete_at_wait_or_by_the_watchdogs_poll(tmp_path: P
 
 def test_without_colltrace_nothing_is_patched(tmp_path: Path) -> None:
     code = (
-        "import torch.distributed as dist, torch.nn.modules.module as m\n"
-        "print(getattr(dist.all_reduce, '__colltrace__', False), len(m._global_forward_pre_hooks))\n"
+        "import torch, torch.distributed as dist, torch.nn.modules.module as m, torch.optim.optimizer as o\n"
+        "torch.nn.Linear(2, 2)(torch.ones(2))\n"
+        "print(getattr(dist.all_reduce, '__colltrace__', False), len(o._global_optimizer_pre_hooks),"
+        " len(m._global_forward_pre_hooks) + len(m._global_forward_hooks))\n"
     )
     env = job_env(tmp_path)
     del env["COLLTRACE"]
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     env["COLLTRACE"] = "1"
     on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert off.stdout.split() == ["False", "0"]
-    assert on.stdout.split() == ["True", "1"]
+    assert off.stdout.split() == ["False", "0", "0"]
+    # on: the optimizer step hook, and after the first forward no global module hook (module
+    # calls keep torch's fast path)
+    assert on.stdout.split() == ["True", "1", "0"]
 
 
 def _free_port() -> int:

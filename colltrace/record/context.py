@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 
 _get_ident = threading.get_ident
+_getframe = sys._getframe
 
 PHASE_INIT = "init"
 PHASE_FORWARD = "forward"
@@ -27,7 +29,7 @@ class ThreadState:
     __slots__ = ("stack", "labels", "serve", "prefetch", "static", "depth")
 
     def __init__(self) -> None:
-        self.stack: list[str] = []  # FQNs of the modules whose forward is running
+        self.stack: list[str] = []  # FQNs of the modules whose forward is running (global hooks only)
         self.labels: list[str] = []  # colltrace.phase(...) labels
         self.serve: tuple[str, str, str] | None = None  # set by a framework adapter
         self.prefetch = False  # inside FSDP's prefetch
@@ -48,9 +50,15 @@ class Context:
         self.engine_step_depth = 0  # inside a framework's step wrapper (DeepSpeedEngine.step)
         self.checkpoint_depth = 0
         self.graph_task_id: Callable[[], int] = _no_graph_task
-        # module -> FQN, filled when a root module first runs forward
+        # How the running modules are found. With `call_codes` set (the code objects of
+        # nn.Module.__call__), by walking the caller's frames when a collective needs them;
+        # otherwise from ThreadState.stack, kept by global module hooks when those are installed.
+        self.call_codes: tuple[object, object] | None = None
+        # module -> FQN, filled when a root module is learned
         self.fqn: dict[int, str] = {}
+        self._guessed: set[int] = set()  # fqn entries that are only a class name
         self._roots: list[object] = []  # keep roots alive so ids stay unique
+        self.on_root: Callable[[object], None] | None = None  # hooks: count the first root's forwards
 
     def state(self) -> ThreadState:
         """This thread's state (made on first use)."""
@@ -85,8 +93,11 @@ class Context:
         serve = ts.serve
         if serve is not None:
             return serve
-        stack = ts.stack
-        module = stack[-1] if stack else ""
+        if self.call_codes is not None:
+            module = self.running_module(_getframe(1))
+        else:
+            stack = ts.stack
+            module = stack[-1] if stack else ""
         labels = ts.labels
         if labels:  # the user's own phase label wins over the inferred one
             return module, labels[-1], ""
@@ -95,24 +106,96 @@ class Context:
         if self.checkpoint_depth:
             return module, PHASE_CHECKPOINT, ""
         if self.graph_task_id() != -1:
-            return module, PHASE_RECOMPUTE if stack else PHASE_BACKWARD, ""
-        if stack:
+            return module, PHASE_RECOMPUTE if module else PHASE_BACKWARD, ""
+        if module:
             return module, PHASE_FORWARD, ""
-        return module, PHASE_OTHER if self.seen_forward else PHASE_INIT, ""
+        return module, PHASE_OTHER if self.seen_forward or self.step else PHASE_INIT, ""
+
+    # -- which module is running: the caller's frames --------------------------------------
+
+    def running_module(self, frame: object) -> str:
+        """FQN of the innermost module whose forward is running in `frame` or its callers, or ""."""
+        codes = self.call_codes
+        if codes is None:
+            return ""
+        wrapped, call_impl = codes
+        f = frame
+        while f is not None:
+            code = f.f_code  # type: ignore[attr-defined]
+            if code is wrapped or code is call_impl:
+                if code is call_impl:  # module._call_impl(...) called by __call__: its frame has fewer locals
+                    up = f.f_back  # type: ignore[attr-defined]
+                    if up is not None and up.f_code is wrapped:
+                        f = up
+                module = f.f_locals.get("self")  # type: ignore[attr-defined]
+                name = self.fqn.get(id(module))
+                if name is None or self.root is None:
+                    self.learn_from(f)
+                    name = self.fqn.get(id(module))
+                    if name is None:
+                        name = self.fqn[id(module)] = type(module).__name__
+                        self._guessed.add(id(module))
+                return name
+            f = f.f_back  # type: ignore[attr-defined]
+        return ""
+
+    def learn_from(self, frame: object) -> None:
+        """Learn the outermost module whose forward is running in `frame` or its callers as a root."""
+        codes = self.call_codes
+        if codes is None:
+            return
+        wrapped, call_impl = codes
+        outer = None
+        f = frame
+        while f is not None:
+            code = f.f_code  # type: ignore[attr-defined]
+            if code is wrapped or code is call_impl:
+                outer = f
+            f = f.f_back  # type: ignore[attr-defined]
+        if outer is not None:
+            root = outer.f_locals.get("self")  # type: ignore[attr-defined]
+            if root is not None and hasattr(root, "named_modules"):
+                self.learn_root(root, root.named_modules, running=True)
+
+    @property
+    def root(self) -> object | None:
+        """The first root module learned: its forwards count micro-steps."""
+        return self._roots[0] if self._roots else None
 
     def module_name(self, module: object) -> str:
+        """FQN of `module`, learning its root from the caller's frames the first time."""
         name = self.fqn.get(id(module))
         if name is None:
-            return type(module).__name__
+            self.learn_from(_getframe(1))
+            name = self.fqn.get(id(module))
+            if name is None:
+                name = self.fqn[id(module)] = type(module).__name__
+                self._guessed.add(id(module))
         return name
 
-    def learn_root(self, root: object, named_modules: Callable[[], object]) -> None:
-        if id(root) in self.fqn and root in self._roots:
+    def learn_root(self, root: object, named_modules: Callable[[], object], running: bool = False) -> None:
+        """Name every module under `root` by its FQN. `running`: root's forward is running now
+        (learned from the frames), so it counts as a root forward when it is the first root."""
+        if any(r is root for r in self._roots):
             return
         self._roots.append(root)
+        guessed = self._guessed
         for name, mod in named_modules():  # type: ignore[attr-defined]
-            clean = clean_fqn(name)
-            self.fqn.setdefault(id(mod), clean or "<root>")
+            key = id(mod)
+            if key not in self.fqn or key in guessed:
+                self.fqn[key] = clean_fqn(name) or "<root>"
+                guessed.discard(key)
+        if len(self._roots) == 1:
+            if running and self.graph_task_id() == -1:
+                self.root_forward()
+            if self.on_root is not None:
+                self.on_root(root)
+
+    def root_forward(self) -> None:
+        """A forward of the first root starts: the next micro-step."""
+        self.micro_step = self.forwards_since_step
+        self.forwards_since_step += 1
+        self.seen_forward = True
 
 
 _WRAPPER_PARTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")

@@ -22,7 +22,13 @@ class DeepSpeedAdapter(Adapter):
         if "deepspeed" not in sys.modules:
             return False
         done = False
-        for fn in (self._install_zero3_fetch, self._install_zero3_reduce, self._install_zero12, self._install_engine):
+        for fn in (
+            self._install_zero3_fetch,
+            self._install_zero3_reduce,
+            self._install_zero12,
+            self._install_engine,
+            self._install_engine_forward,
+        ):
             try:
                 done = fn() or done
             except Exception:  # a DeepSpeed we do not know: generic attribution still works
@@ -93,6 +99,23 @@ class DeepSpeedAdapter(Adapter):
             return step
 
         return self._patch(DeepSpeedEngine, "step", make)
+
+    def _install_engine_forward(self) -> bool:
+        """The engine is the root module: learn it at its first forward (ZeRO-1/2 issue no collective
+        inside a module's forward, so no frame walk would find it)."""
+        from deepspeed.runtime.engine import DeepSpeedEngine
+
+        ctx = self.ctx
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def forward(self: Any, *a: Any, **k: Any) -> Any:
+                if ctx.root is None and ctx.call_codes is not None:
+                    ctx.learn_root(self, self.named_modules, running=True)
+                return orig(self, *a, **k)
+
+            return forward
+
+        return self._patch(DeepSpeedEngine, "forward", make)
 
 
 DEEPSPEED = DeepSpeedAdapter()

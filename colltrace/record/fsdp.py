@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,8 @@ class FsdpAdapters(Adapter):
         state (FORWARD / PRE_BACKWARD), prefetch or not, and the user's label as flavour."""
         ctx = self.ctx
         ts = ctx.state()
+        if ctx.root is None and ctx.call_codes is not None:  # the model's first forward: learn its root
+            ctx.learn_from(sys._getframe(1))
         in_bwd = ctx.in_backward()
         if forward:
             phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD

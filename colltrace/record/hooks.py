@@ -6,8 +6,23 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from colltrace.config import MODULES_FRAMES as FRAMES
+from colltrace.config import MODULES_HOOKS as HOOKS_MODE
 from colltrace.record.context import CONTEXT, Context
 from colltrace.trace import schema
+
+
+def _call_codes(module_cls: Any) -> tuple[object, object] | None:
+    """The code objects of nn.Module.__call__ (_wrapped_call_impl) and _call_impl, whose frames
+    hold the running module as `self`; None for a torch that does not have them."""
+    try:
+        wrapped = module_cls._wrapped_call_impl.__code__
+        call_impl = module_cls._call_impl.__code__
+    except AttributeError:
+        return None
+    if wrapped.co_varnames[:1] != ("self",) or call_impl.co_varnames[:1] != ("self",):
+        return None
+    return wrapped, call_impl
 
 
 class Hooks:
@@ -16,8 +31,11 @@ class Hooks:
         self.handles: list[Any] = []
         self.on_step: Callable[[int], object] | None = None  # set by install: writes the step event
         self.originals: list[tuple[Any, str, Any]] = []
+        self._first: Any = None  # the handle of _first_forward while it is installed
 
-    def install(self, module_hooks: bool = True) -> None:
+    def install(self, modules: str = FRAMES) -> None:
+        """modules: how running modules are found (config.MODULES_*): the caller's frames when a
+        collective needs them (default), global module hooks, or not at all."""
         import torch
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
@@ -27,7 +45,21 @@ class Hooks:
             ctx.graph_task_id = torch._C._current_graph_task_id
         except AttributeError:
             pass
-        if module_hooks:
+        ctx.call_codes = None
+        ctx.on_root = None
+        codes = _call_codes(nn_module.Module)
+        if modules == FRAMES and codes is None:  # a torch whose Module.__call__ we do not know
+            modules = HOOKS_MODE
+        if modules == FRAMES:
+            ctx.call_codes = codes
+            ctx.on_root = self._hook_root
+            if ctx.root is not None:  # resumed after pause()
+                self._hook_root(ctx.root)
+            if not ctx.seen_forward:
+                self._first = nn_module.register_module_forward_pre_hook(self._first_forward)
+                self.handles.append(self._first)
+            self._learn_wrapper_roots()
+        elif modules == HOOKS_MODE:
             self.handles.append(nn_module.register_module_forward_pre_hook(self._pre_forward))
             try:
                 self.handles.append(nn_module.register_module_forward_hook(self._post_forward, always_call=True))
@@ -41,11 +73,67 @@ class Hooks:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        self._first = None
         for owner, name, value in reversed(self.originals):
             setattr(owner, name, value)
         self.originals.clear()
+        self.ctx.call_codes = None
+        self.ctx.on_root = None
 
-    # -- module forward: module stack, root forwards count micro-steps ----------------------
+    # -- modules found from the frames: the first root's forwards count micro-steps -----------
+
+    def _hook_root(self, root: Any) -> None:
+        """Count micro-steps at the first root's forward, before any hook of its own (FSDP's unshard)."""
+        try:
+            handle = root.register_forward_pre_hook(self._root_pre_forward, prepend=True)
+        except TypeError:  # older torch: no prepend
+            handle = root.register_forward_pre_hook(self._root_pre_forward)
+        self.handles.append(handle)
+
+    def _first_forward(self, module: Any, args: Any) -> None:
+        """A global hook that is there only until the first module forward: collectives outside any
+        module are `init` before it, `other` after it."""
+        ctx = self.ctx
+        if ctx.graph_task_id() == -1:
+            ctx.seen_forward = True
+            first = self._first
+            if first is not None:
+                self._first = None
+                first.remove()
+
+    def _root_pre_forward(self, module: Any, args: Any) -> None:
+        ctx = self.ctx
+        if ctx.graph_task_id() == -1:
+            ctx.root_forward()
+
+    def _learn_wrapper_roots(self) -> None:
+        """DistributedDataParallel issues its collectives from C++, so no frame walk ever sees its
+        forward: learn it as the root at its first forward."""
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+        except Exception:
+            return
+        self._learn_at_forward(DDP)
+
+    def _learn_at_forward(self, cls: Any) -> None:
+        """Learn an instance of `cls` (a wrapper every step runs through) as the root at its first
+        forward, when no root is known yet."""
+        orig = cls.__dict__.get("forward")
+        if orig is None or getattr(orig, "__colltrace__", False):
+            return
+        ctx = self.ctx
+
+        @functools.wraps(orig)
+        def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if ctx.root is None:
+                ctx.learn_root(module, module.named_modules, running=True)
+            return orig(module, *args, **kwargs)
+
+        forward.__colltrace__ = True  # type: ignore[attr-defined]
+        self.originals.append((cls, "forward", orig))
+        cls.forward = forward
+
+    # -- global module hooks (COLLTRACE_MODULES=hooks): module stack, root forwards ---------
 
     def _pre_forward(self, module: Any, args: Any) -> None:
         ctx = self.ctx
@@ -53,9 +141,8 @@ class Hooks:
         if not stack and ctx.graph_task_id() == -1:
             if id(module) not in ctx.fqn:
                 ctx.learn_root(module, module.named_modules)
-            ctx.micro_step = ctx.forwards_since_step
-            ctx.forwards_since_step += 1
-            ctx.seen_forward = True
+            if module is ctx.root:  # not a loss module called at the top level
+                ctx.root_forward()
         stack.append(ctx.module_name(module))
 
     def _post_forward(self, module: Any, args: Any, output: Any) -> None:

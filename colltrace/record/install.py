@@ -44,7 +44,7 @@ def install(cfg: config_mod.Config | None = None) -> bool:
             wrapped = SHIM.install()
             _wrap_group_creation()
             _rebind_stale_references()
-            HOOKS.install(module_hooks=cfg.hooks)
+            HOOKS.install(modules=cfg.modules)
             LIFECYCLE.patch_spawn_wrap()
             _state["installed"] = True
             _state["wrapped"] = wrapped
@@ -239,7 +239,7 @@ def resume() -> None:
         SHIM.install()
         _wrap_group_creation()
         _rebind_stale_references()
-        HOOKS.install(module_hooks=cfg.hooks)
+        HOOKS.install(modules=cfg.modules)
         FSDP.install()
         SHIM.recorder = _paused.pop("recorder", None)
 
