@@ -30,11 +30,15 @@ def expected() -> list[tuple[str, str, str, int, int]]:
     return want
 
 
-@pytest.fixture(scope="module", params=["frames", "hooks", "frames-ddp"])
+@pytest.fixture(scope="module", params=["frames", "hooks", "frames-ddp", "frames-pure"])
 def generic_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    mode, _, ddp = request.param.partition("-")
+    """frames: the C fast path's frame walk; pure: its Python twin (COLLTRACE_PURE=1)."""
+    mode, _, variant = request.param.partition("-")
     run_dir = tmp_path_factory.mktemp(request.param)
-    proc = torchrun("generic.py", 2, run_dir, COLLTRACE_MODULES=mode, DDP="1" if ddp else "0")
+    env = {"COLLTRACE_MODULES": mode, "DDP": "1" if variant == "ddp" else "0"}
+    if variant == "pure":
+        env["COLLTRACE_PURE"] = "1"
+    proc = torchrun("generic.py", 2, run_dir, **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return read_run(str(run_dir))
 

@@ -18,6 +18,16 @@
 #include <string.h>
 #include <time.h>
 
+/* The running modules are read from the interpreter's own frame chain (frame_self below). Its
+ * layout is internal and changes between releases: 3.11 and 3.12 are known; other versions get
+ * no frame_self and colltrace walks sys._getframe() in Python instead. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+#define COLLTRACE_FRAMES 1
+#define Py_BUILD_CORE
+#include "internal/pycore_frame.h"
+#undef Py_BUILD_CORE
+#endif
+
 /* the slot layout of schema 1 (colltrace/trace/schema.py; shim._load_fastpath checks the exported
  * constants against it and leaves the module unused if they differ) */
 #define SLOT_SIZE 128
@@ -673,8 +683,53 @@ static PyTypeObject TracedType = {
     .tp_doc = "The traced wrapper of one torch.distributed function (the C fast path).",
 };
 
+#ifdef COLLTRACE_FRAMES
+/* frame_self(wrapped, call_impl, outermost): the `self` of the innermost (or outermost) frame on
+ * this thread's stack running either code object (nn.Module.__call__ and Module._call_impl), or
+ * None. The twin of context._frame_self; no frame object is made and no locals dict is built. */
+static PyObject *
+frame_self(PyObject *unused, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyCode_Check(args[0]) || !PyCode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "frame_self(wrapped: code, call_impl: code, outermost: bool)");
+        return NULL;
+    }
+    PyCodeObject *wrapped = (PyCodeObject *)args[0], *call_impl = (PyCodeObject *)args[1];
+    int outermost = PyObject_IsTrue(args[2]);
+    if (outermost < 0)
+        return NULL;
+    PyObject *found = NULL;
+    for (_PyInterpreterFrame *f = PyThreadState_Get()->cframe->current_frame; f; f = f->previous) {
+        if ((f->f_code != wrapped && f->f_code != call_impl) || _PyFrame_IsIncomplete(f))
+            continue;
+        if (f->f_code->co_argcount < 1)
+            continue;
+        PyObject *self = f->localsplus[0];
+        if (self && PyCell_Check(self)) /* a closure captures self (_call_impl's hooks) */
+            self = PyCell_GET(self);
+        if (!self)
+            continue;
+        found = self;
+        if (!outermost)
+            break;
+    }
+    if (!found)
+        Py_RETURN_NONE;
+    Py_INCREF(found);
+    return found;
+}
+#endif
+
+static PyMethodDef module_methods[] = {
+#ifdef COLLTRACE_FRAMES
+    {"frame_self", (PyCFunction)(void (*)(void))frame_self, METH_FASTCALL,
+     "frame_self(wrapped, call_impl, outermost): the self of the innermost (outermost) module call running"},
+#endif
+    {NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_fastpath", "colltrace's C fast path for repeated collective calls.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_fastpath", "colltrace's C fast path for repeated collective calls.", -1, module_methods,
 };
 
 #define INTERN(var, text)                                                                                    \

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
+from types import FrameType
 
 _get_ident = threading.get_ident
 _getframe = sys._getframe
@@ -20,6 +21,23 @@ PHASE_OTHER = "other"
 
 def _no_graph_task() -> int:
     return -1
+
+
+def _frame_self(wrapped: object, call_impl: object, outermost: bool) -> object:
+    """The `self` of the innermost (outermost) frame on this thread running `wrapped` or `call_impl`
+    (nn.Module.__call__, Module._call_impl), or None. The C fast path has a faster twin."""
+    found = None
+    f: FrameType | None = _getframe(1)
+    while f is not None:
+        code = f.f_code
+        if code is wrapped or code is call_impl:
+            module = f.f_locals.get("self")
+            if module is not None:
+                found = module
+                if not outermost:
+                    break
+        f = f.f_back
+    return found
 
 
 class ThreadState:
@@ -54,6 +72,9 @@ class Context:
         # nn.Module.__call__), by walking the caller's frames when a collective needs them;
         # otherwise from ThreadState.stack, kept by global module hooks when those are installed.
         self.call_codes: tuple[object, object] | None = None
+        # the `self` of the innermost (outermost) frame running one of call_codes: the C fast
+        # path's frame_self when it is built, else _frame_self
+        self.frame_self: Callable[[object, object, bool], object] = _frame_self
         # module -> FQN, filled when a root module is learned
         self.fqn: dict[int, str] = {}
         self._guessed: set[int] = set()  # fqn entries that are only a class name
@@ -94,7 +115,7 @@ class Context:
         if serve is not None:
             return serve
         if self.call_codes is not None:
-            module = self.running_module(_getframe(1))
+            module = self.running_module()
         else:
             stack = ts.stack
             module = stack[-1] if stack else ""
@@ -113,49 +134,31 @@ class Context:
 
     # -- which module is running: the caller's frames --------------------------------------
 
-    def running_module(self, frame: object) -> str:
-        """FQN of the innermost module whose forward is running in `frame` or its callers, or ""."""
+    def running_module(self) -> str:
+        """FQN of the innermost module whose forward is running on this thread, or ""."""
         codes = self.call_codes
         if codes is None:
             return ""
-        wrapped, call_impl = codes
-        f = frame
-        while f is not None:
-            code = f.f_code  # type: ignore[attr-defined]
-            if code is wrapped or code is call_impl:
-                if code is call_impl:  # module._call_impl(...) called by __call__: its frame has fewer locals
-                    up = f.f_back  # type: ignore[attr-defined]
-                    if up is not None and up.f_code is wrapped:
-                        f = up
-                module = f.f_locals.get("self")  # type: ignore[attr-defined]
-                name = self.fqn.get(id(module))
-                if name is None or self.root is None:
-                    self.learn_from(f)
-                    name = self.fqn.get(id(module))
-                    if name is None:
-                        name = self.fqn[id(module)] = type(module).__name__
-                        self._guessed.add(id(module))
-                return name
-            f = f.f_back  # type: ignore[attr-defined]
-        return ""
+        module = self.frame_self(codes[0], codes[1], False)
+        if module is None:
+            return ""
+        name = self.fqn.get(id(module))
+        if name is None or self.root is None:
+            self.learn_running()
+            name = self.fqn.get(id(module))
+            if name is None:
+                name = self.fqn[id(module)] = type(module).__name__
+                self._guessed.add(id(module))
+        return name
 
-    def learn_from(self, frame: object) -> None:
-        """Learn the outermost module whose forward is running in `frame` or its callers as a root."""
+    def learn_running(self) -> None:
+        """Learn the outermost module whose forward is running on this thread as a root."""
         codes = self.call_codes
         if codes is None:
             return
-        wrapped, call_impl = codes
-        outer = None
-        f = frame
-        while f is not None:
-            code = f.f_code  # type: ignore[attr-defined]
-            if code is wrapped or code is call_impl:
-                outer = f
-            f = f.f_back  # type: ignore[attr-defined]
-        if outer is not None:
-            root = outer.f_locals.get("self")  # type: ignore[attr-defined]
-            if root is not None and hasattr(root, "named_modules"):
-                self.learn_root(root, root.named_modules, running=True)
+        root = self.frame_self(codes[0], codes[1], True)
+        if root is not None and hasattr(root, "named_modules"):
+            self.learn_root(root, root.named_modules, running=True)
 
     @property
     def root(self) -> object | None:
@@ -166,7 +169,7 @@ class Context:
         """FQN of `module`, learning its root from the caller's frames the first time."""
         name = self.fqn.get(id(module))
         if name is None:
-            self.learn_from(_getframe(1))
+            self.learn_running()
             name = self.fqn.get(id(module))
             if name is None:
                 name = self.fqn[id(module)] = type(module).__name__

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +52,7 @@ class FsdpAdapters(Adapter):
         ctx = self.ctx
         ts = ctx.state()
         if ctx.root is None and ctx.call_codes is not None:  # the model's first forward: learn its root
-            ctx.learn_from(sys._getframe(1))
+            ctx.learn_running()
         in_bwd = ctx.in_backward()
         if forward:
             phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD

@@ -51,6 +51,10 @@ class Hooks:
         if modules == FRAMES and codes is None:  # a torch whose Module.__call__ we do not know
             modules = HOOKS_MODE
         if modules == FRAMES:
+            from colltrace.record.context import _frame_self
+            from colltrace.record.shim import _fastpath
+
+            ctx.frame_self = getattr(_fastpath, "frame_self", None) or _frame_self
             ctx.call_codes = codes
             ctx.on_root = self._hook_root
             if ctx.root is not None:  # resumed after pause()

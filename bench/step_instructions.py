@@ -1,0 +1,219 @@
+"""The shim's share of an FSDP2 training step, in CPU instructions (valgrind callgrind).
+
+    python bench/step_instructions.py [--rounds N] [--steps K] [--modes frames,hooks]
+    python bench/step_instructions.py --parts      (the shim's parts installed one at a time)
+
+Wall-clock and CPU-time figures for the step (bench/shim_overhead.py) swing by a millisecond from
+run to run on a shared machine; instruction counts do not. Two ranks run the benched FSDP2 job of
+bench/shim_overhead.py (6 blocks of Linear(256) + ReLU, each its own unit, SGD, batch 64, gloo):
+rank 0 under callgrind, rank 1 natively. Rank 0 runs rounds of K steps untraced, then K traced
+with each way of finding modules (COLLTRACE_MODULES), switched by install.pause()/resume() between
+the measured regions. `--parts`: the collective wrappers, the hooks (optimizer step, root,
+checkpoint) and the FSDP adapters installed one at a time, and all of them. Each region is one callgrind dump (collection is on only inside it), so a
+step's count covers every thread of rank 0 (gloo's, the shim's watchdog) while it ran.
+
+Instructions are not time: they do not see cache misses or system calls. They are the figure that
+is the same on every run and that carries over between machines. Takes about 5 minutes (importing
+torch under valgrind alone takes minutes). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REGION = "_CallPythonObject"  # ctypes' C function that calls a Python callback: the toggle
+
+
+def _region(fn: Any) -> None:
+    """Run fn() inside a C call callgrind can toggle collection on (a ctypes callback)."""
+    err: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            fn()
+        except BaseException as e:  # a callback cannot raise through C
+            err.append(e)
+
+    ctypes.CFUNCTYPE(None)(body)()
+    if err:
+        raise err[0]
+
+
+PARTS = {
+    "collective wrappers": ("wrappers",),
+    "hooks": ("hooks",),
+    "FSDP adapters": ("fsdp",),
+    "all": ("wrappers", "hooks", "fsdp"),
+}
+
+
+def _worker(rank: int, port: int, rounds: int, steps: int, variants: list[str], log: str) -> None:
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.fsdp import fully_shard
+
+    from colltrace.record import install
+    from colltrace.record.fsdp import FSDP
+    from colltrace.record.hooks import HOOKS
+    from colltrace.record.shim import SHIM
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+        timeout=datetime.timedelta(minutes=30),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    width, depth = 256, 6
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)])
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = torch.randn(64, width)
+    cfg = install._state["cfg"]
+    rec = SHIM.recorder
+
+    def run() -> None:
+        for _ in range(steps):
+            model(batch).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    def switch(variant: str) -> None:
+        install.pause()
+        install._paused["recorder"] = rec  # pause() of a paused shim would forget it
+        if variant in PARTS:
+            parts = PARTS[variant]
+            if "wrappers" in parts:
+                SHIM.install()
+                SHIM.recorder = rec
+            if "hooks" in parts:
+                HOOKS.install()
+            if "fsdp" in parts:
+                FSDP.install()
+        elif variant != "off":  # a way of finding modules, everything installed
+            install._state["cfg"] = dataclasses.replace(cfg, modules=variant)
+            install.resume()
+
+    order: list[str] = []
+    for variant in ["off", *variants]:  # warm-up: every variant once, uncounted (first calls, caches)
+        switch(variant)
+        run()
+    for _ in range(rounds):
+        for variant in ["off", *variants]:
+            switch(variant)
+            _region(run)  # both ranks run the same steps; only rank 0 is under callgrind
+            order.append(variant)
+    switch("off")
+    install._state["cfg"] = cfg
+    install.resume()
+    with open(log, "w") as f:
+        json.dump({"order": order, "steps": steps}, f)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _dump_totals(prefix: str) -> list[int]:
+    """Instructions of each region, in order (the numbered dumps; the final one is after the last)."""
+    dumps = []
+    for path in glob.glob(prefix + ".*"):
+        m = re.search(r"\.(\d+)$", path)
+        if m:
+            with open(path) as f:
+                total = next(int(line.split()[1]) for line in f if line.startswith("totals:"))
+            dumps.append((int(m.group(1)), total))
+    return [t for _, t in sorted(dumps)]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3, help="steps per measured region")
+    p.add_argument("--modes", default="frames,hooks", help="COLLTRACE_MODULES values to measure")
+    p.add_argument("--parts", action="store_true", help="the shim's parts one at a time instead")
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--log", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    variants = list(PARTS) if args.parts else [m for m in args.modes.split(",") if m]
+    if args.worker is not None:
+        _worker(args.worker, args.port, args.rounds, args.steps, variants, args.log)
+        return 0
+    if shutil.which("valgrind") is None:
+        print("step_instructions: valgrind is not installed (apt install valgrind)", file=sys.stderr)
+        return 2
+    tmp = tempfile.mkdtemp(prefix="colltrace-stepir-")
+    port = _free_port()
+    env = dict(os.environ, COLLTRACE="1", COLLTRACE_QUIET="1", OMP_NUM_THREADS="1")
+    me = [sys.executable, os.path.abspath(__file__), "--rounds", str(args.rounds), "--steps", str(args.steps),
+          "--modes", args.modes, "--port", str(port), *(["--parts"] if args.parts else [])]  # fmt: skip
+    out = os.path.join(tmp, "cg.out")
+    procs = []
+    for rank in (0, 1):
+        cmd = [*me, "--worker", str(rank), "--log", os.path.join(tmp, f"log{rank}.json")]
+        if rank == 0:
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
+                   f"--toggle-collect={REGION}", f"--dump-after={REGION}", *cmd]  # fmt: skip
+        renv = dict(env, COLLTRACE_DIR=os.path.join(tmp, "trace"))
+        procs.append(subprocess.Popen(cmd, env=renv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [proc.communicate()[0] for proc in procs]
+    if any(proc.returncode for proc in procs):
+        for rank, (proc, text) in enumerate(zip(procs, outputs)):
+            if proc.returncode:
+                print(f"rank {rank} exited {proc.returncode}:\n{text[-3000:]}", file=sys.stderr)
+        return 1
+    with open(os.path.join(tmp, "log0.json")) as f:
+        log = json.load(f)
+    totals = _dump_totals(out)
+    order = log["order"]
+    if len(totals) < len(order):
+        print(f"step_instructions: {len(totals)} callgrind dumps for {len(order)} regions", file=sys.stderr)
+        return 1
+    per_step: dict[str, list[float]] = {}
+    for mode, total in zip(order, totals):
+        per_step.setdefault(mode, []).append(total / log["steps"])
+    base = statistics.median(per_step["off"])
+    print(f"FSDP2 step (2 ranks, 6 blocks, 18 collectives), rank 0's instructions per step, median of "
+          f"{args.rounds} rounds of {args.steps} steps:")  # fmt: skip
+    print(f"  {'untraced':24s}  {base / 1e6:8.2f} M   (rounds: {_spread(per_step['off'])})")
+    result: dict[str, Any] = {"untraced_instructions_per_step": round(base)}
+    for variant in variants:
+        med = statistics.median(per_step[variant])
+        pct = (med - base) / base * 100
+        label = variant if args.parts else f"traced, modules={variant}"
+        print(f"  {label:24s}  {med / 1e6:8.2f} M   {pct:+.2f} %   (rounds: {_spread(per_step[variant])})")
+        result[f"step_overhead_pct {variant}"] = round(pct, 3)
+        result[f"added_instructions_per_step {variant}"] = round(med - base)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(result))
+    return 0
+
+
+def _spread(values: list[float]) -> str:
+    return " ".join(f"{v / 1e6:.2f}" for v in values)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
