@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import gc
 import glob
 import json
 import os
@@ -116,9 +117,14 @@ def _worker(rank: int, port: int, rounds: int, steps: int, variants: list[str], 
     for variant in ["off", *variants]:  # warm-up: every variant once, uncounted (first calls, caches)
         switch(variant)
         run()
+    # A full collection inside a region would cost millions of instructions wherever it falls:
+    # start every region from a collected heap, the warmed-up objects out of the collector's way.
+    gc.collect()
+    gc.freeze()
     for _ in range(rounds):
         for variant in ["off", *variants]:
             switch(variant)
+            gc.collect()
             _region(run)  # both ranks run the same steps; only rank 0 is under callgrind
             order.append(variant)
     switch("off")

@@ -42,6 +42,8 @@
 #define OFF_T_ISSUE 92
 #define OFF_T_DONE 100
 #define OFF_WAIT 108
+#define OFF_FLAGS 9
+#define FLAG_DONE 2
 #define SLOT_USED 116
 #define HEAD_LEN 40
 #define MID_LEN 28
@@ -412,7 +414,7 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
             Py_XDECREF(r);
         }
         else {
-            PyObject *watched = Py_BuildValue("(Ll[i])", (long long)idx, flags, 1);
+            PyObject *watched = Py_BuildValue("(LlO)", (long long)idx, flags, Py_None); /* alone */
             if (!watched || PyDict_SetItem(pending, result, watched) < 0)
                 PyErr_Clear(); /* an unhashable result: its completion stays unknown, as in Python */
             Py_XDECREF(watched);
@@ -683,6 +685,213 @@ static PyTypeObject TracedType = {
     .tp_doc = "The traced wrapper of one torch.distributed function (the C fast path).",
 };
 
+/* -- Work.wait ----------------------------------------------------------------------------------
+ * Waiter(orig, slow, shim): Work.wait, traced. A Work the recorder watches alone (its pending
+ * entry is (idx, flags, None)) is completed here: the time blocked in wait() and the done time go
+ * into its slot, if the ring has not moved past it. Everything else (no recorder, a Work not
+ * watched, several Works of one record, wait(timeout) that timed out, an error, full mode) goes to
+ * the Python wrapper `slow`, or straight to the original when nothing is watched. */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *orig, *slow, *shim;
+    PyObject *dict;
+    PyObject *weakrefs;
+} Waiter;
+
+static PyObject *
+waiter_call(Waiter *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *rec = NULL, *pending = NULL, *entry = NULL, *writer = NULL, *mv = NULL, *v = NULL;
+    PyObject *result = NULL;
+    int handed = 0, plain = 0, truth;
+    int64_t idx, cap, t0, t1;
+    long flags;
+    Py_buffer view;
+
+    if (!self->orig || !self->slow || !self->shim)
+        return PyErr_Format(PyExc_RuntimeError, "colltrace: traced wait used after it was cleared");
+    if (nargs < 1)
+        goto over;
+    rec = PyObject_GetAttr(self->shim, s_recorder);
+    if (!rec || rec == Py_None) {
+        plain = 1;
+        goto over;
+    }
+    if (!(pending = PyObject_GetAttr(rec, s_pending)) || !PyDict_Check(pending))
+        goto over;
+    if (PyDict_GET_SIZE(pending) == 0) {
+        plain = 1;
+        goto over;
+    }
+    entry = PyDict_GetItemWithError(pending, args[0]); /* borrowed */
+    if (!entry) {
+        plain = !PyErr_Occurred();
+        goto over;
+    }
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3 || PyTuple_GET_ITEM(entry, 2) != Py_None)
+        goto over; /* several Works for one record: the Python wrapper counts them */
+    Py_INCREF(entry);
+    idx = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 0));
+    flags = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
+    if (PyErr_Occurred() || idx < 0)
+        goto over;
+    if (!(writer = PyObject_GetAttr(rec, s_writer)) || !(v = PyObject_GetAttr(writer, s_full)) ||
+        (truth = PyObject_IsTrue(v)) != 0)
+        goto over; /* full mode: the Python wrapper */
+    Py_CLEAR(v);
+    if (get_i64(writer, s_capacity, &cap) < 0 || cap <= 0 || !(mv = PyObject_GetAttr(writer, s_mv)))
+        goto over;
+    if (PyDict_DelItem(pending, args[0]) < 0) /* ours now: the watchdog's poll will not see it */
+        goto over;
+
+    t0 = now_ns();
+    result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    t1 = now_ns();
+    if (!result || result == Py_False) { /* raised, or wait(timeout) gave up: Recorder.waited */
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        if (!result || PyDict_SetItem(pending, args[0], entry) == 0) {
+            PyObject *r = PyObject_CallMethod(rec, "waited", "OLLOO", entry, (long long)t0, (long long)t1, Py_False,
+                                              result ? Py_False : Py_True);
+            Py_XDECREF(r);
+        }
+        if (must_raise()) { /* KeyboardInterrupt while recording: it wins */
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(etb);
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyErr_Clear();
+        PyErr_Restore(et, ev, etb);
+        goto done;
+    }
+    if (PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) == 0) {
+        int64_t off = RING_HEADER_SIZE + (idx % cap) * SLOT_SIZE, marker, wait;
+        if (off + SLOT_SIZE <= view.len) {
+            char *slot = (char *)view.buf + off;
+            memcpy(&marker, slot, 8);
+            if (marker == idx + 1) { /* the slot still holds this record */
+                memcpy(&wait, slot + OFF_WAIT, 8);
+                put_i64(slot + OFF_WAIT, wait + (t1 - t0));
+                put_i64(slot + OFF_T_DONE, t1);
+                slot[OFF_FLAGS] = (char)((flags | FLAG_DONE) & 0xff);
+            }
+        }
+        PyBuffer_Release(&view);
+    }
+    if (set_i64(rec, s_last_progress_ns, t1) < 0 && must_raise())
+        Py_CLEAR(result);
+    else
+        PyErr_Clear();
+    goto done;
+
+over:
+    if (must_raise())
+        goto done;
+    PyErr_Clear();
+    handed = 1;
+
+done:
+    Py_XDECREF(rec);
+    Py_XDECREF(pending);
+    Py_XDECREF(entry);
+    Py_XDECREF(writer);
+    Py_XDECREF(mv);
+    Py_XDECREF(v);
+    if (handed)
+        return PyObject_Vectorcall(plain ? self->orig : self->slow, args, nargsf, kwnames);
+    return result;
+}
+
+static PyObject *
+waiter_tp_call(Waiter *self, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call((PyObject *)self, args, kwargs);
+}
+
+static PyObject *
+waiter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *orig, *slow, *shim;
+    if (!PyArg_ParseTuple(args, "OOO", &orig, &slow, &shim))
+        return NULL;
+    Waiter *self = (Waiter *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->vectorcall = (vectorcallfunc)waiter_call;
+    Py_INCREF(orig);
+    self->orig = orig;
+    Py_INCREF(slow);
+    self->slow = slow;
+    Py_INCREF(shim);
+    self->shim = shim;
+    return (PyObject *)self;
+}
+
+static int
+waiter_traverse(Waiter *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->orig);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->shim);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+waiter_clear(Waiter *self)
+{
+    Py_CLEAR(self->orig);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->shim);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void
+waiter_dealloc(Waiter *self)
+{
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    waiter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+waiter_get_slow(Waiter *self, void *closure)
+{
+    Py_INCREF(self->slow);
+    return self->slow;
+}
+
+static PyGetSetDef waiter_getset[] = {
+    {"slow", (getter)waiter_get_slow, NULL, "the Python wrapper this one hands calls over to", NULL},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL},
+};
+
+static PyTypeObject WaiterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "colltrace.record._fastpath.Waiter",
+    .tp_basicsize = sizeof(Waiter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Waiter, vectorcall),
+    .tp_call = (ternaryfunc)waiter_tp_call,
+    .tp_new = waiter_new,
+    .tp_traverse = (traverseproc)waiter_traverse,
+    .tp_clear = (inquiry)waiter_clear,
+    .tp_dealloc = (destructor)waiter_dealloc,
+    .tp_getset = waiter_getset,
+    .tp_dictoffset = offsetof(Waiter, dict),
+    .tp_weaklistoffset = offsetof(Waiter, weakrefs),
+    .tp_descr_get = traced_descr_get,
+    .tp_doc = "Work.wait, traced (the C fast path).",
+};
+
 #ifdef COLLTRACE_FRAMES
 /* frame_self(wrapped, call_impl, outermost): the `self` of the innermost (or outermost) frame on
  * this thread's stack running either code object (nn.Module.__call__ and Module._call_impl), or
@@ -768,7 +977,7 @@ PyInit__fastpath(void)
     INTERN(s_offset_of, "offset_of");
     if (!(s_one = PyLong_FromLong(1)) || !(s_zero = PyLong_FromLong(0)))
         return NULL;
-    if (PyType_Ready(&TracedType) < 0)
+    if (PyType_Ready(&TracedType) < 0 || PyType_Ready(&WaiterType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
@@ -779,7 +988,14 @@ PyInit__fastpath(void)
         Py_DECREF(m);
         return NULL;
     }
+    Py_INCREF(&WaiterType);
+    if (PyModule_AddObject(m, "Waiter", (PyObject *)&WaiterType) < 0) {
+        Py_DECREF(&WaiterType);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "OFF_FLAGS", OFF_FLAGS) < 0 || PyModule_AddIntConstant(m, "FLAG_DONE", FLAG_DONE) < 0 ||
         PyModule_AddIntConstant(m, "RING_HEADER_SIZE", RING_HEADER_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "OFF_T_DONE", OFF_T_DONE) < 0 ||
         PyModule_AddIntConstant(m, "OFF_WAIT", OFF_WAIT) < 0 ||

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,8 @@ from colltrace.record.context import (
     PHASE_FORWARD,
     PHASE_RECOMPUTE,
 )
+
+_get_ident = threading.get_ident
 
 UNSHARD = "unshard"
 PREFETCH = "prefetch"
@@ -50,10 +53,10 @@ class FsdpAdapters(Adapter):
         """fn(*args, **kwargs), an unshard of `module`, attributed: its phase from the unit's own training
         state (FORWARD / PRE_BACKWARD), prefetch or not, and the user's label as flavour."""
         ctx = self.ctx
-        ts = ctx.state()
+        ts = ctx.threads.get(_get_ident()) or ctx.state()
         if ctx.root is None and ctx.call_codes is not None:  # the model's first forward: learn its root
             ctx.learn_running()
-        in_bwd = ctx.in_backward()
+        in_bwd = ctx.graph_task_id() != -1
         if forward:
             phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
         elif backward or in_bwd:
@@ -86,12 +89,22 @@ class FsdpAdapters(Adapter):
             modules = getattr(group, "modules", ())
             return ",".join(ctx.module_name(m) for m in modules) or "?"
 
+        try:
+            from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+
+            unsharded: object = ShardedState.UNSHARDED
+        except (ImportError, AttributeError):
+            unsharded = object()  # matches nothing: every unshard is attributed
+        attributed = self._unshard
+
         def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
             def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
+                if getattr(self, "_all_gather_result", None) is not None or (
+                    getattr(self, "_sharded_state", None) is unsharded
+                ):  # FSDP's own no-op (already gathered or gathering): no collective to attribute
+                    return orig(self, *args, **kwargs)
                 state = self._training_state
-                return adapters._unshard(
-                    fqn(self), state == forward, state == pre_backward, orig, self, *args, **kwargs
-                )
+                return attributed(fqn(self), state is forward, state is pre_backward, orig, self, *args, **kwargs)
 
             return unshard
 

@@ -62,7 +62,7 @@ class Recorder:
         self._shapes: dict[Any, int] = {}
         self._lock = threading.Lock()
         # async Works not yet seen complete -> (idx, flags, [Works of this record still running])
-        self.pending: dict[Any, tuple[int, int, list[int]]] = {}
+        self.pending: dict[Any, tuple[int, int, list[int] | None]] = {}  # Work -> see watch()
         self.last_progress_ns = _now()
         self._warned: set[str] = set()
         self.last_failure: tuple[BaseException, int] | None = None
@@ -279,10 +279,13 @@ class Recorder:
     # `poll`, which the watchdog runs twice a second for Works nobody waits on (FLAG_POLLED).
 
     def watch(self, idx: int, flags: int, work: Any) -> None:
+        """Record idx completes when its Work does; with several (a list), when all of them do.
+        A pending entry is (idx, flags, remaining): remaining is None for a Work alone, else the
+        count of its record's Works not yet done, shared by them."""
         works = work if type(work) is list else [work]
         if not works:
             return
-        entry = (idx, flags, [len(works)])
+        entry = (idx, flags, [len(works)] if type(work) is list else None)
         pending = self.pending
         for w in works:
             try:
@@ -298,7 +301,7 @@ class Recorder:
         for w in list(self.pending)[: _PENDING_MAX // 2]:
             self.pending.pop(w, None)
 
-    def waited(self, entry: tuple[int, int, list[int]], t0: int, t1: int, done: bool, error: bool) -> None:
+    def waited(self, entry: tuple[int, int, list[int] | None], t0: int, t1: int, done: bool, error: bool) -> None:
         idx, flags, remaining = entry
         self.writer.add_wait(idx, t1 - t0)
         if done or error:
@@ -327,14 +330,15 @@ class Recorder:
             idx, flags, remaining = entry
             self._finish(idx, flags | schema.FLAG_POLLED, remaining, err, _now())
 
-    def _finish(self, idx: int, flags: int, remaining: list[int], err: int, t: int) -> None:
+    def _finish(self, idx: int, flags: int, remaining: list[int] | None, err: int, t: int) -> None:
         """One Work of record idx completed."""
-        with self._lock:
-            if remaining[0] <= 0:
-                return
-            remaining[0] = 0 if err else remaining[0] - 1
-            if remaining[0]:
-                return
+        if remaining is not None:  # one of several Works of this record
+            with self._lock:
+                if remaining[0] <= 0:
+                    return
+                remaining[0] = 0 if err else remaining[0] - 1
+                if remaining[0]:
+                    return
         self.writer.complete(idx, t, flags | schema.FLAG_DONE | err)
         self.last_progress_ns = t
 

@@ -34,6 +34,8 @@ def _load_fastpath() -> Any:
         "OFF_T_ISSUE": schema.field_offset("t_issue_ns"),
         "OFF_T_DONE": schema.T_DONE_OFFSET,
         "OFF_WAIT": schema.WAIT_OFFSET,
+        "OFF_FLAGS": schema.FLAGS_OFFSET,
+        "FLAG_DONE": schema.FLAG_DONE,
     }
     if any(getattr(_fastpath, name, None) != value for name, value in layout.items()):
         return None  # built for another slot layout: the Python wrapper records
@@ -247,8 +249,15 @@ class Shim:
 
         wait.__colltrace__ = True  # type: ignore[attr-defined]
         wait.__doc__ = orig.__doc__
+        traced: Any = wait
+        if _fastpath is not None:  # the same, in C for a Work the recorder watches alone
+            traced = _fastpath.Waiter(orig, wait, self)
+            for name in ("__name__", "__qualname__", "__doc__"):
+                setattr(traced, name, getattr(orig, name, None))
+            traced.__wrapped__ = orig
+            traced.__colltrace__ = True
         try:
-            self._set(work_cls, "wait", wait)
+            self._set(work_cls, "wait", traced)
         except (TypeError, AttributeError):
             pass  # a Work class we cannot patch: async Works complete by the watchdog's poll
 
