@@ -121,8 +121,10 @@ def _worker(rank: int, port: int, rounds: int, steps: int, variants: list[str], 
     # start every region from a collected heap, the warmed-up objects out of the collector's way.
     gc.collect()
     gc.freeze()
-    for _ in range(rounds):
-        for variant in ["off", *variants]:
+    every = ["off", *variants]
+    for r in range(rounds):
+        # each round in another order: what a region costs must not depend on which came before
+        for variant in every[r % len(every) :] + every[: r % len(every)]:
             switch(variant)
             gc.collect()
             _region(run)  # both ranks run the same steps; only rank 0 is under callgrind
@@ -141,16 +143,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _dump_totals(prefix: str) -> list[int]:
-    """Instructions of each region, in order (the numbered dumps; the final one is after the last)."""
-    dumps = []
+def _dump_paths(prefix: str) -> list[str]:
+    """The numbered dumps, one per region, in order (the unnumbered one is after the last)."""
+    numbered = []
     for path in glob.glob(prefix + ".*"):
         m = re.search(r"\.(\d+)$", path)
         if m:
-            with open(path) as f:
-                total = next(int(line.split()[1]) for line in f if line.startswith("totals:"))
-            dumps.append((int(m.group(1)), total))
-    return [t for _, t in sorted(dumps)]
+            numbered.append((int(m.group(1)), path))
+    return [path for _, path in sorted(numbered)]
+
+
+def _dump_totals(prefix: str) -> list[int]:
+    """Instructions of each region, in order."""
+    totals = []
+    for path in _dump_paths(prefix):
+        with open(path) as f:
+            totals.append(next(int(line.split()[1]) for line in f if line.startswith("totals:")))
+    return totals
 
 
 def main() -> int:
@@ -159,6 +168,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3, help="steps per measured region")
     p.add_argument("--modes", default="frames,hooks", help="COLLTRACE_MODULES values to measure")
     p.add_argument("--parts", action="store_true", help="the shim's parts one at a time instead")
+    p.add_argument("--keep", metavar="DIR", default="", help="keep the callgrind dumps (one per region) in DIR")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--log", default="", help=argparse.SUPPRESS)
@@ -212,6 +222,11 @@ def main() -> int:
         print(f"  {label:24s}  {med / 1e6:8.2f} M   {pct:+.2f} %   (rounds: {_spread(per_step[variant])})")
         result[f"step_overhead_pct {variant}"] = round(pct, 3)
         result[f"added_instructions_per_step {variant}"] = round(med - base)
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        for i, (variant, path) in enumerate(zip(order, _dump_paths(out))):
+            shutil.copy(path, os.path.join(args.keep, f"{i:02d}-{variant.replace(' ', '_')}.callgrind"))
+        print(f"  callgrind dumps, one per region: {args.keep} (callgrind_annotate FILE)")
     shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(result))
     return 0

@@ -7,11 +7,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record.adapter import Adapter, serving
+from colltrace.record.adapter import Adapter
 from colltrace.record.context import (
     PHASE_BACKWARD,
     PHASE_FORWARD,
     PHASE_RECOMPUTE,
+    ThreadState,
 )
 
 _get_ident = threading.get_ident
@@ -36,8 +37,10 @@ class FsdpAdapters(Adapter):
         """Marks the unshards run inside FSDP's prefetch functions as prefetches."""
         ctx = self.ctx
 
+        threads = ctx.threads
+
         def prefetch(*args: Any, **kwargs: Any) -> Any:
-            ts = ctx.state()
+            ts = threads.get(_get_ident()) or ctx.state()
             old = ts.prefetch
             ts.prefetch = True
             try:
@@ -47,13 +50,10 @@ class FsdpAdapters(Adapter):
 
         return prefetch
 
-    def _unshard(
-        self, module: str, forward: bool, backward: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Any:
-        """fn(*args, **kwargs), an unshard of `module`, attributed: its phase from the unit's own training
-        state (FORWARD / PRE_BACKWARD), prefetch or not, and the user's label as flavour."""
+    def _unshard_attribution(self, module: str, forward: bool, backward: bool, ts: ThreadState) -> tuple[str, str, str]:
+        """What an unshard of `module` serves: its phase from the unit's own training state
+        (FORWARD / PRE_BACKWARD), prefetch or not, and the user's label as flavour."""
         ctx = self.ctx
-        ts = ctx.threads.get(_get_ident()) or ctx.state()
         if ctx.root is None and ctx.call_codes is not None:  # the model's first forward: learn its root
             ctx.learn_running()
         in_bwd = ctx.graph_task_id() != -1
@@ -66,7 +66,10 @@ class FsdpAdapters(Adapter):
         flavour = PREFETCH if ts.prefetch else UNSHARD
         if ts.labels and flavour == UNSHARD:
             flavour = f"{flavour}:{ts.labels[-1]}"
-        return serving(ts, (module, phase, flavour), fn, args, kwargs)
+        return module, phase, flavour
+
+    # The wrappers below set the thread's serving scope themselves, not through adapter.serving:
+    # they run a few dozen times per step, and each call layer that passes *args on costs.
 
     # -- FSDP2 (fully_shard) -----------------------------------------------------------------
 
@@ -76,7 +79,6 @@ class FsdpAdapters(Adapter):
 
         group_cls = pg_mod.FSDPParamGroup
         ctx = self.ctx
-        adapters = self
         forward = TrainingState.FORWARD
         pre_backward = TrainingState.PRE_BACKWARD
 
@@ -95,7 +97,8 @@ class FsdpAdapters(Adapter):
             unsharded: object = ShardedState.UNSHARDED
         except (ImportError, AttributeError):
             unsharded = object()  # matches nothing: every unshard is attributed
-        attributed = self._unshard
+        attribution = self._unshard_attribution
+        threads = ctx.threads
 
         def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
             def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -103,14 +106,26 @@ class FsdpAdapters(Adapter):
                     getattr(self, "_sharded_state", None) is unsharded
                 ):  # FSDP's own no-op (already gathered or gathering): no collective to attribute
                     return orig(self, *args, **kwargs)
+                ts = threads.get(_get_ident()) or ctx.state()
                 state = self._training_state
-                return attributed(fqn(self), state is forward, state is pre_backward, orig, self, *args, **kwargs)
+                old = ts.serve
+                ts.serve = attribution(fqn(self), state is forward, state is pre_backward, ts)
+                try:
+                    return orig(self, *args, **kwargs)
+                finally:
+                    ts.serve = old
 
             return unshard
 
         def make_post_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-                return adapters._serving((fqn(self), PHASE_BACKWARD, REDUCE_GRAD), orig, self, *args, **kwargs)
+                ts = threads.get(_get_ident()) or ctx.state()
+                old = ts.serve
+                ts.serve = (fqn(self), PHASE_BACKWARD, REDUCE_GRAD)
+                try:
+                    return orig(self, *args, **kwargs)
+                finally:
+                    ts.serve = old
 
             return post_backward
 
@@ -139,12 +154,19 @@ class FsdpAdapters(Adapter):
             module = getattr(handle, "_fully_sharded_module", None)
             return ctx.module_name(module) if module is not None else "?"
 
+        attribution = self._unshard_attribution
+        threads = ctx.threads
+
         def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
             def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
+                ts = threads.get(_get_ident()) or ctx.state()
                 state = getattr(self, "_training_state", None)
-                return adapters._unshard(
-                    fqn(self), state == states.FORWARD, state == states.BACKWARD_PRE, orig, self, *args, **kwargs
-                )
+                old = ts.serve
+                ts.serve = attribution(fqn(self), state == states.FORWARD, state == states.BACKWARD_PRE, ts)
+                try:
+                    return orig(self, *args, **kwargs)
+                finally:
+                    ts.serve = old
 
             return unshard
 
