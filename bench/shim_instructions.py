@@ -4,7 +4,10 @@
 
 Calls the shim's generated wrapper around a stand-in all_reduce that does nothing (a stand-in
 tensor and process group, no torch: under valgrind, importing torch alone takes minutes) N times
-and 11 N times, and reports the difference per call, beside the same figure for a yardstick: one dict +
+and 11 N times, and reports the difference per call: outside any module (the caller's frames are
+walked to the top and no module is found), inside a stand-in module's forward (the walk finds it),
+and with an adapter serving the call (FSDP's case: no walk). Beside them the same figure for a
+yardstick: one dict +
 orjson.dumps + os.write (whose system call's kernel instructions callgrind does not count, so the
 yardstick is flattered). The last line is one JSON object.
 """
@@ -18,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 N = 1000
 
@@ -59,11 +63,35 @@ def _child(mode: str, n: int) -> None:
     shim.recorder = recorder_mod.Recorder(TraceWriter(out, 0, 100_000, False, {}), Group(), CONTEXT)
     traced = shim._wrap(spec, all_reduce)
     x = Tensor()
+
+    class Module:  # stands in for nn.Module: the frames of its __call__ are what the shim looks for
+        def _wrapped_call_impl(self, *args: Any) -> Any:
+            return self._call_impl(*args)
+
+        def _call_impl(self, *args: Any) -> Any:
+            return self.forward(*args)
+
+        def forward(self, k: int) -> None:
+            for _ in range(k):
+                traced(x)
+
+        def named_modules(self) -> list[tuple[str, Any]]:
+            return [("", self)]
+
+    # as in a job: the module a call serves is found from the caller's frames (the C walk if built)
+    from colltrace.record import shim as shim_mod
+    from colltrace.record.context import _frame_self
+    from colltrace.record.hooks import _call_codes
+
+    CONTEXT.call_codes = _call_codes(Module)
+    CONTEXT.frame_self = getattr(shim_mod._fastpath, "frame_self", None) or _frame_self
     if mode in ("shim", "served"):
         if mode == "served":  # as inside FSDP's unshard: an adapter names what the call serves
             CONTEXT.state().serve = ("layers.0", "forward", "unshard")
         for _ in range(n):
             traced(x)
+    elif mode == "module":  # inside a module's forward, no adapter: the frame walk finds the module
+        Module()._wrapped_call_impl(n)
     elif mode == "bare":  # the loop and the call of the untraced function: the baseline
         for _ in range(n):
             all_reduce(x)
@@ -94,17 +122,19 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     per = {}
-    for mode in ("bare", "shim", "served", "yardstick"):
+    for mode in ("bare", "shim", "served", "module", "yardstick"):
         per[mode] = (_instructions(mode, 11 * N) - _instructions(mode, N)) / (10 * N)
     per["shim"] -= per["bare"]
     per["served"] -= per["bare"]
+    per["module"] -= per["bare"]
+    print(f"shim: {per['shim']:,.0f} instructions per call outside any module (the caller's frames walked to the top)")
     print(
-        f"shim: {per['shim']:,.0f} instructions per call ({per['served']:,.0f} when an adapter serves it, as in FSDP)"
+        f"      {per['module']:,.0f} inside a module's forward, {per['served']:,.0f} when an adapter serves it (FSDP)"
     )
     print(f"yardstick: {per['yardstick']:,.0f} instructions per call")
     ratio = per["shim"] / per["yardstick"]
     print(f"shim / yardstick: {ratio:.2f}")
-    print(json.dumps({"shim_instructions": round(per["shim"]), "served_instructions": round(per["served"]),
+    print(json.dumps({"shim_instructions": round(per["shim"]), "served_instructions": round(per["served"]), "module_instructions": round(per["module"]),
                       "yardstick_instructions": round(per["yardstick"]), "ratio": round(ratio, 2)}))  # fmt: skip
 
 

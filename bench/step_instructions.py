@@ -8,7 +8,7 @@ run to run on a shared machine; instruction counts do not. Two ranks run the ben
 bench/shim_overhead.py (6 blocks of Linear(256) + ReLU, each its own unit, SGD, batch 64, gloo):
 rank 0 under callgrind, rank 1 natively. Rank 0 runs rounds of K steps untraced, then K traced
 with each way of finding modules (COLLTRACE_MODULES), switched by install.pause()/resume() between
-the measured regions. `--parts`: the collective wrappers, the hooks (optimizer step, root,
+the measured regions, each after one uncounted step. `--parts`: the collective wrappers, the hooks (optimizer step, root,
 checkpoint) and the FSDP adapters installed one at a time, and all of them. Each region is one callgrind dump (collection is on only inside it), so a
 step's count covers every thread of rank 0 (gloo's, the shim's watchdog) while it ran.
 
@@ -91,8 +91,8 @@ def _worker(rank: int, port: int, rounds: int, steps: int, variants: list[str], 
     cfg = install._state["cfg"]
     rec = SHIM.recorder
 
-    def run() -> None:
-        for _ in range(steps):
+    def run(n: int = steps) -> None:
+        for _ in range(n):
             model(batch).sum().backward()
             opt.step()
             opt.zero_grad()
@@ -126,6 +126,10 @@ def _worker(rank: int, port: int, rounds: int, steps: int, variants: list[str], 
         # each round in another order: what a region costs must not depend on which came before
         for variant in every[r % len(every) :] + every[: r % len(every)]:
             switch(variant)
+            # Patching a class (Work.wait, FSDPParamGroup) or a module attribute throws away the
+            # interpreter's specialized lookups and caches for it; a job patched once pays that
+            # once, so one step after each switch is not counted.
+            run(1)
             gc.collect()
             _region(run)  # both ranks run the same steps; only rank 0 is under callgrind
             order.append(variant)
