@@ -4,17 +4,23 @@
     python bench/step_instructions.py --parts      (the shim's parts installed one at a time)
 
 Wall-clock and CPU-time figures for the step (bench/shim_overhead.py) swing by a millisecond from
-run to run on a shared machine; instruction counts do not. Two ranks run the benched FSDP2 job of
-bench/shim_overhead.py (6 blocks of Linear(256) + ReLU, each its own unit, SGD, batch 64, gloo):
-rank 0 under callgrind, rank 1 natively. Rank 0 runs rounds of K steps untraced, then K traced
-with each way of finding modules (COLLTRACE_MODULES), switched by install.pause()/resume() between
-the measured regions, each after one uncounted step. `--parts`: the collective wrappers, the hooks (optimizer step, root,
-checkpoint) and the FSDP adapters installed one at a time, and all of them. Each region is one callgrind dump (collection is on only inside it), so a
-step's count covers every thread of rank 0 (gloo's, the shim's watchdog) while it ran.
+run to run on a shared machine; instruction counts barely move. Two ranks run the benched FSDP2
+job of bench/shim_overhead.py (6 blocks of Linear(256) + ReLU, each its own unit, SGD, batch 64,
+gloo): rank 0 under callgrind, rank 1 natively. Each variant is its own pair of processes, started
+the same way but for the environment: untraced (COLLTRACE unset), and traced with each way of
+finding modules (COLLTRACE_MODULES). After warm-up steps, each of N regions of K steps is one
+callgrind dump (collection is on only inside it), covering every thread of rank 0 (gloo's, the
+shim's watchdog) while it ran.
+
+--parts runs the collective wrappers, the hooks and the FSDP adapters one at a time, and all of
+them, switched in one process by install.pause()/resume(). Patching and unpatching classes throws
+away the interpreter's specialized lookups, so those figures carry a bias of a few 0.1 % (an
+installed part can even come out below the untraced run): use them to rank the parts, not to
+judge the goal.
 
 Instructions are not time: they do not see cache misses or system calls. They are the figure that
-is the same on every run and that carries over between machines. Takes about 5 minutes (importing
-torch under valgrind alone takes minutes). The last line is one JSON object.
+is the same on every run and that carries over between machines. Takes about 10 minutes
+(importing torch under valgrind alone takes minutes). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -62,9 +68,7 @@ PARTS = {
 }
 
 
-def _worker(rank: int, port: int, rounds: int, steps: int, variants: list[str], log: str) -> None:
-    import dataclasses
-
+def _worker(rank: int, port: int, rounds: int, steps: int, parts: bool, log: str) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -88,7 +92,6 @@ def _worker(rank: int, port: int, rounds: int, steps: int, variants: list[str], 
     fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     batch = torch.randn(64, width)
-    cfg = install._state["cfg"]
     rec = SHIM.recorder
 
     def run(n: int = steps) -> None:
@@ -100,42 +103,40 @@ def _worker(rank: int, port: int, rounds: int, steps: int, variants: list[str], 
     def switch(variant: str) -> None:
         install.pause()
         install._paused["recorder"] = rec  # pause() of a paused shim would forget it
-        if variant in PARTS:
-            parts = PARTS[variant]
-            if "wrappers" in parts:
+        for part in PARTS.get(variant, ()):
+            if part == "wrappers":
                 SHIM.install()
                 SHIM.recorder = rec
-            if "hooks" in parts:
+            elif part == "hooks":
                 HOOKS.install()
-            if "fsdp" in parts:
+            elif part == "fsdp":
                 FSDP.install()
-        elif variant != "off":  # a way of finding modules, everything installed
-            install._state["cfg"] = dataclasses.replace(cfg, modules=variant)
-            install.resume()
 
-    order: list[str] = []
-    for variant in ["off", *variants]:  # warm-up: every variant once, uncounted (first calls, caches)
-        switch(variant)
-        run()
+    every = ["off", *PARTS] if parts else ["this"]
+    if parts:
+        for variant in every:  # warm-up: every variant once, uncounted (first calls, caches)
+            switch(variant)
+            run()
+    else:
+        run(3)
     # A full collection inside a region would cost millions of instructions wherever it falls:
     # start every region from a collected heap, the warmed-up objects out of the collector's way.
     gc.collect()
     gc.freeze()
-    every = ["off", *variants]
+    order: list[str] = []
     for r in range(rounds):
-        # each round in another order: what a region costs must not depend on which came before
+        # parts: each round in another order, and one uncounted step after each switch
         for variant in every[r % len(every) :] + every[: r % len(every)]:
-            switch(variant)
-            # Patching a class (Work.wait, FSDPParamGroup) or a module attribute throws away the
-            # interpreter's specialized lookups and caches for it; a job patched once pays that
-            # once, so one step after each switch is not counted.
-            run(1)
+            if parts:
+                switch(variant)
+                run(1)
             gc.collect()
             _region(run)  # both ranks run the same steps; only rank 0 is under callgrind
             order.append(variant)
-    switch("off")
-    install._state["cfg"] = cfg
-    install.resume()
+    if parts:
+        install.pause()
+        install._paused["recorder"] = rec
+        install.resume()
     with open(log, "w") as f:
         json.dump({"order": order, "steps": steps}, f)
     dist.destroy_process_group()
@@ -166,69 +167,92 @@ def _dump_totals(prefix: str) -> list[int]:
     return totals
 
 
+def _launch(name: str, tmp: str, args: argparse.Namespace, env: dict[str, str]) -> tuple[list[Any], str, str]:
+    """Start one pair of ranks for `name` (rank 0 under callgrind); returns them, its dump prefix, log."""
+    port = _free_port()
+    me = [sys.executable, os.path.abspath(__file__), "--rounds", str(args.rounds), "--steps", str(args.steps),
+          "--port", str(port), *(["--parts"] if args.parts else [])]  # fmt: skip
+    out = os.path.join(tmp, f"{name}.cg")
+    log = os.path.join(tmp, f"{name}.json")
+    procs = []
+    for rank in (0, 1):
+        cmd = [*me, "--worker", str(rank), "--log", log if rank == 0 else os.devnull]
+        if rank == 0:
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
+                   f"--toggle-collect={REGION}", f"--dump-after={REGION}", *cmd]  # fmt: skip
+        renv = dict(env, COLLTRACE_DIR=os.path.join(tmp, f"trace-{name}"))
+        procs.append(subprocess.Popen(cmd, env=renv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs, out, log
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=3, help="steps per measured region")
+    p.add_argument("--rounds", type=int, default=4, help="measured regions per variant")
+    p.add_argument("--steps", type=int, default=2, help="steps per measured region")
     p.add_argument("--modes", default="frames,hooks", help="COLLTRACE_MODULES values to measure")
-    p.add_argument("--parts", action="store_true", help="the shim's parts one at a time instead")
+    p.add_argument("--parts", action="store_true", help="the shim's parts one at a time instead (biased, see above)")
     p.add_argument("--keep", metavar="DIR", default="", help="keep the callgrind dumps (one per region) in DIR")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--log", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
-    variants = list(PARTS) if args.parts else [m for m in args.modes.split(",") if m]
     if args.worker is not None:
-        _worker(args.worker, args.port, args.rounds, args.steps, variants, args.log)
+        _worker(args.worker, args.port, args.rounds, args.steps, args.parts, args.log)
         return 0
     if shutil.which("valgrind") is None:
         print("step_instructions: valgrind is not installed (apt install valgrind)", file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="colltrace-stepir-")
-    port = _free_port()
-    env = dict(os.environ, COLLTRACE="1", COLLTRACE_QUIET="1", OMP_NUM_THREADS="1")
-    me = [sys.executable, os.path.abspath(__file__), "--rounds", str(args.rounds), "--steps", str(args.steps),
-          "--modes", args.modes, "--port", str(port), *(["--parts"] if args.parts else [])]  # fmt: skip
-    out = os.path.join(tmp, "cg.out")
-    procs = []
-    for rank in (0, 1):
-        cmd = [*me, "--worker", str(rank), "--log", os.path.join(tmp, f"log{rank}.json")]
-        if rank == 0:
-            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
-                   f"--toggle-collect={REGION}", f"--dump-after={REGION}", *cmd]  # fmt: skip
-        renv = dict(env, COLLTRACE_DIR=os.path.join(tmp, "trace"))
-        procs.append(subprocess.Popen(cmd, env=renv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [proc.communicate()[0] for proc in procs]
-    if any(proc.returncode for proc in procs):
+    # the same hash seed everywhere: dict layouts, and so lookups, alike in every process
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("COLLTRACE")}
+    base_env.update(PYTHONHASHSEED="0", OMP_NUM_THREADS="1", COLLTRACE_QUIET="1")
+    if args.parts:
+        runs = {"parts": dict(base_env, COLLTRACE="1")}
+        variants = list(PARTS)
+    else:
+        variants = [m for m in args.modes.split(",") if m]
+        runs = {"off": dict(base_env)}
+        runs.update({m: dict(base_env, COLLTRACE="1", COLLTRACE_MODULES=m) for m in variants})
+    launched = {name: _launch(name, tmp, args, env) for name, env in runs.items()}  # side by side
+    per_step: dict[str, list[float]] = {}
+    dumps: list[tuple[str, str]] = []
+    failed = False
+    for name, (procs, out, log) in launched.items():
+        outputs = [proc.communicate()[0] for proc in procs]
         for rank, (proc, text) in enumerate(zip(procs, outputs)):
             if proc.returncode:
-                print(f"rank {rank} exited {proc.returncode}:\n{text[-3000:]}", file=sys.stderr)
+                print(f"{name}, rank {rank} exited {proc.returncode}:\n{text[-3000:]}", file=sys.stderr)
+                failed = True
+        if failed:
+            continue
+        with open(log) as f:
+            order = json.load(f)["order"]
+        paths = _dump_paths(out)
+        if len(paths) < len(order):
+            print(f"step_instructions: {len(paths)} callgrind dumps for {len(order)} regions", file=sys.stderr)
+            return 1
+        for variant, path, total in zip(order, paths, _dump_totals(out)):
+            variant = name if variant == "this" else variant
+            per_step.setdefault(variant, []).append(total / args.steps)
+            dumps.append((variant, path))
+    if failed:
         return 1
-    with open(os.path.join(tmp, "log0.json")) as f:
-        log = json.load(f)
-    totals = _dump_totals(out)
-    order = log["order"]
-    if len(totals) < len(order):
-        print(f"step_instructions: {len(totals)} callgrind dumps for {len(order)} regions", file=sys.stderr)
-        return 1
-    per_step: dict[str, list[float]] = {}
-    for mode, total in zip(order, totals):
-        per_step.setdefault(mode, []).append(total / log["steps"])
     base = statistics.median(per_step["off"])
+    how = "one process, parts switched" if args.parts else "each variant its own processes"
     print(f"FSDP2 step (2 ranks, 6 blocks, 18 collectives), rank 0's instructions per step, median of "
-          f"{args.rounds} rounds of {args.steps} steps:")  # fmt: skip
-    print(f"  {'untraced':24s}  {base / 1e6:8.2f} M   (rounds: {_spread(per_step['off'])})")
+          f"{args.rounds} regions of {args.steps} steps ({how}):")  # fmt: skip
+    print(f"  {'untraced':24s}  {base / 1e6:8.2f} M   (regions: {_spread(per_step['off'])})")
     result: dict[str, Any] = {"untraced_instructions_per_step": round(base)}
     for variant in variants:
         med = statistics.median(per_step[variant])
         pct = (med - base) / base * 100
         label = variant if args.parts else f"traced, modules={variant}"
-        print(f"  {label:24s}  {med / 1e6:8.2f} M   {pct:+.2f} %   (rounds: {_spread(per_step[variant])})")
+        print(f"  {label:24s}  {med / 1e6:8.2f} M   {pct:+.2f} %   (regions: {_spread(per_step[variant])})")
         result[f"step_overhead_pct {variant}"] = round(pct, 3)
         result[f"added_instructions_per_step {variant}"] = round(med - base)
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
-        for i, (variant, path) in enumerate(zip(order, _dump_paths(out))):
+        for i, (variant, path) in enumerate(dumps):
             shutil.copy(path, os.path.join(args.keep, f"{i:02d}-{variant.replace(' ', '_')}.callgrind"))
         print(f"  callgrind dumps, one per region: {args.keep} (callgrind_annotate FILE)")
     shutil.rmtree(tmp, ignore_errors=True)
