@@ -256,7 +256,7 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     PyObject *counter = NULL, *writer = NULL, *ctx = NULL, *ids = NULL, *mv = NULL, *pending = NULL;
     PyObject *result = NULL, *v = NULL;
     int64_t t_issue, seq, idx, cap, step, micro, off = -1, last_idx;
-    int full, truth, handed = 0;
+    int full, truth = 0, handed = 0, direct = 0;
     long flags;
     Py_buffer view;
 
@@ -265,8 +265,10 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
 
     /* -- everything that can fail or hand over, before anything changes ---------------------- */
     rec = PyObject_GetAttr(self->shim, s_recorder);
-    if (!rec || rec == Py_None)
+    if (!rec || rec == Py_None) {
+        direct = rec != NULL; /* not recording: the original, as the Python wrapper does */
         goto over;
+    }
     {
         PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
         if (!ident)
@@ -277,8 +279,12 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
             goto over; /* a thread not seen yet: the Python wrapper makes its state */
         Py_INCREF(ts);
     }
-    if (!(v = PyObject_GetAttr(ts, s_depth)) || (truth = PyObject_IsTrue(v)) != 0)
-        goto over; /* inside a traced call: the Python wrapper calls the original */
+    if (!(v = PyObject_GetAttr(ts, s_depth)) || (truth = PyObject_IsTrue(v)) != 0) {
+        /* inside a traced call (all_gather_into_tensor calls all_gather_single): counted once, by
+         * the outer call; the original, as the Python wrapper does */
+        direct = truth > 0;
+        goto over;
+    }
     Py_CLEAR(v);
     t_issue = now_ns();
     if (!(attribution = PyObject_GetAttr(ts, s_serve)) || (truth = PyObject_IsTrue(attribution)) < 0)
@@ -499,7 +505,9 @@ done:
     Py_XDECREF(mv);
     Py_XDECREF(pending);
     Py_XDECREF(v);
-    return handed ? hand_over(self, args, nargsf, kwnames) : result;
+    if (handed)
+        return direct ? PyObject_Vectorcall(self->orig, args, nargsf, kwnames) : hand_over(self, args, nargsf, kwnames);
+    return result;
 }
 
 static PyObject *

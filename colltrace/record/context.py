@@ -79,6 +79,7 @@ class Context:
         self.fqn: dict[int, str] = {}
         self._guessed: set[int] = set()  # fqn entries that are only a class name
         self._roots: list[object] = []  # keep roots alive so ids stay unique
+        self.root: object | None = None  # the first root learned: its forwards count micro-steps
         self.on_root: Callable[[object], None] | None = None  # hooks: count the first root's forwards
 
     def state(self) -> ThreadState:
@@ -160,11 +161,6 @@ class Context:
         if root is not None and hasattr(root, "named_modules"):
             self.learn_root(root, root.named_modules, running=True)
 
-    @property
-    def root(self) -> object | None:
-        """The first root module learned: its forwards count micro-steps."""
-        return self._roots[0] if self._roots else None
-
     def module_name(self, module: object) -> str:
         """FQN of `module`, learning its root from the caller's frames the first time."""
         name = self.fqn.get(id(module))
@@ -182,6 +178,8 @@ class Context:
         if any(r is root for r in self._roots):
             return
         self._roots.append(root)
+        if self.root is None:
+            self.root = root
         guessed = self._guessed
         for name, mod in named_modules():  # type: ignore[attr-defined]
             key = id(mod)

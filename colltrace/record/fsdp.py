@@ -97,7 +97,6 @@ class FsdpAdapters(Adapter):
             unsharded: object = ShardedState.UNSHARDED
         except (ImportError, AttributeError):
             unsharded = object()  # matches nothing: every unshard is attributed
-        attribution = self._unshard_attribution
         threads = ctx.threads
 
         def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,9 +106,23 @@ class FsdpAdapters(Adapter):
                 ):  # FSDP's own no-op (already gathered or gathering): no collective to attribute
                     return orig(self, *args, **kwargs)
                 ts = threads.get(_get_ident()) or ctx.state()
+                # _unshard_attribution, inlined: this runs for every unit twice a step
+                if ctx.root is None and ctx.call_codes is not None:  # the first forward: learn the root
+                    ctx.learn_running()
                 state = self._training_state
+                in_bwd = ctx.graph_task_id() != -1
+                if state is forward:
+                    phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
+                elif state is pre_backward or in_bwd:
+                    phase = PHASE_BACKWARD
+                else:
+                    phase = ctx.current(ts)[1]
+                flavour = PREFETCH if ts.prefetch else UNSHARD
+                if ts.labels and flavour == UNSHARD:
+                    flavour = f"{flavour}:{ts.labels[-1]}"
+                name = getattr(self, "_module_fqn", None)
                 old = ts.serve
-                ts.serve = attribution(fqn(self), state is forward, state is pre_backward, ts)
+                ts.serve = (str(name) if name else fqn(self), phase, flavour)
                 try:
                     return orig(self, *args, **kwargs)
                 finally:
@@ -120,8 +133,9 @@ class FsdpAdapters(Adapter):
         def make_post_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
                 ts = threads.get(_get_ident()) or ctx.state()
+                name = getattr(self, "_module_fqn", None)
                 old = ts.serve
-                ts.serve = (fqn(self), PHASE_BACKWARD, REDUCE_GRAD)
+                ts.serve = (str(name) if name else fqn(self), PHASE_BACKWARD, REDUCE_GRAD)
                 try:
                     return orig(self, *args, **kwargs)
                 finally:
