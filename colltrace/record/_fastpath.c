@@ -19,8 +19,8 @@
 #include <time.h>
 
 /* The running modules are read from the interpreter's own frame chain (frame_self below). Its
- * layout is internal and changes between releases: 3.11 and 3.12 are known; other versions get
- * no frame_self and colltrace walks sys._getframe() in Python instead. */
+ * layout is internal and changes between releases: written for 3.11 and 3.12 (only 3.11 is
+ * tested here); other versions get no frame_self and colltrace walks sys._getframe() in Python. */
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
 #define COLLTRACE_FRAMES 1
 #define Py_BUILD_CORE
