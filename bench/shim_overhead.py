@@ -241,12 +241,17 @@ def _ci90(values: list[float], reps: int = 2000) -> list[float]:
 
 
 def _fsdp_model(rank: int, world: int, port: int) -> tuple[Any, Any, Any]:
-    """The benched job: 6 blocks of Linear(256) + ReLU, each its own FSDP2 unit, SGD, batch 64."""
+    _init(rank, world, port)
+    return fsdp_job()
+
+
+def fsdp_job() -> tuple[Any, Any, Any]:
+    """The benched job (process group already up): 6 blocks of Linear(256) + ReLU, each its own
+    FSDP2 unit, SGD, batch 64. Also bench/step_instructions.py's."""
     import torch
     import torch.nn as nn
     from torch.distributed.fsdp import fully_shard
 
-    _init(rank, world, port)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     width, depth = 256, 6

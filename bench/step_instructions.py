@@ -34,12 +34,13 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from typing import Any
+
+from shim_overhead import _free_port, fsdp_job  # the same benched job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REGION = "_CallPythonObject"  # ctypes' C function that calls a Python callback: the toggle
@@ -69,10 +70,7 @@ PARTS = {
 
 
 def _worker(rank: int, port: int, rounds: int, steps: int, parts: bool, log: str) -> None:
-    import torch
     import torch.distributed as dist
-    import torch.nn as nn
-    from torch.distributed.fsdp import fully_shard
 
     from colltrace.record import install
     from colltrace.record.fsdp import FSDP
@@ -83,15 +81,7 @@ def _worker(rank: int, port: int, rounds: int, steps: int, parts: bool, log: str
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
         timeout=datetime.timedelta(minutes=30),
     )  # fmt: skip
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    width, depth = 256, 6
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)])
-    for block in model:
-        fully_shard(block)
-    fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    batch = torch.randn(64, width)
+    model, opt, batch = fsdp_job()
     rec = SHIM.recorder
 
     def run(n: int = steps) -> None:
@@ -140,12 +130,6 @@ def _worker(rank: int, port: int, rounds: int, steps: int, parts: bool, log: str
     with open(log, "w") as f:
         json.dump({"order": order, "steps": steps}, f)
     dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _dump_paths(prefix: str) -> list[str]:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 from _jobs import job_env
 
@@ -66,14 +67,19 @@ dist.destroy_process_group()
 """
 
 
+def _said(code: str, env: dict[str, str], timeout: float = 120) -> dict[str, Any]:
+    """Run `code` in a fresh interpreter; what it printed last, as JSON."""
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def _run(tmp_path: Path, pure: bool) -> tuple[dict[str, object], list[tuple[object, ...]]]:
     out = tmp_path / ("pure" if pure else "c")
     env = job_env(out)
     if pure:
         env["COLLTRACE_PURE"] = "1"
-    proc = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    said = _said(CODE, env)
     rt = read_run(str(out)).ranks[0]
     assert all(r.t_done_ns is not None and r.t_done_ns >= r.t_issue_ns for r in rt.records)
     rows = [
@@ -149,9 +155,7 @@ dist.destroy_process_group()
 
 def test_fast_path_under_threads_and_many_calls_leaks_nothing(tmp_path: Path) -> None:
     env = job_env(tmp_path, COLLTRACE_RING="100000")
-    proc = subprocess.run([sys.executable, "-c", STRESS], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    said = _said(STRESS, env, timeout=300)
     assert said["grown"] < 2000, said  # 30,000 calls: one leaked object per call would be 30,000
     rt = read_run(str(tmp_path)).ranks[0]
     by_group: dict[str, list[int]] = {}
@@ -204,9 +208,7 @@ dist.destroy_process_group()
 
 def test_the_wrapper_copies_pickles_and_binds_like_the_function_it_replaces(tmp_path: Path) -> None:
     env = job_env(tmp_path, COLLTRACE_BACKEND_SEQ="0")
-    proc = subprocess.run([sys.executable, "-c", LIKE_A_FUNCTION], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    said = _said(LIKE_A_FUNCTION, env)
     assert said["same"] == [True] * 6
     if said["fast"]:
         assert said["handed"] == 1  # the first call (a new key); no backend-seq reads to hand over

@@ -136,21 +136,10 @@ class Context:
     # -- which module is running: the caller's frames --------------------------------------
 
     def running_module(self) -> str:
-        """FQN of the innermost module whose forward is running on this thread, or ""."""
+        """FQN of the innermost module whose forward is running on this thread, or "" (call_codes set)."""
         codes = self.call_codes
-        if codes is None:
-            return ""
-        module = self.frame_self(codes[0], codes[1], False)
-        if module is None:
-            return ""
-        name = self.fqn.get(id(module))
-        if name is None or self.root is None:
-            self.learn_running()
-            name = self.fqn.get(id(module))
-            if name is None:
-                name = self.fqn[id(module)] = type(module).__name__
-                self._guessed.add(id(module))
-        return name
+        module = self.frame_self(codes[0], codes[1], False)  # type: ignore[index]
+        return "" if module is None else self.module_name(module)
 
     def learn_running(self) -> None:
         """Learn the outermost module whose forward is running on this thread as a root."""
@@ -164,7 +153,7 @@ class Context:
     def module_name(self, module: object) -> str:
         """FQN of `module`, learning its root from the caller's frames the first time."""
         name = self.fqn.get(id(module))
-        if name is None:
+        if name is None or self.root is None:
             self.learn_running()
             name = self.fqn.get(id(module))
             if name is None:
@@ -177,8 +166,9 @@ class Context:
         (learned from the frames), so it counts as a root forward when it is the first root."""
         if any(r is root for r in self._roots):
             return
+        first = self.root is None
         self._roots.append(root)
-        if self.root is None:
+        if first:
             self.root = root
         guessed = self._guessed
         for name, mod in named_modules():  # type: ignore[attr-defined]
@@ -186,7 +176,7 @@ class Context:
             if key not in self.fqn or key in guessed:
                 self.fqn[key] = clean_fqn(name) or "<root>"
                 guessed.discard(key)
-        if len(self._roots) == 1:
+        if first:
             if running and self.graph_task_id() == -1:
                 self.root_forward()
             if self.on_root is not None:

@@ -36,7 +36,6 @@ class FsdpAdapters(Adapter):
     def _prefetching(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """Marks the unshards run inside FSDP's prefetch functions as prefetches."""
         ctx = self.ctx
-
         threads = ctx.threads
 
         def prefetch(*args: Any, **kwargs: Any) -> Any:
@@ -54,7 +53,7 @@ class FsdpAdapters(Adapter):
         """What an unshard of `module` serves: its phase from the unit's own training state
         (FORWARD / PRE_BACKWARD), prefetch or not, and the user's label as flavour."""
         ctx = self.ctx
-        if ctx.root is None and ctx.call_codes is not None:  # the model's first forward: learn its root
+        if ctx.root is None:  # the model's first forward: learn its root
             ctx.learn_running()
         in_bwd = ctx.graph_task_id() != -1
         if forward:
@@ -97,6 +96,7 @@ class FsdpAdapters(Adapter):
             unsharded: object = ShardedState.UNSHARDED
         except (ImportError, AttributeError):
             unsharded = object()  # matches nothing: every unshard is attributed
+        attribution = self._unshard_attribution
         threads = ctx.threads
 
         def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -106,23 +106,9 @@ class FsdpAdapters(Adapter):
                 ):  # FSDP's own no-op (already gathered or gathering): no collective to attribute
                     return orig(self, *args, **kwargs)
                 ts = threads.get(_get_ident()) or ctx.state()
-                # _unshard_attribution, inlined: this runs for every unit twice a step
-                if ctx.root is None and ctx.call_codes is not None:  # the first forward: learn the root
-                    ctx.learn_running()
                 state = self._training_state
-                in_bwd = ctx.graph_task_id() != -1
-                if state is forward:
-                    phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
-                elif state is pre_backward or in_bwd:
-                    phase = PHASE_BACKWARD
-                else:
-                    phase = ctx.current(ts)[1]
-                flavour = PREFETCH if ts.prefetch else UNSHARD
-                if ts.labels and flavour == UNSHARD:
-                    flavour = f"{flavour}:{ts.labels[-1]}"
-                name = getattr(self, "_module_fqn", None)
                 old = ts.serve
-                ts.serve = (str(name) if name else fqn(self), phase, flavour)
+                ts.serve = attribution(fqn(self), state is forward, state is pre_backward, ts)
                 try:
                     return orig(self, *args, **kwargs)
                 finally:
@@ -133,9 +119,8 @@ class FsdpAdapters(Adapter):
         def make_post_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
                 ts = threads.get(_get_ident()) or ctx.state()
-                name = getattr(self, "_module_fqn", None)
                 old = ts.serve
-                ts.serve = (str(name) if name else fqn(self), PHASE_BACKWARD, REDUCE_GRAD)
+                ts.serve = (fqn(self), PHASE_BACKWARD, REDUCE_GRAD)
                 try:
                     return orig(self, *args, **kwargs)
                 finally:

@@ -252,9 +252,7 @@ class Shim:
         traced: Any = wait
         if _fastpath is not None:  # the same, in C for a Work the recorder watches alone
             traced = _fastpath.Waiter(orig, wait, self)
-            for name in ("__name__", "__qualname__", "__doc__"):
-                setattr(traced, name, getattr(orig, name, None))
-            traced.__wrapped__ = orig
+            functools.update_wrapper(traced, orig)
             traced.__colltrace__ = True
         try:
             self._set(work_cls, "wait", traced)
