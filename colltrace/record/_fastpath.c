@@ -13,6 +13,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -55,9 +56,132 @@
 #define KEY_DTYPE 2
 #define MAX_ITEMS 16
 
-static PyObject *s_pending, *s_shed, *s_backend_seq, *s_recorder, *s_depth, *s_serve, *s_static, *s_seq, *s_anchor_next, *s_writer, *s_counter,
-    *s_capacity, *s_full, *s_mv, *s_ctx, *s_step, *s_micro_step, *s_last_idx, *s_last_progress_ns, *s_shape,
-    *s_dtype, *s_offset_of, *s_one, *s_zero;
+/* -- cells ------------------------------------------------------------------------------------
+ * The integers the hot path reads and writes on every call, kept as C fields of the Python objects
+ * that own them: the Recorder, its TraceWriter, the Context, each ThreadState and each group's
+ * sequence counter derive from these types (colltrace/record/cells.py). Python code reads and
+ * writes the same attributes as ever (member descriptors); this file reads and writes the fields
+ * themselves, without making, looking up or freeing a Python int. */
+
+typedef struct {
+    PyObject_HEAD
+    int64_t seq;      /* the group's last sequence number */
+    int64_t last_idx; /* idx of the group's last record */
+    char anchor_next; /* read the backend's sequence number after the next record */
+} SeqCells;
+
+typedef struct {
+    PyObject_HEAD
+    int64_t step;       /* optimizer steps completed */
+    int64_t micro_step; /* root forwards since the last optimizer step */
+} ContextCells;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *serve;  /* what an adapter says the thread's collectives serve, or None */
+    PyObject *static_; /* the thread's cache: key -> (head, mid, counter, flags) */
+    int depth;        /* > 0: inside a traced call */
+} ThreadCells;
+
+typedef struct {
+    PyObject_HEAD
+    int64_t last_idx; /* idx of the last record appended */
+} WriterCells;
+
+typedef struct {
+    PyObject_HEAD
+    int64_t last_progress_ns; /* when a collective was last issued or seen done (the hang watchdog) */
+} RecorderCells;
+
+static PyMemberDef seq_cells_members[] = {
+    {"seq", T_LONGLONG, offsetof(SeqCells, seq), 0, NULL},
+    {"last_idx", T_LONGLONG, offsetof(SeqCells, last_idx), 0, NULL},
+    {"anchor_next", T_BOOL, offsetof(SeqCells, anchor_next), 0, NULL},
+    {NULL},
+};
+
+static PyMemberDef context_cells_members[] = {
+    {"step", T_LONGLONG, offsetof(ContextCells, step), 0, NULL},
+    {"micro_step", T_LONGLONG, offsetof(ContextCells, micro_step), 0, NULL},
+    {NULL},
+};
+
+static PyMemberDef thread_cells_members[] = {
+    {"serve", T_OBJECT_EX, offsetof(ThreadCells, serve), 0, NULL},
+    {"static", T_OBJECT_EX, offsetof(ThreadCells, static_), 0, NULL},
+    {"depth", T_INT, offsetof(ThreadCells, depth), 0, NULL},
+    {NULL},
+};
+
+static PyMemberDef writer_cells_members[] = {
+    {"last_idx", T_LONGLONG, offsetof(WriterCells, last_idx), 0, NULL},
+    {NULL},
+};
+
+static PyMemberDef recorder_cells_members[] = {
+    {"last_progress_ns", T_LONGLONG, offsetof(RecorderCells, last_progress_ns), 0, NULL},
+    {NULL},
+};
+
+static int
+thread_cells_traverse(ThreadCells *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->serve);
+    Py_VISIT(self->static_);
+    return 0;
+}
+
+static int
+thread_cells_clear(ThreadCells *self)
+{
+    Py_CLEAR(self->serve);
+    Py_CLEAR(self->static_);
+    return 0;
+}
+
+static void
+thread_cells_dealloc(ThreadCells *self)
+{
+    PyObject_GC_UnTrack(self);
+    thread_cells_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+#define CELLS_TYPE(var, name, type, members)                                                                 \
+    static PyTypeObject var = {                                                                              \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "colltrace.record._fastpath." name,                       \
+        .tp_basicsize = sizeof(type),                                                                        \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,                                                \
+        .tp_new = PyType_GenericNew,                                                                         \
+        .tp_members = members,                                                                               \
+        .tp_doc = "The hot integers of a colltrace recorder object, as C fields (see cells.py).",            \
+    };
+
+CELLS_TYPE(SeqCellsType, "SeqCells", SeqCells, seq_cells_members)
+CELLS_TYPE(ContextCellsType, "ContextCells", ContextCells, context_cells_members)
+CELLS_TYPE(WriterCellsType, "WriterCells", WriterCells, writer_cells_members)
+CELLS_TYPE(RecorderCellsType, "RecorderCells", RecorderCells, recorder_cells_members)
+
+static PyTypeObject ThreadCellsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "colltrace.record._fastpath.ThreadCells",
+    .tp_basicsize = sizeof(ThreadCells),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)thread_cells_traverse,
+    .tp_clear = (inquiry)thread_cells_clear,
+    .tp_dealloc = (destructor)thread_cells_dealloc,
+    .tp_members = thread_cells_members,
+    .tp_doc = "A thread's serving scope, call cache and depth, as C fields (see cells.py).",
+};
+
+#define SEQ(o) ((SeqCells *)(o))
+#define CTX(o) ((ContextCells *)(o))
+#define TS(o) ((ThreadCells *)(o))
+#define WRITER(o) ((WriterCells *)(o))
+#define REC(o) ((RecorderCells *)(o))
+
+static PyObject *s_pending, *s_shed, *s_backend_seq, *s_recorder, *s_writer, *s_counter, *s_capacity, *s_full,
+    *s_mv, *s_ctx, *s_last_progress_ns, *s_shape, *s_dtype, *s_offset_of;
 
 typedef struct {
     PyObject_HEAD
@@ -198,7 +322,12 @@ know_recorder(Traced *self, PyObject *rec)
     PyObject *writer = NULL, *ctx = NULL, *ids = NULL, *mv = NULL, *pending = NULL, *v = NULL;
     int64_t cap = 0;
     int full;
-    if (!(writer = PyObject_GetAttr(rec, s_writer)) || !(ctx = PyObject_GetAttr(rec, s_ctx)) ||
+    if (!PyObject_TypeCheck(rec, &RecorderCellsType)) {
+        PyErr_SetString(PyExc_TypeError, "the recorder is not a RecorderCells");
+        return -1;
+    }
+    if (!(writer = PyObject_GetAttr(rec, s_writer)) || !PyObject_TypeCheck(writer, &WriterCellsType) ||
+        !(ctx = PyObject_GetAttr(rec, s_ctx)) || !PyObject_TypeCheck(ctx, &ContextCellsType) ||
         !(ids = PyObject_GetAttr(writer, s_counter)) || get_i64(writer, s_capacity, &cap) < 0 || cap <= 0 ||
         !(v = PyObject_GetAttr(writer, s_full)) || (full = PyObject_IsTrue(v)) < 0 ||
         (!full && !(mv = PyObject_GetAttr(writer, s_mv))) || !(pending = PyObject_GetAttr(rec, s_pending)) ||
@@ -275,19 +404,21 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
             goto over;
         ts = PyDict_GetItemWithError(self->threads, ident); /* borrowed */
         Py_DECREF(ident);
-        if (!ts)
+        if (!ts || !PyObject_TypeCheck(ts, &ThreadCellsType))
             goto over; /* a thread not seen yet: the Python wrapper makes its state */
         Py_INCREF(ts);
     }
-    if (!(v = PyObject_GetAttr(ts, s_depth)) || (truth = PyObject_IsTrue(v)) != 0) {
+    if (TS(ts)->depth) {
         /* inside a traced call (all_gather_into_tensor calls all_gather_single): counted once, by
          * the outer call; the original, as the Python wrapper does */
-        direct = truth > 0;
+        direct = 1;
         goto over;
     }
-    Py_CLEAR(v);
     t_issue = now_ns();
-    if (!(attribution = PyObject_GetAttr(ts, s_serve)) || (truth = PyObject_IsTrue(attribution)) < 0)
+    if (!(attribution = TS(ts)->serve))
+        goto over;
+    Py_INCREF(attribution);
+    if ((truth = attribution == Py_None ? 0 : PyObject_IsTrue(attribution)) < 0)
         goto over;
     if (!truth) {
         Py_DECREF(attribution);
@@ -296,14 +427,21 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     }
     if (!(key = build_key(self, args, nargs, kwnames, attribution)))
         goto over;
-    if (!(cache = PyObject_GetAttr(ts, s_static)) || !PyDict_Check(cache))
+    if (!(cache = TS(ts)->static_) || !PyDict_Check(cache)) {
+        cache = NULL;
         goto over;
+    }
+    Py_INCREF(cache);
     entry = PyDict_GetItemWithError(cache, key); /* (head, mid, counter, flags) */
     if (!entry || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 4)
         goto over;
     Py_INCREF(entry); /* Python code may drop it from the cache before the slot is written */
     PyObject *head = PyTuple_GET_ITEM(entry, 0), *mid = PyTuple_GET_ITEM(entry, 1);
     counter = PyTuple_GET_ITEM(entry, 2);
+    if (!PyObject_TypeCheck(counter, &SeqCellsType)) {
+        counter = NULL;
+        goto over;
+    }
     Py_INCREF(counter);
     flags = PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
     if ((flags == -1 && PyErr_Occurred()) || (flags & self->anchor_flags))
@@ -327,13 +465,11 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     cap = self->c_cap;
     if (full && get_i64(writer, s_capacity, &cap) < 0) /* full mode grows the file */
         goto over;
-    if (get_i64(ctx, s_step, &step) < 0 || get_i64(ctx, s_micro_step, &micro) < 0)
-        goto over;
-    if (!(v = PyObject_GetAttr(counter, s_anchor_next)) || (truth = PyObject_IsTrue(v)) != 0)
+    step = CTX(ctx)->step;
+    micro = CTX(ctx)->micro_step;
+    if (SEQ(counter)->anchor_next)
         goto over; /* this record reads the backend's sequence number */
-    Py_CLEAR(v);
-    if (get_i64(counter, s_seq, &seq) < 0)
-        goto over;
+    seq = SEQ(counter)->seq;
     if (!((seq + 1) & self->bseq_mask)) { /* every 32nd record reads it, unless reading is off */
         if (!(v = PyObject_GetAttr(rec, s_backend_seq)) || (truth = PyObject_IsTrue(v)) != 0)
             goto over;
@@ -342,8 +478,7 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
 
     /* -- the record: from here on it is ours to finish (no Python code runs between reading the
      *    seq and writing it back, so two threads on one group cannot both take it) ------------ */
-    if (set_i64(counter, s_seq, seq + 1) < 0)
-        goto over;
+    SEQ(counter)->seq = seq + 1;
     if (!(v = PyIter_Next(ids)))
         goto lost;
     idx = PyLong_AsLongLong(v);
@@ -387,19 +522,14 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     PyBuffer_Release(&view);
     if (full)
         Py_CLEAR(mv);
-    if (set_i64(writer, s_last_idx, idx) < 0 || set_i64(counter, s_last_idx, idx) < 0 ||
-        set_i64(rec, s_last_progress_ns, t_issue) < 0 || PyObject_SetAttr(ts, s_depth, s_one) < 0)
-        goto lost;
+    WRITER(writer)->last_idx = idx;
+    SEQ(counter)->last_idx = idx;
+    REC(rec)->last_progress_ns = t_issue;
+    TS(ts)->depth = 1;
 
     /* -- the call ---------------------------------------------------------------------------- */
     result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-    {
-        PyObject *et, *ev, *etb;
-        PyErr_Fetch(&et, &ev, &etb);
-        if (PyObject_SetAttr(ts, s_depth, s_zero) < 0)
-            PyErr_Clear();
-        PyErr_Restore(et, ev, etb);
-    }
+    TS(ts)->depth = 0;
     if (!result) { /* rec.failed(idx, flags, exc): the error record says the exception came from here */
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
@@ -437,7 +567,8 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         int64_t t = now_ns();
         if (full)
             cap = 0; /* full mode: slots are never reused */
-        if (get_i64(writer, s_last_idx, &last_idx) == 0 && (full || last_idx - idx < cap)) {
+        last_idx = WRITER(writer)->last_idx;
+        if (full || last_idx - idx < cap) {
             if (!mv)
                 mv = PyObject_GetAttr(writer, s_mv); /* full mode may have grown the file */
             if (mv && PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) == 0) {
@@ -451,8 +582,7 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         } /* else the ring moved past this slot meanwhile: nothing to complete */
         if (!must_raise())
             PyErr_Clear();
-        if (set_i64(rec, s_last_progress_ns, t) < 0 && !must_raise())
-            PyErr_Clear();
+        REC(rec)->last_progress_ns = t;
     }
 
 completed:
@@ -791,7 +921,9 @@ waiter_call(Waiter *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         }
         PyBuffer_Release(&view);
     }
-    if (set_i64(rec, s_last_progress_ns, t1) < 0 && must_raise())
+    if (PyObject_TypeCheck(rec, &RecorderCellsType))
+        REC(rec)->last_progress_ns = t1;
+    else if (set_i64(rec, s_last_progress_ns, t1) < 0 && must_raise())
         Py_CLEAR(result);
     else
         PyErr_Clear();
@@ -965,31 +1097,32 @@ PyInit__fastpath(void)
     INTERN(s_pending, "pending");
     INTERN(s_shed, "_shed");
     INTERN(s_backend_seq, "backend_seq");
-    INTERN(s_depth, "depth");
-    INTERN(s_serve, "serve");
-    INTERN(s_static, "static");
-    INTERN(s_seq, "seq");
-    INTERN(s_anchor_next, "anchor_next");
     INTERN(s_writer, "writer");
     INTERN(s_counter, "counter");
     INTERN(s_capacity, "capacity");
     INTERN(s_full, "full");
     INTERN(s_mv, "mv");
     INTERN(s_ctx, "ctx");
-    INTERN(s_step, "step");
-    INTERN(s_micro_step, "micro_step");
-    INTERN(s_last_idx, "last_idx");
     INTERN(s_last_progress_ns, "last_progress_ns");
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
     INTERN(s_offset_of, "offset_of");
-    if (!(s_one = PyLong_FromLong(1)) || !(s_zero = PyLong_FromLong(0)))
-        return NULL;
-    if (PyType_Ready(&TracedType) < 0 || PyType_Ready(&WaiterType) < 0)
+    if (PyType_Ready(&TracedType) < 0 || PyType_Ready(&WaiterType) < 0 || PyType_Ready(&SeqCellsType) < 0 ||
+        PyType_Ready(&ContextCellsType) < 0 || PyType_Ready(&ThreadCellsType) < 0 ||
+        PyType_Ready(&WriterCellsType) < 0 || PyType_Ready(&RecorderCellsType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
+    PyTypeObject *cells[] = {&SeqCellsType, &ContextCellsType, &ThreadCellsType, &WriterCellsType, &RecorderCellsType};
+    for (size_t i = 0; i < sizeof(cells) / sizeof(cells[0]); i++) {
+        Py_INCREF(cells[i]);
+        if (PyModule_AddObject(m, strrchr(cells[i]->tp_name, '.') + 1, (PyObject *)cells[i]) < 0) {
+            Py_DECREF(cells[i]);
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
     Py_INCREF(&TracedType);
     if (PyModule_AddObject(m, "Traced", (PyObject *)&TracedType) < 0) {
         Py_DECREF(&TracedType);

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
+from colltrace.record.cells import ContextCells, ThreadCells
+
 _get_ident = threading.get_ident
 _getframe = sys._getframe
 
@@ -40,11 +42,12 @@ def _frame_self(wrapped: object, call_impl: object, outermost: bool) -> object:
     return found
 
 
-class ThreadState:
+class ThreadState(ThreadCells):
     """What one thread is doing. Plain slots, found by thread id: a threading.local attribute
-    costs several times more, and the shim reads these on every collective."""
+    costs several times more, and the shim reads these on every collective (serve, static and
+    depth are ThreadCells', C fields when the fast path is built)."""
 
-    __slots__ = ("stack", "labels", "serve", "prefetch", "static", "depth")
+    __slots__ = ("stack", "labels", "prefetch")
 
     def __init__(self) -> None:
         self.stack: list[str] = []  # FQNs of the modules whose forward is running (global hooks only)
@@ -55,8 +58,9 @@ class ThreadState:
         self.depth = 0  # > 0: inside a traced call (a call that forwards to another counts once)
 
 
-class Context:
-    """Attribution state read on every collective. Writes happen in hooks; reads must be cheap."""
+class Context(ContextCells):
+    """Attribution state read on every collective. Writes happen in hooks; reads must be cheap
+    (step and micro_step are ContextCells', C fields when the fast path is built)."""
 
     def __init__(self) -> None:
         self.threads: dict[int, ThreadState] = {}

@@ -96,19 +96,35 @@ class FsdpAdapters(Adapter):
             unsharded: object = ShardedState.UNSHARDED
         except (ImportError, AttributeError):
             unsharded = object()  # matches nothing: every unshard is attributed
-        attribution = self._unshard_attribution
         threads = ctx.threads
 
         def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
+            # _unshard_attribution inlined: an FSDP2 step runs this a dozen times, and each
+            # Python call it saves is a share of the shim's cost (bench/step_instructions.py)
             def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
                 if getattr(self, "_all_gather_result", None) is not None or (
                     getattr(self, "_sharded_state", None) is unsharded
                 ):  # FSDP's own no-op (already gathered or gathering): no collective to attribute
                     return orig(self, *args, **kwargs)
                 ts = threads.get(_get_ident()) or ctx.state()
+                if ctx.root is None:  # the model's first forward: learn its root
+                    ctx.learn_running()
                 state = self._training_state
+                in_bwd = ctx.graph_task_id() != -1
+                if state is forward:
+                    phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
+                elif state is pre_backward or in_bwd:
+                    phase = PHASE_BACKWARD
+                else:
+                    phase = ctx.current(ts)[1]
+                if ts.prefetch:
+                    flavour = PREFETCH
+                elif ts.labels:
+                    flavour = f"{UNSHARD}:{ts.labels[-1]}"
+                else:
+                    flavour = UNSHARD
                 old = ts.serve
-                ts.serve = attribution(fqn(self), state is forward, state is pre_backward, ts)
+                ts.serve = (getattr(self, "_module_fqn", None) or fqn(self), phase, flavour)
                 try:
                     return orig(self, *args, **kwargs)
                 finally:
@@ -120,7 +136,7 @@ class FsdpAdapters(Adapter):
             def post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
                 ts = threads.get(_get_ident()) or ctx.state()
                 old = ts.serve
-                ts.serve = (fqn(self), PHASE_BACKWARD, REDUCE_GRAD)
+                ts.serve = (getattr(self, "_module_fqn", None) or fqn(self), PHASE_BACKWARD, REDUCE_GRAD)
                 try:
                     return orig(self, *args, **kwargs)
                 finally:

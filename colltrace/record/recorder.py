@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+from colltrace.record.cells import RecorderCells, SeqCells
 from colltrace.record.context import (
     CONTEXT,
     Context,
@@ -30,10 +31,10 @@ _STATIC_HEAD = struct.Struct("<BBHIIIIIIIII")  # kind .. shape
 _STATIC_MID = struct.Struct("<qqqi")  # backend_seq (-1: read later), numel_in, numel_out, peer
 
 
-class _Seq:
+class _Seq(SeqCells):
     """A sequence counter: one per process group (collectives), one per (group, peer) (p2p)."""
 
-    __slots__ = ("pg", "sid", "seq", "ranks", "anchor_next", "last_idx")
+    __slots__ = ("pg", "sid", "ranks")  # and SeqCells': seq, last_idx, anchor_next
 
     def __init__(self, pg: Any, sid: int, ranks: tuple[int, ...]) -> None:
         self.pg = pg
@@ -44,7 +45,7 @@ class _Seq:
         self.last_idx = -1  # idx of this group's last record
 
 
-class Recorder:
+class Recorder(RecorderCells):
     """One per process, created when the default process group exists."""
 
     def __init__(self, writer: TraceWriter, default_pg: Any, ctx: Context = CONTEXT, backend_seq: bool = True) -> None:

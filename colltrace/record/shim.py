@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record import ops, recorder
+from colltrace.record import cells, ops, recorder
 from colltrace.record.context import CONTEXT
 from colltrace.record.recorder import Recorder
 from colltrace.trace import schema, writer
@@ -25,6 +25,8 @@ def _load_fastpath() -> Any:
         from colltrace.record import _fastpath  # type: ignore[attr-defined]
     except ImportError:
         return None
+    if not cells.IN_C:
+        return None  # an older build without the cells: the Python wrapper records
     layout = {
         "SLOT_SIZE": schema.SLOT_SIZE,
         "RING_HEADER_SIZE": schema.RING_HEADER_SIZE,

@@ -13,6 +13,7 @@ import struct
 import threading
 from typing import Any
 
+from colltrace.record.cells import WriterCells
 from colltrace.trace import schema
 
 try:
@@ -46,8 +47,9 @@ pack_marker = _MARKER.pack_into
 pack_done = _DONE_WAIT.pack_into
 
 
-class TraceWriter:
-    """Append-only writer for one rank. Thread-safe; the hot path takes no lock."""
+class TraceWriter(WriterCells):
+    """Append-only writer for one rank. Thread-safe; the hot path takes no lock (last_idx is
+    WriterCells', a C field when the fast path is built)."""
 
     def __init__(self, run_dir: str, rank: int, capacity: int, full: bool, header: dict[str, Any]) -> None:
         os.makedirs(run_dir, exist_ok=True)
