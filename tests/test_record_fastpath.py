@@ -61,6 +61,9 @@ for _ in range(5):
         flaky_traced(torch.ones(3))
     except RuntimeError as e:
         raised.append(str(e))
+op_name = "".join(["o", "p"])  # a keyword name made at run time, not interned
+for _ in range(5):
+    fast(x, **{op_name: dist.ReduceOp.MAX})
 print(json.dumps({"handed": handed[0], "fast": shim._fastpath is not None, "raised": raised,
                   "depth": CONTEXT.state().depth, "wait": type(dist.distributed_c10d.Work.wait).__name__}))
 dist.destroy_process_group()
@@ -97,17 +100,19 @@ def test_c_fast_path_records_what_the_python_wrapper_records(tmp_path: Path) -> 
     assert said_c["wait"] == ("Waiter" if said_c["fast"] else "function")
     assert said_c["raised"] == ["boom"] and said_c["depth"] == 0
     assert c == py
-    assert [r[1] for r in c] == list(range(1, 173))  # one group, 172 records, seq 1..172
+    assert [r[1] for r in c] == list(range(1, 178))  # one group, 177 records, seq 1..177
     assert [r[7] for r in c[:105]] == ["SUM"] * 100 + ["MAX"] * 5
     assert [r[10] for r in c[100:105]] == ["eval"] * 5
     assert all(r[13] & schema.FLAG_ASYNC and r[14] for r in c[105:125])  # async, waited on
     assert c[166][:9] == ("broadcast", 167, c[166][2], 6, 6, "[2,3] -> [2,3]", "float32", "", 0)
     # the failed call: recorded with the error flag; the calls after it recorded as usual
-    assert [bool(r[13] & schema.FLAG_ERROR) for r in c[167:]] == [False, False, True, False, False]
+    assert [bool(r[13] & schema.FLAG_ERROR) for r in c[167:172]] == [False, False, True, False, False]
+    assert [r[7] for r in c[172:]] == ["MAX"] * 5  # the keyword found though its name is not interned
     if said_c["fast"]:
         # handed over: the first call of each key (SUM, MAX, async; the first is also the group's
-        # first backend-seq read) and the other backend-seq reads (every 32nd record); nothing else
-        assert said_c["handed"] == 3 + len([32, 64, 96])
+        # first backend-seq read), the other backend-seq reads (every 32nd record), and the first
+        # MAX call outside the label; nothing else
+        assert said_c["handed"] == 3 + len([32, 64, 96]) + 1
 
 
 def test_the_c_fast_path_is_built_where_a_compiler_is() -> None:

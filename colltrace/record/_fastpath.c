@@ -238,8 +238,10 @@ argument(Traced *self, Py_ssize_t i, PyObject *const *args, Py_ssize_t nargs, Py
     if (kwnames) {
         Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
         for (Py_ssize_t j = 0; j < nkw; j++) {
+            /* ours is interned, and so are the names of a call written in the source: those
+             * match by identity; a name built at run time (**kwargs) may need comparing */
             PyObject *name = PyTuple_GET_ITEM(kwnames, j);
-            if (name == self->kw[i] || PyUnicode_Compare(name, self->kw[i]) == 0)
+            if (name == self->kw[i] || (!PyUnicode_CHECK_INTERNED(name) && PyUnicode_Compare(name, self->kw[i]) == 0))
                 return args[nargs + j];
         }
     }
@@ -700,6 +702,12 @@ traced_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         self->pos[i] = pos;
         Py_INCREF(kw);
         PyUnicode_InternInPlace(&kw);
+        if (!PyUnicode_CHECK_INTERNED(kw)) { /* argument() matches interned names by identity */
+            Py_DECREF(kw);
+            Py_DECREF(self);
+            PyErr_SetString(PyExc_ValueError, "a keyword could not be interned");
+            return NULL;
+        }
         self->kw[i] = kw;
         Py_INCREF(dflt);
         self->dflt[i] = dflt;
