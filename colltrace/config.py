@@ -22,6 +22,7 @@ class Config:
     hang_s: float  # watchdog: seconds without progress before stacks are dumped (0 = off)
     backend_seq: bool  # also record pg._get_sequence_number_for_group()
     modules: str  # how running modules are found: MODULES_FRAMES, MODULES_HOOKS or MODULES_OFF
+    ddp: bool  # record DDP's gradient all-reduces through a communication hook (colltrace/record/ddp.py)
 
 
 def _float(name: str, default: float) -> float:
@@ -61,6 +62,7 @@ def from_env() -> Config:
         hang_s=max(0.0, _float("COLLTRACE_HANG_S", DEFAULT_HANG_S)),
         backend_seq=os.environ.get("COLLTRACE_BACKEND_SEQ", "1") != "0",
         modules=_modules(os.environ.get("COLLTRACE_MODULES", "")),
+        ddp=os.environ.get("COLLTRACE_DDP", "").strip().lower() not in ("0", "off", "false", "no"),
     )
 
 

@@ -21,11 +21,16 @@ STEP = [
 ]
 
 
-def expected() -> list[tuple[str, str, str, int, int]]:
+# under DDP, its gradient all-reduce (one bucket: every parameter) at the end of each backward,
+# recorded through colltrace's communication hook (colltrace/record/ddp.py)
+DDP_BUCKET = ("all_reduce", "encoder.0.lin..head.1.lin", "backward")
+
+
+def expected(ddp: bool = False) -> list[tuple[str, str, str, int, int]]:
     want = [("broadcast", "", "init", 0, 0)]
     for step in range(2):
         for micro in range(2):
-            want += [(op, module, phase, step, micro) for op, module, phase in STEP]
+            want += [(op, module, phase, step, micro) for op, module, phase in STEP + ([DDP_BUCKET] if ddp else [])]
         want.append(("all_reduce", "", "optimizer", step, 1))
     return want
 
@@ -40,11 +45,12 @@ def generic_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         env["COLLTRACE_PURE"] = "1"
     proc = torchrun("generic.py", 2, run_dir, **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_run(str(run_dir))
+    return variant, read_run(str(run_dir))
 
 
 def test_module_phase_step_and_micro_step_of_each_collective(generic_run) -> None:
-    for rt in generic_run.ranks.values():
+    variant, run = generic_run
+    for rt in run.ranks.values():
         assert rt.state is RankState.FINISHED and not rt.in_flight
         got = [(r.op, r.module, r.phase, r.step, r.micro_step) for r in rt.records if r.kind == "collective"]
-        assert got == expected()
+        assert got == expected(ddp=variant == "ddp")

@@ -13,6 +13,7 @@ from typing import Any
 
 from colltrace import config as config_mod
 from colltrace.record.context import CONTEXT
+from colltrace.record.ddp import DDP_ADAPTER
 from colltrace.record.deepspeed import DEEPSPEED
 from colltrace.record.fsdp import FSDP
 from colltrace.record.hooks import HOOKS, step_event
@@ -102,6 +103,8 @@ def start_recording() -> None:
         adapters = list(FSDP.install())
         if DEEPSPEED.install():
             adapters.append("deepspeed")
+        if cfg.ddp and DDP_ADAPTER.install():
+            adapters.append("ddp")
         if adapters:
             writer.event({"ev": "adapters", "names": adapters})
         HOOKS.on_step = lambda step: step_event(writer, step, time.time_ns())
@@ -251,4 +254,5 @@ def uninstall() -> None:
         HOOKS.uninstall()
         FSDP.uninstall()
         DEEPSPEED.uninstall()
+        DDP_ADAPTER.uninstall()
         _state["installed"] = False

@@ -308,6 +308,13 @@ class Recorder(RecorderCells):
         if done or error:
             self._finish(idx, flags, remaining, schema.FLAG_ERROR if error else 0, t1)
 
+    def work_done(self, work: Any, failed: bool) -> None:
+        """A watched Work completed, as its Future's callback saw (a hook that never waits)."""
+        entry = self.pending.pop(work, None)
+        if entry is not None:
+            idx, flags, remaining = entry
+            self._finish(idx, flags, remaining, schema.FLAG_ERROR if failed else 0, _now())
+
     def poll(self) -> None:
         """Complete the pending Works that finished without anyone waiting (watchdog thread)."""
         if not self.pending:

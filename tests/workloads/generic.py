@@ -3,7 +3,8 @@
 Per optimizer step (2 micro-steps of gradient accumulation), on every rank:
   micro-step 0 and 1: Net.forward -> encoder.0 (Stats: all_reduce), encoder.1 (checkpointed Stats:
   all_reduce), head (Stats inside a Sequential: all_reduce); then the loss all_reduce outside any
-  module; backward recomputes encoder.1 (all_reduce, phase recompute).
+  module; backward recomputes encoder.1 (all_reduce, phase recompute); under DDP (DDP=1), its
+  gradient all-reduce at the end of backward.
 Before the first forward: a broadcast (phase init). The optimizer's step: one all_reduce.
 """
 

@@ -1,0 +1,219 @@
+"""DistributedDataParallel: its gradient all-reduces, which its C++ reducer issues out of Python's sight.
+
+DDP's reducer calls ProcessGroup.allreduce from C++, so no wrapper of torch.distributed sees the
+gradient all-reduces (../shared/DESIGN.md, "Coverage"). DDP lets a Python communication hook take
+the built-in reduction's place, and that is how they are recorded: each DDP model built while
+colltrace records gets a hook that does what the built-in reduction does, divide the bucket by the
+group's size and all-reduce it (torch's own default_hooks.allreduce_hook), through the traced
+dist.all_reduce, naming the bucket's modules, phase backward, flavour reduce_grad.
+
+DDP takes one hook per model. A model that already has one when it is built (DDP's own mixed
+precision, the Python reducer) is left alone, and its gradient all-reduces stay unrecorded (said
+once). A hook the user registers afterwards (register_comm_hook, or the built-in ALLREDUCE and
+FP16_COMPRESS) runs inside colltrace's instead, so the user's call succeeds as it would without
+colltrace and its collectives are recorded too. COLLTRACE_DDP=off leaves DDP alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from colltrace.record.adapter import Adapter
+from colltrace.record.context import PHASE_BACKWARD
+from colltrace.record.fsdp import REDUCE_GRAD
+
+_get_ident = threading.get_ident
+
+
+class _Hooked:
+    """What colltrace's hook on one DDP model needs: its group, the user's hook when one was
+    registered after colltrace's, and the modules of each bucket."""
+
+    __slots__ = ("ddp", "group", "user", "module_of", "names", "__weakref__")
+
+    def __init__(self, ddp: Any) -> None:
+        self.ddp = weakref.ref(ddp)
+        self.group = ddp.process_group
+        self.user: tuple[Callable[..., Any], Any] | None = None  # (hook, state)
+        self.module_of: dict[int, tuple[int, str]] | None = None  # id(param) -> (order, module FQN)
+        self.names: dict[tuple[int, int, int], str] = {}  # bucket -> the name its records carry
+
+
+class DdpAdapter(Adapter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hooked: weakref.WeakKeyDictionary[Any, _Hooked] = weakref.WeakKeyDictionary()
+        self.skipped: str | None = None  # why a model's gradient all-reduces are not recorded
+
+    def install(self) -> bool:
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+        except Exception:
+            return False
+        adapter = self
+        register = DDP.__dict__.get("register_comm_hook")
+
+        def make_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+                orig(self, *args, **kwargs)
+                if register is not None:
+                    adapter._attach(self, register)
+
+            return __init__
+
+        def make_register(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def register_comm_hook(self: Any, state: Any, hook: Callable[..., Any]) -> None:
+                hooked = adapter.hooked.get(self)
+                if hooked is None or hooked.user is not None:  # not ours, or a second hook: torch decides
+                    return orig(self, state, hook)
+                self._check_comm_hook(hook)
+                hooked.user = (hook, state)
+                adapter._name_hook(self, getattr(hook, "__qualname__", str(hook)))
+                return None
+
+            return register_comm_hook
+
+        def make_builtin(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
+                hooked = adapter.hooked.get(self)
+                if hooked is None or hooked.user is not None:
+                    return orig(self, comm_hook_type)
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                name = getattr(comm_hook_type, "name", str(comm_hook_type))
+                if name == "ALLREDUCE":  # what colltrace's hook does already
+                    hooked.user = (default_hooks.allreduce_hook, self.process_group)
+                elif name == "FP16_COMPRESS":
+                    hooked.user = (default_hooks.fp16_compress_hook, self.process_group)
+                else:  # a built-in hook colltrace does not know: torch decides (it allows one hook)
+                    return orig(self, comm_hook_type)
+                adapter._name_hook(self, str(comm_hook_type))
+                return None
+
+            return _register_builtin_comm_hook
+
+        done = self._patch(DDP, "__init__", make_init)
+        self._patch(DDP, "register_comm_hook", make_register)
+        self._patch(DDP, "_register_builtin_comm_hook", make_builtin)
+        return done
+
+    # -- one DDP model -----------------------------------------------------------------------
+
+    def _attach(self, ddp: Any, register: Callable[..., Any]) -> None:
+        """Register colltrace's hook on a DDP model just built, unless it has one already."""
+        from colltrace.record.shim import SHIM
+
+        rec = SHIM.recorder
+        if rec is None:
+            return
+        try:
+            if getattr(ddp, "_use_python_reducer", False):
+                why = "DDP's Python reducer is in use (its all-reduces are functional collectives, recorded as such)"
+            elif getattr(ddp, "_comm_hooks", None) or getattr(ddp, "mixed_precision", None) is not None:
+                why = "the model has a communication hook already (DDP allows one)"
+            elif getattr(ddp, "reducer", None) is None:
+                why = "the model has no reducer"
+            else:
+                hooked = _Hooked(ddp)
+                register(ddp, hooked, _comm_hook)
+                self.hooked[ddp] = hooked
+                return
+            rec.warn_once(f"DDP's gradient all-reduces are not recorded: {why}")
+        except Exception as e:  # the model works as DDP built it; its all-reduces go unrecorded
+            rec.warn_once("recording DDP's gradient all-reduces failed", e)
+
+    @staticmethod
+    def _name_hook(ddp: Any, name: str) -> None:
+        """DDP's logging data names the hook in use: the user's, as without colltrace."""
+        try:
+            ddp.logger._set_comm_hook_name(name)
+        except Exception:
+            pass
+
+    def _bucket_name(self, hooked: _Hooked, bucket: Any) -> str:
+        """The modules whose gradients a bucket holds: one FQN, or the first and last in the
+        model's order ("encoder.0..head.1"). The same on every rank (DDP buckets alike)."""
+        params = bucket.parameters()
+        key = (bucket.index(), len(params), id(params[0]) if params else 0)
+        name = hooked.names.get(key)
+        if name is not None:
+            return name
+        module_of = hooked.module_of
+        if module_of is None:
+            ddp = hooked.ddp()
+            inner = getattr(ddp, "module", None)
+            module_of = hooked.module_of = {}
+            if inner is not None:
+                from colltrace.record.context import clean_fqn
+
+                for order, (pname, p) in enumerate(inner.named_parameters()):
+                    module_of[id(p)] = (order, clean_fqn(pname.rpartition(".")[0]) or "<root>")
+        found = sorted({module_of[id(p)] for p in params if id(p) in module_of})
+        if not found:
+            name = f"bucket {bucket.index()}"
+        elif found[0][1] == found[-1][1]:
+            name = found[0][1]
+        else:
+            name = f"{found[0][1]}..{found[-1][1]}"
+        hooked.names[key] = name
+        return name
+
+    def reduce(self, hooked: _Hooked, bucket: Any) -> Any:
+        """One bucket: the user's hook if one was registered, else DDP's own reduction, with the
+        bucket's modules as what its collectives serve."""
+        ctx = self.ctx
+        ts = ctx.threads.get(_get_ident()) or ctx.state()
+        old = ts.serve
+        try:
+            ts.serve = (self._bucket_name(hooked, bucket), PHASE_BACKWARD, REDUCE_GRAD)
+        except Exception:  # the reduction runs all the same, attributed the generic way
+            pass
+        try:
+            if hooked.user is not None:
+                hook, state = hooked.user
+                return hook(state, bucket)
+            return _allreduce(hooked.group, bucket.buffer())
+        finally:
+            ts.serve = old
+
+
+def _allreduce(group: Any, tensor: Any) -> Any:
+    """default_hooks.allreduce_hook's reduction (divide, then all-reduce), whose Future also
+    completes the record: DDP never calls wait() on the Work."""
+    import torch.distributed as dist
+
+    from colltrace.record.shim import SHIM
+
+    group = group if group is not None else dist.group.WORLD
+    tensor.div_(group.size())  # before the sum, as DDP does, against overflow
+    work = dist.all_reduce(tensor, group=group, async_op=True)
+    rec = SHIM.recorder
+
+    def done(fut: Any) -> Any:
+        try:
+            value = fut.value()[0]
+        except BaseException:
+            _completed(rec, work, True)
+            raise
+        _completed(rec, work, False)
+        return value
+
+    return work.get_future().then(done)
+
+
+def _completed(rec: Any, work: Any, failed: bool) -> None:
+    if rec is not None:
+        try:
+            rec.work_done(work, failed)
+        except Exception:
+            pass
+
+
+def _comm_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects hooks with annotations other than its own
+    return DDP_ADAPTER.reduce(state, bucket)
+
+
+DDP_ADAPTER = DdpAdapter()
