@@ -36,6 +36,10 @@ def _buckets(run_dir: Path, dtype: str, ours: bool) -> None:
     for rt in run.ranks.values():
         assert rt.state is RankState.FINISHED and not rt.in_flight
         recs = [r for r in rt.records if r.kind == "collective"]
+        # DDP's construction broadcasts the parameters (4 tensors, 676 elements) from rank 0
+        sync, recs = recs[0], recs[1:]
+        assert (sync.op, sync.phase, sync.numel_in, sync.peer) == ("_broadcast_coalesced", "init", 676, 0)
+        assert sync.t_done_ns is not None
         assert [(r.module, r.numel_in, r.step) for r in recs] == BUCKETS
         for r in recs:
             want = ("all_reduce", "backward", "reduce_grad", dtype, "SUM")
@@ -43,7 +47,7 @@ def _buckets(run_dir: Path, dtype: str, ours: bool) -> None:
             # async (DDP never waits on the Work), and completed
             assert r.flags & schema.FLAG_ASYNC and r.t_done_ns is not None
             assert bool(r.flags & schema.FLAG_POLLED) is not ours
-        assert [r.seq for r in recs] == list(range(1, len(BUCKETS) + 1))
+        assert [r.seq for r in recs] == list(range(2, len(BUCKETS) + 2))
 
 
 @pytest.mark.parametrize("hook", ["none", "fp16"])
@@ -68,4 +72,5 @@ def test_colltrace_ddp_off_leaves_ddp_alone(tmp_path: Path) -> None:
     out.mkdir()
     proc = torchrun("ddp.py", 2, run_dir, HOOK="none", OUT=str(out), COLLTRACE_DDP="off")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert all(not rt.records for rt in read_run(str(run_dir)).ranks.values())
+    for rt in read_run(str(run_dir)).ranks.values():  # only the construction's broadcast, no bucket
+        assert [r.op for r in rt.records if r.kind == "collective"] == ["_broadcast_coalesced"]

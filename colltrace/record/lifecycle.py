@@ -71,6 +71,10 @@ class Lifecycle:
         self._stop.set()
         rec = self.recorder
         try:
+            rec.poll()  # async Works that finished since the watchdog's last look
+        except Exception:
+            pass
+        try:
             rec.writer.event(
                 {
                     "ev": schema.EV_FOOTER,

@@ -62,6 +62,9 @@ _TABLE: dict[str, tuple[str | None, str | None, int, str | None, int]] = {
         "src",
         schema.FLAG_OBJECT,
     ),
+    # DDP's broadcast of parameters (at construction) and buffers (before each forward, with
+    # broadcast_buffers): a C binding of torch.distributed only, called from Python by DDP
+    "_broadcast_coalesced": ("tensors", "tensors", COLLECTIVE, "src", schema.FLAG_COALESCED),
     "send": ("tensor", None, P2P, "dst", 0),
     "isend": ("tensor", None, P2P, "dst", schema.FLAG_ASYNC),
     "recv": (None, "tensor", P2P, "src", 0),
@@ -69,6 +72,9 @@ _TABLE: dict[str, tuple[str | None, str | None, int, str | None, int]] = {
     "send_object_list": ("object_list", None, P2P, "dst", schema.FLAG_OBJECT),
     "recv_object_list": (None, "object_list", P2P, "src", schema.FLAG_OBJECT),
 }
+
+# Functions found on torch.distributed only (not distributed_c10d)
+DIST_ONLY = frozenset({"_broadcast_coalesced"})
 
 # Parameters that hold a list of tensors or objects: a call with one is packed afresh each time.
 _LISTS = frozenset(
@@ -90,6 +96,14 @@ _KEYED = ("group", "async_op", "redop", "root", "groot")
 GROUP_CREATORS = ("new_group", "split_group", "new_subgroups", "new_subgroups_by_enumeration")
 
 
+def _broadcast_coalesced_signature(process_group: Any, tensors: Any, buffer_size: Any, src: Any = 0) -> None:
+    """The signature of torch.distributed._broadcast_coalesced, a C binding inspect cannot read."""
+
+
+# functions whose signature inspect cannot read (C bindings): a Python stand-in with the same one
+_SIGNATURES: dict[str, Callable[..., Any]] = {"_broadcast_coalesced": _broadcast_coalesced_signature}
+
+
 def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
     entry = _TABLE.get(name)
     if entry is None:
@@ -98,10 +112,13 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
     try:
         params = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
-        return None
+        stand_in = _SIGNATURES.get(name)
+        if stand_in is None:
+            return None
+        params = list(inspect.signature(stand_in).parameters)
     groot = {"src": "group_src", "dst": "group_dst"}.get(root or "", "")
     fields = (  # (parameter, default), in the order extract returns them
-        ("group", None),
+        ("group" if "group" in params or "process_group" not in params else "process_group", None),
         ("async_op", False),
         (inp, None),
         (out, None),

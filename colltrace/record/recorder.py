@@ -321,7 +321,9 @@ class Recorder(RecorderCells):
             return
         for work, entry in list(self.pending.items()):
             try:
-                if not work.is_completed():
+                # gloo marks the Future done (running its callbacks: a DDP hook's, whose caller
+                # may go on and exit) before the Work itself: either says the collective is over
+                if not work.is_completed() and not work.get_future().done():
                     continue
             except Exception:
                 continue

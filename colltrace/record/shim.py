@@ -84,6 +84,15 @@ class Shim:
         wrapped: list[str] = []
         for name in ops.traced_names():
             orig = getattr(c10d, name, None)
+            if orig is None and name in ops.DIST_ONLY:  # a C binding torch.distributed exports itself
+                orig = getattr(dist, name, None)
+                if orig is None or getattr(orig, "__colltrace__", False):
+                    continue
+                spec = ops.build_spec(name, orig)
+                if spec is not None:
+                    self._set(dist, name, self._wrap(spec, orig))
+                    wrapped.append(name)
+                continue
             if orig is None or getattr(orig, "__colltrace__", False):
                 continue
             spec = ops.build_spec(name, orig)
