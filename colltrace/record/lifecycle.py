@@ -71,7 +71,7 @@ class Lifecycle:
         self._stop.set()
         rec = self.recorder
         try:
-            rec.poll()  # async Works that finished since the watchdog's last look
+            rec.poll(final=True)  # async Works that finished since the watchdog's last look
         except Exception:
             pass
         try:

@@ -315,15 +315,15 @@ class Recorder(RecorderCells):
             idx, flags, remaining = entry
             self._finish(idx, flags, remaining, schema.FLAG_ERROR if failed else 0, _now())
 
-    def poll(self) -> None:
-        """Complete the pending Works that finished without anyone waiting (watchdog thread)."""
+    def poll(self, final: bool = False) -> None:
+        """Complete the pending Works that finished without anyone waiting (watchdog thread).
+        final (at exit): also a Work whose Future is done; gloo marks the Future done (running
+        its callbacks: a DDP hook's, whose caller may go on and exit) just before the Work."""
         if not self.pending:
             return
         for work, entry in list(self.pending.items()):
             try:
-                # gloo marks the Future done (running its callbacks: a DDP hook's, whose caller
-                # may go on and exit) before the Work itself: either says the collective is over
-                if not work.is_completed() and not work.get_future().done():
+                if not work.is_completed() and not (final and work.get_future().done()):
                     continue
             except Exception:
                 continue
