@@ -181,7 +181,7 @@ static PyTypeObject ThreadCellsType = {
 #define REC(o) ((RecorderCells *)(o))
 
 static PyObject *s_pending, *s_shed, *s_backend_seq, *s_recorder, *s_writer, *s_counter, *s_capacity, *s_full,
-    *s_mv, *s_ctx, *s_last_progress_ns, *s_shape, *s_dtype, *s_offset_of;
+    *s_mv, *s_ctx, *s_shape, *s_dtype, *s_offset_of;
 
 typedef struct {
     PyObject_HEAD
@@ -258,17 +258,6 @@ get_i64(PyObject *obj, PyObject *name, int64_t *out)
     *out = PyLong_AsLongLong(v);
     Py_DECREF(v);
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-static int
-set_i64(PyObject *obj, PyObject *name, int64_t value)
-{
-    PyObject *v = PyLong_FromLongLong(value);
-    if (!v)
-        return -1;
-    int r = PyObject_SetAttr(obj, name, v);
-    Py_DECREF(v);
-    return r;
 }
 
 /* The key of this call: (key_id, *items, attribution), as ops.key_plan says. New ref, or NULL
@@ -866,7 +855,8 @@ waiter_call(Waiter *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         plain = 1;
         goto over;
     }
-    if (!(pending = PyObject_GetAttr(rec, s_pending)) || !PyDict_Check(pending))
+    if (!PyObject_TypeCheck(rec, &RecorderCellsType) || !(pending = PyObject_GetAttr(rec, s_pending)) ||
+        !PyDict_Check(pending))
         goto over;
     if (PyDict_GET_SIZE(pending) == 0) {
         plain = 1;
@@ -929,12 +919,9 @@ waiter_call(Waiter *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         }
         PyBuffer_Release(&view);
     }
-    if (PyObject_TypeCheck(rec, &RecorderCellsType))
-        REC(rec)->last_progress_ns = t1;
-    else if (set_i64(rec, s_last_progress_ns, t1) < 0 && must_raise())
-        Py_CLEAR(result);
     else
-        PyErr_Clear();
+        PyErr_Clear(); /* the slot is left as it was; the wait returned all the same */
+    REC(rec)->last_progress_ns = t1;
     goto done;
 
 over:
@@ -1111,7 +1098,6 @@ PyInit__fastpath(void)
     INTERN(s_full, "full");
     INTERN(s_mv, "mv");
     INTERN(s_ctx, "ctx");
-    INTERN(s_last_progress_ns, "last_progress_ns");
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
     INTERN(s_offset_of, "offset_of");

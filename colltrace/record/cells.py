@@ -44,7 +44,9 @@ class _RecorderCells:
     last_progress_ns: int  # when a collective was last issued or seen done (the hang watchdog)
 
 
-def _c_cells() -> Any:
+def _load_extension() -> Any:
+    """colltrace/record/_fastpath.c, built and not switched off (COLLTRACE_PURE=1), with the cell
+    types (an older build lacks them: then it is not used at all), or None."""
     if os.environ.get("COLLTRACE_PURE", "") not in ("", "0"):
         return None
     try:
@@ -55,6 +57,8 @@ def _c_cells() -> Any:
     return _fastpath if all(hasattr(_fastpath, n) for n in names) else None
 
 
+EXTENSION = _load_extension()  # shim._load_fastpath checks its slot layout before using it
+
 if TYPE_CHECKING:
     SeqCells = _SeqCells
     ContextCells = _ContextCells
@@ -62,11 +66,9 @@ if TYPE_CHECKING:
     WriterCells = _WriterCells
     RecorderCells = _RecorderCells
 else:
-    _c = _c_cells()
+    _c = EXTENSION
     SeqCells = _c.SeqCells if _c else _SeqCells
     ContextCells = _c.ContextCells if _c else _ContextCells
     ThreadCells = _c.ThreadCells if _c else _ThreadCells
     WriterCells = _c.WriterCells if _c else _WriterCells
     RecorderCells = _c.RecorderCells if _c else _RecorderCells
-
-IN_C = SeqCells is not _SeqCells  # the C fast path needs these (shim._load_fastpath)

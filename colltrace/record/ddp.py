@@ -32,7 +32,7 @@ class _Hooked:
     """What colltrace's hook on one DDP model needs: its group, the user's hook when one was
     registered after colltrace's, and the modules of each bucket."""
 
-    __slots__ = ("ddp", "group", "user", "module_of", "names", "__weakref__")
+    __slots__ = ("ddp", "group", "user", "module_of", "names")
 
     def __init__(self, ddp: Any) -> None:
         self.ddp = weakref.ref(ddp)
@@ -46,7 +46,6 @@ class DdpAdapter(Adapter):
     def __init__(self) -> None:
         super().__init__()
         self.hooked: weakref.WeakKeyDictionary[Any, _Hooked] = weakref.WeakKeyDictionary()
-        self.skipped: str | None = None  # why a model's gradient all-reduces are not recorded
 
     def install(self) -> bool:
         try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import linecache
-import os
 import textwrap
 import threading
 import time
@@ -19,14 +18,9 @@ from colltrace.trace import schema, writer
 
 def _load_fastpath() -> Any:
     """The C fast path (colltrace/record/_fastpath.c), when it was built and not switched off."""
-    if os.environ.get("COLLTRACE_PURE", "") not in ("", "0"):
+    _fastpath = cells.EXTENSION
+    if _fastpath is None:
         return None
-    try:
-        from colltrace.record import _fastpath  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    if not cells.IN_C:
-        return None  # an older build without the cells: the Python wrapper records
     layout = {
         "SLOT_SIZE": schema.SLOT_SIZE,
         "RING_HEADER_SIZE": schema.RING_HEADER_SIZE,
@@ -83,24 +77,16 @@ class Shim:
 
         wrapped: list[str] = []
         for name in ops.traced_names():
-            orig = getattr(c10d, name, None)
-            if orig is None and name in ops.DIST_ONLY:  # a C binding torch.distributed exports itself
-                orig = getattr(dist, name, None)
-                if orig is None or getattr(orig, "__colltrace__", False):
-                    continue
-                spec = ops.build_spec(name, orig)
-                if spec is not None:
-                    self._set(dist, name, self._wrap(spec, orig))
-                    wrapped.append(name)
-                continue
+            home = dist if name in ops.DIST_ONLY else c10d  # DIST_ONLY: C bindings torch.distributed exports
+            orig = getattr(home, name, None)
             if orig is None or getattr(orig, "__colltrace__", False):
                 continue
             spec = ops.build_spec(name, orig)
             if spec is None:
                 continue
             wrapper = self._wrap(spec, orig)
-            self._set(c10d, name, wrapper)
-            if getattr(dist, name, None) is orig:
+            self._set(home, name, wrapper)
+            if home is c10d and getattr(dist, name, None) is orig:
                 self._set(dist, name, wrapper)
             wrapped.append(name)
         if hasattr(c10d, "batch_isend_irecv"):

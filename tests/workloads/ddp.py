@@ -7,6 +7,7 @@ Small buckets (one per parameter), 3 steps of SGD on data that differs by rank. 
 the bytes of its final parameters' hash and the user hook's call count to $OUT/rank{r}.json.
 """
 
+import gc
 import hashlib
 import json
 import os
@@ -46,6 +47,10 @@ def main() -> None:
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     with open(os.path.join(os.environ["OUT"], f"rank{rank}.json"), "w") as f:
         json.dump({"params": digest, "user_calls": CALLS[0]}, f)
+    # DDP's reducer first, then the group: untraced too, gloo aborted the process now and then
+    # ("terminate called without an active exception") when the group went first
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
