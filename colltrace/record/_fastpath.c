@@ -81,6 +81,7 @@ typedef struct {
     PyObject *serve;  /* what an adapter says the thread's collectives serve, or None */
     PyObject *static_; /* the thread's cache: key -> (head, mid, counter, flags) */
     int depth;        /* > 0: inside a traced call */
+    char prefetch;    /* inside a framework's prefetch (FSDP's _prefetch_unshard) */
 } ThreadCells;
 
 typedef struct {
@@ -110,6 +111,7 @@ static PyMemberDef thread_cells_members[] = {
     {"serve", T_OBJECT_EX, offsetof(ThreadCells, serve), 0, NULL},
     {"static", T_OBJECT_EX, offsetof(ThreadCells, static_), 0, NULL},
     {"depth", T_INT, offsetof(ThreadCells, depth), 0, NULL},
+    {"prefetch", T_BOOL, offsetof(ThreadCells, prefetch), 0, NULL},
     {NULL},
 };
 
@@ -171,7 +173,7 @@ static PyTypeObject ThreadCellsType = {
     .tp_clear = (inquiry)thread_cells_clear,
     .tp_dealloc = (destructor)thread_cells_dealloc,
     .tp_members = thread_cells_members,
-    .tp_doc = "A thread's serving scope, call cache and depth, as C fields (see cells.py).",
+    .tp_doc = "A thread's serving scope, call cache, depth and prefetch, as C fields (see cells.py).",
 };
 
 #define SEQ(o) ((SeqCells *)(o))
@@ -1027,6 +1029,190 @@ static PyTypeObject WaiterType = {
     .tp_doc = "Work.wait, traced (the C fast path).",
 };
 
+/* -- serving scope -------------------------------------------------------------------------------
+ * Serving(orig, decide, threads, state, index, prefetch): a framework's own method (FSDP's unshard,
+ * post_backward, prefetch), run with this thread's ThreadState telling the collectives it issues
+ * what they serve. With prefetch false: ts.serve = decide(ts, args[index]) for the duration of the
+ * call (None: left as it is). With prefetch true: ts.prefetch is set instead, decide is not called.
+ * colltrace/record/adapter.py has its Python twin; the decisions stay in Python, this only spares
+ * the Python wrapper's call layer (an FSDP2 step runs it a few dozen times). An error inside the
+ * decision leaves the scope as it is; the method always runs. */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *orig, *decide, *threads, *state;
+    Py_ssize_t index;
+    int prefetch;
+    PyObject *dict;
+    PyObject *weakrefs;
+} Serving;
+
+/* this thread's ThreadState (new ref), made by state() the first time; NULL with an exception */
+static PyObject *
+thread_state(PyObject *threads, PyObject *state)
+{
+    PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (!ident)
+        return NULL;
+    PyObject *ts = PyDict_GetItemWithError(threads, ident); /* borrowed */
+    Py_DECREF(ident);
+    if (ts)
+        Py_INCREF(ts);
+    else if (PyErr_Occurred() || !(ts = PyObject_CallNoArgs(state)))
+        return NULL;
+    if (!PyObject_TypeCheck(ts, &ThreadCellsType)) {
+        Py_DECREF(ts);
+        PyErr_SetString(PyExc_TypeError, "the thread state is not a ThreadCells");
+        return NULL;
+    }
+    return ts;
+}
+
+static PyObject *
+serving_call(Serving *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *ts, *value, *old, *result;
+    if (!self->orig || !self->decide || !self->threads || !self->state)
+        return PyErr_Format(PyExc_RuntimeError, "colltrace: serving wrapper used after it was cleared");
+    if (!(ts = thread_state(self->threads, self->state)))
+        goto plain;
+    if (self->prefetch) {
+        char was = TS(ts)->prefetch;
+        TS(ts)->prefetch = 1;
+        result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+        TS(ts)->prefetch = was;
+        Py_DECREF(ts);
+        return result;
+    }
+    if (nargs <= self->index) {
+        Py_DECREF(ts);
+        goto plain;
+    }
+    {
+        PyObject *pair[2] = {ts, args[self->index]};
+        value = PyObject_Vectorcall(self->decide, pair, 2, NULL);
+    }
+    if (!value || value == Py_None) {
+        Py_XDECREF(value);
+        Py_DECREF(ts);
+        goto plain;
+    }
+    old = TS(ts)->serve; /* its reference is ours until it is put back */
+    TS(ts)->serve = value;
+    result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    value = TS(ts)->serve; /* what the method leaves (nested scopes put theirs back) */
+    TS(ts)->serve = old;
+    Py_XDECREF(value);
+    Py_DECREF(ts);
+    return result;
+
+plain:
+    if (must_raise())
+        return NULL;
+    PyErr_Clear();
+    return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+}
+
+static PyObject *
+serving_tp_call(Serving *self, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call((PyObject *)self, args, kwargs);
+}
+
+static PyObject *
+serving_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *orig, *decide, *threads, *state;
+    Py_ssize_t index;
+    int prefetch;
+    if (!PyArg_ParseTuple(args, "OOO!Onp", &orig, &decide, &PyDict_Type, &threads, &state, &index, &prefetch))
+        return NULL;
+    if (index < 0) {
+        PyErr_SetString(PyExc_ValueError, "index must be >= 0");
+        return NULL;
+    }
+    Serving *self = (Serving *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->vectorcall = (vectorcallfunc)serving_call;
+    Py_INCREF(orig);
+    self->orig = orig;
+    Py_INCREF(decide);
+    self->decide = decide;
+    Py_INCREF(threads);
+    self->threads = threads;
+    Py_INCREF(state);
+    self->state = state;
+    self->index = index;
+    self->prefetch = prefetch;
+    return (PyObject *)self;
+}
+
+static int
+serving_traverse(Serving *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->orig);
+    Py_VISIT(self->decide);
+    Py_VISIT(self->threads);
+    Py_VISIT(self->state);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+serving_clear(Serving *self)
+{
+    Py_CLEAR(self->orig);
+    Py_CLEAR(self->decide);
+    Py_CLEAR(self->threads);
+    Py_CLEAR(self->state);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void
+serving_dealloc(Serving *self)
+{
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    serving_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+serving_get_decide(Serving *self, void *closure)
+{
+    Py_INCREF(self->decide);
+    return self->decide;
+}
+
+static PyGetSetDef serving_getset[] = {
+    {"decide", (getter)serving_get_decide, NULL, "decide(ts, arg): the serving scope of a call, or None", NULL},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL},
+};
+
+static PyTypeObject ServingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "colltrace.record._fastpath.Serving",
+    .tp_basicsize = sizeof(Serving),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Serving, vectorcall),
+    .tp_call = (ternaryfunc)serving_tp_call,
+    .tp_new = serving_new,
+    .tp_traverse = (traverseproc)serving_traverse,
+    .tp_clear = (inquiry)serving_clear,
+    .tp_dealloc = (destructor)serving_dealloc,
+    .tp_getset = serving_getset,
+    .tp_dictoffset = offsetof(Serving, dict),
+    .tp_weaklistoffset = offsetof(Serving, weakrefs),
+    .tp_descr_get = traced_descr_get,
+    .tp_methods = traced_methods,
+    .tp_doc = "A framework method run with the thread's serving scope set (the C fast path; adapter.py).",
+};
+
 #ifdef COLLTRACE_FRAMES
 /* frame_self(wrapped, call_impl, outermost): the `self` of the innermost (or outermost) frame on
  * this thread's stack running either code object (nn.Module.__call__ and Module._call_impl), or
@@ -1101,7 +1287,7 @@ PyInit__fastpath(void)
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
     INTERN(s_offset_of, "offset_of");
-    if (PyType_Ready(&TracedType) < 0 || PyType_Ready(&WaiterType) < 0 || PyType_Ready(&SeqCellsType) < 0 ||
+    if (PyType_Ready(&TracedType) < 0 || PyType_Ready(&WaiterType) < 0 || PyType_Ready(&ServingType) < 0 || PyType_Ready(&SeqCellsType) < 0 ||
         PyType_Ready(&ContextCellsType) < 0 || PyType_Ready(&ThreadCellsType) < 0 ||
         PyType_Ready(&WriterCellsType) < 0 || PyType_Ready(&RecorderCellsType) < 0)
         return NULL;
@@ -1126,6 +1312,12 @@ PyInit__fastpath(void)
     Py_INCREF(&WaiterType);
     if (PyModule_AddObject(m, "Waiter", (PyObject *)&WaiterType) < 0) {
         Py_DECREF(&WaiterType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&ServingType);
+    if (PyModule_AddObject(m, "Serving", (PyObject *)&ServingType) < 0) {
+        Py_DECREF(&ServingType);
         Py_DECREF(m);
         return NULL;
     }

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
+from colltrace.record.cells import EXTENSION
 from colltrace.record.context import CONTEXT, Context, ThreadState
+
+_get_ident = threading.get_ident
+
+Serve = tuple[str, str, str]  # (module, phase, flavour): what a thread's collectives serve
+Decide = Callable[[ThreadState, Any], "Serve | None"]
 
 
 class Adapter:
@@ -32,13 +39,18 @@ class Adapter:
         setattr(owner, name, wrapped)
         return True
 
-    def _serving(self, value: tuple[str, str, str], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _scope(self, owner: Any, name: str, decide: Decide, index: int = 0) -> bool:
+        """Run owner.name with what decide(ts, args[index]) returns as the serving scope of the
+        collectives it issues on the calling thread (None: the scope is left as it is)."""
+        return self._patch(owner, name, lambda orig: scoped(self.ctx, orig, decide, index))
+
+    def _serving(self, value: Serve, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs) with (module, phase, flavour) as the attribution of the collectives
         it issues on this thread."""
         return serving(self.ctx.state(), value, fn, args, kwargs)
 
 
-def serving(ts: ThreadState, value: tuple[str, str, str], fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+def serving(ts: ThreadState, value: Serve, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """fn(*args, **kwargs) with `value` as what thread state ts's collectives serve."""
     old = ts.serve
     ts.serve = value
@@ -46,3 +58,51 @@ def serving(ts: ThreadState, value: tuple[str, str, str], fn: Callable[..., Any]
         return fn(*args, **kwargs)
     finally:
         ts.serve = old
+
+
+def scoped(ctx: Context, orig: Callable[..., Any], decide: Decide, index: int = 0) -> Callable[..., Any]:
+    """orig, run with decide(ts, args[index]) as the thread's serving scope. An FSDP2 step runs
+    these a few dozen times, so with the C fast path built it is a C object (_fastpath.Serving)
+    that spares the Python call layer; the decision is Python either way. An error inside decide
+    leaves the scope as it is: the framework's method always runs."""
+    threads, state = ctx.threads, ctx.state
+    if EXTENSION is not None:
+        fast: Callable[..., Any] = EXTENSION.Serving(orig, decide, threads, state, index, False)
+        return fast
+
+    def scope(*args: Any, **kwargs: Any) -> Any:
+        ts = threads.get(_get_ident()) or state()
+        try:
+            value = decide(ts, args[index]) if len(args) > index else None
+        except Exception:
+            value = None
+        if value is None:
+            return orig(*args, **kwargs)
+        old = ts.serve
+        ts.serve = value
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            ts.serve = old
+
+    return scope
+
+
+def prefetching(ctx: Context, orig: Callable[..., Any]) -> Callable[..., Any]:
+    """orig, with the thread's `prefetch` set while it runs (FSDP's prefetch functions: the
+    unshards inside them are prefetches)."""
+    threads, state = ctx.threads, ctx.state
+    if EXTENSION is not None:
+        fast: Callable[..., Any] = EXTENSION.Serving(orig, None, threads, state, 0, True)
+        return fast
+
+    def prefetch(*args: Any, **kwargs: Any) -> Any:
+        ts = threads.get(_get_ident()) or state()
+        old = ts.prefetch
+        ts.prefetch = True
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            ts.prefetch = old
+
+    return prefetch

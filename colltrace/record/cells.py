@@ -28,10 +28,11 @@ class _ContextCells:
 
 
 class _ThreadCells:
-    __slots__ = ("serve", "static", "depth")
+    __slots__ = ("serve", "static", "depth", "prefetch")
     serve: tuple[str, str, str] | None  # set by a framework adapter
     static: dict[object, Any]  # the recorder's per-call-site slot cache
     depth: int  # > 0: inside a traced call (a call that forwards to another counts once)
+    prefetch: bool  # inside a framework's prefetch (FSDP's _prefetch_unshard)
 
 
 class _WriterCells:
@@ -46,14 +47,14 @@ class _RecorderCells:
 
 def _load_extension() -> Any:
     """colltrace/record/_fastpath.c, built and not switched off (COLLTRACE_PURE=1), with the cell
-    types (an older build lacks them: then it is not used at all), or None."""
+    types and the Serving wrapper (an older build lacks them: then it is not used at all), or None."""
     if os.environ.get("COLLTRACE_PURE", "") not in ("", "0"):
         return None
     try:
         from colltrace.record import _fastpath  # type: ignore[attr-defined]
     except ImportError:
         return None
-    names = ("SeqCells", "ContextCells", "ThreadCells", "WriterCells", "RecorderCells")
+    names = ("SeqCells", "ContextCells", "ThreadCells", "WriterCells", "RecorderCells", "Serving")
     return _fastpath if all(hasattr(_fastpath, n) for n in names) else None
 
 

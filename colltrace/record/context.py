@@ -44,10 +44,10 @@ def _frame_self(wrapped: object, call_impl: object, outermost: bool) -> object:
 
 class ThreadState(ThreadCells):
     """What one thread is doing. Plain slots, found by thread id: a threading.local attribute
-    costs several times more, and the shim reads these on every collective (serve, static and
-    depth are ThreadCells', C fields when the fast path is built)."""
+    costs several times more, and the shim reads these on every collective (serve, static,
+    depth and prefetch are ThreadCells', C fields when the fast path is built)."""
 
-    __slots__ = ("stack", "labels", "prefetch")
+    __slots__ = ("stack", "labels")
 
     def __init__(self) -> None:
         self.stack: list[str] = []  # FQNs of the modules whose forward is running (global hooks only)

@@ -69,16 +69,9 @@ class DeepSpeedAdapter(Adapter):
         return self._reduce(cls, "reduce_ipg_grads")
 
     def _reduce(self, cls: Any, name: str) -> bool:
-        adapter = self
-
-        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def reduce(self: Any, *a: Any, **k: Any) -> Any:
-                # a bucket of many modules' gradients: no single module to name
-                return adapter._serving(("<grad bucket>", PHASE_BACKWARD, REDUCE_GRAD), orig, self, *a, **k)
-
-            return reduce
-
-        return self._patch(cls, name, make)
+        # a bucket of many modules' gradients: no single module to name
+        bucket = ("<grad bucket>", PHASE_BACKWARD, REDUCE_GRAD)
+        return self._scope(cls, name, lambda ts, optimizer: bucket)
 
     def _install_engine(self) -> bool:
         """DeepSpeedEngine.step runs ZeRO's own collectives (the all-gather of updated partitions,

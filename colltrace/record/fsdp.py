@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import functools
-import threading
-from collections.abc import Callable
 from typing import Any
 
-from colltrace.record.adapter import Adapter
+from colltrace.record.adapter import Adapter, prefetching
 from colltrace.record.context import (
     PHASE_BACKWARD,
     PHASE_FORWARD,
     PHASE_RECOMPUTE,
     ThreadState,
 )
-
-_get_ident = threading.get_ident
 
 UNSHARD = "unshard"
 PREFETCH = "prefetch"
@@ -33,42 +29,20 @@ class FsdpAdapters(Adapter):
                 pass
         return installed
 
-    def _prefetching(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        """Marks the unshards run inside FSDP's prefetch functions as prefetches."""
-        ctx = self.ctx
-        threads = ctx.threads
-
-        def prefetch(*args: Any, **kwargs: Any) -> Any:
-            ts = threads.get(_get_ident()) or ctx.state()
-            old = ts.prefetch
-            ts.prefetch = True
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                ts.prefetch = old
-
-        return prefetch
-
-    def _unshard_attribution(self, module: str, forward: bool, backward: bool, ts: ThreadState) -> tuple[str, str, str]:
-        """What an unshard of `module` serves: its phase from the unit's own training state
-        (FORWARD / PRE_BACKWARD), prefetch or not, and the user's label as flavour."""
+    def _unshard_phase(self, forward: bool, backward: bool, ts: ThreadState) -> str:
+        """The phase of an unshard, from the unit's own training state (FORWARD / PRE_BACKWARD)."""
         ctx = self.ctx
         if ctx.root is None:  # the model's first forward: learn its root
             ctx.learn_running()
         in_bwd = ctx.graph_task_id() != -1
         if forward:
-            phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
-        elif backward or in_bwd:
-            phase = PHASE_BACKWARD
-        else:
-            phase = ctx.current(ts)[1]
-        flavour = PREFETCH if ts.prefetch else UNSHARD
-        if ts.labels and flavour == UNSHARD:
-            flavour = f"{flavour}:{ts.labels[-1]}"
-        return module, phase, flavour
+            return PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
+        if backward or in_bwd:
+            return PHASE_BACKWARD
+        return ctx.current(ts)[1]
 
-    # The wrappers below set the thread's serving scope themselves, not through adapter.serving:
-    # they run a few dozen times per step, and each call layer that passes *args on costs.
+    # Each wrapper below is adapter.scoped: the framework's method, run with what a small Python
+    # decision returns as the thread's serving scope (a C object when the fast path is built).
 
     # -- FSDP2 (fully_shard) -----------------------------------------------------------------
 
@@ -96,60 +70,40 @@ class FsdpAdapters(Adapter):
             unsharded: object = ShardedState.UNSHARDED
         except (ImportError, AttributeError):
             unsharded = object()  # matches nothing: every unshard is attributed
-        threads = ctx.threads
 
-        def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
-            # _unshard_attribution inlined: an FSDP2 step runs this a dozen times, and each
-            # Python call it saves is a share of the shim's cost (bench/step_instructions.py)
-            def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
-                if getattr(self, "_all_gather_result", None) is not None or (
-                    getattr(self, "_sharded_state", None) is unsharded
-                ):  # FSDP's own no-op (already gathered or gathering): no collective to attribute
-                    return orig(self, *args, **kwargs)
-                ts = threads.get(_get_ident()) or ctx.state()
-                if ctx.root is None:  # the model's first forward: learn its root
-                    ctx.learn_running()
-                state = self._training_state
-                in_bwd = ctx.graph_task_id() != -1
-                if state is forward:
-                    phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
-                elif state is pre_backward or in_bwd:
-                    phase = PHASE_BACKWARD
-                else:
-                    phase = ctx.current(ts)[1]
-                if ts.prefetch:
-                    flavour = PREFETCH
-                elif ts.labels:
-                    flavour = f"{UNSHARD}:{ts.labels[-1]}"
-                else:
-                    flavour = UNSHARD
-                old = ts.serve
-                ts.serve = (getattr(self, "_module_fqn", None) or fqn(self), phase, flavour)
-                try:
-                    return orig(self, *args, **kwargs)
-                finally:
-                    ts.serve = old
+        def unshard(ts: ThreadState, group: Any) -> tuple[str, str, str] | None:
+            # _unshard_phase inlined: an FSDP2 step runs this a dozen times, and each Python call
+            # it saves is a share of the shim's cost (bench/step_instructions.py)
+            if group._all_gather_result is not None or group._sharded_state is unsharded:
+                return None  # FSDP's own no-op (already gathered or gathering): nothing to attribute
+            if ctx.root is None:  # the model's first forward: learn its root
+                ctx.learn_running()
+            state = group._training_state
+            if state is pre_backward:
+                phase = PHASE_BACKWARD
+            elif state is forward:  # a forward while autograd runs a backward is a recompute
+                phase = PHASE_RECOMPUTE if ctx.graph_task_id() != -1 else PHASE_FORWARD
+            elif ctx.graph_task_id() != -1:
+                phase = PHASE_BACKWARD
+            else:
+                phase = ctx.current(ts)[1]
+            if ts.prefetch:
+                flavour = PREFETCH
+            elif ts.labels:
+                flavour = f"{UNSHARD}:{ts.labels[-1]}"
+            else:
+                flavour = UNSHARD
+            return group._module_fqn or fqn(group), phase, flavour
 
-            return unshard
+        def post_backward(ts: ThreadState, group: Any) -> tuple[str, str, str]:
+            return group._module_fqn or fqn(group), PHASE_BACKWARD, REDUCE_GRAD
 
-        def make_post_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-                ts = threads.get(_get_ident()) or ctx.state()
-                old = ts.serve
-                ts.serve = (getattr(self, "_module_fqn", None) or fqn(self), PHASE_BACKWARD, REDUCE_GRAD)
-                try:
-                    return orig(self, *args, **kwargs)
-                finally:
-                    ts.serve = old
-
-            return post_backward
-
-        self._patch(group_cls, "unshard", make_unshard)
-        self._patch(group_cls, "post_backward", make_post_backward)
+        self._scope(group_cls, "unshard", unshard)
+        self._scope(group_cls, "post_backward", post_backward)
         if "_prefetch_unshard" in group_cls.__dict__:
             orig = group_cls.__dict__["_prefetch_unshard"]
             func = orig.__func__ if isinstance(orig, staticmethod) else orig
-            wrapped = functools.wraps(func)(self._prefetching(func))
+            wrapped = functools.wraps(func)(prefetching(ctx, func))
             wrapped.__colltrace__ = True  # type: ignore[attr-defined]
             self.originals.append((group_cls, "_prefetch_unshard", orig))
             setattr(group_cls, "_prefetch_unshard", staticmethod(wrapped))
@@ -163,42 +117,29 @@ class FsdpAdapters(Adapter):
 
         states = flat_mod.HandleTrainingState
         ctx = self.ctx
-        adapters = self
+        phase_of = self._unshard_phase
 
         def fqn(handle: Any) -> str:
             module = getattr(handle, "_fully_sharded_module", None)
             return ctx.module_name(module) if module is not None else "?"
 
-        attribution = self._unshard_attribution
-        threads = ctx.threads
+        def unshard(ts: ThreadState, handle: Any) -> tuple[str, str, str]:
+            state = getattr(handle, "_training_state", None)
+            phase = phase_of(state == states.FORWARD, state == states.BACKWARD_PRE, ts)
+            flavour = PREFETCH if ts.prefetch else UNSHARD
+            if ts.labels and flavour == UNSHARD:
+                flavour = f"{flavour}:{ts.labels[-1]}"
+            return fqn(handle), phase, flavour
 
-        def make_unshard(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def unshard(self: Any, *args: Any, **kwargs: Any) -> Any:
-                ts = threads.get(_get_ident()) or ctx.state()
-                state = getattr(self, "_training_state", None)
-                old = ts.serve
-                ts.serve = attribution(fqn(self), state == states.FORWARD, state == states.BACKWARD_PRE, ts)
-                try:
-                    return orig(self, *args, **kwargs)
-                finally:
-                    ts.serve = old
+        def reduce_grad(ts: ThreadState, handle: Any) -> tuple[str, str, str]:  # (state, handle, ...)
+            return fqn(handle), PHASE_BACKWARD, REDUCE_GRAD
 
-            return unshard
-
-        def make_reduce(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def reduce_grad(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
-                return adapters._serving(
-                    (fqn(handle), PHASE_BACKWARD, REDUCE_GRAD), orig, state, handle, *args, **kwargs
-                )
-
-            return reduce_grad
-
-        self._patch(flat_mod.FlatParamHandle, "unshard", make_unshard)
+        self._scope(flat_mod.FlatParamHandle, "unshard", unshard)
         for name in ("_reduce_grad", "_reduce_grad_no_shard"):
             if hasattr(rt, name):
-                self._patch(rt, name, make_reduce)
+                self._scope(rt, name, reduce_grad, index=1)
         if hasattr(rt, "_prefetch_handle"):
-            self._patch(rt, "_prefetch_handle", self._prefetching)
+            self._patch(rt, "_prefetch_handle", lambda orig: prefetching(ctx, orig))
         return True
 
 

@@ -9,7 +9,6 @@ from typing import Any
 from colltrace.config import MODULES_FRAMES as FRAMES
 from colltrace.config import MODULES_HOOKS as HOOKS_MODE
 from colltrace.record.context import CONTEXT, Context
-from colltrace.trace import schema
 
 
 def _call_codes(module_cls: Any) -> tuple[object, object] | None:
@@ -213,12 +212,6 @@ class Hooks:
 
         wrapper.__colltrace__ = True  # type: ignore[attr-defined]
         return wrapper
-
-
-def step_event(writer: Any, step: int, t_ns: int) -> dict[str, Any]:
-    event = {"ev": schema.EV_STEP, "step": step, "t_ns": t_ns}
-    writer.event(event)
-    return event
 
 
 HOOKS = Hooks()

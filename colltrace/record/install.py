@@ -16,7 +16,7 @@ from colltrace.record.context import CONTEXT
 from colltrace.record.ddp import DDP_ADAPTER
 from colltrace.record.deepspeed import DEEPSPEED
 from colltrace.record.fsdp import FSDP
-from colltrace.record.hooks import HOOKS, step_event
+from colltrace.record.hooks import HOOKS
 from colltrace.record.lifecycle import LIFECYCLE
 from colltrace.record.recorder import Recorder, describe_group
 from colltrace.record.shim import SHIM
@@ -107,7 +107,7 @@ def start_recording() -> None:
             adapters.append("ddp")
         if adapters:
             writer.event({"ev": "adapters", "names": adapters})
-        HOOKS.on_step = lambda step: step_event(writer, step, time.time_ns())
+        HOOKS.on_step = lambda step: writer.step(step, time.time_ns())
         SHIM.recorder = rec
         LIFECYCLE.start(rec, cfg.hang_s)
         if os.environ.get("COLLTRACE_QUIET") != "1" and rank == 0:

@@ -47,6 +47,9 @@ pack_marker = _MARKER.pack_into
 pack_done = _DONE_WAIT.pack_into
 
 
+_STEP_LINE = b'{"ev":"%s","step":%%d,"t_ns":%%d}\n' % schema.EV_STEP.encode()
+
+
 class TraceWriter(WriterCells):
     """Append-only writer for one rank. Thread-safe; the hot path takes no lock (last_idx is
     WriterCells', a C field when the fast path is built)."""
@@ -208,6 +211,11 @@ class TraceWriter(WriterCells):
 
     def event(self, obj: dict[str, Any]) -> None:
         os.write(self._events_fd, _dumps(obj) + b"\n")
+
+    def step(self, step: int, t_ns: int) -> None:
+        """The step event: an optimizer step completed. Formatted here, not by orjson, whose
+        1 KiB output buffer is a malloc that cost 20k instructions a step in a real job."""
+        os.write(self._events_fd, _STEP_LINE % (int(step), int(t_ns)))
 
     def flush(self) -> None:
         """Ask the kernel to push to disk (only matters for a machine crash)."""
