@@ -36,10 +36,16 @@ def _buckets(run_dir: Path, dtype: str, ours: bool) -> None:
     for rt in run.ranks.values():
         assert rt.state is RankState.FINISHED and not rt.in_flight
         recs = [r for r in rt.records if r.kind == "collective"]
-        # DDP's construction broadcasts the parameters (4 tensors, 676 elements) from rank 0
-        sync, recs = recs[0], recs[1:]
+        # DDP's construction checks that the ranks' parameters agree (4 tensors, 676 elements: two
+        # backend collectives), then broadcasts them from rank 0
+        verify, sync, recs = recs[0], recs[1], recs[2:]
+        assert (verify.op, verify.phase, verify.numel_in) == ("_verify_params_across_processes", "init", 676)
         assert (sync.op, sync.phase, sync.numel_in, sync.peer) == ("_broadcast_coalesced", "init", 676, 0)
-        assert sync.t_done_ns is not None
+        assert verify.t_done_ns is not None and sync.t_done_ns is not None
+        params = "4x mixed, first [32,16]"  # Linear(16, 32) and Linear(32, 4): weights and biases
+        assert (verify.shape, sync.shape) == (f"{params} -> -", f"{params} -> {params}")
+        # the backend's own numbering, read around both, accounts for every collective it ran
+        assert (verify.backend_seq, sync.backend_seq) == (verify.backend_seq, verify.backend_seq + 1)
         assert [(r.module, r.numel_in, r.step) for r in recs] == BUCKETS
         for r in recs:
             want = ("all_reduce", "backward", "reduce_grad", dtype, "SUM")
@@ -47,7 +53,7 @@ def _buckets(run_dir: Path, dtype: str, ours: bool) -> None:
             # async (DDP never waits on the Work), and completed
             assert r.flags & schema.FLAG_ASYNC and r.t_done_ns is not None
             assert bool(r.flags & schema.FLAG_POLLED) is not ours
-        assert [r.seq for r in recs] == list(range(2, len(BUCKETS) + 2))
+        assert [r.seq for r in recs] == list(range(3, len(BUCKETS) + 3))
 
 
 @pytest.mark.parametrize("hook", ["none", "fp16"])
@@ -72,5 +78,6 @@ def test_colltrace_ddp_off_leaves_ddp_alone(tmp_path: Path) -> None:
     out.mkdir()
     proc = torchrun("ddp.py", 2, run_dir, HOOK="none", OUT=str(out), COLLTRACE_DDP="off")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for rt in read_run(str(run_dir)).ranks.values():  # only the construction's broadcast, no bucket
-        assert [r.op for r in rt.records if r.kind == "collective"] == ["_broadcast_coalesced"]
+    for rt in read_run(str(run_dir)).ranks.values():  # only the construction's check and broadcast, no bucket
+        ops = [r.op for r in rt.records if r.kind == "collective"]
+        assert ops == ["_verify_params_across_processes", "_broadcast_coalesced"]

@@ -28,8 +28,8 @@ DDP_BUCKET = ("all_reduce", "encoder.0.lin..head.1.lin", "backward")
 
 def expected(ddp: bool = False) -> list[tuple[str, str, str, int, int]]:
     want = [("broadcast", "", "init", 0, 0)]
-    if ddp:  # DDP's construction broadcasts the parameters
-        want.append(("_broadcast_coalesced", "", "init", 0, 0))
+    if ddp:  # DDP's construction checks the parameters agree, then broadcasts them
+        want += [("_verify_params_across_processes", "", "init", 0, 0), ("_broadcast_coalesced", "", "init", 0, 0)]
     for step in range(2):
         for micro in range(2):
             want += [(op, module, phase, step, micro) for op, module, phase in STEP + ([DDP_BUCKET] if ddp else [])]

@@ -65,6 +65,9 @@ _TABLE: dict[str, tuple[str | None, str | None, int, str | None, int]] = {
     # DDP's broadcast of parameters (at construction) and buffers (before each forward, with
     # broadcast_buffers): a C binding of torch.distributed only, called from Python by DDP
     "_broadcast_coalesced": ("tensors", "tensors", COLLECTIVE, "src", schema.FLAG_COALESCED),
+    # DDP's check at construction that every rank has the same parameters (count, shapes, strides):
+    # the C++ side exchanges their metadata in two backend collectives; numel is the parameters'
+    "_verify_params_across_processes": ("params", None, COLLECTIVE, None, schema.FLAG_COALESCED),
     "send": ("tensor", None, P2P, "dst", 0),
     "isend": ("tensor", None, P2P, "dst", schema.FLAG_ASYNC),
     "recv": (None, "tensor", P2P, "src", 0),
@@ -74,7 +77,7 @@ _TABLE: dict[str, tuple[str | None, str | None, int, str | None, int]] = {
 }
 
 # Functions found on torch.distributed only (not distributed_c10d)
-DIST_ONLY = frozenset({"_broadcast_coalesced"})
+DIST_ONLY = frozenset({"_broadcast_coalesced", "_verify_params_across_processes"})
 
 # Parameters that hold a list of tensors or objects: a call with one is packed afresh each time.
 _LISTS = frozenset(
@@ -87,6 +90,7 @@ _LISTS = frozenset(
         "gather_list",
         "scatter_list",
         "tensors",
+        "params",
     }
 )
 KEYS = itertools.count(1)  # a distinct first key element per spec
@@ -100,8 +104,15 @@ def _broadcast_coalesced_signature(process_group: Any, tensors: Any, buffer_size
     """The signature of torch.distributed._broadcast_coalesced, a C binding inspect cannot read."""
 
 
+def _verify_params_signature(process_group: Any, params: Any, logger: Any = None) -> None:
+    """The signature of torch.distributed._verify_params_across_processes, a C binding."""
+
+
 # functions whose signature inspect cannot read (C bindings): a Python stand-in with the same one
-_SIGNATURES: dict[str, Callable[..., Any]] = {"_broadcast_coalesced": _broadcast_coalesced_signature}
+_SIGNATURES: dict[str, Callable[..., Any]] = {
+    "_broadcast_coalesced": _broadcast_coalesced_signature,
+    "_verify_params_across_processes": _verify_params_signature,
+}
 
 
 def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:

@@ -409,16 +409,17 @@ def _shape_key(x: Any) -> Any:
     if shape is not None:
         return shape
     if isinstance(x, (list, tuple)):
-        first = _first_tensor(x)
-        return (len(x), _shape_key(first))
+        first = _shape_key(_first_tensor(x))
+        uniform = all(getattr(t, "shape", None) == first for t in x)
+        return (len(x), first, uniform)
     return None
 
 
 def _shape_text(key: Any) -> str:
+    """[2,3] for a tensor; for a list, 4x[2,3] (all four alike) or 4x mixed, first [2,3]."""
     if key is None:
         return "-"
-    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], int) and not hasattr(key, "numel"):
-        # a list of tensors: (count, shape of the first)
-        if type(key) is tuple:
-            return f"{key[0]}x{_shape_text(key[1])}"
+    if type(key) is tuple and len(key) == 3 and isinstance(key[0], int) and isinstance(key[2], bool):
+        count, first, uniform = key
+        return f"{count}x{_shape_text(first)}" if uniform else f"{count}x mixed, first {_shape_text(first)}"
     return "[" + ",".join(str(d) for d in key) + "]"
