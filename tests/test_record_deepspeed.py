@@ -1,13 +1,15 @@
-"""DeepSpeed ZeRO-3 attribution, read from the deepspeed_zero3 fixture (a real 3-rank DeepSpeed run on gloo,
-recorded through the .pth hook; `python -m colltrace.scenarios.regenerate deepspeed_zero3` re-records it)."""
+"""DeepSpeed ZeRO attribution: ZeRO-3 read from the deepspeed_zero3 fixture (a real 3-rank DeepSpeed run on
+gloo, recorded through the .pth hook; `python -m colltrace.scenarios.regenerate deepspeed_zero3` re-records
+it), ZeRO-1/2 from live 2-rank runs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from _jobs import torchrun
 
-from colltrace.trace.reader import read_run
+from colltrace.trace.reader import RankState, read_run
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "deepspeed_zero3"
 BLOCKS = ["blocks.0.lin", "blocks.1.lin", "blocks.2.lin"]
@@ -35,3 +37,26 @@ def test_zero3_gradient_reduction_and_engine_step(first_step) -> None:
         assert [(r.op, r.phase, r.module) for r in reduce] == [("reduce_scatter_tensor", "backward", "<grad bucket>")]
         after = recs[recs.index(reduce[0]) + 1 :]
         assert [(r.op, r.phase) for r in after] == [("all_reduce", "optimizer")]  # ZeRO's overflow check
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero12_live_gradient_buckets_and_step(tmp_path: Path, stage: int) -> None:
+    """A real 2-rank ZeRO-1/2 run (tests/workloads/zero12.py): the optimizer's gradient bucket is
+    named as such, and the engine's step collectives are phase optimizer."""
+    proc = torchrun("zero12.py", 2, tmp_path / "run", timeout=300, STAGE=str(stage))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = read_run(str(tmp_path / "run"))
+    assert sorted(run.ranks) == [0, 1]
+    for rt in run.ranks.values():
+        assert rt.state is RankState.FINISHED and not rt.in_flight
+        got = [(r.op, r.numel_in, r.module, r.phase, r.flavour, r.step) for r in rt.records if r.kind == "collective"]
+        # the engine broadcasts each parameter from rank 0 (Linear(16, 32), Linear(32, 4)) as bytes
+        assert [r.dtype for r in rt.records[:4]] == ["uint8"] * 4
+        want = [("broadcast", 4 * n, "", "init", "", 0) for n in (512, 32, 128, 4)]
+        for step in range(2):
+            want += [
+                ("all_reduce", 676, "<grad bucket>", "backward", "reduce_grad", step),  # one bucket: all gradients
+                ("all_reduce", 1, "", "optimizer", "", step),  # the overflow check
+                ("all_gather_into_tensor", 338, "", "optimizer", "", step + 1),  # updated partitions, after the step
+            ]
+        assert got == want
