@@ -37,7 +37,8 @@
 #define HEAD_MASK 63
 #define OFF_HEAD 8
 #define OFF_SEQ 48
-#define OFF_MID 56
+#define OFF_MID 56 /* the static mid part; the backend's seq is its first 8 bytes */
+#define OFF_BSEQ 56
 #define OFF_STEP 84
 #define OFF_MICRO 88
 #define OFF_T_ISSUE 92
@@ -183,7 +184,7 @@ static PyTypeObject ThreadCellsType = {
 #define REC(o) ((RecorderCells *)(o))
 
 static PyObject *s_pending, *s_shed, *s_backend_seq, *s_recorder, *s_writer, *s_counter, *s_capacity, *s_full,
-    *s_mv, *s_ctx, *s_shape, *s_dtype, *s_offset_of;
+    *s_mv, *s_ctx, *s_shape, *s_dtype, *s_offset_of, *s_pg, *s_default_pg, *s_get_seq;
 
 typedef struct {
     PyObject_HEAD
@@ -196,6 +197,7 @@ typedef struct {
     PyObject *plan; /* ops.key_plan's (key_id, items) */
     PyObject *key_id;
     Py_ssize_t n_items;
+    Py_ssize_t group_item; /* the key item that is the call's group, or -1 */
     int what[MAX_ITEMS];
     Py_ssize_t pos[MAX_ITEMS];
     PyObject *kw[MAX_ITEMS];
@@ -376,8 +378,8 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
      * another thread while this one is inside the collective (the GIL is released there) */
     PyObject *rec = NULL, *ts = NULL, *attribution = NULL, *key = NULL, *cache = NULL, *entry = NULL;
     PyObject *counter = NULL, *writer = NULL, *ctx = NULL, *ids = NULL, *mv = NULL, *pending = NULL;
-    PyObject *result = NULL, *v = NULL;
-    int64_t t_issue, seq, idx, cap, step, micro, off = -1, last_idx;
+    PyObject *result = NULL, *v = NULL, *anchor = NULL;
+    int64_t t_issue, seq, idx, cap, step, micro, off = -1, last_idx, bseq = -1;
     int full, truth = 0, handed = 0, direct = 0;
     long flags;
     Py_buffer view;
@@ -463,10 +465,26 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     if (SEQ(counter)->anchor_next)
         goto over; /* this record reads the backend's sequence number */
     seq = SEQ(counter)->seq;
-    if (!((seq + 1) & self->bseq_mask)) { /* every 32nd record reads it, unless reading is off */
-        if (!(v = PyObject_GetAttr(rec, s_backend_seq)) || (truth = PyObject_IsTrue(v)) != 0)
+    if (!((seq + 1) & self->bseq_mask)) {
+        /* every 32nd record reads it after the call, unless reading is off: Recorder.anchor for a
+         * call of one backend collective on a group (p2p, whose counter has no pg, is Python's) */
+        if (!(v = PyObject_GetAttr(rec, s_backend_seq)) || (truth = PyObject_IsTrue(v)) < 0)
             goto over;
         Py_CLEAR(v);
+        if (truth) {
+            if (self->group_item < 0 || !(v = PyObject_GetAttr(counter, s_pg)) || v == Py_None)
+                goto over;
+            Py_CLEAR(v);
+            anchor = argument(self, self->group_item, args, nargs, kwnames);
+            if (anchor == Py_None)
+                anchor = PyObject_GetAttr(rec, s_default_pg);
+            else
+                Py_INCREF(anchor);
+            if (!anchor || anchor == Py_None)
+                goto over;
+            if (SEQ(counter)->seq != seq)
+                goto over; /* another thread took a seq while attributes were read */
+        }
     }
 
     /* -- the record: from here on it is ours to finish (no Python code runs between reading the
@@ -536,8 +554,39 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         goto done;
     }
 
+    /* -- the backend's seq after an anchored call: Recorder.returned -------------------------- */
+    if (anchor) {
+        PyObject *b = PyObject_CallMethodNoArgs(anchor, s_get_seq);
+        if (b) {
+            bseq = PyLong_AsLongLong(b);
+            Py_DECREF(b);
+        }
+        if (!b || (bseq == -1 && PyErr_Occurred())) {
+            bseq = -1;
+            if (must_raise()) { /* KeyboardInterrupt: it wins, as in the Python wrapper */
+                Py_CLEAR(result);
+                goto done;
+            }
+            PyErr_Clear();
+            if (PyObject_SetAttr(rec, s_backend_seq, Py_False) < 0) /* Recorder.returned: stop reading */
+                PyErr_Clear();
+        }
+    }
+
     /* -- an async call is done when its Work is seen done: Recorder.watch, in C ------------- */
     if ((flags & FLAG_ASYNC) && result != Py_None) {
+        if (bseq >= 0 && (mv || (mv = PyObject_GetAttr(writer, s_mv))) &&
+            PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) == 0) { /* writer.set_backend_seq */
+            if (off + SLOT_SIZE <= view.len) {
+                char *slot = (char *)view.buf + off;
+                int64_t marker;
+                memcpy(&marker, slot, 8);
+                if (marker == idx + 1) /* the slot still holds this record */
+                    put_i64(slot + OFF_BSEQ, bseq);
+            }
+            PyBuffer_Release(&view);
+        }
+        PyErr_Clear();
         if (PyList_CheckExact(result)) { /* several Works for one record: Recorder.watch counts them */
             PyObject *r = PyObject_CallMethod(rec, "watch", "LlO", (long long)idx, flags, result);
             Py_XDECREF(r);
@@ -567,6 +616,8 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
             if (mv && PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) == 0) {
                 if (off + SLOT_SIZE <= view.len) {
                     char *slot = (char *)view.buf + off;
+                    if (bseq >= 0)
+                        put_i64(slot + OFF_BSEQ, bseq);
                     put_i64(slot + OFF_T_DONE, t);
                     put_i64(slot + OFF_WAIT, t - t_issue);
                 }
@@ -615,6 +666,7 @@ lost: /* the record could not be written: said once by Shim.failed (which stops 
     result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
 
 done:
+    Py_XDECREF(anchor);
     Py_XDECREF(rec);
     Py_XDECREF(ts);
     Py_XDECREF(attribution);
@@ -676,6 +728,7 @@ traced_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->plan = plan;
     self->anchor_flags = anchor_flags;
     self->bseq_mask = bseq_mask;
+    self->group_item = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         int what;
         Py_ssize_t pos;
@@ -691,6 +744,8 @@ traced_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         }
         self->what[i] = what;
         self->pos[i] = pos;
+        if (what == KEY_VALUE && PyUnicode_Check(var) && PyUnicode_CompareWithASCIIString(var, "group") == 0)
+            self->group_item = i;
         Py_INCREF(kw);
         PyUnicode_InternInPlace(&kw);
         if (!PyUnicode_CHECK_INTERNED(kw)) { /* argument() matches interned names by identity */
@@ -1287,6 +1342,9 @@ PyInit__fastpath(void)
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
     INTERN(s_offset_of, "offset_of");
+    INTERN(s_pg, "pg");
+    INTERN(s_default_pg, "default_pg");
+    INTERN(s_get_seq, "_get_sequence_number_for_group");
     if (PyType_Ready(&TracedType) < 0 || PyType_Ready(&WaiterType) < 0 || PyType_Ready(&ServingType) < 0 || PyType_Ready(&SeqCellsType) < 0 ||
         PyType_Ready(&ContextCellsType) < 0 || PyType_Ready(&ThreadCellsType) < 0 ||
         PyType_Ready(&WriterCellsType) < 0 || PyType_Ready(&RecorderCellsType) < 0)
@@ -1327,7 +1385,7 @@ PyInit__fastpath(void)
         PyModule_AddIntConstant(m, "OFF_T_DONE", OFF_T_DONE) < 0 ||
         PyModule_AddIntConstant(m, "OFF_WAIT", OFF_WAIT) < 0 ||
         PyModule_AddIntConstant(m, "OFF_T_ISSUE", OFF_T_ISSUE) < 0 ||
-        PyModule_AddIntConstant(m, "OFF_SEQ", OFF_SEQ) < 0 || PyModule_AddIntConstant(m, "OFF_STEP", OFF_STEP) < 0 ||
+        PyModule_AddIntConstant(m, "OFF_SEQ", OFF_SEQ) < 0 || PyModule_AddIntConstant(m, "OFF_BSEQ", OFF_BSEQ) < 0 || PyModule_AddIntConstant(m, "OFF_STEP", OFF_STEP) < 0 ||
         PyModule_AddIntConstant(m, "HEAD_OFFSET", HEAD_OFFSET) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -26,6 +26,7 @@ def _load_fastpath() -> Any:
         "RING_HEADER_SIZE": schema.RING_HEADER_SIZE,
         "HEAD_OFFSET": schema.HEAD_OFFSET,
         "OFF_SEQ": schema.field_offset("seq"),
+        "OFF_BSEQ": schema.BACKEND_SEQ_OFFSET,
         "OFF_STEP": schema.field_offset("step"),
         "OFF_T_ISSUE": schema.field_offset("t_issue_ns"),
         "OFF_T_DONE": schema.T_DONE_OFFSET,
