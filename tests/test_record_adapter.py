@@ -62,6 +62,14 @@ def test_an_error_in_the_decision_never_stops_the_method(ctx: Context) -> None:
         raise AttributeError("an FSDP we do not know")
 
     assert adapter.scoped(ctx, _seen(ctx), broken)("unit")[:3] == (None, False, "unit")
+    heard: list[BaseException] = []
+    assert adapter.scoped(ctx, _seen(ctx), broken, 0, heard.append)("unit")[:3] == (None, False, "unit")
+    assert [str(e) for e in heard] == ["an FSDP we do not know"]  # said (once per call: warn_once dedups)
+
+    def deaf(exc: BaseException) -> None:
+        raise RuntimeError("the warning failed too")
+
+    assert adapter.scoped(ctx, _seen(ctx), broken, 0, deaf)("unit")[:3] == (None, False, "unit")
     assert adapter.scoped(ctx, _seen(ctx), lambda ts, unit: SERVE, index=3)("unit")[0] is None  # no args[3]
 
     def interrupted(ts: Any, unit: Any) -> Any:

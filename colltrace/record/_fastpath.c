@@ -1085,23 +1085,47 @@ static PyTypeObject WaiterType = {
 };
 
 /* -- serving scope -------------------------------------------------------------------------------
- * Serving(orig, decide, threads, state, index, prefetch): a framework's own method (FSDP's unshard,
+ * Serving(orig, decide, threads, state, index, prefetch, on_error): a framework's own method (FSDP's unshard,
  * post_backward, prefetch), run with this thread's ThreadState telling the collectives it issues
  * what they serve. With prefetch false: ts.serve = decide(ts, args[index]) for the duration of the
  * call (None: left as it is). With prefetch true: ts.prefetch is set instead, decide is not called.
  * colltrace/record/adapter.py has its Python twin; the decisions stay in Python, this only spares
  * the Python wrapper's call layer (an FSDP2 step runs it a few dozen times). An error inside the
- * decision leaves the scope as it is; the method always runs. */
+ * decision leaves the scope as it is and goes to on_error(exc) (None: dropped); the method always
+ * runs. */
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *orig, *decide, *threads, *state;
+    PyObject *orig, *decide, *threads, *state, *on_error;
     Py_ssize_t index;
     int prefetch;
     PyObject *dict;
     PyObject *weakrefs;
 } Serving;
+
+/* the decision raised: on_error(exc) hears of it (an error of its own is dropped) */
+static void
+serving_error(Serving *self)
+{
+    if (!PyErr_Occurred() || must_raise() || !self->on_error || self->on_error == Py_None) {
+        if (!must_raise())
+            PyErr_Clear();
+        return;
+    }
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyErr_NormalizeException(&et, &ev, &etb);
+    if (ev) {
+        PyObject *r = PyObject_CallOneArg(self->on_error, ev);
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(etb);
+    if (!must_raise())
+        PyErr_Clear();
+}
 
 /* this thread's ThreadState (new ref), made by state() the first time; NULL with an exception */
 static PyObject *
@@ -1150,6 +1174,8 @@ serving_call(Serving *self, PyObject *const *args, size_t nargsf, PyObject *kwna
         value = PyObject_Vectorcall(self->decide, pair, 2, NULL);
     }
     if (!value || value == Py_None) {
+        if (!value)
+            serving_error(self);
         Py_XDECREF(value);
         Py_DECREF(ts);
         goto plain;
@@ -1179,10 +1205,11 @@ serving_tp_call(Serving *self, PyObject *args, PyObject *kwargs)
 static PyObject *
 serving_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    PyObject *orig, *decide, *threads, *state;
+    PyObject *orig, *decide, *threads, *state, *on_error = Py_None;
     Py_ssize_t index;
     int prefetch;
-    if (!PyArg_ParseTuple(args, "OOO!Onp", &orig, &decide, &PyDict_Type, &threads, &state, &index, &prefetch))
+    if (!PyArg_ParseTuple(args, "OOO!Onp|O", &orig, &decide, &PyDict_Type, &threads, &state, &index, &prefetch,
+                          &on_error))
         return NULL;
     if (index < 0) {
         PyErr_SetString(PyExc_ValueError, "index must be >= 0");
@@ -1200,6 +1227,8 @@ serving_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->threads = threads;
     Py_INCREF(state);
     self->state = state;
+    Py_INCREF(on_error);
+    self->on_error = on_error;
     self->index = index;
     self->prefetch = prefetch;
     return (PyObject *)self;
@@ -1212,6 +1241,7 @@ serving_traverse(Serving *self, visitproc visit, void *arg)
     Py_VISIT(self->decide);
     Py_VISIT(self->threads);
     Py_VISIT(self->state);
+    Py_VISIT(self->on_error);
     Py_VISIT(self->dict);
     return 0;
 }
@@ -1223,6 +1253,7 @@ serving_clear(Serving *self)
     Py_CLEAR(self->decide);
     Py_CLEAR(self->threads);
     Py_CLEAR(self->state);
+    Py_CLEAR(self->on_error);
     Py_CLEAR(self->dict);
     return 0;
 }

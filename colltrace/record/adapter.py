@@ -42,7 +42,16 @@ class Adapter:
     def _scope(self, owner: Any, name: str, decide: Decide, index: int = 0) -> bool:
         """Run owner.name with what decide(ts, args[index]) returns as the serving scope of the
         collectives it issues on the calling thread (None: the scope is left as it is)."""
-        return self._patch(owner, name, lambda orig: scoped(self.ctx, orig, decide, index))
+        what = f"attributing {getattr(owner, '__name__', owner)}.{name} failed (its collectives are attributed generically)"
+
+        def failed(exc: BaseException) -> None:
+            from colltrace.record.shim import SHIM
+
+            rec = SHIM.recorder
+            if rec is not None:
+                rec.warn_once(what, exc)
+
+        return self._patch(owner, name, lambda orig: scoped(self.ctx, orig, decide, index, failed))
 
     def _serving(self, value: Serve, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs) with (module, phase, flavour) as the attribution of the collectives
@@ -60,22 +69,33 @@ def serving(ts: ThreadState, value: Serve, fn: Callable[..., Any], args: Any, kw
         ts.serve = old
 
 
-def scoped(ctx: Context, orig: Callable[..., Any], decide: Decide, index: int = 0) -> Callable[..., Any]:
+def scoped(
+    ctx: Context,
+    orig: Callable[..., Any],
+    decide: Decide,
+    index: int = 0,
+    on_error: Callable[[BaseException], object] | None = None,
+) -> Callable[..., Any]:
     """orig, run with decide(ts, args[index]) as the thread's serving scope. An FSDP2 step runs
     these a few dozen times, so with the C fast path built it is a C object (_fastpath.Serving)
     that spares the Python call layer; the decision is Python either way. An error inside decide
-    leaves the scope as it is: the framework's method always runs."""
+    leaves the scope as it is and goes to on_error: the framework's method always runs."""
     threads, state = ctx.threads, ctx.state
     if EXTENSION is not None:
-        fast: Callable[..., Any] = EXTENSION.Serving(orig, decide, threads, state, index, False)
+        fast: Callable[..., Any] = EXTENSION.Serving(orig, decide, threads, state, index, False, on_error)
         return fast
 
     def scope(*args: Any, **kwargs: Any) -> Any:
         ts = threads.get(_get_ident()) or state()
         try:
             value = decide(ts, args[index]) if len(args) > index else None
-        except Exception:
+        except Exception as e:
             value = None
+            if on_error is not None:
+                try:
+                    on_error(e)
+                except Exception:
+                    pass
         if value is None:
             return orig(*args, **kwargs)
         old = ts.serve
