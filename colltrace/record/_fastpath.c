@@ -2,11 +2,15 @@
  * that repeat (a training loop issues the same few thousand calls again and again).
  *
  * It does what the generated Python wrapper's fast path does (colltrace/record/shim.py,
- * _TEMPLATE, and Recorder.watch for an async call's Work), with the same objects, and hands
- * every other call to that Python wrapper
- * unchanged: a thread it has not seen, a call inside a traced call, a key not in the thread's
- * cache, a record that reads the backend's sequence number. It changes nothing
- * before it knows it will finish the record itself, so handing over is always safe.
+ * _TEMPLATE, Recorder.anchor/returned for the backend-sequence read at every 32nd record, and
+ * Recorder.watch for an async call's Work), with the same objects, and hands every other call to
+ * that Python wrapper unchanged: a thread it has not seen, a call inside a traced call, a key not
+ * in the thread's cache, a call of several backend collectives (object, coalesced), a p2p call
+ * that reads the backend's sequence number. It changes nothing before it knows it will finish
+ * the record itself, so handing over is always safe.
+ *
+ * Also here: Work.wait (Waiter), the FSDP/ZeRO adapters' serving scope (Serving), the C fields
+ * of the recorder's hot integers (the cells), and the frame walk that finds the running module.
  *
  * Built by hatch_build.py when a C compiler is there; without it the Python wrapper does all.
  * COLLTRACE_PURE=1 turns it off.
@@ -828,7 +832,8 @@ traced_get_plan(Traced *self, void *closure)
     return self->plan;
 }
 
-/* like a function: bound when it is a class attribute */
+/* like a function: bound when it is a class attribute (and, as Py_TPFLAGS_METHOD_DESCRIPTOR says,
+ * called with the instance first when called through one, without a bound method made) */
 static PyObject *
 traced_descr_get(PyObject *self, PyObject *obj, PyObject *type)
 {
@@ -862,7 +867,7 @@ static PyGetSetDef traced_getset[] = {
 static PyTypeObject TracedType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "colltrace.record._fastpath.Traced",
     .tp_basicsize = sizeof(Traced),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_vectorcall_offset = offsetof(Traced, vectorcall),
     .tp_call = (ternaryfunc)traced_tp_call,
     .tp_new = traced_new,
@@ -1070,7 +1075,7 @@ static PyGetSetDef waiter_getset[] = {
 static PyTypeObject WaiterType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "colltrace.record._fastpath.Waiter",
     .tp_basicsize = sizeof(Waiter),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_vectorcall_offset = offsetof(Waiter, vectorcall),
     .tp_call = (ternaryfunc)waiter_tp_call,
     .tp_new = waiter_new,
@@ -1116,6 +1121,8 @@ serving_error(Serving *self)
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
     PyErr_NormalizeException(&et, &ev, &etb);
+    if (ev && etb)
+        PyException_SetTraceback(ev, etb);
     if (ev) {
         PyObject *r = PyObject_CallOneArg(self->on_error, ev);
         Py_XDECREF(r);
@@ -1155,8 +1162,10 @@ serving_call(Serving *self, PyObject *const *args, size_t nargsf, PyObject *kwna
     PyObject *ts, *value, *old, *result;
     if (!self->orig || !self->decide || !self->threads || !self->state)
         return PyErr_Format(PyExc_RuntimeError, "colltrace: serving wrapper used after it was cleared");
-    if (!(ts = thread_state(self->threads, self->state)))
+    if (!(ts = thread_state(self->threads, self->state))) {
+        serving_error(self);
         goto plain;
+    }
     if (self->prefetch) {
         char was = TS(ts)->prefetch;
         TS(ts)->prefetch = 1;
@@ -1284,7 +1293,7 @@ static PyGetSetDef serving_getset[] = {
 static PyTypeObject ServingType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "colltrace.record._fastpath.Serving",
     .tp_basicsize = sizeof(Serving),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_vectorcall_offset = offsetof(Serving, vectorcall),
     .tp_call = (ternaryfunc)serving_tp_call,
     .tp_new = serving_new,

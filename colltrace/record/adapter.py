@@ -86,8 +86,8 @@ def scoped(
         return fast
 
     def scope(*args: Any, **kwargs: Any) -> Any:
-        ts = threads.get(_get_ident()) or state()
         try:
+            ts = threads.get(_get_ident()) or state()
             value = decide(ts, args[index]) if len(args) > index else None
         except Exception as e:
             value = None
@@ -117,7 +117,10 @@ def prefetching(ctx: Context, orig: Callable[..., Any]) -> Callable[..., Any]:
         return fast
 
     def prefetch(*args: Any, **kwargs: Any) -> Any:
-        ts = threads.get(_get_ident()) or state()
+        try:
+            ts = threads.get(_get_ident()) or state()
+        except Exception:  # as the C object: the method runs all the same
+            return orig(*args, **kwargs)
         old = ts.prefetch
         ts.prefetch = True
         try:
