@@ -9,7 +9,9 @@ walked to the top and no module is found), inside a stand-in module's forward (t
 and with an adapter serving the call (FSDP's case: no walk). Beside them the same figure for a
 yardstick: one dict +
 orjson.dumps + os.write (whose system call's kernel instructions callgrind does not count, so the
-yardstick is flattered). The last line is one JSON object.
+yardstick is flattered). Then the FSDP2 adapter's wrappers of FSDPParamGroup.unshard and
+post_backward (the C scope and the Python decision, fsdp.fsdp2_decisions) on a stand-in group,
+beyond the cost of calling the method itself. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -26,7 +28,53 @@ from typing import Any
 N = 1000
 
 
+def _adapter_child(mode: str, n: int) -> None:
+    """FSDP2's unshard / post_backward as the FSDP adapter wraps them (adapter.scoped around the
+    decisions of fsdp.fsdp2_decisions), on a stand-in FSDPParamGroup in the forward state."""
+    import enum
+    import functools
+
+    from colltrace.record.adapter import scoped
+    from colltrace.record.context import CONTEXT
+    from colltrace.record.fsdp import fsdp2_decisions
+
+    class State(enum.Enum):  # stands in for FSDP2's TrainingState
+        FORWARD = 1
+        PRE_BACKWARD = 2
+
+    class Group:  # the attributes the decisions read, set as FSDPParamGroup.__init__ sets them
+        def __init__(self) -> None:
+            self._module_fqn = "layers.0"
+            self._all_gather_result = None
+            self._sharded_state = "sharded"
+            self._training_state = State.FORWARD
+
+        def unshard(self) -> None:
+            pass
+
+        def post_backward(self) -> None:
+            pass
+
+    CONTEXT.root = Group()  # a root already learned, as after the first forward
+    CONTEXT.graph_task_id = functools.partial(int, -1)  # a C callable, as torch's is; -1: no backward
+    unshard, post_backward = fsdp2_decisions(CONTEXT, State.FORWARD, State.PRE_BACKWARD, "unsharded")
+    if mode == "unshard":
+        Group.unshard = scoped(CONTEXT, Group.unshard, unshard)  # type: ignore[method-assign]
+    elif mode == "post_backward":
+        Group.post_backward = scoped(CONTEXT, Group.post_backward, post_backward)  # type: ignore[method-assign]
+    group = Group()
+    if mode == "post_backward":
+        for _ in range(n):
+            group.post_backward()
+    else:  # "method": the untraced method, the baseline
+        for _ in range(n):
+            group.unshard()
+
+
 def _child(mode: str, n: int) -> None:
+    if mode in ("method", "unshard", "post_backward"):
+        _adapter_child(mode, n)
+        return
     import orjson
 
     from colltrace.record import ops
@@ -122,20 +170,28 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     per = {}
-    for mode in ("bare", "shim", "served", "module", "yardstick"):
+    for mode in ("bare", "shim", "served", "module", "yardstick", "method", "unshard", "post_backward"):
         per[mode] = (_instructions(mode, 11 * N) - _instructions(mode, N)) / (10 * N)
     per["shim"] -= per["bare"]
     per["served"] -= per["bare"]
     per["module"] -= per["bare"]
+    per["unshard"] -= per["method"]
+    per["post_backward"] -= per["method"]
     print(f"shim: {per['shim']:,.0f} instructions per call outside any module (the caller's frames walked to the top)")
     print(
         f"      {per['module']:,.0f} inside a module's forward, {per['served']:,.0f} when an adapter serves it (FSDP)"
     )
     print(f"yardstick: {per['yardstick']:,.0f} instructions per call")
+    print(
+        f"FSDP2 adapter, beyond the method itself: unshard {per['unshard']:,.0f}, "
+        f"post_backward {per['post_backward']:,.0f} instructions per call (the decision included)"
+    )
     ratio = per["shim"] / per["yardstick"]
     print(f"shim / yardstick: {ratio:.2f}")
     print(json.dumps({"shim_instructions": round(per["shim"]), "served_instructions": round(per["served"]), "module_instructions": round(per["module"]),
-                      "yardstick_instructions": round(per["yardstick"]), "ratio": round(ratio, 2)}))  # fmt: skip
+                      "yardstick_instructions": round(per["yardstick"]), "ratio": round(ratio, 2),
+                      "fsdp2_unshard_wrapper_instructions": round(per["unshard"]),
+                      "fsdp2_post_backward_wrapper_instructions": round(per["post_backward"])}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from colltrace.record.adapter import Adapter, prefetching
@@ -10,6 +11,7 @@ from colltrace.record.context import (
     PHASE_BACKWARD,
     PHASE_FORWARD,
     PHASE_RECOMPUTE,
+    Context,
     ThreadState,
 )
 
@@ -52,52 +54,13 @@ class FsdpAdapters(Adapter):
 
         group_cls = pg_mod.FSDPParamGroup
         ctx = self.ctx
-        forward = TrainingState.FORWARD
-        pre_backward = TrainingState.PRE_BACKWARD
-
-        def fqn(group: Any) -> str:
-            name = getattr(group, "_module_fqn", None)
-            if name:
-                return str(name)
-            if name == "":
-                return "<root>"
-            modules = getattr(group, "modules", ())
-            return ",".join(ctx.module_name(m) for m in modules) or "?"
-
         try:
             from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
 
             unsharded: object = ShardedState.UNSHARDED
         except (ImportError, AttributeError):
             unsharded = object()  # matches nothing: every unshard is attributed
-
-        def unshard(ts: ThreadState, group: Any) -> tuple[str, str, str] | None:
-            # _unshard_phase inlined: an FSDP2 step runs this a dozen times, and each Python call
-            # it saves is a share of the shim's cost (bench/step_instructions.py)
-            if group._all_gather_result is not None or group._sharded_state is unsharded:
-                return None  # FSDP's own no-op (already gathered or gathering): nothing to attribute
-            if ctx.root is None:  # the model's first forward: learn its root
-                ctx.learn_running()
-            state = group._training_state
-            if state is pre_backward:
-                phase = PHASE_BACKWARD
-            elif state is forward:  # a forward while autograd runs a backward is a recompute
-                phase = PHASE_RECOMPUTE if ctx.graph_task_id() != -1 else PHASE_FORWARD
-            elif ctx.graph_task_id() != -1:
-                phase = PHASE_BACKWARD
-            else:
-                phase = ctx.current(ts)[1]
-            if ts.prefetch:
-                flavour = PREFETCH
-            elif ts.labels:
-                flavour = f"{UNSHARD}:{ts.labels[-1]}"
-            else:
-                flavour = UNSHARD
-            return group._module_fqn or fqn(group), phase, flavour
-
-        def post_backward(ts: ThreadState, group: Any) -> tuple[str, str, str]:
-            return group._module_fqn or fqn(group), PHASE_BACKWARD, REDUCE_GRAD
-
+        unshard, post_backward = fsdp2_decisions(ctx, TrainingState.FORWARD, TrainingState.PRE_BACKWARD, unsharded)
         self._scope(group_cls, "unshard", unshard)
         self._scope(group_cls, "post_backward", post_backward)
         if "_prefetch_unshard" in group_cls.__dict__:
@@ -141,6 +104,55 @@ class FsdpAdapters(Adapter):
         if hasattr(rt, "_prefetch_handle"):
             self._patch(rt, "_prefetch_handle", lambda orig: prefetching(ctx, orig))
         return True
+
+
+def fsdp2_decisions(
+    ctx: Context, forward: object, pre_backward: object, unsharded: object
+) -> tuple[
+    Callable[[ThreadState, Any], tuple[str, str, str] | None], Callable[[ThreadState, Any], tuple[str, str, str]]
+]:
+    """What an FSDP2 FSDPParamGroup's unshard and post_backward serve, read from the group's own
+    state (forward, pre_backward: its TrainingState values; unsharded: ShardedState.UNSHARDED).
+    Plain functions of (thread state, group), so bench/shim_instructions.py can count them
+    without torch."""
+
+    def fqn(group: Any) -> str:
+        name = getattr(group, "_module_fqn", None)
+        if name:
+            return str(name)
+        if name == "":
+            return "<root>"
+        modules = getattr(group, "modules", ())
+        return ",".join(ctx.module_name(m) for m in modules) or "?"
+
+    def unshard(ts: ThreadState, group: Any) -> tuple[str, str, str] | None:
+        # FsdpAdapters._unshard_phase inlined: an FSDP2 step runs this a dozen times, and each
+        # Python call it saves is a share of the shim's cost (bench/step_instructions.py)
+        if group._all_gather_result is not None or group._sharded_state is unsharded:
+            return None  # FSDP's own no-op (already gathered or gathering): nothing to attribute
+        if ctx.root is None:  # the model's first forward: learn its root
+            ctx.learn_running()
+        state = group._training_state
+        if state is pre_backward:
+            phase = PHASE_BACKWARD
+        elif state is forward:  # a forward while autograd runs a backward is a recompute
+            phase = PHASE_RECOMPUTE if ctx.graph_task_id() != -1 else PHASE_FORWARD
+        elif ctx.graph_task_id() != -1:
+            phase = PHASE_BACKWARD
+        else:
+            phase = ctx.current(ts)[1]
+        if ts.prefetch:
+            flavour = PREFETCH
+        elif ts.labels:
+            flavour = f"{UNSHARD}:{ts.labels[-1]}"
+        else:
+            flavour = UNSHARD
+        return group._module_fqn or fqn(group), phase, flavour
+
+    def post_backward(ts: ThreadState, group: Any) -> tuple[str, str, str]:
+        return group._module_fqn or fqn(group), PHASE_BACKWARD, REDUCE_GRAD
+
+    return unshard, post_backward
 
 
 FSDP = FsdpAdapters()
