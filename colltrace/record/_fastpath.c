@@ -237,6 +237,19 @@ put_i32(char *p, int32_t v)
     memcpy(p, &v, 4);
 }
 
+/* the slot at off if it still holds record idx (the ring may have moved on since), else NULL:
+ * TraceWriter._live_offset */
+static inline char *
+live_slot(Py_buffer *view, int64_t off, int64_t idx)
+{
+    if (off < 0 || off + SLOT_SIZE > view->len)
+        return NULL;
+    char *slot = (char *)view->buf + off;
+    int64_t marker;
+    memcpy(&marker, slot, 8);
+    return marker == idx + 1 ? slot : NULL;
+}
+
 /* the argument at position pos or keyword kw, else dflt (borrowed) */
 static PyObject *
 argument(Traced *self, Py_ssize_t i, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -581,13 +594,9 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     if ((flags & FLAG_ASYNC) && result != Py_None) {
         if (bseq >= 0 && (mv || (mv = PyObject_GetAttr(writer, s_mv))) &&
             PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) == 0) { /* writer.set_backend_seq */
-            if (off + SLOT_SIZE <= view.len) {
-                char *slot = (char *)view.buf + off;
-                int64_t marker;
-                memcpy(&marker, slot, 8);
-                if (marker == idx + 1) /* the slot still holds this record */
-                    put_i64(slot + OFF_BSEQ, bseq);
-            }
+            char *slot = live_slot(&view, off, idx);
+            if (slot)
+                put_i64(slot + OFF_BSEQ, bseq);
             PyBuffer_Release(&view);
         }
         PyErr_Clear();
@@ -968,16 +977,13 @@ waiter_call(Waiter *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         goto done;
     }
     if (PyObject_GetBuffer(mv, &view, PyBUF_WRITABLE) == 0) {
-        int64_t off = RING_HEADER_SIZE + (idx % cap) * SLOT_SIZE, marker, wait;
-        if (off + SLOT_SIZE <= view.len) {
-            char *slot = (char *)view.buf + off;
-            memcpy(&marker, slot, 8);
-            if (marker == idx + 1) { /* the slot still holds this record */
-                memcpy(&wait, slot + OFF_WAIT, 8);
-                put_i64(slot + OFF_WAIT, wait + (t1 - t0));
-                put_i64(slot + OFF_T_DONE, t1);
-                slot[OFF_FLAGS] = (char)((flags | FLAG_DONE) & 0xff);
-            }
+        char *slot = live_slot(&view, RING_HEADER_SIZE + (idx % cap) * SLOT_SIZE, idx);
+        if (slot) {
+            int64_t wait;
+            memcpy(&wait, slot + OFF_WAIT, 8);
+            put_i64(slot + OFF_WAIT, wait + (t1 - t0));
+            put_i64(slot + OFF_T_DONE, t1);
+            slot[OFF_FLAGS] = (char)((flags | FLAG_DONE) & 0xff);
         }
         PyBuffer_Release(&view);
     }
