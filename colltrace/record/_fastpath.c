@@ -54,6 +54,7 @@
 #define HEAD_LEN 40
 #define MID_LEN 28
 #define FLAG_ASYNC 1
+#define FLAG_DEVICE 128 /* CUDA tensors: done when the device is (Recorder.on_device, Python) */
 #define PENDING_MAX 8192 /* recorder._PENDING_MAX */
 
 #define KEY_VALUE 0
@@ -206,7 +207,7 @@ typedef struct {
     Py_ssize_t pos[MAX_ITEMS];
     PyObject *kw[MAX_ITEMS];
     PyObject *dflt[MAX_ITEMS];
-    long anchor_flags;
+    long python_flags; /* calls with these flags go to the Python wrapper (shim._PYTHON_FLAGS) */
     long bseq_mask;
     PyObject *dict; /* __wrapped__, __name__, __doc__, __colltrace__ (functools.update_wrapper) */
     PyObject *weakrefs;
@@ -456,7 +457,7 @@ traced_call(Traced *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     }
     Py_INCREF(counter);
     flags = PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
-    if ((flags == -1 && PyErr_Occurred()) || (flags & self->anchor_flags))
+    if ((flags == -1 && PyErr_Occurred()) || (flags & self->python_flags))
         goto over;
     if (!PyBytes_Check(head) || PyBytes_GET_SIZE(head) != HEAD_LEN || !PyBytes_Check(mid) ||
         PyBytes_GET_SIZE(mid) != MID_LEN)
@@ -704,14 +705,14 @@ traced_tp_call(Traced *self, PyObject *args, PyObject *kwargs)
     return PyVectorcall_Call((PyObject *)self, args, kwargs);
 }
 
-/* Traced(orig, slow, shim, threads, current, plan, anchor_flags, bseq_mask) */
+/* Traced(orig, slow, shim, threads, current, plan, python_flags, bseq_mask) */
 static PyObject *
 traced_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     PyObject *orig, *slow, *shim, *threads, *current, *plan;
-    long anchor_flags, bseq_mask;
+    long python_flags, bseq_mask;
     if (!PyArg_ParseTuple(args, "OOOO!OO!ll", &orig, &slow, &shim, &PyDict_Type, &threads, &current,
-                          &PyTuple_Type, &plan, &anchor_flags, &bseq_mask))
+                          &PyTuple_Type, &plan, &python_flags, &bseq_mask))
         return NULL;
     PyObject *key_id, *items;
     if (!PyArg_ParseTuple(plan, "OO!", &key_id, &PyTuple_Type, &items))
@@ -739,7 +740,7 @@ traced_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->key_id = key_id;
     Py_INCREF(plan);
     self->plan = plan;
-    self->anchor_flags = anchor_flags;
+    self->python_flags = python_flags;
     self->bseq_mask = bseq_mask;
     self->group_item = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -943,8 +944,8 @@ waiter_call(Waiter *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     Py_INCREF(entry);
     idx = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 0));
     flags = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
-    if (PyErr_Occurred() || idx < 0)
-        goto over;
+    if (PyErr_Occurred() || idx < 0 || (flags & FLAG_DEVICE))
+        goto over; /* on the device, wait() returning does not mean done: the Python wrapper asks */
     if (!(writer = PyObject_GetAttr(rec, s_writer)) || !(v = PyObject_GetAttr(writer, s_full)) ||
         (truth = PyObject_IsTrue(v)) != 0)
         goto over; /* full mode: the Python wrapper */
@@ -1427,6 +1428,7 @@ PyInit__fastpath(void)
     }
     if (PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "OFF_FLAGS", OFF_FLAGS) < 0 || PyModule_AddIntConstant(m, "FLAG_DONE", FLAG_DONE) < 0 ||
+        PyModule_AddIntConstant(m, "FLAG_DEVICE", FLAG_DEVICE) < 0 ||
         PyModule_AddIntConstant(m, "RING_HEADER_SIZE", RING_HEADER_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "OFF_T_DONE", OFF_T_DONE) < 0 ||
         PyModule_AddIntConstant(m, "OFF_WAIT", OFF_WAIT) < 0 ||

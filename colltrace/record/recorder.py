@@ -6,6 +6,8 @@ import struct
 import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from colltrace.record.cells import RecorderCells, SeqCells
@@ -64,6 +66,9 @@ class Recorder(RecorderCells):
         self._lock = threading.Lock()
         # async Works not yet seen complete -> (idx, flags, [Works of this record still running])
         self.pending: dict[Any, tuple[int, int, list[int] | None]] = {}  # Work -> see watch()
+        # blocking calls on CUDA tensors not yet seen done on the device: (event, idx, flags), oldest first
+        self.on_stream: deque[tuple[Any, int, int]] = deque()
+        self._new_event: Callable[[], Any] | None = None  # torch.cuda.Event, bound at the first such call
         self.last_progress_ns = _now()
         self._warned: set[str] = set()
         self.last_failure: tuple[BaseException, int] | None = None
@@ -213,6 +218,8 @@ class Recorder(RecorderCells):
         """Pack the static part of a call not seen before (and cache it when it has a key)."""
         g = self._group(pg)
         flags = spec.flags | (schema.FLAG_ASYNC if async_op else 0)
+        if not flags & _HOST_DONE and _on_cuda(inp if inp is not None else out):
+            flags |= schema.FLAG_DEVICE
         if root is None and groot is not None:
             root = g.ranks[groot] if 0 <= groot < len(g.ranks) else groot
         head, mid, peer = self._pack_static(spec, flags, g, inp, out, redop, root, *attribution)
@@ -257,6 +264,9 @@ class Recorder(RecorderCells):
                 bseq = anchor._get_sequence_number_for_group()
             except Exception:
                 self.backend_seq = False
+        if flags & schema.FLAG_DEVICE:
+            self.on_device(idx, flags, bseq, result, t_issue)
+            return
         if flags & schema.FLAG_ASYNC and result is not None:
             if bseq >= 0:
                 self.writer.set_backend_seq(idx, bseq)
@@ -266,6 +276,63 @@ class Recorder(RecorderCells):
         # a sync call: blocked for its whole duration
         self.writer.finish_sync(idx, bseq, t, t - t_issue)
         self.last_progress_ns = t
+
+    def on_device(self, idx: int, flags: int, bseq: int, result: Any, t_issue: int) -> None:
+        """A call on CUDA tensors returns once NCCL has enqueued its collective: the record is done
+        when the device has run it. An async call's Work says so (Work.is_completed queries its end
+        event without blocking); after a blocking call, an event recorded on the current stream,
+        which torch made wait for the collective, does. Never a device sync."""
+        t = _now()
+        if bseq >= 0:
+            self.writer.set_backend_seq(idx, bseq)
+        if self.on_stream:
+            self.reap_stream()
+        if flags & schema.FLAG_ASYNC and result is not None:
+            self.watch(idx, flags, result)
+            return
+        self.writer.add_wait(idx, t - t_issue)  # the time the host spent in the call
+        new_event = self._new_event
+        if new_event is None:
+            import torch
+
+            new_event = self._new_event = torch.cuda.Event
+        event = new_event()
+        event.record()  # on the current stream of the current device (see docs/trace-format.md)
+        with self._lock:
+            self.on_stream.append((event, idx, flags))
+            shed = len(self.on_stream) > _PENDING_MAX
+            if shed:
+                for _ in range(_PENDING_MAX // 2):
+                    self.on_stream.popleft()
+        if shed:
+            self.warn_once(
+                f"more than {_PENDING_MAX} collectives on CUDA tensors not seen done; the oldest stay in flight"
+            )
+
+    def reap_stream(self, polled: bool = False) -> None:
+        """Complete the blocking calls on CUDA tensors whose event the device has passed: the oldest
+        ones, at the rank's next such call; all of them, at the watchdog's poll (FLAG_POLLED), since
+        events on different streams (FSDP's all-gather and reduce-scatter streams) pass out of order."""
+        q = self.on_stream
+        t = 0
+        with self._lock:
+            if not polled:
+                while q and q[0][0].query():
+                    _, idx, flags = q.popleft()
+                    t = _now()
+                    self.writer.complete(idx, t, flags | schema.FLAG_DONE)
+            else:
+                waiting: list[tuple[Any, int, int]] = []
+                while q:
+                    item = q.popleft()
+                    if item[0].query():
+                        t = _now()
+                        self.writer.complete(item[1], t, item[2] | schema.FLAG_DONE | schema.FLAG_POLLED)
+                    else:
+                        waiting.append(item)
+                q.extend(waiting)
+        if t:
+            self.last_progress_ns = t
 
     def failed(self, idx: int, flags: int, exc: BaseException | None = None) -> None:
         self.writer.complete(idx, _now(), flags | schema.FLAG_ERROR)
@@ -309,7 +376,12 @@ class Recorder(RecorderCells):
             self._finish(idx, flags, remaining, schema.FLAG_ERROR if error else 0, t1)
 
     def work_done(self, work: Any, failed: bool) -> None:
-        """A watched Work completed, as its Future's callback saw (a hook that never waits)."""
+        """A watched Work completed, as its Future's callback saw (a hook that never waits). On CUDA
+        tensors that Future is done once the value is usable on the streams, not when the device has
+        run the collective: the watchdog's poll asks the Work itself (Work.is_completed)."""
+        entry = self.pending.get(work)
+        if entry is not None and entry[1] & schema.FLAG_DEVICE and not failed:
+            return
         entry = self.pending.pop(work, None)
         if entry is not None:
             idx, flags, remaining = entry
@@ -319,6 +391,8 @@ class Recorder(RecorderCells):
         """Complete the pending Works that finished without anyone waiting (watchdog thread).
         final (at exit): also a Work whose Future is done; gloo marks the Future done (running
         its callbacks: a DDP hook's, whose caller may go on and exit) just before the Work."""
+        if self.on_stream:
+            self.reap_stream(polled=True)
         if not self.pending:
             return
         for work, entry in list(self.pending.items()):
@@ -367,6 +441,16 @@ def describe_group(pg: Any) -> tuple[str, str, tuple[int, ...], str]:
     except Exception:
         backend = ""
     return name or desc or "?", desc, ranks, backend
+
+
+# calls whose record is done when they return, whatever their tensors: object collectives copy to
+# the host; functional ones complete at the tensor's first use (colltrace/record/functional.py)
+_HOST_DONE = schema.FLAG_OBJECT | schema.FLAG_FUNCTIONAL
+
+
+def _on_cuda(x: Any) -> bool:
+    first = _first_tensor(x) if x is not None else None
+    return bool(getattr(first, "is_cuda", False))
 
 
 def _numel(x: Any) -> int:

@@ -33,6 +33,7 @@ def _load_fastpath() -> Any:
         "OFF_WAIT": schema.WAIT_OFFSET,
         "OFF_FLAGS": schema.FLAGS_OFFSET,
         "FLAG_DONE": schema.FLAG_DONE,
+        "FLAG_DEVICE": schema.FLAG_DEVICE,
     }
     if any(getattr(_fastpath, name, None) != value for name, value in layout.items()):
         return None  # built for another slot layout: the Python wrapper records
@@ -43,6 +44,10 @@ _fastpath = _load_fastpath()
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
 _MAX_FAILURES = 100
+DEVICE = schema.FLAG_DEVICE
+# calls the C fast path hands to the Python wrapper: several backend collectives (anchored around),
+# or on CUDA tensors (completed by their event: Recorder.on_device)
+_PYTHON_FLAGS = recorder.ANCHOR_FLAGS | schema.FLAG_DEVICE
 
 
 class Shim:
@@ -132,7 +137,7 @@ class Shim:
             "current": CONTEXT.current,
             "get_ident": _get_ident,
             "now": _now,
-            "ASYNC": schema.FLAG_ASYNC,
+            "DEFER": schema.FLAG_ASYNC | schema.FLAG_DEVICE,  # done later than the return
             "ANCHOR": recorder.ANCHOR_FLAGS,
             "BSEQ_MASK": recorder.BSEQ_MASK,
             "SLOT_BASE": schema.RING_HEADER_SIZE,
@@ -157,7 +162,7 @@ class Shim:
     def _fast(self, spec: ops.OpSpec, orig: Callable[..., Any], traced: Callable[..., Any]) -> Callable[..., Any]:
         """The C fast path: the same fast path in one C call, handing every other call to `traced`."""
         fast: Callable[..., Any] = _fastpath.Traced(
-            orig, traced, self, self.threads, CONTEXT.current, spec.plan, recorder.ANCHOR_FLAGS, recorder.BSEQ_MASK
+            orig, traced, self, self.threads, CONTEXT.current, spec.plan, _PYTHON_FLAGS, recorder.BSEQ_MASK
         )
         functools.update_wrapper(fast, orig)
         fast.__colltrace__ = True  # type: ignore[attr-defined]
@@ -185,11 +190,13 @@ class Shim:
             if rec is None or tls.depth:
                 return orig(p2p_op_list, *args, **kwargs)
             issued: list[int] = []
+            device = 0  # on CUDA tensors: wait() returning does not mean done
             try:
                 for p2p in p2p_op_list:
                     fn_name = "irecv" if "recv" in getattr(p2p.op, "__name__", "isend") else "isend"
-                    idx, _, _ = rec.issue(spec_for(fn_name), (p2p.tensor, p2p.peer, p2p.group), {}, _now(), tls)
+                    idx, f, _ = rec.issue(spec_for(fn_name), (p2p.tensor, p2p.peer, p2p.group), {}, _now(), tls)
                     issued.append(idx)
+                    device |= f & DEVICE
             except Exception as e:
                 rec.warn_once("recording batch_isend_irecv failed", e)
             tls.depth = 1
@@ -202,7 +209,7 @@ class Shim:
                 raise
             tls.depth = 0
             try:
-                flags = schema.FLAG_ASYNC | schema.FLAG_COALESCED
+                flags = schema.FLAG_ASYNC | schema.FLAG_COALESCED | device
                 if works and len(works) == len(issued):
                     for idx, w in zip(issued, works):
                         rec.watch(idx, flags, w)
@@ -240,6 +247,8 @@ class Shim:
                 rec.waited(entry, t0, _now(), False, True)
                 raise
             done = result is not False  # wait(timeout) returns False while the Work still runs
+            if done and entry[1] & DEVICE:  # NCCL: wait() made the stream wait; the device may still run it
+                done = work.is_completed()
             if not done:
                 rec.pending[work] = entry
             rec.waited(entry, t0, _now(), done, False)
@@ -312,7 +321,7 @@ def {name}(*args, **kwargs):
     ts.depth = 0
     if idx >= 0:
         try:
-            if anchor is None and not flags & ASYNC and static is not None and w.last_idx - idx < cap:
+            if anchor is None and not flags & DEFER and static is not None and w.last_idx - idx < cap:
                 t = now()
                 pack_done(mv, off + T_DONE, t, t - t_issue)
                 rec.last_progress_ns = t

@@ -40,6 +40,7 @@ def record_dict(rt: RankTrace, r: Collective) -> dict[str, Any]:
         "reduce_op": r.reduce_op or None,
         "peer": r.peer if r.peer >= 0 else None,
         "async_op": r.async_op,
+        "on_device": r.on_device,
         "module": r.module or None,
         "phase": r.phase,
         "flavour": r.flavour or None,

@@ -57,6 +57,11 @@ class Collective(NamedTuple):
     def error(self) -> bool:
         return bool(self.flags & 4)
 
+    @property
+    def on_device(self) -> bool:
+        """Ran on a device stream (CUDA tensors): done when the device finished it."""
+        return bool(self.flags & 128)
+
 
 UNNAMED_DESC = "undefined"  # torch's group_desc for a group created without one
 

@@ -77,6 +77,9 @@ FLAG_COALESCED = 8
 FLAG_OBJECT = 16  # object collective (pickled payload)
 FLAG_FUNCTIONAL = 32  # torch.distributed._functional_collectives
 FLAG_POLLED = 64  # async: seen complete by the watchdog's poll, not by wait(): t_done_ns is late by < 0.5 s
+# on CUDA tensors (NCCL): the call only enqueued it; done means the device finished it, seen by its
+# Work or by an event recorded after it on the current stream (t_done_ns: when the rank saw that)
+FLAG_DEVICE = 128
 
 # File names inside a run directory, one set per rank.
 RING_NAME = "rank{rank:05d}.ring"

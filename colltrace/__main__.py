@@ -1,0 +1,5 @@
+import sys
+
+from colltrace.cli import main
+
+sys.exit(main())

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# colltrace on the NCCL backend with CUDA tensors, world size 1, on one GPU. Run on a GPU machine
+# from the repository root (the device tool runs it there); needs no network. What it writes goes
+# to $OUT: log.txt (every step and check) and runs.tar.gz (the traces, the jobs' logs and facts).
+#
+#   1. train     FSDP2 + DDP + the other collectives, then completion against the device
+#                (scripts/device/nccl_job.py MODE=train), checked by nccl_verify.py
+#   2. train     the same with COLLTRACE_PURE=1 (the Python recorder, no C fast path)
+#   3. hang      a collective queued behind a GPU sleep longer than the group's timeout:
+#                NCCL's watchdog aborts the process; the trace must show that collective in flight
+#   4. overhead  host time per blocking all_reduce and per FSDP2 step, traced vs untraced
+set -u
+OUT=${OUT:-/tmp/nccl-check-out}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+WORK=/tmp/nccl-check
+PY=${PY:-python3}
+rm -rf "$WORK" && mkdir -p "$WORK/runs" "$OUT"
+cd "$ROOT" || exit 1
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+
+main() {
+    nvidia-smi -L
+    $PY -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())'
+    if ls .whl/*.whl >/dev/null 2>&1; then  # orjson, carried as a wheel
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+    fi
+    export PYTHONPATH="$ROOT:/tmp/site"
+    local inc suffix site
+    inc=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+    suffix=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+    if cc -O2 -fPIC -shared -Wall "-I$inc" colltrace/record/_fastpath.c -o "colltrace/record/_fastpath$suffix"; then
+        echo "C fast path built"
+    else
+        echo "C fast path NOT built: the runs record through the Python wrapper"
+    fi
+    # COLLTRACE=1 at interpreter start, as `pip install` sets it up (colltrace.pth)
+    site=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    if cp colltrace.pth "$site/" 2>/dev/null; then
+        echo "colltrace.pth -> $site"
+    else
+        printf 'import os\nos.environ.get("COLLTRACE") and __import__("colltrace._startup")\n' >/tmp/site/sitecustomize.py
+        echo "colltrace.pth not writable there: sitecustomize in /tmp/site"
+    fi
+    $PY -c 'from colltrace.record import shim; print("fast path:", shim._fastpath is not None)'
+
+    job train-c train 180
+    verify train train-c
+    COLLTRACE_PURE=1 job train-pure train 180
+    verify train train-pure
+    PG_TIMEOUT=8 HANG_SLEEP_S=40 COLLTRACE_HANG_S=3 TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
+        TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE="$WORK/runs/fr-hang-" \
+        job hang hang 120
+    verify hang hang
+    job overhead overhead 240
+    $PY -c "import json; d = json.load(open('$WORK/runs/overhead.facts.json')); d.pop('samples', None); print(json.dumps(d, indent=1))"
+}
+
+job() {  # job NAME MODE TIMEOUT: one torchrun, traced into $WORK/runs/NAME
+    local name=$1 mode=$2 limit=$3 t0 rc
+    echo "== job $name (MODE=$mode)"
+    t0=$(date +%s)
+    MODE=$mode COLLTRACE=1 COLLTRACE_DIR="$WORK/runs/$name" FACTS="$WORK/runs/$name.facts.json" \
+        timeout "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node 1 scripts/device/nccl_job.py \
+        >"$WORK/runs/$name.log" 2>&1
+    rc=$?
+    echo "   exit $rc after $(($(date +%s) - t0)) s; last lines of its log:"
+    grep -v -i "warn" "$WORK/runs/$name.log" | tail -n 8 | sed 's/^/   | /'
+}
+
+verify() {  # verify MODE NAME
+    echo "== verify $2"
+    $PY scripts/device/nccl_verify.py "$1" "$WORK/runs/$2" "$WORK/runs/$2.facts.json"
+    echo "== colltrace report $2"
+    $PY -m colltrace report "$WORK/runs/$2" 2>&1 | head -n 40
+    echo "   (exit ${PIPESTATUS[0]})"
+    $PY -m colltrace dump "$WORK/runs/$2" >"$WORK/runs/$2.dump.jsonl" 2>&1
+}
+
+main 2>&1 | tee "$OUT/log.txt"
+tar -C "$WORK" -czf "$OUT/runs.tar.gz" runs
+ls -la "$OUT"
