@@ -28,7 +28,9 @@ main() {
     local inc suffix site
     inc=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
     suffix=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-    if cc -O2 -fPIC -shared -Wall "-I$inc" colltrace/record/_fastpath.c -o "colltrace/record/_fastpath$suffix"; then
+    local cc
+    cc=$(command -v cc || command -v gcc || echo cc)
+    if "$cc" -O2 -fPIC -shared -Wall "-I$inc" colltrace/record/_fastpath.c -o "colltrace/record/_fastpath$suffix"; then
         echo "C fast path built"
     else
         echo "C fast path NOT built: the runs record through the Python wrapper"
