@@ -9,6 +9,7 @@
 #   3. hang      a collective queued behind a GPU sleep longer than the group's timeout:
 #                NCCL's watchdog aborts the process; the trace must show that collective in flight
 #   4. overhead  host time per blocking all_reduce and per FSDP2 step, traced vs untraced
+# PARTS="hang" runs only some of them (train pure hang overhead).
 set -u
 OUT=${OUT:-/tmp/nccl-check-out}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -45,14 +46,28 @@ main() {
     fi
     $PY -c 'from colltrace.record import shim; print("fast path:", shim._fastpath is not None)'
 
+    local part
+    for part in ${PARTS:-train pure hang overhead}; do "part_$part"; done
+}
+
+part_train() {
     job train-c train 180
     verify train train-c
+}
+
+part_pure() {
     COLLTRACE_PURE=1 job train-pure train 180
     verify train train-pure
-    PG_TIMEOUT=8 HANG_SLEEP_S=40 COLLTRACE_HANG_S=3 TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
-        TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE="$WORK/runs/fr-hang-" \
+}
+
+part_hang() {  # NCCL's watchdog times the collective out after 8 s; the dump it then writes waits 3 s at most
+    PG_TIMEOUT=8 HANG_SLEEP_S=300 COLLTRACE_HANG_S=3 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC=3000 \
+        TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE="$WORK/runs/fr-hang-" \
         job hang hang 120
     verify hang hang
+}
+
+part_overhead() {
     job overhead overhead 240
     $PY -c "import json; d = json.load(open('$WORK/runs/overhead.facts.json')); d.pop('samples', None); print(json.dumps(d, indent=1))"
 }

@@ -102,6 +102,8 @@ def hang(rt: Any, facts: dict[str, Any]) -> None:
     check("the one behind the sleep is in flight", len(default) >= 4 and default[3].t_done_ns is None)
     check("the hang watchdog wrote the stacks", len(rt.stacks) > 0)
     check("no clean-exit footer", rt.footer is None)
+    check("the rank ended crashed (SIGABRT from NCCL's watchdog), faulthandler's text kept",
+          rt.state.value == "crashed" and bool(rt.fault), rt.state)  # fmt: skip
 
 
 def main() -> int:
