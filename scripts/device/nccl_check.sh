@@ -67,6 +67,23 @@ part_hang() {  # NCCL's watchdog times the collective out after 8 s; the dump it
     verify hang hang
 }
 
+part_diverge() {  # two ranks on one GPU: NCCL may refuse (duplicate GPU); if not, a real NCCL divergence
+    echo "== job diverge (MODE=diverge, 2 ranks on one GPU)"
+    local t0=$(date +%s)
+    MODE=diverge PG_TIMEOUT=10 COLLTRACE_HANG_S=4 NCCL_DEBUG=WARN COLLTRACE=1 COLLTRACE_DIR="$WORK/runs/diverge" \
+        FACTS="$WORK/runs/diverge.facts.json" timeout 100 $PY -m torch.distributed.run --standalone \
+        --nproc-per-node 2 scripts/device/nccl_job.py >"$WORK/runs/diverge.log" 2>&1
+    echo "   exit $? after $(($(date +%s) - t0)) s"
+    grep -i -E "nccl_job|duplicate|error|timeout|exitcode" "$WORK/runs/diverge.log" | cut -c1-300 | head -n 20 | sed 's/^/   | /'
+    $PY -m colltrace dump "$WORK/runs/diverge" >"$WORK/runs/diverge.dump.jsonl" 2>&1
+    $PY -c "
+import json
+for l in open('$WORK/runs/diverge.dump.jsonl'):
+    d = json.loads(l); print('  ', d['rank'], d['seq'], d['op'], d['numel'], d['status'], d['on_device'])" 2>&1 | head -n 20
+    echo "== colltrace report diverge"
+    $PY -m colltrace report "$WORK/runs/diverge" 2>&1 | head -n 50
+}
+
 part_overhead() {
     job overhead overhead 240
     $PY -c "import json; d = json.load(open('$WORK/runs/overhead.facts.json')); d.pop('samples', None); print(json.dumps(d, indent=1))"

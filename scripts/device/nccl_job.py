@@ -6,6 +6,8 @@ MODE=train: an FSDP2 model for a few steps, then a tour of the other collectives
   same as an async call whose wait() returns at once. What the host saw is written to $FACTS.
 MODE=hang: a few collectives, then one queued behind a GPU sleep longer than the process group's
   timeout; the host blocks on the result, and NCCL's watchdog aborts the process.
+MODE=diverge: two ranks on the one GPU (if NCCL lets them share it): rank 1 skips an all_reduce of
+  16 floats that rank 0 makes, then both all_reduce 4 floats; NCCL pairs rank 0's 16 with rank 1's 4.
 MODE=overhead: host time per blocking all_reduce and per FSDP2 step, traced and untraced in
   interleaved batches (colltrace.record.install.pause/resume), written to $FACTS.
 
@@ -98,7 +100,7 @@ def main() -> None:
         dev = torch.device("cpu")
         dist.init_process_group("gloo", timeout=timedelta(seconds=int(os.environ.get("PG_TIMEOUT", "60"))))
     else:
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(dev)
         timeout = timedelta(seconds=int(os.environ.get("PG_TIMEOUT", "60")))
         dist.init_process_group("nccl", timeout=timeout, device_id=dev)
@@ -108,9 +110,10 @@ def main() -> None:
         facts["gpu"] = torch.cuda.get_device_name(dev)
     cps = calibrate()
     facts["cycles_per_s"] = cps
-    {"train": train, "hang": hang, "overhead": overhead}[MODE](dev, cps, facts)
-    with open(FACTS, "w") as f:
-        json.dump(facts, f, indent=1)
+    {"train": train, "hang": hang, "overhead": overhead, "diverge": diverge}[MODE](dev, cps, facts)
+    if dist.get_rank() == 0:
+        with open(FACTS, "w") as f:
+            json.dump(facts, f, indent=1)
     dist.destroy_process_group()
 
 
@@ -201,6 +204,20 @@ def hang(dev: torch.device, cps: float, facts: dict[str, object]) -> None:
     print("[nccl_job] all_reduce 4 enqueued; blocking on its result", flush=True)
     x.sum().item()  # the host waits for the device; NCCL's watchdog times the collective out
     print("[nccl_job] not reached: the watchdog should have aborted", flush=True)
+
+
+def diverge(dev: torch.device, cps: float, facts: dict[str, object]) -> None:
+    rank = dist.get_rank()
+    x = torch.ones(4, device=dev)
+    for _ in range(4):
+        dist.all_reduce(x)  # seq 1-4 on both ranks
+    sync()
+    if rank != 1:
+        dist.all_reduce(torch.ones(16, device=dev))  # seq 5 on rank 0 only
+    dist.all_reduce(x)  # seq 6 on rank 0, seq 5 on rank 1
+    print(f"[nccl_job] rank {rank}: issued everything; waiting on the device", flush=True)
+    x.sum().item()
+    print(f"[nccl_job] rank {rank}: the device finished", flush=True)
 
 
 def overhead(dev: torch.device, cps: float, facts: dict[str, object]) -> None:

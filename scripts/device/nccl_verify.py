@@ -102,8 +102,10 @@ def hang(rt: Any, facts: dict[str, Any]) -> None:
     check("the one behind the sleep is in flight", len(default) >= 4 and default[3].t_done_ns is None)
     check("the hang watchdog wrote the stacks", len(rt.stacks) > 0)
     check("no clean-exit footer", rt.footer is None)
-    check("the rank ended crashed (SIGABRT from NCCL's watchdog), faulthandler's text kept",
-          rt.state.value == "crashed" and bool(rt.fault), rt.state)  # fmt: skip
+    # NCCL's watchdog aborts the process (crashed, faulthandler's text kept) once the device lets it;
+    # while the kernel is stuck it cannot, and the launcher's SIGTERM ends it (hung)
+    check("the rank ended crashed (NCCL's abort) or hung (then SIGTERM)",
+          (rt.state.value == "crashed" and bool(rt.fault)) or (rt.state.value == "hung" and rt.signal is not None), rt.state)  # fmt: skip
 
 
 def main() -> int:
