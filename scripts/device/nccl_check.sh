@@ -9,7 +9,8 @@
 #   3. hang      a collective queued behind a GPU sleep longer than the group's timeout:
 #                NCCL's watchdog aborts the process; the trace must show that collective in flight
 #   4. overhead  host time per blocking all_reduce and per FSDP2 step, traced vs untraced
-# PARTS="hang" runs only some of them (train pure hang overhead).
+#   5. diverge   two ranks, rank 1 skipping an all_reduce (not in the default PARTS: needs 2 GPUs)
+# PARTS="hang" runs only some of them (train pure hang overhead diverge).
 set -u
 OUT=${OUT:-/tmp/nccl-check-out}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -67,7 +68,7 @@ part_hang() {  # NCCL's watchdog times the collective out after 8 s; the dump it
     verify hang hang
 }
 
-part_diverge() {  # two ranks on one GPU: NCCL may refuse (duplicate GPU); if not, a real NCCL divergence
+part_diverge() {  # two ranks on one GPU: NCCL 2.28.9 refuses ("Duplicate GPU detected"); kept for machines with 2+ GPUs
     echo "== job diverge (MODE=diverge, 2 ranks on one GPU)"
     local t0=$(date +%s)
     MODE=diverge PG_TIMEOUT=10 COLLTRACE_HANG_S=4 NCCL_DEBUG=WARN COLLTRACE=1 COLLTRACE_DIR="$WORK/runs/diverge" \
@@ -79,7 +80,8 @@ part_diverge() {  # two ranks on one GPU: NCCL may refuse (duplicate GPU); if no
     $PY -c "
 import json
 for l in open('$WORK/runs/diverge.dump.jsonl'):
-    d = json.loads(l); print('  ', d['rank'], d['seq'], d['op'], d['numel'], d['status'], d['on_device'])" 2>&1 | head -n 20
+    if l.startswith('{'):
+        d = json.loads(l); print('  ', d['rank'], d['seq'], d['op'], d['numel'], d['status'], d['on_device'])" 2>&1 | head -n 20
     echo "== colltrace report diverge"
     $PY -m colltrace report "$WORK/runs/diverge" 2>&1 | head -n 50
 }
