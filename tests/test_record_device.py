@@ -45,6 +45,8 @@ class Event:  # stands in for torch.cuda.Event: passed when the test says so
 
 rec = shim.SHIM.recorder
 rec._new_event = Event
+capturing = [False]
+rec._capturing = lambda: capturing[0]
 x = torch.ones(4)
 for _ in range(3):
     dist.all_reduce(x)                # seq 1-3: events 1-3
@@ -57,6 +59,10 @@ rec.poll()                            # the watchdog's look: seq 3 done (polled)
 after_poll = len(rec.on_stream)
 work = dist.all_reduce(x, async_op=True)  # seq 6: the Work says when it is done
 work.wait()
+capturing[0] = True                   # as inside torch.cuda.graph(): no event, done at return
+dist.all_reduce(x)                    # seq 7
+dist.all_reduce(x, async_op=True).wait()  # seq 8
+capturing[0] = False
 print(json.dumps({"events": len(Event.made), "recorded": all(e.recorded for e in Event.made),
                   "after_hot": after_hot, "after_poll": after_poll, "pending": len(rec.pending)}))
 dist.destroy_process_group()
@@ -74,11 +80,12 @@ def test_device_records_complete_when_their_event_passes(tmp_path: Path, pure: b
 
     rt = read_run(str(tmp_path)).ranks[0]
     by_seq = {r.seq: r for r in rt.records}
-    assert [by_seq[s].op for s in range(1, 7)] == ["all_reduce"] * 4 + ["broadcast", "all_reduce"]
+    assert [by_seq[s].op for s in range(1, 9)] == ["all_reduce"] * 4 + ["broadcast"] + ["all_reduce"] * 3
     assert all(r.on_device for r in by_seq.values())
-    done = {s: by_seq[s].t_done_ns is not None for s in range(1, 7)}
-    # events 2, 4 and 5 never passed: those calls returned, yet stay in flight (at exit too)
-    assert done == {1: True, 2: False, 3: True, 4: False, 5: False, 6: True}
+    done = {s: by_seq[s].t_done_ns is not None for s in range(1, 9)}
+    # events 2, 4 and 5 never passed: those calls returned, yet stay in flight (at exit too); the
+    # two captured calls are done at their return
+    assert done == {1: True, 2: False, 3: True, 4: False, 5: False, 6: True, 7: True, 8: True}
     assert not by_seq[1].flags & schema.FLAG_POLLED  # seen by the rank at its next call
     assert by_seq[3].flags & schema.FLAG_POLLED  # seen by the watchdog's poll
     assert by_seq[1].t_done_ns >= by_seq[4].t_issue_ns  # seen done at the 4th call, not at its own return

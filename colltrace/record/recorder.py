@@ -69,6 +69,7 @@ class Recorder(RecorderCells):
         # blocking calls on CUDA tensors not yet seen done on the device: (event, idx, flags), oldest first
         self.on_stream: deque[tuple[Any, int, int]] = deque()
         self._new_event: Callable[[], Any] | None = None  # torch.cuda.Event, bound at the first such call
+        self._capturing: Callable[[], bool] = bool  # torch.cuda.is_current_stream_capturing, bound with it
         self.last_progress_ns = _now()
         self._warned: set[str] = set()
         self.last_failure: tuple[BaseException, int] | None = None
@@ -283,6 +284,18 @@ class Recorder(RecorderCells):
         event without blocking); after a blocking call, an event recorded on the current stream,
         which torch made wait for the collective, does. Never a device sync."""
         t = _now()
+        new_event = self._new_event
+        if new_event is None:
+            import torch
+
+            new_event = self._new_event = torch.cuda.Event
+            self._capturing = torch.cuda.is_current_stream_capturing
+        if self._capturing():
+            # inside CUDA graph capture the collective is only captured, and querying what is
+            # recorded there would invalidate the capture: done at its return (replays run
+            # without Python and are not recorded)
+            self.writer.finish_sync(idx, bseq, t, t - t_issue)
+            return
         if bseq >= 0:
             self.writer.set_backend_seq(idx, bseq)
         if self.on_stream:
@@ -291,11 +304,6 @@ class Recorder(RecorderCells):
             self.watch(idx, flags, result)
             return
         self.writer.add_wait(idx, t - t_issue)  # the time the host spent in the call
-        new_event = self._new_event
-        if new_event is None:
-            import torch
-
-            new_event = self._new_event = torch.cuda.Event
         event = new_event()
         event.record()  # on the current stream of the current device (see docs/trace-format.md)
         with self._lock:

@@ -9,8 +9,9 @@
 #   3. hang      a collective queued behind a GPU sleep longer than the group's timeout:
 #                NCCL's watchdog aborts the process; the trace must show that collective in flight
 #   4. overhead  host time per blocking all_reduce and per FSDP2 step, traced vs untraced
-#   5. diverge   two ranks, rank 1 skipping an all_reduce (not in the default PARTS: needs 2 GPUs)
-# PARTS="hang" runs only some of them (train pure hang overhead diverge).
+#   5. graph     all_reduces captured in a CUDA graph, replayed: the shim must not break the capture
+#   6. diverge   two ranks, rank 1 skipping an all_reduce (not in the default PARTS: needs 2 GPUs)
+# PARTS="hang" runs only some of them (train pure hang overhead graph diverge).
 set -u
 OUT=${OUT:-/tmp/nccl-check-out}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -86,6 +87,12 @@ for l in open('$WORK/runs/diverge.dump.jsonl'):
     $PY -m colltrace report "$WORK/runs/diverge" 2>&1 | head -n 50
 }
 
+part_graph() {  # collectives captured in a CUDA graph: the capture and the replays must work as without colltrace
+    TRACE=0 job graph-untraced graph 120  # the baseline: does this torch capture NCCL at all
+    job graph graph 120
+    $PY scripts/device/nccl_verify.py graph "$WORK/runs/graph" "$WORK/runs/graph.facts.json"
+}
+
 part_overhead() {
     job overhead overhead 240
     $PY -c "import json; d = json.load(open('$WORK/runs/overhead.facts.json')); d.pop('samples', None); print(json.dumps(d, indent=1))"
@@ -95,7 +102,7 @@ job() {  # job NAME MODE TIMEOUT: one torchrun, traced into $WORK/runs/NAME
     local name=$1 mode=$2 limit=$3 t0 rc
     echo "== job $name (MODE=$mode)"
     t0=$(date +%s)
-    MODE=$mode COLLTRACE=1 COLLTRACE_DIR="$WORK/runs/$name" FACTS="$WORK/runs/$name.facts.json" \
+    MODE=$mode COLLTRACE=${TRACE:-1} COLLTRACE_DIR="$WORK/runs/$name" FACTS="$WORK/runs/$name.facts.json" \
         timeout "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node 1 scripts/device/nccl_job.py \
         >"$WORK/runs/$name.log" 2>&1
     rc=$?

@@ -8,6 +8,8 @@ MODE=hang: a few collectives, then one queued behind a GPU sleep longer than the
   timeout; the host blocks on the result, and NCCL's watchdog aborts the process.
 MODE=diverge: two ranks on the one GPU (if NCCL lets them share it): rank 1 skips an all_reduce of
   16 floats that rank 0 makes, then both all_reduce 4 floats; NCCL pairs rank 0's 16 with rank 1's 4.
+MODE=graph: all_reduces captured in a CUDA graph (blocking and async), the graph replayed, then
+  more all_reduces outside it: capture must not be broken by the shim.
 MODE=overhead: host time per blocking all_reduce and per FSDP2 step, traced and untraced in
   interleaved batches (colltrace.record.install.pause/resume), written to $FACTS.
 
@@ -110,7 +112,7 @@ def main() -> None:
         facts["gpu"] = torch.cuda.get_device_name(dev)
     cps = calibrate()
     facts["cycles_per_s"] = cps
-    {"train": train, "hang": hang, "overhead": overhead, "diverge": diverge}[MODE](dev, cps, facts)
+    {"train": train, "hang": hang, "overhead": overhead, "diverge": diverge, "graph": graph}[MODE](dev, cps, facts)
     if dist.get_rank() == 0:
         with open(FACTS, "w") as f:
             json.dump(facts, f, indent=1)
@@ -218,6 +220,30 @@ def diverge(dev: torch.device, cps: float, facts: dict[str, object]) -> None:
     print(f"[nccl_job] rank {rank}: issued everything; waiting on the device", flush=True)
     x.sum().item()
     print(f"[nccl_job] rank {rank}: the device finished", flush=True)
+
+
+def graph(dev: torch.device, cps: float, facts: dict[str, object]) -> None:
+    x = torch.ones(4, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch's docs ask
+        for _ in range(3):
+            dist.all_reduce(x)  # seq 1-3
+    torch.cuda.current_stream().wait_stream(side)
+    sync()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dist.all_reduce(x)  # seq 4: captured
+        dist.all_reduce(x, async_op=True).wait()  # seq 5: captured
+        y = x * 2
+    for _ in range(3):
+        g.replay()
+    sync()
+    facts["replayed_value"] = float(y[0].item())
+    dist.all_reduce(x)  # seq 6: outside the graph again
+    sync()
+    time.sleep(1.2)  # the watchdog polls twice a second
+    facts["after_value"] = float(x[0].item())
 
 
 def overhead(dev: torch.device, cps: float, facts: dict[str, object]) -> None:

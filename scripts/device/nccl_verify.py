@@ -108,13 +108,29 @@ def hang(rt: Any, facts: dict[str, Any]) -> None:
           (rt.state.value == "crashed" and bool(rt.fault)) or (rt.state.value == "hung" and rt.signal is not None), rt.state)  # fmt: skip
 
 
+def graph(rt: Any, facts: dict[str, Any]) -> None:
+    print(f"facts: replayed {facts.get('replayed_value')}, after {facts.get('after_value')}")
+    for r in rt.records:
+        print(
+            f"     seq {r.seq} {r.op} async {r.async_op} device {r.on_device} done {r.t_done_ns is not None} flags {r.flags}"
+        )
+    check(
+        "clean exit, no warning from the shim",
+        rt.state.value == "finished" and not rt.warnings,
+        (rt.state, rt.warnings),
+    )
+    check("six all_reduces recorded, all done", [r.seq for r in rt.records] == [1, 2, 3, 4, 5, 6]
+          and all(r.t_done_ns is not None for r in rt.records))  # fmt: skip
+    check("the captured graph replayed (world 1: x stays 1, y = 2)", facts.get("replayed_value") == 2.0)
+
+
 def main() -> int:
     mode, run_dir, facts_path = sys.argv[1:4]
     with open(facts_path) as f:
         facts = json.load(f)
     run = read_run(run_dir)
     rt = run.ranks[0]
-    {"train": train, "hang": hang}[mode](rt, facts)
+    {"train": train, "hang": hang, "graph": graph}[mode](rt, facts)
     print(f"{len(failures)} of the checks failed" if failures else "all checks passed")
     return 1 if failures else 0
 
