@@ -95,3 +95,16 @@ def test_nccl_watchdog_abort_leaves_a_readable_trace() -> None:
         (s, True, True) for s in (1, 2, 3, 4)
     ]
     assert rt.records[3].flags & schema.FLAG_POLLED  # seen done by the watchdog, the host blocked in .item()
+
+
+def test_nccl_graph_capture_is_not_broken() -> None:
+    """Two all_reduces captured in a torch.cuda.graph (one async), replayed three times: the job
+    ran as untraced (the replay computed y = 2x), and the captured records are done at their return."""
+    rt, facts = _load("nccl_graph_capture_world1")
+    assert rt.state is RankState.FINISHED and not rt.warnings and facts["replayed_value"] == 2.0
+    recs = [(r.seq, r.async_op, r.on_device, r.t_done_ns is not None) for r in rt.records]
+    assert recs == [(1, False, True, True), (2, False, True, True), (3, False, True, True),
+                    (4, False, True, True), (5, True, True, True), (6, False, True, True)]  # fmt: skip
+    captured, after = rt.records[3], rt.records[5]
+    assert not captured.flags & schema.FLAG_POLLED  # done at its return, no event
+    assert after.flags & schema.FLAG_POLLED  # outside the graph again: by its event, seen by the watchdog
