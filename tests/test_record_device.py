@@ -63,6 +63,11 @@ capturing[0] = True                   # as inside torch.cuda.graph(): no event, 
 dist.all_reduce(x)                    # seq 7
 dist.all_reduce(x, async_op=True).wait()  # seq 8
 capturing[0] = False
+def broken(self):
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+Event.query = broken                  # a sticky CUDA error: said once, the job goes on
+dist.all_reduce(x)                    # seq 9
+dist.all_reduce(x)                    # seq 10
 print(json.dumps({"events": len(Event.made), "recorded": all(e.recorded for e in Event.made),
                   "after_hot": after_hot, "after_poll": after_poll, "pending": len(rec.pending)}))
 dist.destroy_process_group()
@@ -76,16 +81,21 @@ def test_device_records_complete_when_their_event_passes(tmp_path: Path, pure: b
     assert proc.returncode == 0, proc.stderr[-3000:]
     said: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     # one event per blocking call (5), recorded on the stream; none for the async call
-    assert said == {"events": 5, "recorded": True, "after_hot": 4, "after_poll": 3, "pending": 0}
+    assert said == {"events": 7, "recorded": True, "after_hot": 4, "after_poll": 3, "pending": 0}
 
     rt = read_run(str(tmp_path)).ranks[0]
     by_seq = {r.seq: r for r in rt.records}
-    assert [by_seq[s].op for s in range(1, 9)] == ["all_reduce"] * 4 + ["broadcast"] + ["all_reduce"] * 3
+    assert [by_seq[s].op for s in range(1, 11)] == ["all_reduce"] * 4 + ["broadcast"] + ["all_reduce"] * 5
     assert all(r.on_device for r in by_seq.values())
-    done = {s: by_seq[s].t_done_ns is not None for s in range(1, 9)}
+    done = {s: by_seq[s].t_done_ns is not None for s in range(1, 11)}
     # events 2, 4 and 5 never passed: those calls returned, yet stay in flight (at exit too); the
     # two captured calls are done at their return
-    assert done == {1: True, 2: False, 3: True, 4: False, 5: False, 6: True, 7: True, 8: True}
+    assert done == {1: True, 2: False, 3: True, 4: False, 5: False, 6: True, 7: True, 8: True, 9: False, 10: False}
+    # the broken query: said once, in the trace and on stderr; the job went on
+    assert [w for w in rt.warnings if "checking CUDA events failed" in w] == [
+        "checking CUDA events failed; those collectives stay in flight: RuntimeError: CUDA error: an illegal memory access was encountered"
+    ]
+    assert proc.stderr.count("checking CUDA events failed") == 1
     assert not by_seq[1].flags & schema.FLAG_POLLED  # seen by the rank at its next call
     assert by_seq[3].flags & schema.FLAG_POLLED  # seen by the watchdog's poll
     assert by_seq[1].t_done_ns >= by_seq[4].t_issue_ns  # seen done at the 4th call, not at its own return

@@ -318,6 +318,14 @@ class Recorder(RecorderCells):
             )
 
     def reap_stream(self, polled: bool = False) -> None:
+        try:
+            self._reap_stream(polled)
+        except Exception as e:  # a CUDA error (a sticky one after a fault): their completion stays unknown
+            with self._lock:
+                self.on_stream.clear()
+            self.warn_once("checking CUDA events failed; those collectives stay in flight", e)
+
+    def _reap_stream(self, polled: bool) -> None:
         """Complete the blocking calls on CUDA tensors whose event the device has passed: the oldest
         ones, at the rank's next such call; all of them, at the watchdog's poll (FLAG_POLLED), since
         events on different streams (FSDP's all-gather and reduce-scatter streams) pass out of order."""
