@@ -331,22 +331,20 @@ class Recorder(RecorderCells):
         events on different streams (FSDP's all-gather and reduce-scatter streams) pass out of order."""
         q = self.on_stream
         t = 0
+        mark = schema.FLAG_DONE | (schema.FLAG_POLLED if polled else 0)
         with self._lock:
-            if not polled:
-                while q and q[0][0].query():
-                    _, idx, flags = q.popleft()
+            waiting: list[tuple[Any, int, int]] = []
+            while q:
+                event, idx, flags = q[0]
+                if event.query():
+                    q.popleft()
                     t = _now()
-                    self.writer.complete(idx, t, flags | schema.FLAG_DONE)
-            else:
-                waiting: list[tuple[Any, int, int]] = []
-                while q:
-                    item = q.popleft()
-                    if item[0].query():
-                        t = _now()
-                        self.writer.complete(item[1], t, item[2] | schema.FLAG_DONE | schema.FLAG_POLLED)
-                    else:
-                        waiting.append(item)
-                q.extend(waiting)
+                    self.writer.complete(idx, t, flags | mark)
+                elif polled:
+                    waiting.append(q.popleft())
+                else:
+                    break
+            q.extendleft(reversed(waiting))
         if t:
             self.last_progress_ns = t
 
@@ -396,10 +394,9 @@ class Recorder(RecorderCells):
         tensors that Future is done once the value is usable on the streams, not when the device has
         run the collective: the watchdog's poll asks the Work itself (Work.is_completed)."""
         entry = self.pending.get(work)
-        if entry is not None and entry[1] & schema.FLAG_DEVICE and not failed:
+        if entry is None or (entry[1] & schema.FLAG_DEVICE and not failed):
             return
-        entry = self.pending.pop(work, None)
-        if entry is not None:
+        if self.pending.pop(work, None) is not None:  # not taken by wait() or the poll meanwhile
             idx, flags, remaining = entry
             self._finish(idx, flags, remaining, schema.FLAG_ERROR if failed else 0, _now())
 
