@@ -1,5 +1,5 @@
-"""The serving scope adapters wrap a framework's methods in (adapter.scoped, adapter.prefetching):
-the C object and its Python twin behave alike. The FSDP tests show it on real jobs."""
+"""The serving scope adapters wrap a framework's methods in (adapter.scoped, adapter.prefetching).
+The FSDP tests show it on real jobs."""
 
 from __future__ import annotations
 
@@ -16,13 +16,8 @@ from colltrace.record.context import Context
 SERVE = ("blocks.1", "forward", "unshard")
 
 
-@pytest.fixture(params=["c", "python"])
-def ctx(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Context]:
-    if request.param == "c":
-        if adapter.EXTENSION is None:
-            pytest.skip("the C fast path is not built here (test_record_fastpath says whether it must be)")
-    else:
-        monkeypatch.setattr(adapter, "EXTENSION", None)
+@pytest.fixture
+def ctx() -> Iterator[Context]:
     yield Context()
 
 

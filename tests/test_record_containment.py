@@ -16,10 +16,10 @@ with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 dist.init_process_group("gloo", rank=0, world_size=1)
-from colltrace.record.shim import SHIM
+from colltrace.record.tracer import TRACER
 def broken(*a, **k):
     raise OSError(28, "No space left on device")
-SHIM.recorder.writer.append_static = broken
+TRACER.recorder.writer.append_static = broken
 x = torch.ones(3)
 for _ in range(5):
     dist.all_reduce(x)

@@ -37,14 +37,12 @@ def expected(ddp: bool = False) -> list[tuple[str, str, str, int, int]]:
     return want
 
 
-@pytest.fixture(scope="module", params=["frames", "hooks", "frames-ddp", "frames-pure"])
+@pytest.fixture(scope="module", params=["frames", "hooks", "frames-ddp"])
 def generic_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """frames: the C fast path's frame walk; pure: its Python twin (COLLTRACE_PURE=1)."""
+    """frames: modules found by walking the caller's frames; hooks: by global module hooks."""
     mode, _, variant = request.param.partition("-")
     run_dir = tmp_path_factory.mktemp(request.param)
     env = {"COLLTRACE_MODULES": mode, "DDP": "1" if variant == "ddp" else "0"}
-    if variant == "pure":
-        env["COLLTRACE_PURE"] = "1"
     proc = torchrun("generic.py", 2, run_dir, **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return variant, read_run(str(run_dir))

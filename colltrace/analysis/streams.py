@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -96,11 +95,10 @@ def p2p_key(group: str, a: int, b: int) -> str:
 
 
 # The signature's fields, as two raw byte strings per slot (a hashable key, decoded once per distinct value):
-# group..phase string ids (offsets 16-40) and numel_in, numel_out, peer (64-84).
-_KEYS = struct.Struct("<16x24s24x20s44x")
-assert _KEYS.size == schema.SLOT_SIZE
-_KEY_A = struct.Struct("<IIIIII")
-_KEY_B = struct.Struct("<qqi")
+# the string ids group..phase, and numel_in, numel_out, peer.
+_KEYS = schema.slot_struct(("group", "phase"), ("numel_in", "peer"))
+_KEY_A = schema.run_struct("group", "phase")
+_KEY_B = schema.run_struct("numel_in", "peer")
 _NO_STREAM = -1
 
 

@@ -7,8 +7,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record.cells import EXTENSION
 from colltrace.record.context import CONTEXT, Context, ThreadState
+from colltrace.record.patches import Patches
+from colltrace.record.tracer import TRACER
 
 _get_ident = threading.get_ident
 
@@ -19,25 +20,13 @@ Decide = Callable[[ThreadState, Any], "Serve | None"]
 class Adapter:
     """Wraps methods of a framework (FSDP, DeepSpeed) so its collectives name what they serve."""
 
-    def __init__(self, ctx: Context = CONTEXT) -> None:
+    def __init__(self, ctx: Context = CONTEXT, patches: Patches = TRACER.patches) -> None:
         self.ctx = ctx
-        self.originals: list[tuple[Any, str, Any]] = []
-
-    def uninstall(self) -> None:
-        for owner, name, value in reversed(self.originals):
-            setattr(owner, name, value)
-        self.originals.clear()
+        self.patches = patches  # where every patch goes: install.pause() and uninstall() undo them
 
     def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
         """Replace owner.name (defined on owner itself, not inherited) by make(original), once."""
-        orig = owner.__dict__.get(name)
-        if orig is None or getattr(orig, "__colltrace__", False):
-            return False
-        wrapped = functools.wraps(orig)(make(orig))
-        wrapped.__colltrace__ = True  # type: ignore[attr-defined]
-        self.originals.append((owner, name, orig))
-        setattr(owner, name, wrapped)
-        return True
+        return self.patches.wrap(owner, name, lambda orig: functools.wraps(orig)(make(orig)))
 
     def _scope(self, owner: Any, name: str, decide: Decide, index: int = 0) -> bool:
         """Run owner.name with what decide(ts, args[index]) returns as the serving scope of the
@@ -45,9 +34,7 @@ class Adapter:
         what = f"attributing {getattr(owner, '__name__', owner)}.{name} failed (its collectives are attributed generically)"
 
         def failed(exc: BaseException) -> None:
-            from colltrace.record.shim import SHIM
-
-            rec = SHIM.recorder
+            rec = TRACER.recorder
             if rec is not None:
                 rec.warn_once(what, exc)
 
@@ -76,14 +63,9 @@ def scoped(
     index: int = 0,
     on_error: Callable[[BaseException], object] | None = None,
 ) -> Callable[..., Any]:
-    """orig, run with decide(ts, args[index]) as the thread's serving scope. An FSDP2 step runs
-    these a few dozen times, so with the C fast path built it is a C object (_fastpath.Serving)
-    that spares the Python call layer; the decision is Python either way. An error inside decide
-    leaves the scope as it is and goes to on_error: the framework's method always runs."""
+    """orig, run with decide(ts, args[index]) as the thread's serving scope. An error inside
+    decide leaves the scope as it is and goes to on_error: the framework's method always runs."""
     threads, state = ctx.threads, ctx.state
-    if EXTENSION is not None:
-        fast: Callable[..., Any] = EXTENSION.Serving(orig, decide, threads, state, index, False, on_error)
-        return fast
 
     def scope(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -107,14 +89,11 @@ def prefetching(ctx: Context, orig: Callable[..., Any]) -> Callable[..., Any]:
     """orig, with the thread's `prefetch` set while it runs (FSDP's prefetch functions: the
     unshards inside them are prefetches)."""
     threads, state = ctx.threads, ctx.state
-    if EXTENSION is not None:
-        fast: Callable[..., Any] = EXTENSION.Serving(orig, None, threads, state, 0, True)
-        return fast
 
     def prefetch(*args: Any, **kwargs: Any) -> Any:
         try:
             ts = threads.get(_get_ident()) or state()
-        except Exception:  # as the C object: the method runs all the same
+        except Exception:  # the method runs all the same
             return orig(*args, **kwargs)
         old = ts.prefetch
         ts.prefetch = True

@@ -7,8 +7,6 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from colltrace.record.cells import ContextCells, ThreadCells
-
 _get_ident = threading.get_ident
 _getframe = sys._getframe
 
@@ -27,7 +25,8 @@ def _no_graph_task() -> int:
 
 def _frame_self(wrapped: object, call_impl: object, outermost: bool) -> object:
     """The `self` of the innermost (outermost) frame on this thread running `wrapped` or `call_impl`
-    (nn.Module.__call__, Module._call_impl), or None. The C fast path has a faster twin."""
+    (nn.Module.__call__, Module._call_impl), or None. Only f_back, f_code and f_locals: the frame
+    API every Python that torch supports has (3.10-3.14; f_locals is a proxy from 3.13 on)."""
     found = None
     f: FrameType | None = _getframe(1)
     while f is not None:
@@ -42,12 +41,11 @@ def _frame_self(wrapped: object, call_impl: object, outermost: bool) -> object:
     return found
 
 
-class ThreadState(ThreadCells):
+class ThreadState:
     """What one thread is doing. Plain slots, found by thread id: a threading.local attribute
-    costs several times more, and the shim reads these on every collective (serve, static,
-    depth and prefetch are ThreadCells', C fields when the fast path is built)."""
+    costs several times more, and the shim reads these on every collective."""
 
-    __slots__ = ("stack", "labels")
+    __slots__ = ("stack", "labels", "serve", "prefetch", "static", "depth")
 
     def __init__(self) -> None:
         self.stack: list[str] = []  # FQNs of the modules whose forward is running (global hooks only)
@@ -58,9 +56,8 @@ class ThreadState(ThreadCells):
         self.depth = 0  # > 0: inside a traced call (a call that forwards to another counts once)
 
 
-class Context(ContextCells):
-    """Attribution state read on every collective. Writes happen in hooks; reads must be cheap
-    (step and micro_step are ContextCells', C fields when the fast path is built)."""
+class Context:
+    """Attribution state read on every collective. Writes happen in hooks; reads must be cheap."""
 
     def __init__(self) -> None:
         self.threads: dict[int, ThreadState] = {}
@@ -76,9 +73,6 @@ class Context(ContextCells):
         # nn.Module.__call__), by walking the caller's frames when a collective needs them;
         # otherwise from ThreadState.stack, kept by global module hooks when those are installed.
         self.call_codes: tuple[object, object] | None = None
-        # the `self` of the innermost (outermost) frame running one of call_codes: the C fast
-        # path's frame_self when it is built, else _frame_self
-        self.frame_self: Callable[[object, object, bool], object] = _frame_self
         # module -> FQN, filled when a root module is learned
         self.fqn: dict[int, str] = {}
         self._guessed: set[int] = set()  # fqn entries that are only a class name
@@ -142,7 +136,7 @@ class Context(ContextCells):
     def running_module(self) -> str:
         """FQN of the innermost module whose forward is running on this thread, or "" (call_codes set)."""
         codes = self.call_codes
-        module = self.frame_self(codes[0], codes[1], False)  # type: ignore[index]
+        module = _frame_self(codes[0], codes[1], False)  # type: ignore[index]
         return "" if module is None else self.module_name(module)
 
     def learn_running(self) -> None:
@@ -150,7 +144,7 @@ class Context(ContextCells):
         codes = self.call_codes
         if codes is None:
             return
-        root = self.frame_self(codes[0], codes[1], True)
+        root = _frame_self(codes[0], codes[1], True)
         if root is not None and hasattr(root, "named_modules"):
             self.learn_root(root, root.named_modules, running=True)
 

@@ -24,6 +24,7 @@ from typing import Any
 from colltrace.record.adapter import Adapter
 from colltrace.record.context import PHASE_BACKWARD
 from colltrace.record.fsdp import REDUCE_GRAD
+from colltrace.record.tracer import TRACER
 
 _get_ident = threading.get_ident
 
@@ -103,9 +104,7 @@ class DdpAdapter(Adapter):
 
     def _attach(self, ddp: Any, register: Callable[..., Any]) -> None:
         """Register colltrace's hook on a DDP model just built, unless it has one already."""
-        from colltrace.record.shim import SHIM
-
-        rec = SHIM.recorder
+        rec = TRACER.recorder
         if rec is None:
             return
         try:
@@ -184,12 +183,10 @@ def _allreduce(group: Any, tensor: Any) -> Any:
     completes the record: DDP never calls wait() on the Work."""
     import torch.distributed as dist
 
-    from colltrace.record.shim import SHIM
-
     group = group if group is not None else dist.group.WORLD
     tensor.div_(group.size())  # before the sum, as DDP does, against overflow
     work = dist.all_reduce(tensor, group=group, async_op=True)
-    rec = SHIM.recorder
+    rec = TRACER.recorder
 
     def done(fut: Any) -> Any:
         try:

@@ -66,10 +66,10 @@ class FsdpAdapters(Adapter):
         if "_prefetch_unshard" in group_cls.__dict__:
             orig = group_cls.__dict__["_prefetch_unshard"]
             func = orig.__func__ if isinstance(orig, staticmethod) else orig
-            wrapped = functools.wraps(func)(prefetching(ctx, func))
-            wrapped.__colltrace__ = True  # type: ignore[attr-defined]
-            self.originals.append((group_cls, "_prefetch_unshard", orig))
-            setattr(group_cls, "_prefetch_unshard", staticmethod(wrapped))
+            if not getattr(func, "__colltrace__", False):
+                wrapped = functools.wraps(func)(prefetching(ctx, func))
+                wrapped.__colltrace__ = True  # type: ignore[attr-defined]
+                self.patches.set(group_cls, "_prefetch_unshard", staticmethod(wrapped))
         return True
 
     # -- FSDP1 (FullyShardedDataParallel) ----------------------------------------------------

@@ -31,7 +31,7 @@ _TABLE: dict[str, str] = {
 _COALESCED = ("all_reduce_coalesced", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced")
 
 
-def install(shim: Any) -> list[str]:
+def install(shim: Any, patches: Any) -> list[str]:
     """Wrap the functional collectives that this torch has; returns their names."""
     import torch.distributed._functional_collectives as fc
     import torch.distributed.distributed_c10d as c10d
@@ -54,7 +54,7 @@ def install(shim: Any) -> list[str]:
         flags = schema.FLAG_FUNCTIONAL | (schema.FLAG_COALESCED if name in _COALESCED else 0)
         at = {p: i for i, p in enumerate(params)}
         spec = _spec(op, flags, at, resolve_name, resolve_pg)
-        shim._set(fc, name, shim._wrap(spec, orig))
+        patches.set(fc, name, shim.wrap(spec, orig))
         wrapped.append(name)
     return wrapped
 
@@ -66,8 +66,10 @@ def _spec(
     key_id = next(ops.KEYS)
     cached = not flags & schema.FLAG_COALESCED
 
-    def extract(args: tuple[Any, ...], kwargs: dict[str, Any], attribution: tuple[str, str, str]) -> tuple[Any, ...]:
-        """(key, group, async_op, input, output, reduce op, root, group root), the group resolved
+    def extract(
+        args: tuple[Any, ...], kwargs: dict[str, Any], attribution: tuple[str, str, str]
+    ) -> tuple[Any, tuple[Any, ...]]:
+        """(key, (group, async_op, input, output, reduce op, root, group root)), the group resolved
         from a ProcessGroup, a DeviceMesh, (mesh, dim), a rank list or a group name."""
         group = args[group_at] if group_at < len(args) else kwargs.get("group")
         pg = resolve_pg(resolve_name(group, kwargs.get("tag", "")))
@@ -80,6 +82,6 @@ def _spec(
                 key = (key_id, pg, redop, root, inp.shape, inp.dtype, attribution)
             except AttributeError:
                 pass
-        return key, pg, False, inp, None, redop, root, None
+        return key, (pg, False, inp, None, redop, root, None)
 
     return OpSpec(name=op, kind=schema.KIND_COLLECTIVE, flags=flags, extract=extract)

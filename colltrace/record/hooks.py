@@ -9,6 +9,8 @@ from typing import Any
 from colltrace.config import MODULES_FRAMES as FRAMES
 from colltrace.config import MODULES_HOOKS as HOOKS_MODE
 from colltrace.record.context import CONTEXT, Context
+from colltrace.record.patches import Patches
+from colltrace.record.tracer import TRACER
 
 
 def _call_codes(module_cls: Any) -> tuple[object, object] | None:
@@ -25,12 +27,12 @@ def _call_codes(module_cls: Any) -> tuple[object, object] | None:
 
 
 class Hooks:
-    def __init__(self, ctx: Context = CONTEXT) -> None:
+    def __init__(self, ctx: Context = CONTEXT, patches: Patches = TRACER.patches) -> None:
         self.ctx = ctx
-        self.handles: list[Any] = []
+        self.patches = patches  # where every hook and patch goes: install.pause() and uninstall() undo them
         self.on_step: Callable[[int], object] | None = None  # set by install: writes the step event
-        self.originals: list[tuple[Any, str, Any]] = []
         self._first: Any = None  # the handle of _first_forward while it is installed
+        self._compiling: Callable[[], bool] = bool
 
     def install(self, modules: str = FRAMES) -> None:
         """modules: how running modules are found (config.MODULES_*): the caller's frames when a
@@ -39,49 +41,33 @@ class Hooks:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
-        ctx = self.ctx
-        try:
-            ctx.graph_task_id = torch._C._current_graph_task_id
-        except AttributeError:
-            pass
-        ctx.call_codes = None
-        ctx.on_root = None
+        from colltrace.record.shim import _is_compiling
+
+        ctx, patches = self.ctx, self.patches
+        self._compiling = _is_compiling()
+        graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+        if graph_task_id is not None:
+            patches.set(ctx, "graph_task_id", graph_task_id)
         codes = _call_codes(nn_module.Module)
         if modules == FRAMES and codes is None:  # a torch whose Module.__call__ we do not know
             modules = HOOKS_MODE
         if modules == FRAMES:
-            from colltrace.record.context import _frame_self
-            from colltrace.record.shim import _fastpath
-
-            ctx.frame_self = getattr(_fastpath, "frame_self", None) or _frame_self
-            ctx.call_codes = codes
-            ctx.on_root = self._hook_root
+            patches.set(ctx, "call_codes", codes)
+            patches.set(ctx, "on_root", self._hook_root)
             if ctx.root is not None:  # resumed after pause()
                 self._hook_root(ctx.root)
             if not ctx.seen_forward:
-                self._first = nn_module.register_module_forward_pre_hook(self._first_forward)
-                self.handles.append(self._first)
+                self._first = patches.handle(nn_module.register_module_forward_pre_hook(self._first_forward))
             self._learn_wrapper_roots()
         elif modules == HOOKS_MODE:
-            self.handles.append(nn_module.register_module_forward_pre_hook(self._pre_forward))
+            patches.handle(nn_module.register_module_forward_pre_hook(self._pre_forward))
             try:
-                self.handles.append(nn_module.register_module_forward_hook(self._post_forward, always_call=True))
+                patches.handle(nn_module.register_module_forward_hook(self._post_forward, always_call=True))
             except TypeError:  # older torch: no always_call
-                self.handles.append(nn_module.register_module_forward_hook(self._post_forward))
-        self.handles.append(optim.register_optimizer_step_pre_hook(self._pre_step))
-        self.handles.append(optim.register_optimizer_step_post_hook(self._post_step))
+                patches.handle(nn_module.register_module_forward_hook(self._post_forward))
+        patches.handle(optim.register_optimizer_step_pre_hook(self._pre_step))
+        patches.handle(optim.register_optimizer_step_post_hook(self._post_step))
         self._wrap_checkpointing()
-
-    def uninstall(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-        self._first = None
-        for owner, name, value in reversed(self.originals):
-            setattr(owner, name, value)
-        self.originals.clear()
-        self.ctx.call_codes = None
-        self.ctx.on_root = None
 
     # -- modules found from the frames: the first root's forwards count micro-steps -----------
 
@@ -91,12 +77,14 @@ class Hooks:
             handle = root.register_forward_pre_hook(self._root_pre_forward, prepend=True)
         except TypeError:  # older torch: no prepend
             handle = root.register_forward_pre_hook(self._root_pre_forward)
-        self.handles.append(handle)
+        self.patches.handle(handle)
 
     def _first_forward(self, module: Any, args: Any) -> None:
         """A global hook that is there only until the first module forward: collectives outside any
         module are `init` before it, `other` after it."""
         ctx = self.ctx
+        if self._compiling():  # inside a graph TorchDynamo traces: nothing of ours in it
+            return
         if ctx.graph_task_id() == -1:
             ctx.seen_forward = True
             first = self._first
@@ -106,7 +94,7 @@ class Hooks:
 
     def _root_pre_forward(self, module: Any, args: Any) -> None:
         ctx = self.ctx
-        if ctx.graph_task_id() == -1:
+        if not self._compiling() and ctx.graph_task_id() == -1:
             ctx.root_forward()
 
     def _learn_wrapper_roots(self) -> None:
@@ -121,25 +109,25 @@ class Hooks:
     def _learn_at_forward(self, cls: Any) -> None:
         """Learn an instance of `cls` (a wrapper every step runs through) as the root at its first
         forward, when no root is known yet."""
-        orig = cls.__dict__.get("forward")
-        if orig is None or getattr(orig, "__colltrace__", False):
-            return
         ctx = self.ctx
 
-        @functools.wraps(orig)
-        def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if ctx.root is None:
-                ctx.learn_root(module, module.named_modules, running=True)
-            return orig(module, *args, **kwargs)
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(orig)
+            def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
+                if ctx.root is None:
+                    ctx.learn_root(module, module.named_modules, running=True)
+                return orig(module, *args, **kwargs)
 
-        forward.__colltrace__ = True  # type: ignore[attr-defined]
-        self.originals.append((cls, "forward", orig))
-        cls.forward = forward
+            return forward
+
+        self.patches.wrap(cls, "forward", make)
 
     # -- global module hooks (COLLTRACE_MODULES=hooks): module stack, root forwards ---------
 
     def _pre_forward(self, module: Any, args: Any) -> None:
         ctx = self.ctx
+        if self._compiling():
+            return
         stack = ctx.stack()
         if not stack and ctx.graph_task_id() == -1:
             if id(module) not in ctx.fqn:
@@ -149,6 +137,8 @@ class Hooks:
         stack.append(ctx.module_name(module))
 
     def _post_forward(self, module: Any, args: Any, output: Any) -> None:
+        if self._compiling():
+            return
         stack = self.ctx.stack()
         if stack:
             stack.pop()
@@ -193,11 +183,7 @@ class Hooks:
             except Exception:
                 continue
             for name in names:
-                fn = getattr(mod, name, None)
-                if fn is None or getattr(fn, "__colltrace__", False):
-                    continue
-                self.originals.append((mod, name, fn))
-                setattr(mod, name, self._checkpoint_phase(fn))
+                self.patches.wrap(mod, name, self._checkpoint_phase)
 
     def _checkpoint_phase(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         ctx = self.ctx

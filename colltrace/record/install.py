@@ -18,12 +18,13 @@ from colltrace.record.deepspeed import DEEPSPEED
 from colltrace.record.fsdp import FSDP
 from colltrace.record.hooks import HOOKS
 from colltrace.record.lifecycle import LIFECYCLE
+from colltrace.record.patches import Patches
 from colltrace.record.recorder import Recorder, describe_group
 from colltrace.record.shim import SHIM
+from colltrace.record.tracer import TRACER
 from colltrace.trace.writer import TraceWriter
 
 _lock = threading.RLock()
-_state: dict[str, Any] = {"installed": False, "cfg": None, "failed": False}
 
 
 def _say(msg: str) -> None:
@@ -33,34 +34,47 @@ def _say(msg: str) -> None:
 def install(cfg: config_mod.Config | None = None) -> bool:
     """Patch torch.distributed (idempotent). Recording starts when the default group exists."""
     with _lock:
-        if _state["installed"] or _state["failed"]:
-            return bool(_state["installed"])
-        cfg = cfg or config_mod.from_env()
-        _state["cfg"] = cfg
+        if TRACER.installed or TRACER.gave_up:
+            return TRACER.installed
+        cfg = TRACER.cfg = cfg or config_mod.from_env()
         try:
             import torch.distributed as dist
 
             if not dist.is_available():
                 return False
-            wrapped = SHIM.install()
-            _wrap_group_creation()
-            _rebind_stale_references()
-            HOOKS.install(modules=cfg.modules)
-            LIFECYCLE.patch_spawn_wrap()
-            _state["installed"] = True
-            _state["wrapped"] = wrapped
+            _patch_torch(cfg)
+            TRACER.installed = True
             if dist.is_initialized():
                 start_recording()
             return True
         except Exception as e:  # never break the job
-            _state["failed"] = True
+            TRACER.gave_up = True
             _say(f"could not install the tracer ({type(e).__name__}: {e}); the job runs untraced")
-            try:
-                SHIM.uninstall()
-                HOOKS.uninstall()
-            except Exception:
-                pass
+            TRACER.recorder = None
+            TRACER.patches.undo()
             return False
+
+
+def _patch_torch(cfg: config_mod.Config) -> list[str]:
+    """Everything install() changes in torch, into TRACER.patches (pause and resume redo exactly this)."""
+    patches = TRACER.patches
+    wrapped = SHIM.install(patches)
+    _wrap_group_creation(patches)
+    HOOKS.install(modules=cfg.modules)
+    LIFECYCLE.patch_spawn_wrap(patches)
+    _rebind_stale_references(patches)
+    return wrapped
+
+
+def _patch_frameworks(cfg: config_mod.Config) -> list[str]:
+    """The framework adapters, once the default group exists (the frameworks are imported by then)."""
+    TRACER.frameworks = True
+    adapters = list(FSDP.install())
+    if DEEPSPEED.install():
+        adapters.append("deepspeed")
+    if cfg.ddp and DDP_ADAPTER.install():
+        adapters.append("ddp")
+    return adapters
 
 
 def start_recording() -> None:
@@ -71,10 +85,10 @@ def start_recording() -> None:
 
     with _lock:
         default_pg = c10d._get_default_group()
-        if SHIM.recorder is not None:  # init_process_group again: the same trace, a new default group
-            SHIM.recorder.set_default_group(default_pg)
+        if TRACER.recorder is not None:  # init_process_group again: the same trace, a new default group
+            TRACER.recorder.set_default_group(default_pg)
             return
-        cfg: config_mod.Config = _state["cfg"] or config_mod.from_env()
+        cfg = TRACER.cfg = TRACER.cfg or config_mod.from_env()
         rank = dist.get_rank()
         world = dist.get_world_size()
         run_dir = config_mod.resolve_run_dir(cfg)
@@ -98,17 +112,14 @@ def start_recording() -> None:
         rec = Recorder(writer, default_pg, CONTEXT, backend_seq=cfg.backend_seq)
         rec.non_member = getattr(c10d.GroupMember, "NON_GROUP_MEMBER", object())
         rec._group(default_pg)
-        for ev in _state.pop("pending_groups", []):
+        for ev in TRACER.pending_groups:
             writer.event(ev)
-        adapters = list(FSDP.install())
-        if DEEPSPEED.install():
-            adapters.append("deepspeed")
-        if cfg.ddp and DDP_ADAPTER.install():
-            adapters.append("ddp")
+        TRACER.pending_groups.clear()
+        adapters = _patch_frameworks(cfg)
         if adapters:
             writer.event({"ev": "adapters", "names": adapters})
         HOOKS.on_step = lambda step: writer.step(step, time.time_ns())
-        SHIM.recorder = rec
+        TRACER.recorder = rec
         LIFECYCLE.start(rec, cfg.hang_s)
         if os.environ.get("COLLTRACE_QUIET") != "1" and rank == 0:
             _say(f"tracing {world} ranks into {run_dir}")
@@ -140,7 +151,7 @@ def _version() -> str:
     return __version__
 
 
-def _wrap_group_creation() -> None:
+def _wrap_group_creation(patches: Patches) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -165,13 +176,13 @@ def _wrap_group_creation() -> None:
         if orig is None or getattr(orig, "__colltrace__", False):
             continue
         wrapper = make(name, orig)
-        SHIM._set(c10d, name, wrapper)
+        patches.set(c10d, name, wrapper)
         if getattr(dist, name, None) is orig:
-            SHIM._set(dist, name, wrapper)
+            patches.set(dist, name, wrapper)
 
 
 def _group_created(fn: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
-    rec = SHIM.recorder
+    rec = TRACER.recorder
     if fn == "new_group":
         ranks = kwargs.get("ranks", args[0] if args else None)
     else:
@@ -190,7 +201,7 @@ def _group_created(fn: str, args: tuple[Any, ...], kwargs: dict[str, Any], resul
     else:
         event["name"] = None
     if rec is None:
-        _state.setdefault("pending_groups", []).append(event)
+        TRACER.pending_groups.append(event)
     else:
         rec.writer.event(event)
 
@@ -204,10 +215,10 @@ def _plain(x: Any) -> Any:
         return str(x)
 
 
-def _rebind_stale_references() -> None:
+def _rebind_stale_references(patches: Patches) -> None:
     """Modules that did `from torch.distributed import all_reduce` before we patched keep the
     original; point them at the wrapper (device_mesh binds new_group/split_group this way)."""
-    swaps = {id(orig): getattr(owner, name) for owner, name, orig in SHIM.originals if callable(orig)}
+    swaps = {id(orig): new for orig, new in patches.replaced() if callable(orig)}
     for modname, mod in list(sys.modules.items()):
         if mod is None or not modname.startswith("torch"):
             continue
@@ -218,41 +229,34 @@ def _rebind_stale_references() -> None:
         for attr, value in items:
             new = swaps.get(id(value))
             if new is not None and new is not value:
-                SHIM.originals.append((mod, attr, value))
-                setattr(mod, attr, new)
-
-
-_paused: dict[str, Any] = {}
+                patches.set(mod, attr, new)
 
 
 def pause() -> None:
     """Take every patch and hook out, keeping the open trace (benchmarks interleave on/off)."""
     with _lock:
-        _paused["recorder"] = SHIM.recorder
-        SHIM.recorder = None
-        SHIM.uninstall()
-        HOOKS.uninstall()
-        FSDP.uninstall()
+        if TRACER.recorder is not None:
+            TRACER.paused = TRACER.recorder
+        TRACER.recorder = None
+        TRACER.patches.undo()
 
 
 def resume() -> None:
-    """Put back what pause() took out."""
+    """Put back what pause() took out: the same parts, installed the same way."""
     with _lock:
-        cfg: config_mod.Config = _state["cfg"] or config_mod.from_env()
-        SHIM.install()
-        _wrap_group_creation()
-        _rebind_stale_references()
-        HOOKS.install(modules=cfg.modules)
-        FSDP.install()
-        SHIM.recorder = _paused.pop("recorder", None)
+        cfg = TRACER.cfg = TRACER.cfg or config_mod.from_env()
+        if not len(TRACER.patches):
+            _patch_torch(cfg)
+            if TRACER.frameworks:
+                _patch_frameworks(cfg)
+        if TRACER.paused is not None:
+            TRACER.recorder, TRACER.paused = TRACER.paused, None
 
 
 def uninstall() -> None:
     with _lock:
-        SHIM.recorder = None
-        SHIM.uninstall()
-        HOOKS.uninstall()
-        FSDP.uninstall()
-        DEEPSPEED.uninstall()
-        DDP_ADAPTER.uninstall()
-        _state["installed"] = False
+        TRACER.recorder = None
+        TRACER.paused = None
+        TRACER.patches.undo()
+        TRACER.installed = False
+        TRACER.frameworks = False

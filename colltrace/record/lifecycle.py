@@ -115,7 +115,7 @@ class Lifecycle:
         hook = self._prev_excepthook or sys.__excepthook__
         hook(etype, value, tb)
 
-    def patch_spawn_wrap(self) -> None:
+    def patch_spawn_wrap(self, patches: Any) -> None:
         """mp.spawn children catch the exception themselves and exit(1): record it there.
 
         Patched when torch is imported: a spawned child resolves `_wrap` while unpickling its
@@ -127,25 +127,24 @@ class Lifecycle:
             spawn_mod = importlib.import_module("torch.multiprocessing.spawn")
         except Exception:
             return
-        orig = getattr(spawn_mod, "_wrap", None)
-        if orig is None or getattr(orig, "__colltrace__", False):
-            return
         lifecycle = self
 
-        def _wrap(fn: Any, i: int, args: Any, *rest: Any, **kw: Any) -> Any:
-            def traced_fn(*a: Any, **k: Any) -> Any:
-                try:
-                    return fn(*a, **k)
-                except Exception as e:
-                    lifecycle.error(e)
-                    raise
+        def make(orig: Any) -> Any:
+            def _wrap(fn: Any, i: int, args: Any, *rest: Any, **kw: Any) -> Any:
+                def traced_fn(*a: Any, **k: Any) -> Any:
+                    try:
+                        return fn(*a, **k)
+                    except Exception as e:
+                        lifecycle.error(e)
+                        raise
 
-            return orig(traced_fn, i, args, *rest, **kw)
+                return orig(traced_fn, i, args, *rest, **kw)
 
-        _wrap.__colltrace__ = True  # type: ignore[attr-defined]
-        _wrap.__module__ = orig.__module__
-        _wrap.__qualname__ = orig.__qualname__
-        spawn_mod._wrap = _wrap  # type: ignore[attr-defined]
+            _wrap.__module__ = orig.__module__
+            _wrap.__qualname__ = orig.__qualname__
+            return _wrap
+
+        patches.wrap(spawn_mod, "_wrap", make)
 
     # -- fatal signals and SIGTERM ----------------------------------------------------------
 

@@ -15,8 +15,9 @@ P2P = schema.KIND_P2P
 
 class OpSpec(NamedTuple):
     """One traced function: its op name, kind and flags, and `extract(args, kwargs, attribution)`,
-    which returns (key, group, async_op, input, output, reduce op, root, group root) for one call. `extract` is
-    generated per function with the installed torch's parameter positions inlined (the hot path).
+    which returns (key, call) for one call, call being (group, async_op, input, output, reduce op,
+    root, group root). `extract` is generated per function with the installed torch's parameter
+    positions inlined (it runs on every collective).
 
     `key` identifies everything a record takes from the call and its attribution (op, group,
     shapes, dtype, reduce op, root, async; module, phase, flavour): calls with equal keys pack
@@ -25,9 +26,7 @@ class OpSpec(NamedTuple):
     name: str
     kind: int
     flags: int
-    extract: Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, ...]]
-    source: str = ""  # extract's body, for wrappers that inline it (see shim.Shim._wrap)
-    plan: tuple[Any, ...] = ()  # the key's recipe, for the C fast path: see key_plan
+    extract: Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, tuple[Any, ...]]]
 
 
 # name: (input param, output param, kind, root param, flags). Parameters are looked up by
@@ -140,7 +139,7 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
     cached = not flags & (schema.FLAG_OBJECT | schema.FLAG_COALESCED) and inp not in _LISTS and out not in _LISTS
     plan = key_plan(next(KEYS), params, fields) if cached else ()
     source = _extract_source(params, fields, plan)
-    return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source), source=source, plan=plan)
+    return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source))
 
 
 KEY_VALUE, KEY_SHAPE, KEY_DTYPE = 0, 1, 2
@@ -149,7 +148,7 @@ KEY_VALUE, KEY_SHAPE, KEY_DTYPE = 0, 1, 2
 def key_plan(key_id: int, params: list[str], fields: tuple[tuple[str | None, Any], ...]) -> tuple[Any, ...]:
     """How a call's key is built: (key_id, items), each item (what, variable, position, keyword,
     default): the argument itself, or its .shape or .dtype. The key is (key_id, *items,
-    attribution). The generated Python extractor and the C fast path both follow it."""
+    attribution)."""
     names = EXTRACTED[1:]
     items = []
     for var, (param, default) in zip(names, fields):
@@ -166,15 +165,14 @@ def key_plan(key_id: int, params: list[str], fields: tuple[tuple[str | None, Any
 EXTRACTED = ("key", "group", "async_op", "inp", "out", "redop", "root", "groot")
 
 
-def _compile(
-    name: str, source: str
-) -> Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, ...]]:
-    src = f"def extract_{name}(args, kwargs, attribution):\n{source}    return {', '.join(EXTRACTED)}\n"
+Extract = Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, tuple[Any, ...]]]
+
+
+def _compile(name: str, source: str) -> Extract:
+    src = f"def extract_{name}(args, kwargs, attribution):\n{source}    return key, ({', '.join(EXTRACTED[1:])})\n"
     namespace: dict[str, Any] = {}
     exec(compile(src, f"<colltrace extract {name}>", "exec"), namespace)  # noqa: S102 - generated from a signature
-    fn: Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, ...]] = namespace[
-        f"extract_{name}"
-    ]
+    fn: Extract = namespace[f"extract_{name}"]
     return fn
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 import sys
 import threading
 import time
@@ -10,7 +9,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record.cells import RecorderCells, SeqCells
 from colltrace.record.context import (
     CONTEXT,
     Context,
@@ -18,7 +16,7 @@ from colltrace.record.context import (
 )
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
-from colltrace.trace.writer import TraceWriter
+from colltrace.trace.writer import STATIC_HEAD, STATIC_MID, TraceWriter
 
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
@@ -27,16 +25,13 @@ _STATIC_CACHE_MAX = 65536
 BSEQ_MASK = 31  # read the backend seq at every 32nd record of a group (and after multi-op calls)
 ANCHOR_FLAGS = schema.FLAG_OBJECT | schema.FLAG_COALESCED  # calls that run several backend collectives
 _OPEN_WINDOW = 256
-_PENDING_MAX = 8192  # also in _fastpath.c
-# the slot minus marker, seq/backend_seq and step..wait: see schema.SLOT_FIELDS
-_STATIC_HEAD = struct.Struct("<BBHIIIIIIIII")  # kind .. shape
-_STATIC_MID = struct.Struct("<qqqi")  # backend_seq (-1: read later), numel_in, numel_out, peer
+_PENDING_MAX = 8192
 
 
-class _Seq(SeqCells):
+class _Seq:
     """A sequence counter: one per process group (collectives), one per (group, peer) (p2p)."""
 
-    __slots__ = ("pg", "sid", "ranks")  # and SeqCells': seq, last_idx, anchor_next
+    __slots__ = ("pg", "sid", "ranks", "seq", "last_idx", "anchor_next")
 
     def __init__(self, pg: Any, sid: int, ranks: tuple[int, ...]) -> None:
         self.pg = pg
@@ -47,7 +42,7 @@ class _Seq(SeqCells):
         self.last_idx = -1  # idx of this group's last record
 
 
-class Recorder(RecorderCells):
+class Recorder:
     """One per process, created when the default process group exists."""
 
     def __init__(self, writer: TraceWriter, default_pg: Any, ctx: Context = CONTEXT, backend_seq: bool = True) -> None:
@@ -166,33 +161,40 @@ class Recorder(RecorderCells):
     # -- hot path ----------------------------------------------------------------------------
 
     def issue(
-        self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], t_issue: int, ts: ThreadState
-    ) -> tuple[int, int, Any]:
+        self, spec: OpSpec, key: Any, call: tuple[Any, ...], attribution: tuple[str, str, str], t_issue: int,
+        ts: ThreadState,
+    ) -> tuple[int, int, Any]:  # fmt: skip
         """Write the slot for a call about to run. Returns (idx, flags, anchor); idx -1: not
         recorded; anchor: the group whose backend seq to read when the call returns, or None.
 
-        A training loop repeats the same few calls, so everything but seq, step and times is
-        packed once per distinct call (the spec's key: op, group, shapes, dtypes, reduce op,
-        root; plus module, phase and flavour) and taken from a per-thread cache afterwards."""
-        attribution = ts.serve or self.ctx.current(ts)  # (module, phase, flavour)
-        key, pg, async_op, inp, out, redop, root, groot = spec.extract(args, kwargs, attribution)
-        if pg is None:
-            pg = self.default_pg
-        elif pg is self.non_member:  # this rank is not in the group: torch does nothing
-            return -1, 0, None
+        `key` and `call` come from spec.extract: call is (group, async_op, input, output, reduce
+        op, root, group root). A training loop repeats the same few calls, so everything but
+        seq, step and times is packed once per distinct key (op, group, shapes, dtypes, reduce
+        op, root, async; module, phase, flavour) and taken from a per-thread cache afterwards."""
         static: Any = ts.static.get(key) if key is not None else None
         if static is None:
-            static = self._miss(spec, key, ts, pg, async_op, inp, out, redop, root, groot, attribution)
+            static = self._miss(spec, key, call, attribution, ts)
+            if static is None:  # this rank is not in the group: torch does nothing
+                return -1, 0, None
         head, mid, counter, flags = static
         seq = counter.seq = counter.seq + 1
-        ctx = self.ctx
         if flags & ANCHOR_FLAGS or counter.anchor_next or not seq & BSEQ_MASK:
-            anchor = self.anchor(pg, counter, flags)
+            pg = call[0]
+            anchor = self.anchor(self.default_pg if pg is None else pg, counter, flags)
         else:
             anchor = None
+        ctx = self.ctx
         idx = counter.last_idx = self.writer.append_static(head, seq, mid, ctx.step, ctx.micro_step, t_issue)
         self.last_progress_ns = t_issue
         return idx, flags, anchor
+
+    def issue_call(
+        self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], ts: ThreadState
+    ) -> tuple[int, int, Any]:
+        """issue() for a call made by the shim itself (one P2POp of batch_isend_irecv)."""
+        attribution = ts.serve or self.ctx.current(ts)
+        key, call = spec.extract(args, kwargs, attribution)
+        return self.issue(spec, key, call, attribution, _now(), ts)
 
     def anchor(self, pg: Any, counter: _Seq, flags: int) -> Any:
         """The backend's seq is read at every 32nd record of a group, and around calls that run
@@ -213,10 +215,15 @@ class Recorder(RecorderCells):
         return pg
 
     def _miss(
-        self, spec: OpSpec, key: Any, ts: ThreadState, pg: Any, async_op: Any, inp: Any, out: Any, redop: Any,
-        root: Any, groot: Any, attribution: tuple[str, str, str],
-    ) -> tuple[bytes, bytes, _Seq, int]:  # fmt: skip
-        """Pack the static part of a call not seen before (and cache it when it has a key)."""
+        self, spec: OpSpec, key: Any, call: tuple[Any, ...], attribution: tuple[str, str, str], ts: ThreadState
+    ) -> tuple[bytes, bytes, _Seq, int] | None:
+        """Pack the static part of a call not seen before (and cache it when it has a key); None
+        for a group this rank is not in."""
+        pg, async_op, inp, out, redop, root, groot = call
+        if pg is None:
+            pg = self.default_pg
+        elif pg is self.non_member:
+            return None
         g = self._group(pg)
         flags = spec.flags | (schema.FLAG_ASYNC if async_op else 0)
         if not flags & _HOST_DONE and _on_cuda(inp if inp is not None else out):
@@ -250,11 +257,11 @@ class Recorder(RecorderCells):
             shape = self._shape(inp, out)
         peer = int(root) if root is not None else -1
         sid = self.sid
-        head = _STATIC_HEAD.pack(
+        head = STATIC_HEAD.pack(
             spec.kind, flags, 0, self._tid(), g.sid, sid(spec.name), dtype,
             self._redop(redop) if redop is not None else 0, sid(module), sid(phase), sid(flavour), shape,
         )  # fmt: skip
-        return head, _STATIC_MID.pack(-1, numel_in, numel_out, peer), peer
+        return head, STATIC_MID.pack(-1, numel_in, numel_out, peer), peer
 
     def returned(self, idx: int, flags: int, anchor: Any, result: Any, t_issue: int) -> None:
         """The call returned: a sync op is done; an async one is done when its Work is seen

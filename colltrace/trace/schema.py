@@ -60,6 +60,39 @@ def field_offset(field: str) -> int:
     raise KeyError(field)
 
 
+def run_struct(first: str, last: str) -> struct.Struct:
+    """The consecutive fields first..last (inclusive) as one struct: pack them alone."""
+    names = FIELD_NAMES[FIELD_NAMES.index(first) : FIELD_NAMES.index(last) + 1]
+    return struct.Struct("<" + "".join(code for name, code in SLOT_FIELDS if name in names))
+
+
+def slot_struct(*parts: str | tuple[str, str]) -> struct.Struct:
+    """A struct over a whole slot that packs or unpacks only `parts`, in slot order: a field name
+    is that field; (first, last) is those consecutive fields as one bytes value (pre-packed with
+    run_struct). Every other byte is padding. Packers and readers derive their layouts here."""
+    wanted: dict[str, str] = {}
+    for part in parts:
+        if isinstance(part, tuple):
+            run = run_struct(*part)
+            names = FIELD_NAMES[FIELD_NAMES.index(part[0]) : FIELD_NAMES.index(part[1]) + 1]
+            wanted[names[0]] = f"{run.size}s"
+            wanted.update((n, "") for n in names[1:])
+        else:
+            wanted[part] = dict(SLOT_FIELDS)[part]
+    fmt, pad = "<", 0
+    for name, code in SLOT_FIELDS:
+        if name in wanted:
+            if pad:
+                fmt += f"{pad}x"
+                pad = 0
+            fmt += wanted[name]
+        else:
+            pad += struct.calcsize("<" + code)
+    out = struct.Struct(fmt + f"{pad + SLOT_SIZE - SLOT.size}x")
+    assert out.size == SLOT_SIZE, out.format
+    return out
+
+
 FLAGS_OFFSET = field_offset("flags")
 T_DONE_OFFSET = field_offset("t_done_ns")
 WAIT_OFFSET = field_offset("wait_ns")

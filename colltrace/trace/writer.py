@@ -13,7 +13,6 @@ import struct
 import threading
 from typing import Any
 
-from colltrace.record.cells import WriterCells
 from colltrace.trace import schema
 
 try:
@@ -36,23 +35,22 @@ _pack_slot = schema.SLOT.pack_into
 _BASE = schema.RING_HEADER_SIZE
 _SIZE = schema.SLOT_SIZE
 _HEAD_MASK = schema.HEAD_EVERY - 1
-_DONE_WAIT = struct.Struct("<qq")
-# a whole slot from its pre-packed parts: marker (0), kind..shape, seq, backend_seq..peer, step,
-# micro_step, t_issue_ns, t_done_ns and wait_ns (0) (see schema.SLOT_FIELDS): four integers to convert
-_FAST = struct.Struct("<8x40sQ28siiq16x")
-assert _FAST.size == schema.SLOT.size
-# for wrappers that inline append_static and finish_sync (colltrace.record.shim)
-pack_fast = _FAST.pack_into
-pack_marker = _MARKER.pack_into
-pack_done = _DONE_WAIT.pack_into
+_DONE_WAIT = schema.run_struct("t_done_ns", "wait_ns")
+# the per-call-site fields, packed once per distinct call (colltrace.record.recorder)
+STATIC_HEAD = schema.run_struct("kind", "shape")
+STATIC_MID = schema.run_struct("backend_seq", "peer")
+# a whole slot from those parts and the four integers that change per call; marker, t_done_ns
+# and wait_ns stay 0 (the marker is written last)
+_pack_static = schema.slot_struct(
+    ("kind", "shape"), "seq", ("backend_seq", "peer"), "step", "micro_step", "t_issue_ns"
+).pack_into
 
 
 _STEP_LINE = b'{"ev":"%s","step":%%d,"t_ns":%%d}\n' % schema.EV_STEP.encode()
 
 
-class TraceWriter(WriterCells):
-    """Append-only writer for one rank. Thread-safe; the hot path takes no lock (last_idx is
-    WriterCells', a C field when the fast path is built)."""
+class TraceWriter:
+    """Append-only writer for one rank. Thread-safe; the hot path takes no lock."""
 
     def __init__(self, run_dir: str, rank: int, capacity: int, full: bool, header: dict[str, Any]) -> None:
         os.makedirs(run_dir, exist_ok=True)
@@ -114,11 +112,12 @@ class TraceWriter(WriterCells):
 
     def append_static(self, head: bytes, seq: int, mid: bytes, step: int, micro_step: int, t_issue_ns: int) -> int:
         """append() with the per-call-site fields pre-packed: head = kind..shape, mid = backend_seq
-        (-1), numel_in, numel_out, peer. One store for the slot (marker 0), one for the marker."""
+        (-1), numel_in, numel_out, peer (STATIC_HEAD, STATIC_MID). One store for the slot (marker 0),
+        one for the marker."""
         idx = next(self.counter)
         off = self.offset_of(idx)
         mm = self.mv
-        pack_fast(mm, off, head, seq, mid, step, micro_step, t_issue_ns)
+        _pack_static(mm, off, head, seq, mid, step, micro_step, t_issue_ns)
         _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
         if not idx & _HEAD_MASK:
             self.publish_head(idx)

@@ -1,13 +1,10 @@
-"""The C fast path (colltrace/record/_fastpath.c) records exactly what the Python wrapper records."""
+"""The traced wrapper of a torch.distributed function: what it records, call after call, and how it stands in for the function."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +13,9 @@ from _jobs import job_env
 from colltrace.trace import schema
 from colltrace.trace.reader import read_run
 
-# A world-1 gloo job: repeated blocking calls (the fast path), a phase label, an async call (handed
-# over), a call inside a traced call, and the C wrapper rebuilt with a Python fallback that counts
-# the calls handed to it.
+# A world-1 gloo job: repeated blocking calls (served from the per-thread cache), a phase label,
+# async calls, a call inside a traced call, a call that fails inside torch, and a keyword name made
+# at run time.
 CODE = """
 import json, os, socket, sys, torch, torch.distributed as dist
 with socket.socket() as s:
@@ -26,25 +23,17 @@ with socket.socket() as s:
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 dist.init_process_group("gloo", rank=0, world_size=1)
 import colltrace
-from colltrace.record import shim, recorder
+from colltrace.record import ops, shim
 from colltrace.record.context import CONTEXT
-handed = [0]
-fast = dist.all_reduce
-if shim._fastpath is not None:
-    slow = fast.slow
-    def counting(*args, **kwargs):
-        handed[0] += 1
-        return slow(*args, **kwargs)
-    fast = shim._fastpath.Traced(fast.__wrapped__, counting, shim.SHIM, CONTEXT.threads, CONTEXT.current,
-                                 fast.plan, recorder.ANCHOR_FLAGS, recorder.BSEQ_MASK)
+traced = dist.all_reduce
 x = torch.ones(4)
 for _ in range(100):
-    fast(x)
+    traced(x)
 with colltrace.phase("eval"):
     for _ in range(5):
-        fast(x, op=dist.ReduceOp.MAX)
+        traced(x, op=dist.ReduceOp.MAX)
 for _ in range(25):
-    fast(x, async_op=True).wait()
+    traced(x, async_op=True).wait()
 dist.all_reduce(torch.ones(4), async_op=True).wait()
 dist.all_gather_into_tensor(torch.empty(4), torch.ones(4))
 for _ in range(40):
@@ -55,7 +44,7 @@ def flaky(*args, **kwargs):  # the third call fails inside torch
     if calls[0] == 3:
         raise RuntimeError("boom")
     return real(*args, **kwargs)
-flaky_traced = shim.SHIM._wrap(shim.ops.build_spec("all_reduce", real), flaky)
+flaky_traced = shim.SHIM.wrap(ops.build_spec("all_reduce", real), flaky)
 for _ in range(5):
     try:
         flaky_traced(torch.ones(3))
@@ -63,9 +52,9 @@ for _ in range(5):
         raised.append(str(e))
 op_name = "".join(["o", "p"])  # a keyword name made at run time, not interned
 for _ in range(5):
-    fast(x, **{op_name: dist.ReduceOp.MAX})
-print(json.dumps({"handed": handed[0], "fast": shim._fastpath is not None, "raised": raised,
-                  "depth": CONTEXT.state().depth, "wait": type(dist.distributed_c10d.Work.wait).__name__}))
+    traced(x, **{op_name: dist.ReduceOp.MAX})
+print(json.dumps({"raised": raised, "depth": CONTEXT.state().depth,
+                  "wait": type(dist.distributed_c10d.Work.wait).__name__}))
 dist.destroy_process_group()
 """
 
@@ -77,12 +66,9 @@ def _said(code: str, env: dict[str, str], timeout: float = 120) -> dict[str, Any
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def _run(tmp_path: Path, pure: bool) -> tuple[dict[str, object], list[tuple[object, ...]]]:
-    out = tmp_path / ("pure" if pure else "c")
-    env = job_env(out)
-    if pure:
-        env["COLLTRACE_PURE"] = "1"
-    said = _said(CODE, env)
+def _run(tmp_path: Path) -> tuple[dict[str, object], list[tuple[object, ...]]]:
+    out = tmp_path / "run"
+    said = _said(CODE, job_env(out))
     rt = read_run(str(out)).ranks[0]
     assert all(r.t_done_ns is not None and r.t_done_ns >= r.t_issue_ns for r in rt.records)
     rows = [
@@ -93,13 +79,9 @@ def _run(tmp_path: Path, pure: bool) -> tuple[dict[str, object], list[tuple[obje
     return said, rows
 
 
-def test_c_fast_path_records_what_the_python_wrapper_records(tmp_path: Path) -> None:
-    said_c, c = _run(tmp_path, pure=False)
-    said_py, py = _run(tmp_path, pure=True)
-    assert said_py == {"handed": 0, "fast": False, "raised": ["boom"], "depth": 0, "wait": "function"}
-    assert said_c["wait"] == ("Waiter" if said_c["fast"] else "function")
-    assert said_c["raised"] == ["boom"] and said_c["depth"] == 0
-    assert c == py
+def test_each_call_is_recorded_in_order_with_its_arguments_and_outcome(tmp_path: Path) -> None:
+    said, c = _run(tmp_path)
+    assert said == {"raised": ["boom"], "depth": 0, "wait": "function"}
     assert [r[1] for r in c] == list(range(1, 183))  # one group, 182 records, seq 1..182
     assert [r[7] for r in c[:105]] == ["SUM"] * 100 + ["MAX"] * 5
     assert [r[10] for r in c[100:105]] == ["eval"] * 5
@@ -108,26 +90,11 @@ def test_c_fast_path_records_what_the_python_wrapper_records(tmp_path: Path) -> 
     # the failed call: recorded with the error flag; the calls after it recorded as usual
     assert [bool(r[13] & schema.FLAG_ERROR) for r in c[172:177]] == [False, False, True, False, False]
     assert [r[7] for r in c[177:]] == ["MAX"] * 5  # the keyword found though its name is not interned
-    if said_c["fast"]:
-        # handed over: the first call of each key (SUM, MAX, async; the first is also the group's
-        # first backend-seq read) and the first MAX call outside the label; nothing else (the C
-        # path reads the backend's seq at every 32nd record itself)
-        assert said_c["handed"] == 3 + 1
     # the backend's seq, as read after the call: at the group's first record and every 32nd (128: async)
     assert [(r[1], r[2]) for r in c[:130] if r[2] != -1] == [(1, 1), (32, 32), (64, 64), (96, 96), (128, 128)]
 
 
-def test_the_c_fast_path_is_built_where_a_compiler_is() -> None:
-    from colltrace.record import shim
-
-    compiler = shutil.which((os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0])
-    if compiler is None or os.environ.get("COLLTRACE_NO_EXTENSION", "") not in ("", "0"):
-        assert shim._fastpath is None
-        return
-    assert shim._fastpath is not None, "a C compiler is here, yet colltrace/record/_fastpath was not built"
-
-
-# Two threads, each on its own group, through the fast path at once; then 20,000 more calls on one
+# Two threads, each on its own group, at once; then 20,000 more calls on one
 # thread, counting the interpreter's allocated blocks: a reference leaked per call would show here.
 STRESS = """
 import json, os, socket, sys, threading, torch, torch.distributed as dist
@@ -135,7 +102,6 @@ with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 dist.init_process_group("gloo", rank=0, world_size=1)
-from colltrace.record import shim
 groups = [dist.new_group([0]), dist.new_group([0])]
 def work(g):
     x = torch.ones(8)
@@ -155,12 +121,12 @@ for _ in range(20000):
 for _ in range(10000):
     dist.all_reduce(x, async_op=True).wait()
 grown = sys.getallocatedblocks() - before
-print(json.dumps({"grown": grown, "fast": shim._fastpath is not None}))
+print(json.dumps({"grown": grown}))
 dist.destroy_process_group()
 """
 
 
-def test_fast_path_under_threads_and_many_calls_leaks_nothing(tmp_path: Path) -> None:
+def test_calls_from_two_threads_and_many_calls_leak_nothing(tmp_path: Path) -> None:
     env = job_env(tmp_path, COLLTRACE_RING="100000")
     said = _said(STRESS, env, timeout=300)
     assert said["grown"] < 2000, said  # 30,000 calls: one leaked object per call would be 30,000
@@ -182,33 +148,22 @@ def test_fast_path_under_threads_and_many_calls_leaks_nothing(tmp_path: Path) ->
 
 
 # The wrapper stands in for a function: copy, deepcopy, pickle, weakref and binding as a class
-# attribute behave as with the original. And with backend-seq reads off, nothing is handed over
-# but a key's first call.
+# attribute behave as with the original.
 LIKE_A_FUNCTION = """
 import copy, json, os, pickle, socket, weakref, torch, torch.distributed as dist
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 dist.init_process_group("gloo", rank=0, world_size=1)
-from colltrace.record import shim, recorder
-from colltrace.record.context import CONTEXT
 f = dist.all_reduce
 class Holder:
     fn = dist.all_reduce
 same = [copy.copy(f) is f, copy.deepcopy({"f": f})["f"] is f, pickle.loads(pickle.dumps(f)) is f,
         weakref.ref(f)() is f, getattr(Holder().fn, "__func__", None) is f, Holder.fn is f]
-handed = [0]
-if shim._fastpath is not None:
-    slow = f.slow
-    def counting(*args, **kwargs):
-        handed[0] += 1
-        return slow(*args, **kwargs)
-    f = shim._fastpath.Traced(f.__wrapped__, counting, shim.SHIM, CONTEXT.threads, CONTEXT.current, f.plan,
-                              recorder.ANCHOR_FLAGS, recorder.BSEQ_MASK)
 x = torch.ones(4)
 for _ in range(100):
     f(x)
-print(json.dumps({"same": same, "handed": handed[0], "fast": shim._fastpath is not None}))
+print(json.dumps({"same": same}))
 dist.destroy_process_group()
 """
 
@@ -217,8 +172,6 @@ def test_the_wrapper_copies_pickles_and_binds_like_the_function_it_replaces(tmp_
     env = job_env(tmp_path, COLLTRACE_BACKEND_SEQ="0")
     said = _said(LIKE_A_FUNCTION, env)
     assert said["same"] == [True] * 6
-    if said["fast"]:
-        assert said["handed"] == 1  # the first call (a new key); no backend-seq reads to hand over
     rt = read_run(str(tmp_path)).ranks[0]
     assert [r.seq for r in rt.records] == list(range(1, 101))
     assert all(r.t_done_ns is not None and r.backend_seq == -1 for r in rt.records)  # -1: not read
