@@ -10,7 +10,7 @@ and with an adapter serving the call (FSDP's case: no walk). Beside them the sam
 yardstick: one dict +
 orjson.dumps + os.write (whose system call's kernel instructions callgrind does not count, so the
 yardstick is flattered). Then the FSDP2 adapter's wrappers of FSDPParamGroup.unshard and
-post_backward (the C scope and the Python decision, fsdp.fsdp2_decisions) on a stand-in group,
+post_backward (adapter.scoped and its decision, fsdp.fsdp2_decisions) on a stand-in group,
 beyond the cost of calling the method itself. The last line is one JSON object.
 """
 
@@ -26,6 +26,25 @@ import tempfile
 from typing import Any
 
 N = 1000
+
+
+def _stand_in_torch_compiler() -> None:
+    """torch.compiler.is_compiling, which the wrapper asks first, without importing torch: the same
+    shape as torch 2.13's (a call to torch.jit.is_scripting, then a module flag)."""
+    import types
+
+    torch, jit, compiler = types.ModuleType("torch"), types.ModuleType("torch.jit"), types.ModuleType("torch.compiler")
+    jit.is_scripting = lambda: False  # type: ignore[attr-defined]
+    compiler._is_compiling_flag = False  # type: ignore[attr-defined]
+
+    def is_compiling() -> bool:
+        if torch.jit.is_scripting():  # type: ignore[attr-defined]
+            return False
+        return compiler._is_compiling_flag  # type: ignore[attr-defined,no-any-return]
+
+    compiler.is_compiling = is_compiling  # type: ignore[attr-defined]
+    torch.jit, torch.compiler = jit, compiler  # type: ignore[attr-defined]
+    sys.modules.update({"torch": torch, "torch.jit": jit, "torch.compiler": compiler})
 
 
 def _adapter_child(mode: str, n: int) -> None:
@@ -80,7 +99,10 @@ def _child(mode: str, n: int) -> None:
     from colltrace.record import ops
     from colltrace.record import recorder as recorder_mod
     from colltrace.record.context import CONTEXT
+
+    _stand_in_torch_compiler()
     from colltrace.record.shim import Shim
+    from colltrace.record.tracer import Tracer
     from colltrace.trace.writer import TraceWriter
 
     class Size(tuple):  # type: ignore[type-arg]
@@ -107,9 +129,9 @@ def _child(mode: str, n: int) -> None:
     spec = ops.build_spec("all_reduce", all_reduce)
     assert spec is not None
     out = tempfile.mkdtemp()
-    shim = Shim()
-    shim.recorder = recorder_mod.Recorder(TraceWriter(out, 0, 100_000, False, {}), Group(), CONTEXT)
-    traced = shim._wrap(spec, all_reduce)
+    tracer = Tracer()
+    tracer.recorder = recorder_mod.Recorder(TraceWriter(out, 0, 100_000, False, {}), Group(), CONTEXT)
+    traced = Shim(tracer).wrap(spec, all_reduce)
     x = Tensor()
 
     class Module:  # stands in for nn.Module: the frames of its __call__ are what the shim looks for
@@ -126,13 +148,10 @@ def _child(mode: str, n: int) -> None:
         def named_modules(self) -> list[tuple[str, Any]]:
             return [("", self)]
 
-    # as in a job: the module a call serves is found from the caller's frames (the C walk if built)
-    from colltrace.record import shim as shim_mod
-    from colltrace.record.context import _frame_self
+    # as in a job: the module a call serves is found from the caller's frames
     from colltrace.record.hooks import _call_codes
 
     CONTEXT.call_codes = _call_codes(Module)
-    CONTEXT.frame_self = getattr(shim_mod._fastpath, "frame_self", None) or _frame_self
     if mode in ("shim", "served"):
         if mode == "served":  # as inside FSDP's unshard: an adapter names what the call serves
             CONTEXT.state().serve = ("layers.0", "forward", "unshard")

@@ -83,9 +83,9 @@ def _interleaved(variants: dict[str, Any], x: Any, rounds: int, n: int = 200) ->
     """Batches of n calls of each variant in turn, `rounds` times: per variant, each batch's
     per-call times. A variant is (fn, traced): the shim is put in or taken out before its batch."""
     from colltrace.record import install
-    from colltrace.record.shim import SHIM
+    from colltrace.record.tracer import TRACER
 
-    traced_now = SHIM.recorder is not None
+    traced_now = TRACER.recorder is not None
     out: dict[str, list[list[float]]] = {k: [] for k in variants}
     for r in range(rounds + 2):
         for k, (fn, traced) in variants.items():
@@ -137,10 +137,6 @@ def child_collective(out: str, rounds: int) -> None:
     def traced_sync(t: Any) -> Any:
         return dist.all_reduce(t)
 
-    def traced_python(t: Any) -> Any:  # the Python wrapper the C fast path hands over to
-        fn = dist.all_reduce
-        return getattr(fn, "slow", fn)(t)
-
     def traced_async(t: Any) -> Any:
         return dist.all_reduce(t, async_op=True).wait()
 
@@ -160,7 +156,6 @@ def child_collective(out: str, rounds: int) -> None:
         {
             "untraced": (plain, False),
             "traced": (traced_sync, True),
-            "traced_python": (traced_python, True),
             "mmap_struct": (mmap_struct, False),
             "dict_orjson_write": (dict_orjson_write, False),
             "untraced_async": (plain_async, False),
@@ -172,8 +167,7 @@ def child_collective(out: str, rounds: int) -> None:
     os.close(fd)
     os.unlink(path)
     result: dict[str, Any] = {"untraced_us": statistics.median(t for b in samples["untraced"] for t in b)}
-    result["fast_path"] = "C" if hasattr(dist.all_reduce, "slow") else "Python"
-    for k in ("traced", "traced_python", "mmap_struct", "dict_orjson_write"):
+    for k in ("traced", "mmap_struct", "dict_orjson_write"):
         result[f"{k}_delta_us"], result[f"{k}_delta_iqr_us"] = _delta(samples, "untraced", k)
     result["async_delta_us"], result["async_delta_iqr_us"] = _delta(samples, "untraced_async", "traced_async")
     result.update(_cpu_cost(x))
@@ -199,7 +193,7 @@ def _cpu_cost(x: Any) -> dict[str, float]:
 
     spec = ops.build_spec("all_reduce", c10d.all_reduce.__wrapped__)  # type: ignore[attr-defined]
     assert spec is not None
-    traced = SHIM._wrap(spec, nothing)
+    traced = SHIM.wrap(spec, nothing)
     mm = mmap.mmap(-1, 1 << 20)
     slot = struct.Struct("<QQqq")
     fd, path = tempfile.mkstemp()
@@ -222,7 +216,6 @@ def _cpu_cost(x: Any) -> dict[str, float]:
     base = cpu(nothing)
     result = {
         "cpu_us": cpu(traced) - base,
-        "cpu_python_us": cpu(getattr(traced, "slow", traced)) - base,
         "cpu_mmap_struct_us": cpu(mmap_struct) - base,
         "cpu_dict_orjson_write_us": cpu(dict_orjson_write) - base,
     }
@@ -272,7 +265,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
     import torch.distributed.distributed_c10d as c10d
 
     from colltrace.record import install
-    from colltrace.record.shim import SHIM
+    from colltrace.record.tracer import TRACER
 
     model, opt, batch = _fsdp_model(rank, world, port)
 
@@ -285,7 +278,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
             opt.zero_grad()
         return (time.perf_counter_ns() - t0) / k / 1e6, (time.thread_time_ns() - c0) / k / 1e6
 
-    traced = SHIM.recorder is not None and interleave
+    traced = TRACER.recorder is not None and interleave
     names = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor")
     if traced:
         install.pause()
@@ -302,46 +295,36 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
 
         return beside
 
-    from colltrace.record import shim as shim_mod
-
-    fastpath = shim_mod._fastpath
-
     def switch(variant: str) -> None:
         for n, fn in plain.items():
             wrapped = yardstick(fn) if variant == "yardstick" else fn
             setattr(c10d, n, wrapped)
             setattr(dist, n, wrapped)
-        if variant.startswith("traced") and traced:
-            # traced_python: the wrappers built without the C fast path
-            shim_mod._fastpath = None if variant == "traced_python" else fastpath
+        if variant == "traced" and traced:
             install.resume()
 
     steps(3)
     k = 4
     per_step = 0.0
     results: dict[str, list[tuple[float, float]]] = {"untraced": [], "traced": [], "yardstick": []}
-    if fastpath is not None:
-        results["traced_python"] = []
     for r in range(rounds + 1):  # round 0 warms every variant up (first calls, caches) and is dropped
         for variant, got in results.items():
             switch(variant)
-            first = SHIM.recorder.writer.last_idx if SHIM.recorder else 0
+            first = TRACER.recorder.writer.last_idx if TRACER.recorder else 0
             took = steps(k)
             if r:
                 got.append(took)
             if variant == "traced":
-                per_step = ((SHIM.recorder.writer.last_idx if SHIM.recorder else 0) - first) / k
-            if traced and variant.startswith("traced"):
+                per_step = ((TRACER.recorder.writer.last_idx if TRACER.recorder else 0) - first) / k
+            if traced and variant == "traced":
                 install.pause()
     if traced:
         switch("untraced")
-        shim_mod._fastpath = fastpath
         install.resume()
     if rank == 0:
         off = results["untraced"]
         wall_off = statistics.median(a[0] for a in off)
         summary: dict[str, Any] = {"untraced_ms": wall_off, "collectives_per_step": per_step}
-        summary["fast_path"] = "C" if fastpath is not None else "Python"
         for variant in results:
             if variant == "untraced":
                 continue
@@ -369,9 +352,10 @@ def _parts_worker(rank: int, world: int, port: int, out: str, rounds: int) -> No
     from colltrace.record.fsdp import FSDP
     from colltrace.record.hooks import HOOKS
     from colltrace.record.shim import SHIM
+    from colltrace.record.tracer import TRACER
 
     model, opt, batch = _fsdp_model(rank, world, port)
-    rec = SHIM.recorder
+    rec = TRACER.recorder
     parts = {
         "nothing": (),
         "collective wrappers": ("shim",),
@@ -383,9 +367,10 @@ def _parts_worker(rank: int, world: int, port: int, out: str, rounds: int) -> No
     for r in range(rounds + 2):
         for name, on in parts.items():
             install.pause()
+            TRACER.paused = rec
             if "shim" in on:
-                SHIM.install()
-                SHIM.recorder = rec
+                SHIM.install(TRACER.patches)
+                TRACER.recorder = rec
             if "hooks" in on:
                 HOOKS.install()
             if "fsdp" in on:
@@ -490,8 +475,7 @@ def main() -> None:
             f"(median over {args.rounds} interleaved batches of 200 calls; IQR over batches):"
         )
         for k, label in (
-            ("traced", f"the shim ({coll['fast_path']} fast path)"),
-            ("traced_python", "the shim, Python fast path"),
+            ("traced", "the shim"),
             ("mmap_struct", "yardstick: a struct into an mmap"),
             ("dict_orjson_write", "yardstick: a dict + orjson + os.write"),
         ):
@@ -500,8 +484,7 @@ def main() -> None:
         lo, hi = coll["async_delta_iqr_us"]
         print(f"  {'the shim, async_op=True + wait()':40s} {coll['async_delta_us']:6.2f} us  ({lo:.1f}..{hi:.1f})")
         print(
-            f"CPU time per call, warm (tight loop, no collective): the shim {coll['cpu_us']:.2f} us "
-            f"(Python fast path {coll['cpu_python_us']:.2f} us), "
+            f"CPU time per call, warm (tight loop, no collective): the shim {coll['cpu_us']:.2f} us, "
             f"struct into an mmap {coll['cpu_mmap_struct_us']:.2f} us, "
             f"dict + orjson + os.write {coll['cpu_dict_orjson_write_us']:.2f} us"
         )
@@ -511,8 +494,7 @@ def main() -> None:
             f"{step['untraced_ms']:.2f} ms; added per step (median of {args.rounds} interleaved rounds, 90% CI):"
         )
         labels = {
-            "traced": f"the shim ({step['fast_path']} fast path)",
-            "traced_python": "the shim, Python fast path",
+            "traced": "the shim",
             "yardstick": "yardstick: a struct into an mmap per collective",
         }
         for k, label in labels.items():
@@ -539,10 +521,7 @@ def main() -> None:
                 "async_overhead_us": round(coll["async_delta_us"], 3),
                 "mmap_struct_beside_us": round(coll["mmap_struct_delta_us"], 3),
                 "dict_orjson_write_beside_us": round(coll["dict_orjson_write_delta_us"], 3),
-                "fast_path": coll["fast_path"],
-                "per_collective_python_us": round(coll["traced_python_delta_us"], 3),
                 "per_collective_cpu_us": round(coll["cpu_us"], 3),
-                "per_collective_python_cpu_us": round(coll["cpu_python_us"], 3),
                 "mmap_struct_cpu_us": round(coll["cpu_mmap_struct_us"], 3),
                 "dict_orjson_write_cpu_us": round(coll["cpu_dict_orjson_write_us"], 3),
                 "step_overhead_pct": round(step["traced"]["wall_pct"], 3),
@@ -550,7 +529,6 @@ def main() -> None:
                 "step_cpu_overhead_pct": round(step["traced"]["cpu_pct"], 3),
                 "step_cpu_overhead_ci90_pct": [round(v, 3) for v in step["traced"]["cpu_ci90_pct"]],
                 "step_yardstick_cpu_pct": round(step["yardstick"]["cpu_pct"], 3),
-                "step_python_cpu_pct": round(step.get("traced_python", step["traced"])["cpu_pct"], 3),
                 "step_ms": round(step["untraced_ms"], 3),
                 "flight_recorder_us": round(fr_on - fr_off, 3),
                 "detail_ratio": round(det_on / det_off, 3),

@@ -13,6 +13,8 @@ import pytest
 from colltrace.record import adapter
 from colltrace.record.context import Context
 
+pytestmark = pytest.mark.real  # launches real multi-process jobs
+
 SERVE = ("blocks.1", "forward", "unshard")
 
 

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from _jobs import job_env
 
 from colltrace.trace.reader import read_run
+
+pytestmark = pytest.mark.real  # launches real multi-process jobs
 
 CODE = """
 import os, socket, torch, torch.distributed as dist

@@ -9,6 +9,8 @@ from colltrace.trace import schema
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import RankState
 
+pytestmark = pytest.mark.real  # launches real multi-process jobs
+
 
 @pytest.fixture(scope="module")
 def every_op(tmp_path_factory: pytest.TempPathFactory):

@@ -13,6 +13,8 @@ from colltrace.trace import schema
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import RankState
 
+pytestmark = pytest.mark.real  # launches real multi-process jobs
+
 # one bucket in the first step; DDP rebuilds them then, one per parameter here: the last layer's
 # (weight 128 + bias 4), then the first layer's bias (32) and weight (512)
 BUCKETS = [("0..2", 676, 0)] + [(m, n, step) for step in (1, 2) for m, n in (("2", 132), ("0", 32), ("0", 512))]

@@ -11,6 +11,8 @@ from _jobs import torchrun
 
 from colltrace.trace.reader import RankState, read_run
 
+pytestmark = pytest.mark.real  # launches real multi-process jobs
+
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "deepspeed_zero3"
 BLOCKS = ["blocks.0.lin", "blocks.1.lin", "blocks.2.lin"]
 

@@ -17,10 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _jobs import job_env
 
 from colltrace.trace import schema
 from colltrace.trace.reader import read_run
+
+pytestmark = pytest.mark.real  # launches real multi-process jobs
 
 CODE = """
 import json, os, socket, torch, torch.distributed as dist

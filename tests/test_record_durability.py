@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from _jobs import WORKLOADS, job_env, kill_group, start_torchrun, torchrun, wait_for
 
 from colltrace.trace import schema
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import RankState
+
+pytestmark = pytest.mark.real  # launches real multi-process jobs
 
 
 def _pids(run_dir: Path) -> list[int]:

@@ -8,6 +8,8 @@ from _jobs import torchrun
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import Collective, RankState
 
+pytestmark = pytest.mark.real  # launches real multi-process jobs
+
 STEPS, ACCUM = 2, 2
 BLOCKS = ["layers.0", "layers.1", "layers.2"]
 

@@ -12,6 +12,8 @@ from _jobs import torchrun
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import RankState
 
+pytestmark = pytest.mark.real  # launches real multi-process jobs
+
 STEP = [
     ("all_reduce", "encoder.0", "forward"),
     ("all_reduce", "encoder.1", "forward"),

@@ -8,10 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _jobs import job_env
 
 from colltrace.trace import schema
 from colltrace.trace.reader import read_run
+
+pytestmark = pytest.mark.real  # launches real multi-process jobs
 
 # A world-1 gloo job: repeated blocking calls (served from the per-thread cache), a phase label,
 # async calls, a call inside a traced call, a call that fails inside torch, and a keyword name made

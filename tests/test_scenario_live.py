@@ -14,9 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from colltrace.scenarios import schedule as sch
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import RankState, Run
+
+pytestmark = pytest.mark.real  # launches real multi-process jobs
 
 TIMEOUT_S = 240
 

@@ -107,6 +107,7 @@ def start_recording() -> None:
             "clock": {"wall_ns": time.time_ns(), "mono_ns": time.monotonic_ns()},
             "colltrace": _version(),
             "hang_s": cfg.hang_s,
+            "unseen": _unseen(cfg),
         }
         writer = TraceWriter(run_dir, rank, cfg.ring, cfg.full, header)
         rec = Recorder(writer, default_pg, CONTEXT, backend_seq=cfg.backend_seq)
@@ -123,6 +124,17 @@ def start_recording() -> None:
         LIFECYCLE.start(rec, cfg.hang_s)
         if os.environ.get("COLLTRACE_QUIET") != "1" and rank == 0:
             _say(f"tracing {world} ranks into {run_dir}")
+
+
+def _unseen(cfg: config_mod.Config) -> list[str]:
+    """What runs in this job without passing through Python, and so is never in its trace."""
+    unseen = [
+        "collectives inside torch.compile'd graphs (they run as torch.ops._c10d_functional from C++;"
+        " Flight Recorder sees them)"
+    ]
+    if not cfg.ddp:
+        unseen.append("DDP's gradient all-reduces (COLLTRACE_DDP=off: its C++ reducer issues them)")
+    return unseen
 
 
 def _env_int(name: str) -> int | None:

@@ -27,6 +27,7 @@ class OpSpec(NamedTuple):
     kind: int
     flags: int
     extract: Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, tuple[Any, ...]]]
+    source: str = ""  # extract's body (it sets key and call), for the wrapper to inline (shim.Shim.wrap)
 
 
 # name: (input param, output param, kind, root param, flags). Parameters are looked up by
@@ -139,7 +140,7 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
     cached = not flags & (schema.FLAG_OBJECT | schema.FLAG_COALESCED) and inp not in _LISTS and out not in _LISTS
     plan = key_plan(next(KEYS), params, fields) if cached else ()
     source = _extract_source(params, fields, plan)
-    return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source))
+    return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source), source=source)
 
 
 KEY_VALUE, KEY_SHAPE, KEY_DTYPE = 0, 1, 2
@@ -169,7 +170,7 @@ Extract = Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tupl
 
 
 def _compile(name: str, source: str) -> Extract:
-    src = f"def extract_{name}(args, kwargs, attribution):\n{source}    return key, ({', '.join(EXTRACTED[1:])})\n"
+    src = f"def extract_{name}(args, kwargs, attribution):\n{source}    return key, call\n"
     namespace: dict[str, Any] = {}
     exec(compile(src, f"<colltrace extract {name}>", "exec"), namespace)  # noqa: S102 - generated from a signature
     fn: Extract = namespace[f"extract_{name}"]
@@ -178,9 +179,9 @@ def _compile(name: str, source: str) -> Extract:
 
 def _extract_source(params: list[str], fields: tuple[tuple[str | None, Any], ...], plan: tuple[Any, ...]) -> str:
     """The body of `extract(args, kwargs)` for one signature, as source indented by 4, setting
-    the EXTRACTED names: each value is args[i] when passed by position, else kwargs.get(name,
-    default); a parameter the function lacks is its default. The key holds the tensors' shape
-    and dtype, never the tensors (see OpSpec)."""
+    `key` and `call` (the EXTRACTED values but key): each value is args[i] when passed by
+    position, else kwargs.get(name, default); a parameter the function lacks is its default. The
+    key holds the tensors' shape and dtype, never the tensors (see OpSpec)."""
     names = EXTRACTED[1:]
     lines = ["    n = len(args)"]
     for var, (param, default) in zip(names, fields):
@@ -204,6 +205,7 @@ def _extract_source(params: list[str], fields: tuple[tuple[str | None, Any], ...
         ]
     else:
         lines.append("    key = None")
+    lines.append(f"    call = ({', '.join(names)})")
     return "\n".join(lines) + "\n"
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import linecache
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -82,49 +84,29 @@ class Shim:
 
     def wrap(self, spec: ops.OpSpec, orig: Callable[..., Any]) -> Callable[..., Any]:
         """The traced version of one torch function: the recorder's issue() before the call,
-        returned() after it. Its cost is the product (bench/step_instructions.py)."""
+        returned() after it, the spec's argument extractor inlined (its cost is the product:
+        bench/step_instructions.py)."""
         made = self._made.get(id(orig))
         if made is not None and made[0] is orig:  # installed again (install.resume): the same wrapper
             return made[1]
-        tracer = self.tracer
-        threads_get, state, current = CONTEXT.threads.get, CONTEXT.state, CONTEXT.current
-        extract, compiling, failed = spec.extract, _is_compiling(), tracer.failed
-        recording, completing = f"recording {spec.name} failed", f"completing {spec.name} failed"
-
-        def traced(*args: Any, **kwargs: Any) -> Any:
-            if compiling():  # TorchDynamo is tracing: it sees the original, as without colltrace
-                return orig(*args, **kwargs)
-            rec = tracer.recorder
-            if rec is None:
-                return orig(*args, **kwargs)
-            ts = threads_get(_get_ident()) or state()
-            if ts.depth:  # inside a traced call that forwards to another: recorded once
-                return orig(*args, **kwargs)
-            t_issue = _now()
-            try:
-                attribution = ts.serve or current(ts)
-                key, call = extract(args, kwargs, attribution)
-                idx, flags, anchor = rec.issue(spec, key, call, attribution, t_issue, ts)
-            except Exception as e:  # the shim steps aside, the collective still runs
-                failed(rec, recording, e)
-                return orig(*args, **kwargs)
-            ts.depth = 1
-            try:
-                result = orig(*args, **kwargs)
-            except BaseException as e:
-                ts.depth = 0
-                if idx >= 0:
-                    rec.failed(idx, flags, e)
-                raise
-            ts.depth = 0
-            if idx >= 0:
-                try:
-                    rec.returned(idx, flags, anchor, result, t_issue)
-                except Exception as e:
-                    rec.warn_once(completing, e)
-            return result
-
-        functools.update_wrapper(traced, orig)
+        extract = spec.source or "    key, call = spec.extract(args, kwargs, attribution)\n"
+        source = _WRAPPER.format(name=spec.name, extract=textwrap.indent(extract, "    "))
+        namespace: dict[str, Any] = {
+            "tracer": self.tracer,
+            "orig": orig,
+            "spec": spec,
+            "compiling": _is_compiling(),
+            "threads_get": CONTEXT.threads.get,
+            "state": CONTEXT.state,
+            "current": CONTEXT.current,
+            "get_ident": _get_ident,
+            "now": _now,
+        }
+        filename = f"<colltrace traced {spec.name}>"
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - generated from a signature
+        # tracebacks and stack dumps through the wrapper show its lines (as attrs does for its code)
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        traced: Callable[..., Any] = functools.update_wrapper(namespace[spec.name], orig)
         traced.__colltrace__ = True  # type: ignore[attr-defined]
         self._made[id(orig)] = (orig, traced)
         return traced
@@ -225,5 +207,42 @@ class Shim:
         except (TypeError, AttributeError):
             pass  # a Work class we cannot patch: async Works complete by the watchdog's poll
 
+
+# The traced wrapper of one function; {extract} sets `key` and `call` (ops.OpSpec). Plumbing only:
+# what is recorded, and how, is Recorder.issue's and Recorder.returned's.
+_WRAPPER = """
+def {name}(*args, **kwargs):
+    if compiling():  # TorchDynamo is tracing: it sees the original, as without colltrace
+        return orig(*args, **kwargs)
+    rec = tracer.recorder
+    if rec is None:
+        return orig(*args, **kwargs)
+    ts = threads_get(get_ident()) or state()
+    if ts.depth:  # inside a traced call that forwards to another: recorded once
+        return orig(*args, **kwargs)
+    t_issue = now()
+    try:
+        attribution = ts.serve or current(ts)
+{extract}
+        idx, flags, anchor = rec.issue(spec, key, call, attribution, t_issue, ts)
+    except Exception as e:  # the shim steps aside, the collective still runs
+        tracer.failed(rec, "recording {name} failed", e)
+        return orig(*args, **kwargs)
+    ts.depth = 1
+    try:
+        result = orig(*args, **kwargs)
+    except BaseException as e:
+        ts.depth = 0
+        if idx >= 0:
+            rec.failed(idx, flags, e)
+        raise
+    ts.depth = 0
+    if idx >= 0:
+        try:
+            rec.returned(idx, flags, anchor, result, t_issue)
+        except Exception as e:
+            rec.warn_once("completing {name} failed", e)
+    return result
+"""
 
 SHIM = Shim()

@@ -115,7 +115,7 @@ class TraceWriter:
         (-1), numel_in, numel_out, peer (STATIC_HEAD, STATIC_MID). One store for the slot (marker 0),
         one for the marker."""
         idx = next(self.counter)
-        off = self.offset_of(idx)
+        off = _BASE + idx * _SIZE if idx < self.capacity else self.offset_of(idx)
         mm = self.mv
         _pack_static(mm, off, head, seq, mid, step, micro_step, t_issue_ns)
         _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last

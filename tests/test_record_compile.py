@@ -1,0 +1,69 @@
+"""torch.compile under COLLTRACE=1: the same graphs as without it, fullgraph=True works, eager collectives recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _jobs import torchrun
+
+from colltrace.trace.reader import read_run
+from colltrace.trace.records import RankState
+
+pytestmark = pytest.mark.real  # launches real multi-process jobs
+
+
+def _said(out: str) -> dict[int, dict[str, Any]]:
+    """Each rank's JSON line (torchrun interleaves the workers' stdout)."""
+    found: dict[int, dict[str, Any]] = {}
+    for chunk in out.replace("}{", "}\n{").splitlines():
+        chunk = chunk.strip()
+        if chunk.startswith('{"rank"'):
+            said = json.loads(chunk)
+            found[said["rank"]] = said
+    return found
+
+
+@pytest.fixture(scope="module", params=["fn", "fsdp"])
+def both(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Any, Path]:
+    """The same job untraced and traced: what TorchDynamo built in each, and the traced run's trace."""
+    part = request.param
+    runs = {}
+    for traced in (False, True):
+        run_dir = tmp_path_factory.mktemp(f"{part}-{'traced' if traced else 'plain'}")
+        proc = torchrun("compiled.py", 2, run_dir, PART=part, COLLTRACE="1" if traced else "")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[traced] = (_said(proc.stdout), run_dir)
+    return part, runs[False][0], runs[True][0], runs[True][1]
+
+
+def test_the_compiler_builds_the_same_graphs_with_tracing_on(both: tuple[str, Any, Any, Path]) -> None:
+    part, plain, traced, _ = both
+    assert sorted(plain) == sorted(traced) == [0, 1]
+    for rank in (0, 1):
+        assert traced[rank]["graphs"] == plain[rank]["graphs"] and traced[rank]["graphs"]
+        assert traced[rank]["breaks"] == plain[rank]["breaks"] == 0
+    if part == "fn":  # fullgraph=True compiled the all_reduce into the graph, as a functional collective
+        assert plain[0]["graphs"] == ["mul all_reduce wait_tensor add"]
+        assert traced[0]["out"] == plain[0]["out"] == [7.0] * 4
+    else:  # one graph per distinct block, the same training either way
+        assert traced[0]["losses"] == plain[0]["losses"]
+
+
+def test_eager_collectives_are_recorded_and_compiled_ones_are_said_to_be_unseen(
+    both: tuple[str, Any, Any, Path],
+) -> None:
+    part, _, _, run_dir = both
+    run = read_run(str(run_dir))
+    for rt in run.ranks.values():
+        assert rt.state is RankState.FINISHED
+        assert any("torch.compile" in what for what in rt.header["unseen"])
+        if part == "fn":  # the compiled all_reduce runs from C++: only the eager one is in the trace
+            assert [(r.op, r.numel_in, r.seq) for r in rt.records] == [("all_reduce", 3, 1)]
+        else:  # FSDP2's own collectives run eagerly around the compiled blocks: all recorded, by unit
+            gathers = [(r.module, r.phase) for r in rt.records if r.op == "all_gather_single" and r.step == 0]
+            assert [m for m, p in gathers if p == "forward"] == ["0", "1", "2"]
+            scatters = [r.module for r in rt.records if r.op == "reduce_scatter_single" and r.step == 0]
+            assert scatters == ["2", "1", "0"]
