@@ -66,11 +66,6 @@ def precedent(st: GroupStream, seq: int, sid: int) -> Precedent:
     return found
 
 
-def next_expected(st: GroupStream) -> Precedent:
-    """What a rank that stopped in this group would have issued next, by its own history."""
-    return precedent(st, st.last_seq + 1, 0)
-
-
 def starts_step(st: GroupStream | None, seq: int) -> bool:
     """Is `seq` the first record of a new step (by step number) in this stream, after an earlier one?"""
     return st is not None and any(o == seq - st.seq0 for o, _ in st.step_starts[1:])

@@ -188,8 +188,3 @@ def self_failed(end: RankEnd) -> bool:
 def died_unseen(end: RankEnd) -> bool:
     """Stopped from outside with no end record and no signal seen: SIGKILL or a machine gone; treat as dead."""
     return end.state is RankState.KILLED and not end.signal and end.blocked is None
-
-
-def stopped_outside(end: RankEnd) -> bool:
-    """Stopped (hung, killed, finished, crashed) while not inside any collective."""
-    return end.blocked is None and end.state is not RankState.MISSING

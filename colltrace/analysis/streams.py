@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
@@ -314,7 +314,3 @@ def _extend(
 
 def build_all(run: Run, table: SigTable) -> dict[int, RankStreams]:
     return {rank: build_streams(rt, table) for rank, rt in sorted(run.ranks.items())}
-
-
-def signatures(table: SigTable, ids: Iterable[int]) -> list[Signature | None]:
-    return [table[i] for i in ids]

@@ -80,7 +80,12 @@ def scoped(
                     pass
         if value is None:
             return orig(*args, **kwargs)
-        return serving(ts, value, orig, args, kwargs)
+        old = ts.serve
+        ts.serve = value
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            ts.serve = old
 
     return scope
 

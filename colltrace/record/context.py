@@ -95,12 +95,6 @@ class Context:
     def labels(self) -> list[str]:
         return self.state().labels
 
-    def set_serving(self, value: tuple[str, str, str] | None) -> tuple[str, str, str] | None:
-        ts = self.state()
-        old = ts.serve
-        ts.serve = value
-        return old
-
     # -- what a collective issued now is for -----------------------------------------------
 
     def in_backward(self) -> bool:

@@ -96,9 +96,6 @@ _LISTS = frozenset(
 KEYS = itertools.count(1)  # a distinct first key element per spec
 _KEYED = ("group", "async_op", "redop", "root", "groot")
 
-# Functions that create process groups: their calls are logged as `group_create` events.
-GROUP_CREATORS = ("new_group", "split_group", "new_subgroups", "new_subgroups_by_enumeration")
-
 
 def _broadcast_coalesced_signature(process_group: Any, tensors: Any, buffer_size: Any, src: Any = 0) -> None:
     """The signature of torch.distributed._broadcast_coalesced, a C binding inspect cannot read."""

@@ -61,14 +61,6 @@ def read_events(path: str) -> tuple[list[dict[str, Any]], int]:
     return events, torn
 
 
-def iter_slots(ring_path: str) -> Iterator[tuple[int, tuple[Any, ...]]]:
-    """Yield (idx, raw slot tuple) for every committed slot still in the ring, oldest first."""
-    info = ring_info(ring_path)
-    if info is None:
-        return
-    yield from _scan(ring_path, info, schema.SLOT)
-
-
 class RingInfo(NamedTuple):
     """Where a ring's records lie: slots idx first..last (inclusive) of `capacity`, and records ever written."""
 

@@ -39,11 +39,12 @@ _DONE_WAIT = schema.run_struct("t_done_ns", "wait_ns")
 # the per-call-site fields, packed once per distinct call (colltrace.record.recorder)
 STATIC_HEAD = schema.run_struct("kind", "shape")
 STATIC_MID = schema.run_struct("backend_seq", "peer")
-# a whole slot from those parts and the four integers that change per call; marker, t_done_ns
-# and wait_ns stay 0 (the marker is written last)
-_pack_static = schema.slot_struct(
+# a whole slot from those parts and the four integers that change per call (Recorder.issue);
+# marker, t_done_ns and wait_ns stay 0: the marker is written after it, as the commit
+pack_static = schema.slot_struct(
     ("kind", "shape"), "seq", ("backend_seq", "peer"), "step", "micro_step", "t_issue_ns"
 ).pack_into
+pack_marker = _MARKER.pack_into
 
 
 _STEP_LINE = b'{"ev":"%s","step":%%d,"t_ns":%%d}\n' % schema.EV_STEP.encode()
@@ -104,20 +105,6 @@ class TraceWriter:
         off = self.offset_of(idx)
         mm = self.mv
         _pack_slot(mm, off, 0, *fields)
-        _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
-        if not idx & _HEAD_MASK:
-            self.publish_head(idx)
-        self.last_idx = idx
-        return idx
-
-    def append_static(self, head: bytes, seq: int, mid: bytes, step: int, micro_step: int, t_issue_ns: int) -> int:
-        """append() with the per-call-site fields pre-packed: head = kind..shape, mid = backend_seq
-        (-1), numel_in, numel_out, peer (STATIC_HEAD, STATIC_MID). One store for the slot (marker 0),
-        one for the marker."""
-        idx = next(self.counter)
-        off = _BASE + idx * _SIZE if idx < self.capacity else self.offset_of(idx)
-        mm = self.mv
-        _pack_static(mm, off, head, seq, mid, step, micro_step, t_issue_ns)
         _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
         if not idx & _HEAD_MASK:
             self.publish_head(idx)

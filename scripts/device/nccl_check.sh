@@ -5,13 +5,12 @@
 #
 #   1. train     FSDP2 + DDP + the other collectives, then completion against the device
 #                (scripts/device/nccl_job.py MODE=train), checked by nccl_verify.py
-#   2. train     the same with COLLTRACE_PURE=1 (the Python recorder, no C fast path)
-#   3. hang      a collective queued behind a GPU sleep longer than the group's timeout:
+#   2. hang      a collective queued behind a GPU sleep longer than the group's timeout:
 #                NCCL's watchdog aborts the process; the trace must show that collective in flight
-#   4. overhead  host time per blocking all_reduce and per FSDP2 step, traced vs untraced
-#   5. graph     all_reduces captured in a CUDA graph, replayed: the shim must not break the capture
-#   6. diverge   two ranks, rank 1 skipping an all_reduce (not in the default PARTS: needs 2 GPUs)
-# PARTS="hang" runs only some of them (train pure hang overhead graph diverge).
+#   3. overhead  host time per blocking all_reduce and per FSDP2 step, traced vs untraced
+#   4. graph     all_reduces captured in a CUDA graph, replayed: the shim must not break the capture
+#   5. diverge   two ranks, rank 1 skipping an all_reduce (not in the default PARTS: needs 2 GPUs)
+# PARTS="hang" runs only some of them (train hang overhead graph diverge).
 set -u
 OUT=${OUT:-/tmp/nccl-check-out}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,16 +27,7 @@ main() {
         $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
     fi
     export PYTHONPATH="$ROOT:/tmp/site"
-    local inc suffix site
-    inc=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-    suffix=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-    local cc
-    cc=$(command -v cc || command -v gcc || echo cc)
-    if "$cc" -O2 -fPIC -shared -Wall "-I$inc" colltrace/record/_fastpath.c -o "colltrace/record/_fastpath$suffix"; then
-        echo "C fast path built"
-    else
-        echo "C fast path NOT built: the runs record through the Python wrapper"
-    fi
+    local site
     # COLLTRACE=1 at interpreter start, as `pip install` sets it up (colltrace.pth)
     site=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     if cp colltrace.pth "$site/" 2>/dev/null; then
@@ -46,20 +36,14 @@ main() {
         printf 'import os\nos.environ.get("COLLTRACE") and __import__("colltrace._startup")\n' >/tmp/site/sitecustomize.py
         echo "colltrace.pth not writable there: sitecustomize in /tmp/site"
     fi
-    $PY -c 'from colltrace.record import shim; print("fast path:", shim._fastpath is not None)'
 
     local part
-    for part in ${PARTS:-train pure hang overhead}; do "part_$part"; done
+    for part in ${PARTS:-train hang overhead}; do "part_$part"; done
 }
 
 part_train() {
-    job train-c train 180
-    verify train train-c
-}
-
-part_pure() {
-    COLLTRACE_PURE=1 job train-pure train 180
-    verify train train-pure
+    job train train 180
+    verify train train
 }
 
 part_hang() {  # NCCL's watchdog times the collective out after 8 s; the dump it then writes waits 3 s at most
