@@ -23,6 +23,7 @@ class Config:
     backend_seq: bool  # also record pg._get_sequence_number_for_group()
     modules: str  # how running modules are found: MODULES_FRAMES, MODULES_HOOKS or MODULES_OFF
     ddp: bool  # record DDP's gradient all-reduces through a communication hook (colltrace/record/ddp.py)
+    spans: bool  # record compute spans: forward, backward, optimizer, data loading, checkpoint (record/spans.py)
 
 
 def _float(name: str, default: float) -> float:
@@ -63,6 +64,7 @@ def from_env() -> Config:
         backend_seq=os.environ.get("COLLTRACE_BACKEND_SEQ", "1") != "0",
         modules=_modules(os.environ.get("COLLTRACE_MODULES", "")),
         ddp=os.environ.get("COLLTRACE_DDP", "").strip().lower() not in ("0", "off", "false", "no"),
+        spans=os.environ.get("COLLTRACE_SPANS", "").strip().lower() not in ("0", "off", "false", "no"),
     )
 
 

@@ -19,10 +19,10 @@ with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 dist.init_process_group("gloo", rank=0, world_size=1)
-from colltrace.record import recorder
+from colltrace.record.tracer import TRACER
 def broken(*a, **k):
     raise OSError(28, "No space left on device")
-recorder.pack_static = broken  # the slot's store fails, as on a full disk
+TRACER.recorder.writer.append_static = broken  # the slot's store fails, as on a full disk
 x = torch.ones(3)
 for _ in range(5):
     dist.all_reduce(x)

@@ -88,3 +88,24 @@ def test_ranks_agree_collective_by_collective(fsdp_run) -> None:
     a, b = run.ranks[0].records, run.ranks[1].records
     key = lambda r: (r.seq, r.op, r.numel_in, r.dtype, r.module, r.phase, r.step, r.micro_step)  # noqa: E731
     assert [key(r) for r in a] == [key(r) for r in b]
+
+
+def test_fsdp2_records_the_forward_and_backward_of_every_unit_as_spans(fsdp_run) -> None:
+    fs, run = fsdp_run
+    for rt in run.ranks.values():
+        assert not rt.open_spans  # a clean exit: every span ended
+        for step in range(STEPS):
+            spans = [(s.op, s.module) for s in rt.spans if s.step == step]
+            if fs == "1":  # FSDP1's units have no spans yet: only the optimizer's
+                assert spans == [("optimizer", "")]
+                continue
+            forwards = [m for op, m in spans if op == "forward"]
+            # each micro-step: the root's forward, then every block's inside it; layers.1 and layers.2
+            # run in one activation checkpoint, so backward recomputes their forwards first
+            assert forwards == ["<root>", *BLOCKS] * ACCUM
+            assert [m for op, m in spans if op == "recompute"] == ["layers.1", "layers.2"] * ACCUM
+            backwards = [m for op, m in spans if op == "backward"]
+            assert backwards == ["<root>", "layers.2", "layers.1", "layers.0"] * ACCUM
+            assert [op for op, _ in spans if op == "optimizer"] == ["optimizer"]
+        for s in rt.spans:
+            assert s.t_done_ns is not None and s.t_done_ns >= s.t_issue_ns

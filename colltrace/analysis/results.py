@@ -93,6 +93,9 @@ class RankEnd:
     host: str
     steps: int
     signal: str = ""  # the terminating signal it recorded (alive, then stopped from outside), if any
+    open_span: Collective | None = None  # the innermost compute span still open when it stopped
+    open_for_s: float | None = None  # how long that span had been open at the run's last sign of life
+    out_of_data: bool = False  # a DataLoader iterator of this rank raised StopIteration
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,7 +110,41 @@ def excerpt(frames: list[str]) -> list[str]:
     return ([user[-1], "..."] if user else ["..."]) + tail
 
 
-def rank_end(rt: RankTrace, rs: RankStreams) -> RankEnd:
+_SPAN_WORDS = {
+    "data": "data loading",
+    "forward": "forward",
+    "backward": "backward",
+    "recompute": "recompute",
+    "optimizer": "the optimizer step",
+    "checkpoint": "checkpoint I/O",
+    "phase": "phase",
+}
+
+
+def span_text(span: Collective) -> str:
+    """'data loading', 'forward of layers.1', 'phase eval', 'checkpoint I/O (dcp.save)'."""
+    words = _SPAN_WORDS.get(span.op, span.op)
+    if span.op in ("forward", "backward", "recompute") and span.module:
+        return f"{words} of {span.module}"
+    if span.op == "phase" and span.flavour:
+        return f"phase {span.flavour}"
+    return f"{words} ({span.flavour})" if span.flavour else words
+
+
+def run_end_ns(run: Run) -> int:
+    """The run's last sign of life: the latest time any rank recorded (wall-clock ns)."""
+    latest = 0
+    for rt in run.ranks.values():
+        for seq in (rt.records, rt.spans):
+            if len(seq):
+                r = seq[-1]
+                latest = max(latest, r.t_done_ns or r.t_issue_ns)
+        for ev in (*rt.stacks, rt.signal or {}, rt.error or {}, rt.footer or {}):
+            latest = max(latest, int(ev.get("t_ns") or 0))
+    return latest
+
+
+def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     last = record(rt, rs.last_idx) if rs.last_idx >= 0 else None
     blocked = None
     if rt.state is not RankState.FINISHED:
@@ -144,8 +178,13 @@ def rank_end(rt: RankTrace, rs: RankStreams) -> RankEnd:
     if err.get("in_collective") is not None and not oom:
         # the recorder saw this exception come out of a collective: a victim's error, whatever it says
         collective_failure = True
+    open_spans = rt.open_spans if rt.state is not RankState.FINISHED else []
+    span = max(open_spans, key=lambda s: s.t_issue_ns) if open_spans else None
+    open_for = max(0.0, (end_ns - span.t_issue_ns) / 1e9) if span is not None and end_ns else None
     if blocked is not None:
         activity = f"in {blocked.op} (seq {blocked.seq})"
+    elif span is not None:
+        activity = f"in {span_text(span)}" + (f" for {open_for:.1f} s" if open_for is not None else "")
     elif stack:
         activity = stack[-1]
     elif last is not None:
@@ -166,6 +205,9 @@ def rank_end(rt: RankTrace, rs: RankStreams) -> RankEnd:
         host=rt.host,
         steps=rt.steps,
         signal=str((rt.signal or {}).get("signal") or ""),
+        open_span=span,
+        open_for_s=open_for,
+        out_of_data=bool(rt.exhausted),
     )
 
 
@@ -174,7 +216,8 @@ def missing_end(rank: int) -> RankEnd:
 
 
 def rank_ends(run: Run, streams: dict[int, RankStreams]) -> dict[int, RankEnd]:
-    out = {r: rank_end(rt, streams[r]) for r, rt in run.ranks.items()}
+    end_ns = run_end_ns(run)
+    out = {r: rank_end(rt, streams[r], end_ns) for r, rt in run.ranks.items()}
     for r in run.missing:
         out[r] = missing_end(r)
     return dict(sorted(out.items()))

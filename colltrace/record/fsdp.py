@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from colltrace.record import spans
 from colltrace.record.adapter import Adapter, prefetching
 from colltrace.record.context import (
     PHASE_BACKWARD,
@@ -14,6 +15,7 @@ from colltrace.record.context import (
     Context,
     ThreadState,
 )
+from colltrace.record.tracer import TRACER
 
 UNSHARD = "unshard"
 PREFETCH = "prefetch"
@@ -44,7 +46,7 @@ class FsdpAdapters(Adapter):
         return ctx.current(ts)[1]
 
     # Each wrapper below is adapter.scoped: the framework's method, run with what a small Python
-    # decision returns as the thread's serving scope (a C object when the fast path is built).
+    # decision returns as the thread's serving scope.
 
     # -- FSDP2 (fully_shard) -----------------------------------------------------------------
 
@@ -70,7 +72,76 @@ class FsdpAdapters(Adapter):
                 wrapped = functools.wraps(func)(prefetching(ctx, func))
                 wrapped.__colltrace__ = True  # type: ignore[attr-defined]
                 self.patches.set(group_cls, "_prefetch_unshard", staticmethod(wrapped))
+        self._fsdp2_spans(group_cls, TrainingState.PRE_BACKWARD)
         return True
+
+    def _fsdp2_spans(self, group_cls: Any, pre_backward: object) -> None:
+        """Each unit's forward (FSDPState's pre- to post-forward hook; a recompute when autograd
+        runs a backward) and backward (its param group's pre_backward to post_backward) as spans.
+        FSDP registers those hooks when fully_shard runs, so a model sharded before tracing
+        started has no forward spans."""
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+        ctx = self.ctx
+
+        def begin(obj: Any, what: str, module: str) -> None:
+            sp = TRACER.spans
+            if sp is not None:
+                obj._colltrace_span = sp.begin(what, module)
+
+        def end(obj: Any) -> None:
+            idx = obj.__dict__.pop("_colltrace_span", -1)
+            sp = TRACER.spans
+            if sp is not None and idx >= 0:
+                sp.end(idx)
+
+        def make_pre_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def _pre_forward(state: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+                try:
+                    what = spans.RECOMPUTE if ctx.graph_task_id() != -1 else spans.FORWARD
+                    begin(state, what, ctx.module_name(module))
+                except Exception as e:
+                    TRACER.warn_once("recording FSDP forward spans failed", e)
+                return orig(state, module, *args, **kwargs)
+
+            return _pre_forward
+
+        def make_post_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def _post_forward(state: Any, *args: Any, **kwargs: Any) -> Any:
+                try:
+                    return orig(state, *args, **kwargs)
+                finally:
+                    end(state)
+
+            return _post_forward
+
+        def make_pre_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def pre_backward(group: Any, *args: Any, **kwargs: Any) -> Any:
+                if group._training_state is not pre_backward:  # FSDP's own no-op otherwise
+                    try:
+                        begin(group, spans.BACKWARD, group._module_fqn or "<root>")
+                    except Exception as e:
+                        TRACER.warn_once("recording FSDP backward spans failed", e)
+                return orig(group, *args, **kwargs)
+
+            return pre_backward
+
+        def make_post_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def post_backward(group: Any, *args: Any, **kwargs: Any) -> Any:
+                try:
+                    return orig(group, *args, **kwargs)
+                finally:
+                    end(group)
+
+            return post_backward
+
+        self._patch(FSDPState, "_pre_forward", make_pre_forward)
+        self._patch(FSDPState, "_post_forward", make_post_forward)
+        self._patch(group_cls, "pre_backward", make_pre_backward)
+        # post_backward is the reduce-scatter's scope already: the span goes around it
+        self.patches.wrap(
+            group_cls, "post_backward", lambda orig: functools.wraps(orig)(make_post_backward(orig)), over_own=True
+        )
 
     # -- FSDP1 (FullyShardedDataParallel) ----------------------------------------------------
 

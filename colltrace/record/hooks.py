@@ -8,6 +8,7 @@ from typing import Any
 
 from colltrace.config import MODULES_FRAMES as FRAMES
 from colltrace.config import MODULES_HOOKS as HOOKS_MODE
+from colltrace.record import spans
 from colltrace.record.context import CONTEXT, Context
 from colltrace.record.patches import Patches
 from colltrace.record.tracer import TRACER
@@ -33,6 +34,7 @@ class Hooks:
         self.on_step: Callable[[int], object] | None = None  # set by install: writes the step event
         self._first: Any = None  # the handle of _first_forward while it is installed
         self._compiling: Callable[[], bool] = bool
+        self._optimizer_span = -1
 
     def install(self, modules: str = FRAMES) -> None:
         """modules: how running modules are found (config.MODULES_*): the caller's frames when a
@@ -68,6 +70,7 @@ class Hooks:
         patches.handle(optim.register_optimizer_step_pre_hook(self._pre_step))
         patches.handle(optim.register_optimizer_step_post_hook(self._post_step))
         self._wrap_checkpointing()
+        self._wrap_data_loading()
 
     # -- modules found from the frames: the first root's forwards count micro-steps -----------
 
@@ -116,7 +119,7 @@ class Hooks:
             def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
                 if ctx.root is None:
                     ctx.learn_root(module, module.named_modules, running=True)
-                return orig(module, *args, **kwargs)
+                return spanned(spans.FORWARD, "<root>", orig, module, *args, **kwargs)
 
             return forward
 
@@ -146,12 +149,20 @@ class Hooks:
     # -- optimizer: phase and step ----------------------------------------------------------
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.ctx.optimizer_depth += 1
+        ctx = self.ctx
+        ctx.optimizer_depth += 1
+        sp = TRACER.spans
+        if sp is not None and ctx.optimizer_depth == 1:
+            self._optimizer_span = sp.begin(spans.OPTIMIZER)
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         ctx = self.ctx
         ctx.optimizer_depth = max(0, ctx.optimizer_depth - 1)
         if ctx.optimizer_depth == 0:
+            sp = TRACER.spans
+            if sp is not None and self._optimizer_span >= 0:
+                sp.end(self._optimizer_span)
+            self._optimizer_span = -1
             ctx.step += 1
             ctx.micro_step = 0
             ctx.forwards_since_step = 0
@@ -184,20 +195,91 @@ class Hooks:
                 continue
             for name in names:
                 self.patches.wrap(mod, name, self._checkpoint_phase)
+        import torch
+
+        for name in ("save", "load"):  # a span only: they issue no collective of their own
+            self.patches.wrap(torch, name, functools.partial(_span_of, spans.CHECKPOINT, f"torch.{name}"))
 
     def _checkpoint_phase(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         ctx = self.ctx
+
+        flavour = f"dcp.{fn.__name__}"
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             ctx.checkpoint_depth += 1
             try:
-                return fn(*args, **kwargs)
+                if ctx.checkpoint_depth > 1:
+                    return fn(*args, **kwargs)
+                return spanned(spans.CHECKPOINT, "", fn, *args, flavour=flavour, **kwargs)
             finally:
                 ctx.checkpoint_depth -= 1
 
         wrapper.__colltrace__ = True  # type: ignore[attr-defined]
         return wrapper
+
+    # -- data loading ------------------------------------------------------------------------
+
+    def _wrap_data_loading(self) -> None:
+        """Each next() on a DataLoader iterator is a span; StopIteration says the rank ran out of data."""
+        try:
+            from torch.utils.data import dataloader
+        except Exception:
+            return
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(orig)
+            def __next__(it: Any) -> Any:
+                sp = TRACER.spans
+                if sp is None:
+                    return orig(it)
+                try:
+                    idx = sp.begin(spans.DATA)
+                except Exception as e:
+                    TRACER.warn_once("recording data loading failed", e)
+                    return orig(it)
+                try:
+                    batch = orig(it)
+                except StopIteration:
+                    sp.end(idx)
+                    sp.exhausted()
+                    raise
+                except BaseException:
+                    sp.end(idx, error=True)
+                    raise
+                sp.end(idx)
+                return batch
+
+            return __next__
+
+        self.patches.wrap(dataloader._BaseDataLoaderIter, "__next__", make)
+
+
+def spanned(what: str, module: str, fn: Callable[..., Any], *args: Any, flavour: str = "", **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) as a span (when recording): begun before, ended after, marked when it raised."""
+    sp = TRACER.spans
+    if sp is None:
+        return fn(*args, **kwargs)
+    try:
+        idx = sp.begin(what, module, flavour)
+    except Exception as e:  # the call runs all the same
+        TRACER.warn_once(f"recording a {what} span failed", e)
+        return fn(*args, **kwargs)
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException:
+        sp.end(idx, error=True)
+        raise
+    sp.end(idx)
+    return result
+
+
+def _span_of(what: str, flavour: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return spanned(what, "", fn, *args, flavour=flavour, **kwargs)
+
+    return wrapper
 
 
 HOOKS = Hooks()
@@ -213,15 +295,25 @@ class phase:
 
     def __init__(self, name: str) -> None:
         self.name = str(name)
+        self._spans: list[int] = []
 
     def __enter__(self) -> phase:
         CONTEXT.labels().append(self.name)
+        sp = TRACER.spans
+        if sp is not None:
+            try:
+                self._spans.append(sp.begin(spans.PHASE, "", self.name))
+            except Exception as e:
+                TRACER.warn_once("recording a phase span failed", e)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, etype: Any, *exc: Any) -> None:
         labels = CONTEXT.labels()
         if labels:
             labels.pop()
+        sp = TRACER.spans
+        if sp is not None and self._spans:
+            sp.end(self._spans.pop(), error=etype is not None)
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)

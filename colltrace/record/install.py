@@ -120,6 +120,10 @@ def start_recording() -> None:
         if adapters:
             writer.event({"ev": "adapters", "names": adapters})
         HOOKS.on_step = lambda step: writer.step(step, time.time_ns())
+        if cfg.spans:
+            from colltrace.record.spans import SpanRecorder
+
+            TRACER.spans = SpanRecorder(writer, CONTEXT, rec._tid)
         TRACER.recorder = rec
         LIFECYCLE.start(rec, cfg.hang_s)
         if os.environ.get("COLLTRACE_QUIET") != "1" and rank == 0:
@@ -249,7 +253,8 @@ def pause() -> None:
     with _lock:
         if TRACER.recorder is not None:
             TRACER.paused = TRACER.recorder
-        TRACER.recorder = None
+            TRACER.paused_spans = TRACER.spans
+        TRACER.recorder = TRACER.spans = None
         TRACER.patches.undo()
 
 
@@ -263,12 +268,13 @@ def resume() -> None:
                 _patch_frameworks(cfg)
         if TRACER.paused is not None:
             TRACER.recorder, TRACER.paused = TRACER.paused, None
+            TRACER.spans, TRACER.paused_spans = TRACER.paused_spans, None
 
 
 def uninstall() -> None:
     with _lock:
-        TRACER.recorder = None
-        TRACER.paused = None
+        TRACER.recorder = TRACER.spans = None
+        TRACER.paused = TRACER.paused_spans = None
         TRACER.patches.undo()
         TRACER.installed = False
         TRACER.frameworks = False

@@ -16,7 +16,7 @@ from colltrace.record.context import (
 )
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
-from colltrace.trace.writer import STATIC_HEAD, STATIC_MID, TraceWriter, pack_marker, pack_static
+from colltrace.trace.writer import STATIC_HEAD, STATIC_MID, TraceWriter
 
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
@@ -25,7 +25,6 @@ _STATIC_CACHE_MAX = 65536
 BSEQ_MASK = 31  # read the backend seq at every 32nd record of a group (and after multi-op calls)
 ANCHOR_FLAGS = schema.FLAG_OBJECT | schema.FLAG_COALESCED  # calls that run several backend collectives
 _OPEN_WINDOW = 256
-SLOT_BASE, SLOT_SIZE, HEAD_MASK = schema.RING_HEADER_SIZE, schema.SLOT_SIZE, schema.HEAD_EVERY - 1
 _PENDING_MAX = 8192
 
 
@@ -184,17 +183,8 @@ class Recorder:
             anchor = self.anchor(self.default_pg if pg is None else pg, counter, flags)
         else:
             anchor = None
-        # the slot: one store for all but the marker, then the marker (the commit: a reader skips
-        # a slot whose marker is not its idx + 1)
-        w, ctx = self.writer, self.ctx
-        idx = next(w.counter)
-        off = SLOT_BASE + idx * SLOT_SIZE if idx < w.capacity else w.offset_of(idx)
-        mv = w.mv
-        pack_static(mv, off, head, seq, mid, ctx.step, ctx.micro_step, t_issue)
-        pack_marker(mv, off, idx + 1)
-        if not idx & HEAD_MASK:
-            w.publish_head(idx)
-        counter.last_idx = w.last_idx = idx
+        ctx = self.ctx
+        idx = counter.last_idx = self.writer.append_static(head, seq, mid, ctx.step, ctx.micro_step, t_issue)
         self.last_progress_ns = t_issue
         return idx, flags, anchor
 
@@ -256,7 +246,7 @@ class Recorder:
         self, spec: OpSpec, flags: int, g: _Seq, inp: Any, out: Any, redop: Any, root: Any,
         module: str, phase: str, flavour: str,
     ) -> tuple[bytes, bytes, int]:  # fmt: skip
-        """The per-call-site part of a slot, as two byte strings (writer.STATIC_HEAD, STATIC_MID)."""
+        """The per-call-site part of a slot, as two byte strings (see Ring.append_static)."""
         if flags & schema.FLAG_OBJECT:
             numel_in, numel_out = _obj_count(inp), _obj_count(out)
             dtype, shape = self.sid("object"), 0

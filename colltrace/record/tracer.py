@@ -11,6 +11,7 @@ from colltrace.record.patches import Patches
 if TYPE_CHECKING:
     from colltrace.config import Config
     from colltrace.record.recorder import Recorder
+    from colltrace.record.spans import SpanRecorder
 
 _MAX_FAILURES = 100
 
@@ -22,11 +23,13 @@ class Tracer:
     def __init__(self, ctx: Context = CONTEXT) -> None:
         self.ctx = ctx
         self.recorder: Recorder | None = None
+        self.spans: SpanRecorder | None = None  # compute spans, while recording (COLLTRACE_SPANS, on by default)
         self.cfg: Config | None = None
         self.patches = Patches()
         self.installed = False
         self.gave_up = False  # install failed: the job runs untraced
         self.paused: Recorder | None = None  # the recorder while pause() has everything out
+        self.paused_spans: SpanRecorder | None = None
         self.frameworks = False  # the framework adapters are in (after init_process_group)
         self.pending_groups: list[dict[str, Any]] = []  # groups created before the trace was opened
         self.failures = 0

@@ -51,6 +51,8 @@ def _rank(e: RankEnd) -> dict[str, Any]:
         "last_collective": _collective(e.last),
         "blocked_in": _collective(e.blocked),
         "last_activity": e.activity,
+        "open_span": _span(e),
+        "out_of_data": e.out_of_data,
         "error": {"type": e.error_type, "message": e.error_message, "collective_failure": e.collective_failure}
         if e.error_type
         else None,
@@ -118,3 +120,12 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
         "environment": environment(run),
         "unseen": list(dx.unseen),
     }
+
+
+def _span(e: Any) -> dict[str, Any] | None:
+    """The compute span a rank was in when it stopped: {kind, module, flavour, since_ns, for_s}."""
+    s = e.open_span
+    if s is None:
+        return None
+    return {"kind": s.op, "module": s.module or None, "flavour": s.flavour or None, "since_ns": s.t_issue_ns,
+            "step": s.step, "for_s": None if e.open_for_s is None else round(e.open_for_s, 3)}  # fmt: skip

@@ -199,6 +199,8 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
             rt.warnings.append(str(ev.get("message", "")))
         elif kind == "label":
             rt.labels.append(ev)
+        elif kind == "data_exhausted":
+            rt.exhausted.append(ev)
 
     ring_path = events_path[: -len(".jsonl")] + ".ring"
     offset = _clock_offset(header)
@@ -207,6 +209,10 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
         view = RecordView(rank, ring_path, info, strings, offset)
         rt.records = view
         rt.dropped = info.first  # overwritten by the ring before the end
+    spans_path = events_path[: -len(".jsonl")] + ".spans"
+    spans_info = ring_info(spans_path) if os.path.exists(spans_path) else None
+    if spans_info is not None:
+        rt.spans = RecordView(rank, spans_path, spans_info, strings, offset)
     fault_path = events_path[: -len(".jsonl")] + ".fault"
     if os.path.exists(fault_path):
         with open(fault_path, "rb") as f:

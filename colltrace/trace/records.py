@@ -104,6 +104,13 @@ class RankTrace:
     dropped: int = 0  # records overwritten by the ring before the end
     torn: int = 0  # unreadable slots or lines (expected after a kill)
     labels: list[dict[str, Any]] = field(default_factory=list)
+    spans: Sequence[Collective] = ()  # compute spans (kind "span", op: forward, data, ...), oldest first
+    exhausted: list[dict[str, Any]] = field(default_factory=list)  # data_exhausted events: out of data
+
+    @property
+    def open_spans(self) -> list[Collective]:
+        """Spans begun and never ended: what the rank was doing when its trace stopped, outermost first."""
+        return [s for s in self.spans if s.t_done_ns is None]
 
     @property
     def world_size(self) -> int:

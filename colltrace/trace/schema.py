@@ -116,6 +116,7 @@ FLAG_DEVICE = 128
 
 # File names inside a run directory, one set per rank.
 RING_NAME = "rank{rank:05d}.ring"
+SPANS_NAME = "rank{rank:05d}.spans"  # compute spans: a ring of the same slots, kind KIND_SPAN
 EVENTS_NAME = "rank{rank:05d}.jsonl"
 FAULT_NAME = "rank{rank:05d}.fault"
 

@@ -39,46 +39,27 @@ _DONE_WAIT = schema.run_struct("t_done_ns", "wait_ns")
 # the per-call-site fields, packed once per distinct call (colltrace.record.recorder)
 STATIC_HEAD = schema.run_struct("kind", "shape")
 STATIC_MID = schema.run_struct("backend_seq", "peer")
-# a whole slot from those parts and the four integers that change per call (Recorder.issue);
+# a whole slot from those parts and the four integers that change per call (Ring.append_static);
 # marker, t_done_ns and wait_ns stay 0: the marker is written after it, as the commit
 pack_static = schema.slot_struct(
     ("kind", "shape"), "seq", ("backend_seq", "peer"), "step", "micro_step", "t_issue_ns"
 ).pack_into
-pack_marker = _MARKER.pack_into
 
 
 _STEP_LINE = b'{"ev":"%s","step":%%d,"t_ns":%%d}\n' % schema.EV_STEP.encode()
 
 
-class TraceWriter:
-    """Append-only writer for one rank. Thread-safe; the hot path takes no lock."""
+class Ring:
+    """Fixed-size slots in an mmap'd file, appended by idx: wraps in ring mode, grows in full mode.
+    Thread-safe; appending takes no lock."""
 
-    def __init__(self, run_dir: str, rank: int, capacity: int, full: bool, header: dict[str, Any]) -> None:
-        os.makedirs(run_dir, exist_ok=True)
-        self.run_dir = run_dir
-        self.rank = rank
+    def __init__(self, path: str, capacity: int, full: bool) -> None:
         self.full = full
         self._lock = threading.Lock()
-        self._strings: dict[str, int] = {"": 0}
         self.counter = itertools.count()
         self.last_idx = -1
         self.capacity = max(16, int(capacity))
-
-        events_path = os.path.join(run_dir, schema.EVENTS_NAME.format(rank=rank))
-        self._events_fd = os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        ring_path = os.path.join(run_dir, schema.RING_NAME.format(rank=rank))
-        self._ring_fd = os.open(ring_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.fault_path = os.path.join(run_dir, schema.FAULT_NAME.format(rank=rank))
-
-        header = dict(header)
-        header.update(
-            ev=schema.EV_HEADER,
-            schema=schema.SCHEMA_VERSION,
-            rank=rank,
-            slot={"size": schema.SLOT_SIZE, "fields": [list(f) for f in schema.SLOT_FIELDS]},
-            ring={"capacity": self.capacity, "mode": "full" if full else "ring"},
-        )
-        self.event(header)
+        self._ring_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self._map(self.capacity)
 
     # -- ring ------------------------------------------------------------------------------
@@ -106,6 +87,20 @@ class TraceWriter:
         mm = self.mv
         _pack_slot(mm, off, 0, *fields)
         _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
+        if not idx & _HEAD_MASK:
+            self.publish_head(idx)
+        self.last_idx = idx
+        return idx
+
+    def append_static(self, head: bytes, seq: int, mid: bytes, step: int, micro_step: int, t_issue_ns: int) -> int:
+        """append() with the per-call-site fields pre-packed: head = kind..shape, mid = backend_seq
+        (-1), numel_in, numel_out, peer (STATIC_HEAD, STATIC_MID). One store for the slot (marker 0),
+        then the marker: the commit (a reader skips a slot whose marker is not its idx + 1)."""
+        idx = next(self.counter)
+        off = _BASE + idx * _SIZE if idx < self.capacity else self.offset_of(idx)
+        mm = self.mv
+        pack_static(mm, off, head, seq, mid, step, micro_step, t_issue_ns)
+        _MARKER.pack_into(mm, off, idx + 1)
         if not idx & _HEAD_MASK:
             self.publish_head(idx)
         self.last_idx = idx
@@ -180,13 +175,44 @@ class TraceWriter:
         if off >= 0:
             _I64.pack_into(self._mm, off + schema.BACKEND_SEQ_OFFSET, seq)
 
+
+class TraceWriter(Ring):
+    """Append-only writer for one rank: its collectives' ring, its spans' ring (`spans`, the same
+    slot layout) and the JSON-lines sidecar of rare events. Thread-safe; the hot path takes no lock."""
+
+    def __init__(
+        self, run_dir: str, rank: int, capacity: int, full: bool, header: dict[str, Any], span_capacity: int = 0
+    ) -> None:
+        os.makedirs(run_dir, exist_ok=True)
+        self.run_dir = run_dir
+        self.rank = rank
+        self._strings: dict[str, int] = {"": 0}
+        self._strings_lock = threading.Lock()
+        events_path = os.path.join(run_dir, schema.EVENTS_NAME.format(rank=rank))
+        self._events_fd = os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self.fault_path = os.path.join(run_dir, schema.FAULT_NAME.format(rank=rank))
+        capacity = max(16, int(capacity))
+        span_capacity = max(16, int(span_capacity or capacity))
+        header = dict(header)
+        header.update(
+            ev=schema.EV_HEADER,
+            schema=schema.SCHEMA_VERSION,
+            rank=rank,
+            slot={"size": schema.SLOT_SIZE, "fields": [list(f) for f in schema.SLOT_FIELDS]},
+            ring={"capacity": capacity, "mode": "full" if full else "ring"},
+            spans={"capacity": span_capacity},
+        )
+        self.event(header)
+        super().__init__(os.path.join(run_dir, schema.RING_NAME.format(rank=rank)), capacity, full)
+        self.spans = Ring(os.path.join(run_dir, schema.SPANS_NAME.format(rank=rank)), span_capacity, full)
+
     # -- strings and events ----------------------------------------------------------------
 
     def intern(self, s: str) -> int:
         sid = self._strings.get(s)
         if sid is not None:
             return sid
-        with self._lock:
+        with self._strings_lock:
             sid = self._strings.get(s)
             if sid is None:
                 sid = len(self._strings)
@@ -205,9 +231,13 @@ class TraceWriter:
 
     def flush(self) -> None:
         """Ask the kernel to push to disk (only matters for a machine crash)."""
-        self.publish_head()
+        for ring in (self, self.spans):
+            ring.publish_head()
+            try:
+                ring._mm.flush()
+            except (OSError, ValueError):
+                pass
         try:
-            self._mm.flush()
             os.fsync(self._events_fd)
         except (OSError, ValueError):
             pass

@@ -8,6 +8,7 @@ A backend that only records the FX graphs it is given (no Inductor: no C++ compi
 for the real one: the graphs, their count and the graph breaks are what tracing must leave alone.
 """
 
+import atexit
 import json
 import os
 
@@ -76,6 +77,10 @@ def main() -> None:
     breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     print(json.dumps({"rank": dist.get_rank(), "graphs": graphs, "breaks": breaks, **said}), flush=True)
     dist.destroy_process_group()
+    # the exit handlers (colltrace's footer among them), then out: skip the C++ teardown, which
+    # after a compile now and then aborts ("terminate called without an active exception")
+    atexit._run_exitfuncs()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+"""Compute spans: what a rank did between its collectives, one slot each in the trace's spans ring.
+
+A span is written when it begins (its start time, what, module, step) and completed when it ends,
+so one still open when the rank stops (hang, kill, crash) is on disk with its start: the report can
+say what the rank was doing, and since when. What a span is, in the slot (schema.SLOT_FIELDS):
+kind KIND_SPAN; op the span's kind (FORWARD ... PHASE below); module the FQN of the unit it runs;
+flavour a detail (the user's label, the checkpoint function); t_issue_ns its start, t_done_ns its
+end (0 while open); flags FLAG_DONE once ended, FLAG_ERROR when it raised.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from colltrace.record.context import Context
+from colltrace.trace import schema
+from colltrace.trace.writer import STATIC_HEAD, STATIC_MID, TraceWriter
+
+FORWARD = "forward"  # a unit's forward (FSDP, DeepSpeed, the DDP-wrapped model)
+BACKWARD = "backward"  # a unit's backward (FSDP: from its pre-backward to its post-backward)
+RECOMPUTE = "recompute"  # a forward while autograd runs a backward (activation checkpointing)
+OPTIMIZER = "optimizer"  # optimizer.step()
+DATA = "data"  # one next() on a DataLoader iterator
+CHECKPOINT = "checkpoint"  # torch.distributed.checkpoint save/load, torch.save/torch.load
+PHASE = "phase"  # a `with colltrace.phase(name)` block (flavour: the name)
+KINDS = (FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, DATA, CHECKPOINT, PHASE)
+
+EV_EXHAUSTED = "data_exhausted"  # a DataLoader iterator raised StopIteration: this rank ran out of data
+
+_now = time.monotonic_ns
+_get_ident = threading.get_ident
+_MID = STATIC_MID.pack(-1, 0, 0, -1)
+_DONE = schema.FLAG_DONE
+_ERROR = schema.FLAG_DONE | schema.FLAG_ERROR
+
+
+class SpanRecorder:
+    """Begins and ends spans in one rank's spans ring. `begin` returns the span's idx for `end`."""
+
+    def __init__(self, writer: TraceWriter, ctx: Context, tid: Any) -> None:
+        self.ring = writer.spans
+        self.writer = writer
+        self.ctx = ctx
+        self._tid = tid  # Recorder._tid: the small thread number collectives carry too
+        self._static: dict[tuple[int, str, str, str], bytes] = {}
+
+    def begin(self, what: str, module: str = "", flavour: str = "") -> int:
+        key = (_get_ident(), what, module, flavour)
+        head = self._static.get(key)
+        if head is None:
+            sid = self.writer.intern
+            head = self._static[key] = STATIC_HEAD.pack(
+                schema.KIND_SPAN, 0, 0, self._tid(), 0, sid(what), 0, 0, sid(module), 0, sid(flavour), 0
+            )
+        ctx = self.ctx
+        idx = self.ring.append_static(head, 0, _MID, ctx.step, ctx.micro_step, _now())
+        return idx
+
+    def end(self, idx: int, error: bool = False) -> None:
+        self.ring.complete(idx, _now(), _ERROR if error else _DONE)
+
+    def exhausted(self) -> None:
+        self.writer.event({"ev": EV_EXHAUSTED, "t_ns": time.time_ns(), "step": self.ctx.step})
