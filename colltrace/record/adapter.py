@@ -80,12 +80,7 @@ def scoped(
                     pass
         if value is None:
             return orig(*args, **kwargs)
-        old = ts.serve
-        ts.serve = value
-        try:
-            return orig(*args, **kwargs)
-        finally:
-            ts.serve = old
+        return serving(ts, value, orig, args, kwargs)
 
     return scope
 
