@@ -131,14 +131,15 @@ def span_text(span: Collective) -> str:
     return f"{words} ({span.flavour})" if span.flavour else words
 
 
-def run_end_ns(run: Run) -> int:
+def run_end_ns(run: Run, streams: dict[int, RankStreams]) -> int:
     """The run's last sign of life: the latest time any rank recorded (wall-clock ns)."""
     latest = 0
-    for rt in run.ranks.values():
-        for seq in (rt.records, rt.spans):
-            if len(seq):
-                r = seq[-1]
-                latest = max(latest, r.t_done_ns or r.t_issue_ns)
+    for r, rt in run.ranks.items():
+        latest = max(latest, streams[r].last_t_ns)
+        spans = rt.spans
+        last = spans.by_idx(spans.info.last) if isinstance(spans, RecordView) else (spans[-1] if spans else None)
+        if last is not None:
+            latest = max(latest, last.t_done_ns or last.t_issue_ns)
         for ev in (*rt.stacks, rt.signal or {}, rt.error or {}, rt.footer or {}):
             latest = max(latest, int(ev.get("t_ns") or 0))
     return latest
@@ -216,7 +217,7 @@ def missing_end(rank: int) -> RankEnd:
 
 
 def rank_ends(run: Run, streams: dict[int, RankStreams]) -> dict[int, RankEnd]:
-    end_ns = run_end_ns(run)
+    end_ns = run_end_ns(run, streams)
     out = {r: rank_end(rt, streams[r], end_ns) for r, rt in run.ranks.items()}
     for r in run.missing:
         out[r] = missing_end(r)

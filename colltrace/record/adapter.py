@@ -31,6 +31,10 @@ class Adapter:
     def _scope(self, owner: Any, name: str, decide: Decide, index: int = 0) -> bool:
         """Run owner.name with what decide(ts, args[index]) returns as the serving scope of the
         collectives it issues on the calling thread (None: the scope is left as it is)."""
+        return self._patch(owner, name, lambda orig: self._scoped(owner, name, orig, decide, index))
+
+    def _scoped(self, owner: Any, name: str, orig: Callable[..., Any], decide: Decide, index: int = 0) -> Any:
+        """What _scope puts in place of owner.name (for an adapter that wraps more around it)."""
         what = f"attributing {getattr(owner, '__name__', owner)}.{name} failed (its collectives are attributed generically)"
 
         def failed(exc: BaseException) -> None:
@@ -38,7 +42,7 @@ class Adapter:
             if rec is not None:
                 rec.warn_once(what, exc)
 
-        return self._patch(owner, name, lambda orig: scoped(self.ctx, orig, decide, index, failed))
+        return scoped(self.ctx, orig, decide, index, failed)
 
     def _serving(self, value: Serve, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs) with (module, phase, flavour) as the attribution of the collectives

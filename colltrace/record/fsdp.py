@@ -64,7 +64,6 @@ class FsdpAdapters(Adapter):
             unsharded = object()  # matches nothing: every unshard is attributed
         unshard, post_backward = fsdp2_decisions(ctx, TrainingState.FORWARD, TrainingState.PRE_BACKWARD, unsharded)
         self._scope(group_cls, "unshard", unshard)
-        self._scope(group_cls, "post_backward", post_backward)
         if "_prefetch_unshard" in group_cls.__dict__:
             orig = group_cls.__dict__["_prefetch_unshard"]
             func = orig.__func__ if isinstance(orig, staticmethod) else orig
@@ -72,14 +71,14 @@ class FsdpAdapters(Adapter):
                 wrapped = functools.wraps(func)(prefetching(ctx, func))
                 wrapped.__colltrace__ = True  # type: ignore[attr-defined]
                 self.patches.set(group_cls, "_prefetch_unshard", staticmethod(wrapped))
-        self._fsdp2_spans(group_cls, TrainingState.PRE_BACKWARD)
+        self._fsdp2_spans(group_cls, TrainingState.PRE_BACKWARD, post_backward)
         return True
 
-    def _fsdp2_spans(self, group_cls: Any, pre_backward: object) -> None:
+    def _fsdp2_spans(self, group_cls: Any, pre_backward: object, post_backward_scope: Any) -> None:
         """Each unit's forward (FSDPState's pre- to post-forward hook; a recompute when autograd
-        runs a backward) and backward (its param group's pre_backward to post_backward) as spans.
-        FSDP registers those hooks when fully_shard runs, so a model sharded before tracing
-        started has no forward spans."""
+        runs a backward) and backward (its param group's pre_backward to post_backward, which is
+        also the reduce-scatter's serving scope) as spans. FSDP registers those hooks when
+        fully_shard runs, so a model sharded before tracing started has no forward spans."""
         from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
         ctx = self.ctx
@@ -106,14 +105,16 @@ class FsdpAdapters(Adapter):
 
             return _pre_forward
 
-        def make_post_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def _post_forward(state: Any, *args: Any, **kwargs: Any) -> Any:
-                try:
-                    return orig(state, *args, **kwargs)
-                finally:
-                    end(state)
+        def ending(orig: Callable[..., Any]) -> Callable[..., Any]:
+            """orig, then the span its first argument (the state or group) holds ends."""
 
-            return _post_forward
+            def ends(obj: Any, *args: Any, **kwargs: Any) -> Any:
+                try:
+                    return orig(obj, *args, **kwargs)
+                finally:
+                    end(obj)
+
+            return ends
 
         def make_pre_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def pre_backward(group: Any, *args: Any, **kwargs: Any) -> Any:
@@ -126,21 +127,13 @@ class FsdpAdapters(Adapter):
 
             return pre_backward
 
-        def make_post_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def post_backward(group: Any, *args: Any, **kwargs: Any) -> Any:
-                try:
-                    return orig(group, *args, **kwargs)
-                finally:
-                    end(group)
-
-            return post_backward
-
         self._patch(FSDPState, "_pre_forward", make_pre_forward)
-        self._patch(FSDPState, "_post_forward", make_post_forward)
+        self._patch(FSDPState, "_post_forward", ending)
         self._patch(group_cls, "pre_backward", make_pre_backward)
-        # post_backward is the reduce-scatter's scope already: the span goes around it
-        self.patches.wrap(
-            group_cls, "post_backward", lambda orig: functools.wraps(orig)(make_post_backward(orig)), over_own=True
+        self._patch(
+            group_cls,
+            "post_backward",
+            lambda orig: ending(self._scoped(group_cls, "post_backward", orig, post_backward_scope)),
         )
 
     # -- FSDP1 (FullyShardedDataParallel) ----------------------------------------------------

@@ -43,10 +43,10 @@ class Hooks:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
-        from colltrace.record.shim import _is_compiling
+        from colltrace.record.shim import compiling_check
 
         ctx, patches = self.ctx, self.patches
-        self._compiling = _is_compiling()
+        self._compiling = compiling_check()
         graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
         if graph_task_id is not None:
             patches.set(ctx, "graph_task_id", graph_task_id)
@@ -119,7 +119,7 @@ class Hooks:
             def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
                 if ctx.root is None:
                     ctx.learn_root(module, module.named_modules, running=True)
-                return spanned(spans.FORWARD, "<root>", orig, module, *args, **kwargs)
+                return spanned(spans.FORWARD, "<root>", "", orig, (module, *args), kwargs)
 
             return forward
 
@@ -211,7 +211,7 @@ class Hooks:
             try:
                 if ctx.checkpoint_depth > 1:
                     return fn(*args, **kwargs)
-                return spanned(spans.CHECKPOINT, "", fn, *args, flavour=flavour, **kwargs)
+                return spanned(spans.CHECKPOINT, "", flavour, fn, args, kwargs)
             finally:
                 ctx.checkpoint_depth -= 1
 
@@ -255,8 +255,11 @@ class Hooks:
         self.patches.wrap(dataloader._BaseDataLoaderIter, "__next__", make)
 
 
-def spanned(what: str, module: str, fn: Callable[..., Any], *args: Any, flavour: str = "", **kwargs: Any) -> Any:
-    """fn(*args, **kwargs) as a span (when recording): begun before, ended after, marked when it raised."""
+def spanned(
+    what: str, module: str, flavour: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """fn(*args, **kwargs) as a span (when recording): begun before, ended after, marked when it
+    raised. The call's own arguments stay apart from the span's, whatever their names."""
     sp = TRACER.spans
     if sp is None:
         return fn(*args, **kwargs)
@@ -277,7 +280,7 @@ def spanned(what: str, module: str, fn: Callable[..., Any], *args: Any, flavour:
 def _span_of(what: str, flavour: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return spanned(what, "", fn, *args, flavour=flavour, **kwargs)
+        return spanned(what, "", flavour, fn, args, kwargs)
 
     return wrapper
 

@@ -50,20 +50,19 @@ def install(cfg: config_mod.Config | None = None) -> bool:
         except Exception as e:  # never break the job
             TRACER.gave_up = True
             _say(f"could not install the tracer ({type(e).__name__}: {e}); the job runs untraced")
-            TRACER.recorder = None
+            TRACER.stop()
             TRACER.patches.undo()
             return False
 
 
-def _patch_torch(cfg: config_mod.Config) -> list[str]:
+def _patch_torch(cfg: config_mod.Config) -> None:
     """Everything install() changes in torch, into TRACER.patches (pause and resume redo exactly this)."""
     patches = TRACER.patches
-    wrapped = SHIM.install(patches)
+    SHIM.install(patches)
     _wrap_group_creation(patches)
     HOOKS.install(modules=cfg.modules)
     LIFECYCLE.patch_spawn_wrap(patches)
     _rebind_stale_references(patches)
-    return wrapped
 
 
 def _patch_frameworks(cfg: config_mod.Config) -> list[str]:
@@ -123,8 +122,8 @@ def start_recording() -> None:
         if cfg.spans:
             from colltrace.record.spans import SpanRecorder
 
-            TRACER.spans = SpanRecorder(writer, CONTEXT, rec._tid)
-        TRACER.recorder = rec
+            rec.spans = SpanRecorder(writer, CONTEXT, rec._tid)
+        TRACER.start(rec)
         LIFECYCLE.start(rec, cfg.hang_s)
         if os.environ.get("COLLTRACE_QUIET") != "1" and rank == 0:
             _say(f"tracing {world} ranks into {run_dir}")
@@ -253,8 +252,7 @@ def pause() -> None:
     with _lock:
         if TRACER.recorder is not None:
             TRACER.paused = TRACER.recorder
-            TRACER.paused_spans = TRACER.spans
-        TRACER.recorder = TRACER.spans = None
+        TRACER.stop()
         TRACER.patches.undo()
 
 
@@ -267,14 +265,14 @@ def resume() -> None:
             if TRACER.frameworks:
                 _patch_frameworks(cfg)
         if TRACER.paused is not None:
-            TRACER.recorder, TRACER.paused = TRACER.paused, None
-            TRACER.spans, TRACER.paused_spans = TRACER.paused_spans, None
+            TRACER.start(TRACER.paused)
+            TRACER.paused = None
 
 
 def uninstall() -> None:
     with _lock:
-        TRACER.recorder = TRACER.spans = None
-        TRACER.paused = TRACER.paused_spans = None
+        TRACER.stop()
+        TRACER.paused = None
         TRACER.patches.undo()
         TRACER.installed = False
         TRACER.frameworks = False

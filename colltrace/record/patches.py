@@ -22,11 +22,11 @@ class Patches:
         setattr(owner, name, value)
         return old
 
-    def wrap(self, owner: Any, name: str, make: Callable[[Any], Any], over_own: bool = False) -> bool:
+    def wrap(self, owner: Any, name: str, make: Callable[[Any], Any]) -> bool:
         """Replace owner.name (its own, not inherited) by make(original), once: False when it is
-        missing or already colltrace's (over_own: wrap colltrace's own wrapper once more)."""
+        missing or already colltrace's."""
         orig = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-        if orig is None or (getattr(orig, "__colltrace__", False) and not over_own):
+        if orig is None or getattr(orig, "__colltrace__", False):
             return False
         new = make(orig)
         try:

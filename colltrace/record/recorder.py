@@ -7,7 +7,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colltrace.record.context import (
     CONTEXT,
@@ -17,6 +17,9 @@ from colltrace.record.context import (
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
 from colltrace.trace.writer import STATIC_HEAD, STATIC_MID, TraceWriter
+
+if TYPE_CHECKING:
+    from colltrace.record.spans import SpanRecorder
 
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
@@ -69,6 +72,7 @@ class Recorder:
         self._warned: set[str] = set()
         self.last_failure: tuple[BaseException, int] | None = None
         self.sid = writer.intern
+        self.spans: SpanRecorder | None = None  # compute spans, into the same trace (COLLTRACE_SPANS)
 
     # -- helpers (cold) ----------------------------------------------------------------------
 

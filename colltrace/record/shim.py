@@ -21,7 +21,7 @@ _get_ident = threading.get_ident
 DEVICE = schema.FLAG_DEVICE
 
 
-def _is_compiling() -> Callable[[], bool]:
+def compiling_check() -> Callable[[], bool]:
     """torch.compiler.is_compiling: TorchDynamo folds it to True while it traces, so a compiled
     function sees the original collective (the same graph as untraced); eager calls see False."""
     try:
@@ -95,7 +95,7 @@ class Shim:
             "tracer": self.tracer,
             "orig": orig,
             "spec": spec,
-            "compiling": _is_compiling(),
+            "compiling": compiling_check(),
             "threads_get": CONTEXT.threads.get,
             "state": CONTEXT.state,
             "current": CONTEXT.current,
@@ -115,7 +115,7 @@ class Shim:
         """batch_isend_irecv: one p2p record per P2POp, completed by the Works it returns."""
         tracer = self.tracer
         specs: dict[str, ops.OpSpec] = {}
-        compiling = _is_compiling()
+        compiling = compiling_check()
 
         def spec_for(fn_name: str) -> ops.OpSpec:
             spec = specs.get(fn_name)

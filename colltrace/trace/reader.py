@@ -258,6 +258,10 @@ class RecordView(Sequence[Collective]):
             step, micro, t_issue + off, (t_done + off) if t_done else None, wait, flags, tid,
         )  # fmt: skip
 
+    def undone(self) -> list[Collective]:
+        """The records never completed (t_done_ns 0), decoding only those."""
+        return [self.decode(idx, raw) for idx, raw in self.raw() if not raw[_T_DONE]]
+
     def __iter__(self) -> Iterator[Collective]:
         decode = self.decode
         for idx, raw in self.raw():
@@ -313,6 +317,7 @@ class RecordView(Sequence[Collective]):
 
 
 _MARKER = struct.Struct("<Q")
+_T_DONE = schema.FIELD_NAMES.index("t_done_ns")
 
 
 def _state(rt: RankTrace) -> RankState:

@@ -110,6 +110,9 @@ class RankTrace:
     @property
     def open_spans(self) -> list[Collective]:
         """Spans begun and never ended: what the rank was doing when its trace stopped, outermost first."""
+        undone = getattr(self.spans, "undone", None)  # the reader's view: decodes only those
+        if undone is not None:
+            return list(undone())
         return [s for s in self.spans if s.t_done_ns is None]
 
     @property
