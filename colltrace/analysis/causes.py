@@ -108,11 +108,7 @@ def find(f: Facts) -> Finding:
         )
     if d is None:
         if f.slow is not None:
-            return Finding(
-                Cause.STRAGGLER,
-                Confidence.MEDIUM,
-                (Evidence(Clue.LAST_ARRIVER, (f.slow.rank,), f"{f.slow.waited_s:.1f}"),),
-            )
+            return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
         return Finding(Cause.UNKNOWN, Confidence.LOW, ())
     sigs = f.sigs(tuple(a.rank for a in d.at))
     modules = {s.module for s in sigs}
@@ -157,14 +153,20 @@ def find(f: Facts) -> Finding:
     if f.culprits and d.kind in (Kind.OP, Kind.NUMEL, Kind.MODULE, Kind.PHASE, Kind.MISSING, Kind.EXTRA, Kind.DTYPE):
         stuck = [r for r in f.culprits if ends[r].blocked is None and ends[r].state is not RankState.FINISHED]
         if stuck and d.kind is Kind.MISSING and f.slow is not None and f.slow.rank in stuck:
-            return Finding(
-                Cause.STRAGGLER,
-                Confidence.MEDIUM,
-                (Evidence(Clue.LAST_ARRIVER, (f.slow.rank,), f"{f.slow.waited_s:.1f}"),),
-            )
+            return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
         if d.kind is Kind.MISSING and stuck and len(stuck) == len(f.culprits):
             # stopped outside any collective (compute, data loading, killed): the catalogue names no cause,
             # the culprit's stack says where to look
             return Finding(Cause.UNKNOWN, Confidence.LOW, ())
         return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, ())
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
+
+
+def straggler_evidence(s: Straggler) -> tuple[Evidence, ...]:
+    """How late the rank was, where its time went (from its spans), and since when."""
+    out = [Evidence(Clue.LAST_ARRIVER, (s.rank,), f"{s.waited_s:.3f},{s.last_arrivals},{s.collectives}")]
+    if s.where is not None:
+        out.append(Evidence(Clue.SLOW_IN, (s.rank,), f"{s.where},{s.where_ns / 1e6:.0f}"))
+    if s.since_step is not None:
+        out.append(Evidence(Clue.TURNED_SLOW, (s.rank,), str(s.since_step)))
+    return tuple(out)

@@ -46,7 +46,8 @@ def diagnose(run: Run) -> Diagnosis:
     wf = waitfor.build(run, streams, ends)
     found = divergences(run, streams, table)
     d = found[0] if found else None
-    slow = timing.straggler(streams)
+    tm = timing.analyze(run, states.run_end_ns(run, streams))
+    slow = tm.straggler()
     cycle = wf.cycle
     if d is None:
         blame = _no_divergence(ends, slow)
@@ -84,6 +85,7 @@ def diagnose(run: Run) -> Diagnosis:
         ranks=ends,
         unseen=unseen(run),
         context=context(d, streams, table),
+        timing=tm,
     )
 
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from colltrace.analysis.streams import Signature
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.records import Collective, RankState
+
+if TYPE_CHECKING:
+    from colltrace.analysis.timing import Timing
 
 
 class Confidence(str, enum.Enum):
@@ -41,6 +45,8 @@ class Clue(str, enum.Enum):
     LEFT_LOOP = "left_loop"  # the culprit stopped issuing training-step collectives at a step boundary
     TIMED_OUT = "timed_out"  # the victims' collectives failed (timeout, peer gone)
     LAST_ARRIVER = "last_arriver"  # the rank arrived last at most collectives, by a wide margin
+    SLOW_IN = "slow_in"  # the rank spends more per step than the median rank in one category (detail: cat,ms)
+    TURNED_SLOW = "turned_slow"  # the rank became late at a later step (detail: the step)
     STEP_BOUNDARY = "step_boundary"  # the victims were starting a new step the culprit never started
     UNDECIDED = "undecided"  # the evidence does not separate the ranks
 
@@ -124,3 +130,4 @@ class Diagnosis:
     ranks: dict[int, RankEnd]
     unseen: tuple[str, ...]  # what the traces could not show (missing files, dropped records, torn slots)
     context: tuple[ContextRow, ...] = ()  # a few seqs before and at the divergence
+    timing: Timing | None = None  # where each rank's time went: steps, overlap, stragglers, clocks

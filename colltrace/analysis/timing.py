@@ -1,66 +1,466 @@
-"""Arrival skew per collective and the straggler: the rank that arrives last, by a wide margin, again and again."""
+"""Where each rank's time goes: per-step breakdown, overlap and exposed communication, collectives in flight,
+arrival skew and the stragglers, bandwidth. Definitions: docs/report.md, "Timing"; numbers, no text.
+
+All of it is computed from Timelines whose clocks are aligned (clock.py): a host whose clock could not be
+aligned is left out of every comparison across ranks, and said to be.
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from colltrace.analysis.streams import RankStreams
+from colltrace.analysis import clock, intervals
+from colltrace.analysis.intervals import Iv
+from colltrace.analysis.timeline import Call, Timeline, timeline
+from colltrace.trace.records import Run
 
-_MAX_SEQS = 200_000  # per group: the latest ones are enough to name a straggler
-MIN_SHARE = 0.6  # of all skew time, spent waiting for one rank
-MIN_WAIT_S = 1.0  # skew caused: below this nobody is slow enough to matter
+# -- the breakdown's categories --------------------------------------------------------------------
+
+DATA = "data"
+FORWARD = "forward"
+ALLGATHER_WAIT = "allgather_wait"  # blocked in an all-gather (exposed: nothing else ran on the host)
+RECOMPUTE = "recompute"
+BACKWARD = "backward"
+REDUCE_WAIT = "reduce_wait"  # blocked in a reduce-scatter, all-reduce or reduce
+COMM_WAIT = "comm_wait"  # blocked in any other collective (barrier, broadcast, all-to-all, p2p)
+OPTIMIZER = "optimizer"
+CHECKPOINT = "checkpoint"
+OTHER = "other"  # inside no span and no collective (host work the shim does not see), or a phase block
+CATEGORIES = (DATA, FORWARD, ALLGATHER_WAIT, RECOMPUTE, BACKWARD, REDUCE_WAIT, COMM_WAIT, OPTIMIZER, CHECKPOINT,
+              OTHER)  # fmt: skip
+WAITS = (ALLGATHER_WAIT, REDUCE_WAIT, COMM_WAIT)
+# where several are under way at once, the first of these takes the time (a wait inside forward is a wait)
+_PRIORITY = (ALLGATHER_WAIT, REDUCE_WAIT, COMM_WAIT, CHECKPOINT, DATA, OPTIMIZER, RECOMPUTE, BACKWARD, FORWARD)
+_SPAN_CATEGORY = {"forward": FORWARD, "backward": BACKWARD, "recompute": RECOMPUTE, "optimizer": OPTIMIZER,
+                  "data": DATA, "checkpoint": CHECKPOINT}  # fmt: skip
+COMPUTE_SPANS = frozenset({"forward", "backward", "recompute", "optimizer"})  # what comm can overlap with
+
+# -- the straggler rule ------------------------------------------------------------------------------
+
+MIN_SHARE = 0.6  # of all the time ranks waited for one late rank alone, caused by the top one
+MIN_WAIT_S = 1.0  # below this nobody is slow enough to matter
 MIN_RUN_SHARE = 0.05  # of the run's wall time, spent waiting for that rank
+WHERE_SHARE = 0.5  # a category explains a straggler when its excess is at least this share of its lateness
+MIN_STEP_LATE_NS = 10_000_000  # a step counts as late from 10 ms of others' wait for the rank
+_STRAGGLERS = 5  # ranked and reported
 
 
-class Straggler(NamedTuple):
+def op_family(op: str) -> str:
+    if "all_gather" in op or op.startswith("allgather"):
+        return "all_gather"
+    if "reduce_scatter" in op:
+        return "reduce_scatter"
+    if op.startswith("all_reduce"):
+        return "all_reduce"
+    if op.startswith("all_to_all"):
+        return "all_to_all"
+    if "broadcast" in op:
+        return "broadcast"
+    return op
+
+
+def wait_category(op: str) -> str:
+    fam = op_family(op)
+    if fam == "all_gather":
+        return ALLGATHER_WAIT
+    if fam in ("reduce_scatter", "all_reduce", "reduce"):
+        return REDUCE_WAIT
+    return COMM_WAIT
+
+
+def bus_factor(op: str, n: int) -> float | None:
+    """nccl-tests' busbw factor for a group of n ranks (PERFORMANCE.md); None for ops it does not define."""
+    if n < 1:
+        return None
+    fam = op_family(op)
+    if fam == "all_reduce":
+        return 2 * (n - 1) / n
+    if fam in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if fam in ("broadcast", "reduce"):
+        return 1.0
+    return None
+
+
+# -- results -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    comm_ns: int  # |comm|: time with at least one collective in flight
+    overlapped_ns: int  # |comm ∩ compute|
+    has_compute: bool  # compute spans were recorded: without them there is no overlap to measure
+
+    @property
+    def exposed_ns(self) -> int:
+        return self.comm_ns - self.overlapped_ns
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.has_compute or not self.comm_ns:
+            return None
+        return self.overlapped_ns / self.comm_ns
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    step: int
+    t0: int
+    t1: int
+    ns: dict[str, int]  # category -> time in this step
+    overlap: Overlap
+
+    @property
+    def total_ns(self) -> int:
+        return self.t1 - self.t0
+
+
+@dataclass(frozen=True, slots=True)
+class RankTiming:
     rank: int
-    waited_s: float  # others' total wait for it (sum of arrival skew where it came last)
-    last_share: float  # fraction of collectives where it arrived last
-    skew_share: float  # fraction of all skew that it caused
-    collectives: int
+    host: str
+    steps: tuple[StepTime, ...]  # completed steps (a step whose successor began), oldest first
+    overlap: Overlap  # over the whole trace
+    groups: dict[str, Overlap]  # by group name
+    inflight_allgathers: tuple[tuple[int, int], ...]  # (t, all-gathers in flight from t on)
+    inflight_reduce_scatters: tuple[tuple[int, int], ...]
+    has_spans: bool
+
+    @property
+    def max_inflight_allgathers(self) -> int:
+        return max((n for _, n in self.inflight_allgathers), default=0)
+
+    @property
+    def max_inflight_reduce_scatters(self) -> int:
+        return max((n for _, n in self.inflight_reduce_scatters), default=0)
+
+    def step_pct_ns(self, q: float) -> int | None:
+        return percentile([s.total_ns for s in self.steps], q)
+
+    def mean_ns(self, since_step: int | None = None) -> dict[str, float]:
+        """Mean time per completed step in each category (from `since_step` on)."""
+        steps = [s for s in self.steps if since_step is None or s.step >= since_step]
+        if not steps:
+            return {}
+        return {c: sum(s.ns.get(c, 0) for s in steps) / len(steps) for c in CATEGORIES}
 
 
-def arrival(streams: dict[int, RankStreams]) -> dict[int, tuple[int, float]]:
-    """rank -> (collectives where it arrived last, seconds of skew it caused), over every matched seq."""
-    out: dict[int, list[float]] = {}
-    keys = {k for s in streams.values() for k in s.groups}
-    for key in keys:
-        have = [(r, s.groups[key]) for r, s in streams.items() if key in s.groups]
-        if len(have) < 2:
-            continue
-        lo = max(st.seq0 for _, st in have)
-        hi = min(st.last_seq for _, st in have)
-        lo = max(lo, hi - _MAX_SEQS + 1)
-        if hi < lo:
-            continue
-        ranks = [r for r, _ in have]
-        cols = [st.t_issue[lo - st.seq0 : hi - st.seq0 + 1] for _, st in have]
-        for times in zip(*cols):
-            if 0 in times:
-                continue
-            late = max(times)
-            i = times.index(late)
-            acc = out.setdefault(ranks[i], [0, 0.0])
-            acc[0] += 1
-            acc[1] += (late - min(times)) / 1e9
-    return {r: (int(v[0]), float(v[1])) for r, v in out.items()}
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    rank: int
+    last_arrivals: int  # collectives it arrived at last, ahead of the next latest
+    collectives: int  # matched collectives it took part in
+    waited_s: float  # the others' wait for it alone: its lead over the next latest arrival, summed
+    share: float  # of all such waits, over every rank
+    mean_lateness_ms: float  # its arrival minus the median arrival (0 when early), mean over its collectives
+    late_steps: dict[int, int]  # step -> ns the others waited for it alone in that step
+    since_step: int | None  # it turned slow at this step (None: slow from its first step, or not at all)
+    where: str | None  # the breakdown category its extra time goes to
+    where_ns: float  # how much more per step than the median rank, in that category
+    has_spans: bool
 
 
-def straggler(streams: dict[int, RankStreams]) -> Straggler | None:
-    stats = arrival(streams)
-    n = sum(c for c, _ in stats.values())
-    total = sum(s for _, s in stats.values())
-    if not n or not total:
+@dataclass(frozen=True, slots=True)
+class Bandwidth:
+    group: str
+    op: str
+    ranks: int  # the group's size
+    nbytes: int
+    count: int
+    time_ns: int  # median, from the last arrival to completion
+    algbw_gbps: float  # GB/s (1e9 bytes)
+    busbw_gbps: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Skew:
+    count: int
+    p50_ns: int
+    p99_ns: int
+    max_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    clock: clock.ClockFit
+    ranks: dict[int, RankTiming]
+    stragglers: tuple[Straggler, ...]  # ranked, most waited-for first
+    skew: Skew | None
+    bandwidth: tuple[Bandwidth, ...]
+    run_ns: int  # from the first recorded issue to the run's end
+
+    @property
+    def has_spans(self) -> bool:
+        return any(rt.has_spans for rt in self.ranks.values())
+
+    def straggler(self) -> Straggler | None:
+        """The one rank the run waited for, when it stands out (MIN_SHARE, MIN_WAIT_S, MIN_RUN_SHARE)."""
+        if not self.stragglers:
+            return None
+        top = self.stragglers[0]
+        need = max(MIN_WAIT_S, MIN_RUN_SHARE * self.run_ns / 1e9)
+        return top if top.waited_s >= need and top.share >= MIN_SHARE else None
+
+
+def _median_sorted(ts: list[int]) -> int:
+    n = len(ts)
+    return ts[n // 2] if n % 2 else (ts[n // 2 - 1] + ts[n // 2]) // 2
+
+
+def percentile(values: list[int], q: float) -> int | None:
+    """Nearest-rank percentile (q in 0..1): a value that occurred."""
+    if not values:
         return None
-    rank, (count, skew) = max(stats.items(), key=lambda kv: kv[1][1])
-    if skew < max(MIN_WAIT_S, MIN_RUN_SHARE * run_span_s(streams)) or skew / total < MIN_SHARE:
-        return None
-    return Straggler(rank, skew, count / n, skew / total, n)
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def run_span_s(streams: dict[int, RankStreams]) -> float:
-    firsts = [st.t_issue[0] for s in streams.values() for st in s.groups.values() if st.t_issue and st.t_issue[0]]
-    lasts = [st.t_issue[-1] for s in streams.values() for st in s.groups.values() if st.t_issue]
-    if not firsts or not lasts:
-        return 0.0
-    return max(0.0, (max(lasts) - min(firsts)) / 1e9)
+# -- per rank ----------------------------------------------------------------------------------------
+
+
+def _iv(tl: Timeline, t0: int, t1: int | None) -> Iv:
+    return (t0, max(t0, tl.end(t1)))
+
+
+def step_windows(tl: Timeline) -> list[tuple[int, int, int]]:
+    """(step, start, end) of each completed step: a step runs from its first issue or span to the next's."""
+    starts: dict[int, int] = {}
+    items: list[tuple[int, int]] = [(c.step, c.t0) for c in tl.calls] + [(s.step, s.t0) for s in tl.spans]
+    for step, t0 in items:
+        if step >= 0 and (step not in starts or t0 < starts[step]):
+            starts[step] = t0
+    order = sorted(starts)
+    return [(s, starts[s], starts[n]) for s, n in zip(order, order[1:]) if starts[n] > starts[s]]
+
+
+def breakdown(tl: Timeline, windows: list[tuple[int, int, int]]) -> list[dict[str, int]]:
+    """Time per category inside each window: at each moment the highest-priority activity takes it."""
+    edges: list[tuple[int, int, int]] = []  # (t, +1/-1, category index in _PRIORITY)
+    rank_of = {c: i for i, c in enumerate(_PRIORITY)}
+    for c in tl.calls:
+        b = c.blocked if c.t1 is not None else ((c.t0, tl.end_ns) if c.sync else None)
+        if b is not None and b[1] > b[0]:
+            k = rank_of[wait_category(c.op)]
+            edges += [(b[0], 1, k), (b[1], -1, k)]
+    for s in tl.spans:
+        cat = _SPAN_CATEGORY.get(s.kind)
+        if cat is None:
+            continue
+        lo, hi = _iv(tl, s.t0, s.t1)
+        if hi > lo:
+            edges += [(lo, 1, rank_of[cat]), (hi, -1, rank_of[cat])]
+    edges.sort()
+    out = [dict.fromkeys(CATEGORIES, 0) for _ in windows]
+    active = [0] * len(_PRIORITY)
+    w = 0
+    prev = windows[0][1] if windows else 0
+
+    def credit(a: int, b: int, cat: str) -> None:
+        nonlocal w
+        while w < len(windows) and a < b:
+            _, lo, hi = windows[w]
+            if b <= lo:
+                return
+            a = max(a, lo)
+            cut = min(b, hi)
+            if cut > a:
+                out[w][cat] += cut - a
+            if b < hi:
+                return
+            a = cut
+            w += 1
+
+    for t, d, k in edges:
+        if t > prev:
+            top = next((i for i, n in enumerate(active) if n > 0), -1)
+            credit(prev, t, _PRIORITY[top] if top >= 0 else OTHER)
+            prev = t
+        active[k] += d
+    if windows and prev < windows[-1][2]:
+        credit(prev, windows[-1][2], OTHER)
+    return out
+
+
+def overlap(tl: Timeline, calls: Iterable[Call], lo: int | None = None, hi: int | None = None) -> Overlap:
+    """|comm ∩ compute| over merged intervals; compute is the compute spans less the host's blocked waits."""
+    comm = intervals.merge(_iv(tl, c.t0, c.t1) for c in calls)
+    compute = _compute(tl)
+    if lo is not None and hi is not None:
+        comm = intervals.clip(comm, lo, hi)
+        compute = intervals.clip(compute, lo, hi)
+    return Overlap(intervals.total(comm), intervals.total(intervals.intersect(comm, compute)), bool(tl.spans))
+
+
+def _compute(tl: Timeline) -> list[Iv]:
+    spans = intervals.merge(_iv(tl, s.t0, s.t1) for s in tl.spans if s.kind in COMPUTE_SPANS)
+    blocked = intervals.merge(b for b in (c.blocked for c in tl.calls) if b is not None)
+    return intervals.subtract(spans, blocked)
+
+
+def rank_timing(tl: Timeline) -> RankTiming:
+    windows = step_windows(tl)
+    per = breakdown(tl, windows)
+    comm = intervals.merge(_iv(tl, c.t0, c.t1) for c in tl.calls)
+    compute = _compute(tl)
+    steps = []
+    for (step, lo, hi), ns in zip(windows, per):
+        inside = intervals.clip(comm, lo, hi)
+        ov = Overlap(intervals.total(inside), intervals.total(intervals.intersect(inside, compute)), bool(tl.spans))
+        steps.append(StepTime(step, lo, hi, ns, ov))
+    whole = Overlap(intervals.total(comm), intervals.total(intervals.intersect(comm, compute)), bool(tl.spans))
+    by_group: dict[str, list[Call]] = defaultdict(list)
+    for call in tl.calls:
+        by_group[call.group].append(call)
+    groups = {g: overlap(tl, cs) for g, cs in sorted(by_group.items())}
+    ag = [_iv(tl, c.t0, c.t1) for c in tl.calls if op_family(c.op) == "all_gather"]
+    rs = [_iv(tl, c.t0, c.t1) for c in tl.calls if op_family(c.op) == "reduce_scatter"]
+    return RankTiming(
+        tl.rank, tl.host, tuple(steps), whole, groups, tuple(intervals.depth(ag)), tuple(intervals.depth(rs)),
+        bool(tl.spans),
+    )  # fmt: skip
+
+
+# -- across ranks ------------------------------------------------------------------------------------
+
+
+def arrivals(tls: dict[int, Timeline]) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
+    """(group, seq) -> [(issue time, rank, step)] over every rank that issued it."""
+    out: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)
+    for r, tl in tls.items():
+        for c in tl.calls:
+            if not c.p2p:
+                out[(c.group, c.seq)].append((c.t0, r, c.step))
+    return out
+
+
+def stragglers(
+    tls: dict[int, Timeline], timings: dict[int, RankTiming], arr: dict[tuple[str, int], list[tuple[int, int, int]]]
+) -> tuple[list[Straggler], Skew | None]:
+    """Rank the ranks by how long the others waited for each alone (its lead over the next latest arrival).
+
+    The lead, not the skew: noise spreads the last two arrivals of a collective little, a late rank a lot,
+    so a rank late once per step stands out of noise that adds up to as much skew. Arrival (issue time),
+    never duration: synchronising collectives even durations out.
+    """
+    last: dict[int, int] = defaultdict(int)
+    lead_ns: dict[int, int] = defaultdict(int)
+    late: dict[int, int] = defaultdict(int)
+    count: dict[int, int] = defaultdict(int)
+    per_step: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    steps_seen: dict[int, set[int]] = defaultdict(set)
+    skews: list[int] = []
+    for items in arr.values():
+        if len(items) < 2:
+            continue
+        items.sort()
+        t_last, r_last, step_last = items[-1]
+        lead = t_last - items[-2][0]
+        skews.append(t_last - items[0][0])
+        med = _median_sorted([t for t, _, _ in items])
+        for t, r, step in items:
+            count[r] += 1
+            late[r] += max(0, t - med)
+            steps_seen[r].add(step)
+        if lead > 0:
+            last[r_last] += 1
+            lead_ns[r_last] += lead
+            per_step[r_last][step_last] += lead
+    total = sum(lead_ns.values())
+    out = []
+    for r in sorted(lead_ns, key=lambda r: (-lead_ns[r], r))[:_STRAGGLERS]:
+        series = {s: per_step[r].get(s, 0) for s in sorted(steps_seen[r])}
+        since = turned_slow(series)
+        where, where_ns = _where(r, timings, since)
+        out.append(Straggler(
+            r, last[r], count[r], lead_ns[r] / 1e9, lead_ns[r] / total if total else 0.0,
+            late[r] / count[r] / 1e6 if count[r] else 0.0, dict(per_step[r]), since, where, where_ns,
+            r in timings and timings[r].has_spans,
+        ))  # fmt: skip
+    skew = None
+    if skews:
+        skew = Skew(len(skews), percentile(skews, 0.5) or 0, percentile(skews, 0.99) or 0, max(skews))
+    return out, skew
+
+
+def turned_slow(series: dict[int, int]) -> int | None:
+    """The step from which a rank's per-step lateness stays high after being low, if there is one."""
+    steps = list(series)
+    vals = list(series.values())
+    best, best_gain = None, 0.0
+    for k in range(1, len(vals) - 1):
+        before = sum(vals[:k]) / k
+        after = sum(vals[k:]) / (len(vals) - k)
+        if after >= MIN_STEP_LATE_NS and before <= 0.25 * after and after - before > best_gain:
+            best, best_gain = steps[k], after - before
+    return best
+
+
+def _where(rank: int, timings: dict[int, RankTiming], since: int | None) -> tuple[str | None, float]:
+    """The category in which the rank spends the most time per step beyond the median of the others."""
+    mine = timings.get(rank)
+    if mine is None or not mine.has_spans:
+        return None, 0.0
+    me = mine.mean_ns(since)
+    others = [t.mean_ns(since) for r, t in timings.items() if r != rank and t.has_spans]
+    others = [o for o in others if o]
+    if not me or not others:
+        return None, 0.0
+    best, excess = None, 0.0
+    for cat in CATEGORIES:
+        if cat in WAITS:  # the straggler waits less, the others more: waits are the effect, not the cause
+            continue
+        more = me[cat] - statistics.median(o[cat] for o in others)
+        if more > excess:
+            best, excess = cat, more
+    return best, excess
+
+
+def bandwidth(
+    tls: dict[int, Timeline], group_sizes: dict[str, int], arr: dict[tuple[str, int], list[tuple[int, int, int]]]
+) -> list[Bandwidth]:
+    """algbw and busbw of the collectives every rank waited for to the end, by (group, op, size)."""
+    calls: dict[tuple[str, int], list[Call]] = defaultdict(list)
+    for tl in tls.values():
+        for c in tl.calls:
+            if not c.p2p and c.waited_to_the_end and c.nbytes:
+                calls[(c.group, c.seq)].append(c)
+    times: dict[tuple[str, str, int], list[int]] = defaultdict(list)
+    seen_size: dict[str, int] = {}
+    for key, cs in calls.items():
+        if len(cs) < 2 or len(cs) != len(arr.get(key, ())):
+            continue
+        start = max(c.t0 for c in cs)
+        end = int(statistics.median(c.t1 or 0 for c in cs))
+        seen_size[key[0]] = max(seen_size.get(key[0], 0), len(cs))
+        if end > start:
+            times[(key[0], cs[0].op, cs[0].nbytes or 0)].append(end - start)
+    out = []
+    for (group, op, nbytes), ts in times.items():
+        n = group_sizes.get(group) or seen_size.get(group, 0)
+        t = int(statistics.median(ts))
+        alg = nbytes / t  # bytes per ns = GB/s
+        f = bus_factor(op, n)
+        out.append(Bandwidth(group, op, n, nbytes, len(ts), t, alg, alg * f if f is not None else None))
+    out.sort(key=lambda b: -b.time_ns * b.count)
+    return out
+
+
+def analyze(run: Run, end_ns: int = 0) -> Timing:
+    raw = {r: timeline(rt, end_ns) for r, rt in sorted(run.ranks.items())}
+    fit = clock.fit({r: tl.calls for r, tl in raw.items()}, {r: tl.host for r, tl in raw.items()})
+    shifts = fit.shifts()
+    tls = {r: tl.shifted(shifts[r]) for r, tl in raw.items() if r in shifts}
+    timings = {r: rank_timing(tl) for r, tl in tls.items()}
+    arr = arrivals(tls)
+    ranked, skew = stragglers(tls, timings, arr)
+    sizes: dict[str, int] = {}
+    for rt in run.ranks.values():
+        for name, g in rt.groups.items():
+            sizes.setdefault(name, len(g.ranks))
+    first = min((tl.calls[0].t0 for tl in tls.values() if tl.calls), default=0)
+    last = max((tl.end_ns for tl in tls.values()), default=0)
+    return Timing(fit, timings, tuple(ranked), skew, tuple(bandwidth(tls, sizes, arr)), max(0, last - first))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from colltrace.analysis import timing as tmg
 from colltrace.analysis.results import Diagnosis, RankEnd
 from colltrace.analysis.streams import Signature
 from colltrace.report import words
@@ -118,8 +119,109 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
         "cause": cause,
         "ranks": {str(r): _rank(e) for r, e in dx.ranks.items()},
         "environment": environment(run),
-        "unseen": list(dx.unseen),
+        "unseen": list(dx.unseen) + _clock_unseen(run, dx.timing),
+        **timing(run, dx.timing),
     }
+
+
+def _ms(ns: float | None, digits: int = 3) -> float | None:
+    return None if ns is None else round(ns / 1e6, digits)
+
+
+def _labels(run: Run) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for rt in run.ranks.values():
+        for name, g in rt.groups.items():
+            out.setdefault(name, g.label)
+    return out
+
+
+def _overlap(o: tmg.Overlap) -> dict[str, Any]:
+    ratio = o.ratio
+    return {"ratio": None if ratio is None else round(ratio, 4), "comm_ms": _ms(o.comm_ns),
+            "exposed_comm_ms": _ms(o.exposed_ns) if o.has_compute else None}  # fmt: skip
+
+
+def straggler_entry(s: tmg.Straggler) -> dict[str, Any]:
+    from colltrace.analysis.causes import straggler_evidence
+
+    return {
+        "rank": s.rank,
+        "last_arrivals": s.last_arrivals,
+        "collectives": s.collectives,
+        "waited_ms": _ms(s.waited_s * 1e9),
+        "share": round(s.share, 4),
+        "mean_lateness_ms": round(s.mean_lateness_ms, 3),
+        "since_step": s.since_step,
+        "where": s.where,
+        "where_ms_per_step": _ms(s.where_ns) if s.where else None,
+        "evidence": [words.evidence_text(e) for e in straggler_evidence(s)],
+    }
+
+
+def timing(run: Run, tm: tmg.Timing | None) -> dict[str, Any]:
+    """The report's timing keys: steps, overlap, stragglers, skew, bandwidth, clock (docs/report.md)."""
+    if tm is None:
+        return {"steps": None, "overlap": None, "stragglers": [], "skew": None, "bandwidth": [], "clock": None}
+    labels = _labels(run)
+    steps = {}
+    overlap = {}
+    for r, rt in tm.ranks.items():
+        mean = rt.mean_ns()
+        steps[str(r)] = {
+            "completed": len(rt.steps),
+            "p50_ms": _ms(rt.step_pct_ns(0.5)),
+            "p99_ms": _ms(rt.step_pct_ns(0.99)),
+            "mean_ms": {c: _ms(v) for c, v in mean.items()} if mean else None,
+            "spans": rt.has_spans,
+        }
+        overlap[str(r)] = {
+            **_overlap(rt.overlap),
+            "max_inflight_allgathers": rt.max_inflight_allgathers,
+            "max_inflight_reduce_scatters": rt.max_inflight_reduce_scatters,
+            "groups": {labels.get(g, g): _overlap(o) for g, o in rt.groups.items()},
+        }
+    clock: dict[str, Any] = {
+        h: {"offset_us": round(c.offset_ns / 1e3, 1), "residual_us": round(c.residual_ns / 1e3, 1),
+            "samples": c.samples, "via": c.via if h != tm.clock.reference else None}
+        for h, c in tm.clock.hosts.items()
+    }  # fmt: skip
+    for h in tm.clock.unaligned:
+        clock[h] = {"offset_us": None, "residual_us": None, "samples": 0, "via": None}
+    sk = tm.skew
+    return {
+        "steps": steps,
+        "overlap": overlap,
+        "stragglers": [straggler_entry(s) for s in tm.stragglers],
+        "skew": {"collectives": sk.count, "p50_ms": _ms(sk.p50_ns), "p99_ms": _ms(sk.p99_ns), "max_ms": _ms(sk.max_ns)}
+        if sk
+        else None,
+        "bandwidth": [
+            {
+                "group": labels.get(b.group, b.group),
+                "op": b.op,
+                "ranks": b.ranks,
+                "bytes": b.nbytes,
+                "count": b.count,
+                "time_ms": _ms(b.time_ns),
+                "algbw_gbps": round(b.algbw_gbps, 4),
+                "busbw_gbps": None if b.busbw_gbps is None else round(b.busbw_gbps, 4),
+            }
+            for b in tm.bandwidth
+        ],  # fmt: skip
+        "clock": clock,
+    }
+
+
+def _clock_unseen(run: Run, tm: tmg.Timing | None) -> list[str]:
+    if tm is None or not tm.clock.unaligned:
+        return []
+    out = []
+    for h in tm.clock.unaligned:
+        rs = sorted(r for r, x in tm.clock.rank_hosts.items() if x == h)
+        out.append(f"host {h} ({words.ranks_text(rs)}): its clock could not be aligned with the others (no "
+                   "blocking collective in common); left out of arrival skew, stragglers and bandwidth")  # fmt: skip
+    return out
 
 
 def _span(e: Any) -> dict[str, Any] | None:

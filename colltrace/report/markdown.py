@@ -79,6 +79,89 @@ def _stacks(report: dict[str, Any], culprits: list[int]) -> list[str]:
     return out
 
 
+_TABLE_RANKS = 8  # ranks in the timing table; beyond, the stragglers and the median rank
+
+
+def _median_rank(steps: dict[str, Any]) -> str | None:
+    timed = sorted((v["p50_ms"], r) for r, v in steps.items() if v["p50_ms"] is not None)
+    return timed[len(timed) // 2][1] if timed else None
+
+
+def timing_section(report: dict[str, Any]) -> list[str]:
+    """A few numbers: step time, overlap, skew, the straggler with its evidence, clocks; a small table."""
+    steps, overlap = report["steps"], report["overlap"]
+    if not steps:
+        return []
+    out = ["#### Timing", ""]
+    med = _median_rank(steps)
+    if med is not None:
+        m = steps[med]
+        slow = max((r for r in steps if steps[r]["p50_ms"] is not None), key=lambda r: steps[r]["p50_ms"])
+        line = (f"- **Steps:** {m['completed']} completed; step time p50 {_d(m['p50_ms'])}, p99 {_d(m['p99_ms'])} "
+                f"(median rank {med})")  # fmt: skip
+        if slow != med:
+            line += f"; slowest rank {slow}: p50 {_d(steps[slow]['p50_ms'])}"
+        out.append(line)
+    o = overlap.get(med or "", {}) if overlap else {}
+    if o.get("ratio") is not None:
+        per_step = o["exposed_comm_ms"] / max(1, steps[med]["completed"]) if med else None  # type: ignore[index]
+        out.append(f"- **Communication:** {o['ratio'] * 100:.0f} % overlapped with compute; exposed "
+                   f"{_d(o['exposed_comm_ms'])} in all ({_d(per_step)} per step) on rank {med}; up to "
+                   f"{o['max_inflight_allgathers']} all-gather(s) in flight")  # fmt: skip
+    elif o:
+        out.append(f"- **Communication:** {_d(o['comm_ms'])} in collectives on rank {med}; no compute spans "
+                   f"recorded, so no overlap to measure; up to {o['max_inflight_allgathers']} all-gather(s) in flight")  # fmt: skip
+    sk = report["skew"]
+    if sk:
+        out.append(f"- **Arrival skew:** p50 {_d(sk['p50_ms'])}, p99 {_d(sk['p99_ms'])}, max {_d(sk['max_ms'])} "
+                   f"over {sk['collectives']} collectives")  # fmt: skip
+    st = report["stragglers"]
+    if st and st[0]["share"] >= 0.5 and (st[0]["waited_ms"] or 0) >= 100:
+        out.append(f"- **Slowest to arrive:** rank {st[0]['rank']}: " + "; ".join(st[0]["evidence"]))
+    clock = report["clock"] or {}
+    if len(clock) > 1:
+        bad = [h for h, c in clock.items() if c["offset_us"] is None]
+        worst = max((c["residual_us"] or 0 for c in clock.values() if c["offset_us"] is not None), default=0)
+        text = f"{len(clock) - len(bad)} host clocks aligned from completion times (residual up to {worst:.0f} µs)"
+        if bad:
+            text += f"; not aligned: {', '.join(bad)} (left out of cross-rank timing)"
+        out.append(f"- **Clocks:** {text}")
+    out.append("")
+    out += _breakdown_table(report, med)
+    return out
+
+
+def _d(ms: float | None) -> str:
+    return words.duration(None if ms is None else ms * 1e6)
+
+
+def _breakdown_table(report: dict[str, Any], med: str | None) -> list[str]:
+    steps = report["steps"]
+    if not any(v["spans"] for v in steps.values()):
+        return []
+    ranks = list(steps)
+    if len(ranks) > _TABLE_RANKS:
+        keep = [str(s["rank"]) for s in report["stragglers"][:3]] + ([med] if med else [])
+        ranks = [r for r in ranks if r in keep]
+    cats = [c for c in words.CATEGORY if any((steps[r]["mean_ms"] or {}).get(c) for r in ranks)]
+    if not cats:
+        return []
+    out = [
+        "Mean time per step, by rank:",
+        "",
+        "| rank | step p50 | " + " | ".join(words.CATEGORY[c] for c in cats) + " | overlap |",
+        "|---|---|" + "---|" * (len(cats) + 1),
+    ]
+    for r in ranks:
+        mean = steps[r]["mean_ms"] or {}
+        ratio = (report["overlap"] or {}).get(r, {}).get("ratio")
+        cells = [_d(mean.get(c)) for c in cats] + ["—" if ratio is None else f"{ratio * 100:.0f} %"]
+        out.append(f"| {r}{' (median)' if r == med and len(ranks) < len(steps) else ''} | {_d(steps[r]['p50_ms'])} | "
+                   + " | ".join(cells) + " |")  # fmt: skip
+    out.append("")
+    return out
+
+
 def render(report: dict[str, Any], dx: Diagnosis) -> str:
     out = [f"### colltrace: {report['headline']}", ""]
     out.append(f"- **Verdict:** {report['verdict']}")
@@ -105,6 +188,7 @@ def render(report: dict[str, Any], dx: Diagnosis) -> str:
     out += _context(dx)
     out += _ranks(report)
     out += _stacks(report, list(dx.culprits))
+    out += timing_section(report)
     env = report["environment"]
     out += [
         "#### Environment",

@@ -60,6 +60,10 @@ def evidence_text(e: Evidence) -> str:
     detail = e.detail
     its = "its" if len(e.ranks) == 1 else "their"
     s = "s" if len(e.ranks) == 1 else ""
+    if e.clue is Clue.SLOW_IN:
+        return _slow_in(who, detail)
+    if e.clue is Clue.LAST_ARRIVER:
+        return _last_arriver(who, detail)
     text = {
         Clue.HISTORY_DEVIATES: f"{who} issued something other than what {'it' if s else 'they'} issued at this point of {its} earlier steps",
         Clue.HISTORY_CONSISTENT: f"{who} issued the same as at this point of {its} earlier steps",
@@ -85,10 +89,55 @@ def evidence_text(e: Evidence) -> str:
         Clue.LEFT_LOOP: f"{who} stopped issuing training-step collectives",
         Clue.STEP_BOUNDARY: f"{who} were starting a new step",
         Clue.TIMED_OUT: f"{who} failed in the collective they waited in (timeout or peer gone): victims",
-        Clue.LAST_ARRIVER: f"{who} arrived last, the others waited {detail} s for it in all",
+        Clue.TURNED_SLOW: f"{who} turned slow at step {detail}: it was on time before",
         Clue.UNDECIDED: f"{who} each kept to their own earlier pattern: the traces alone cannot say which is wrong",
     }[e.clue]
     return text
+
+
+CATEGORY = {
+    "data": "data loading",
+    "forward": "forward compute",
+    "allgather_wait": "all-gather wait",
+    "recompute": "recompute",
+    "backward": "backward compute",
+    "reduce_wait": "reduce-scatter/all-reduce wait",
+    "comm_wait": "other collective wait",
+    "optimizer": "optimizer step",
+    "checkpoint": "checkpoint I/O",
+    "other": "time outside any recorded span",
+}
+
+
+def _last_arriver(who: str, detail: str) -> str:
+    waited, last, n = (detail.split(",") + ["", ""])[:3]
+    try:
+        wait = duration(float(waited) * 1e9)
+    except ValueError:
+        wait = f"{waited} s"
+    at = f" at {last} of {n} collectives" if last and n else ""
+    return f"{who} arrived last{at}; the others waited {wait} for it alone"
+
+
+def _slow_in(who: str, detail: str) -> str:
+    cat, _, ms = detail.partition(",")
+    return (
+        f"{who} spends {duration(float(ms or 0) * 1e6)} more per step in {CATEGORY.get(cat, cat)} than the median rank"
+    )
+
+
+def duration(ns: float | None) -> str:
+    """A duration for people: 0.4 ms, 12 ms, 1.23 s, 5.6 min."""
+    if ns is None:
+        return "—"
+    ms = ns / 1e6
+    if abs(ms) < 10:
+        return f"{ms:.1f} ms"
+    if abs(ms) < 1000:
+        return f"{ms:.0f} ms"
+    if abs(ms) < 120_000:
+        return f"{ms / 1000:.2f} s"
+    return f"{ms / 60_000:.1f} min"
 
 
 CHECK: dict[Cause, str] = {

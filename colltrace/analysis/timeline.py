@@ -1,0 +1,121 @@
+"""Each rank's time, as plain intervals: its collectives and its compute spans, on clocks aligned across hosts.
+
+The timing figures (breakdown, overlap, stragglers, bandwidth) and the exporters read these, never the
+trace files. A Timeline can be built by hand, which is how the timing tests check figures worked out by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from colltrace.trace import schema
+from colltrace.trace.records import Collective, RankTrace
+
+# bytes per element, by the dtype names the recorder writes (torch's str(dtype) without "torch.")
+ITEMSIZE = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+}  # fmt: skip
+
+
+class Call(NamedTuple):
+    """One collective or p2p call on one rank."""
+
+    group: str  # group name as recorded (p2p: the group too; seq then counts per peer)
+    seq: int
+    op: str
+    p2p: bool
+    nbytes: int | None  # the larger of its input and output, as nccl-tests counts a collective's size
+    step: int
+    phase: str
+    module: str
+    t0: int  # issued (ns, aligned clock)
+    t1: int | None  # seen complete; None: still in flight when the trace stopped
+    wait_ns: int  # time the host spent blocked in Work.wait()
+    sync: bool  # the call itself blocked until the collective was done
+    polled: bool  # completion seen by the watchdog's poll (t1 late by < 0.5 s)
+    device: bool  # on a device stream: t1 is when the host saw it done
+
+    @property
+    def blocked(self) -> tuple[int, int] | None:
+        """When the host was stopped waiting for this call: all of a blocking call, the wait() of an async one."""
+        if self.t1 is None:
+            return None
+        if self.sync:
+            return (self.t0, self.t1)
+        if self.wait_ns > 0:
+            return (max(self.t0, self.t1 - self.wait_ns), self.t1)
+        return None
+
+    @property
+    def waited_to_the_end(self) -> bool:
+        """The host was blocked until the collective completed: t1 is its completion (the clock fit uses these)."""
+        return self.t1 is not None and not self.device and not self.polled and (self.sync or self.wait_ns > 0)
+
+
+class Span(NamedTuple):
+    """One compute span on one rank: forward, backward, recompute, optimizer, data, checkpoint, phase."""
+
+    kind: str
+    module: str
+    flavour: str
+    step: int
+    t0: int
+    t1: int | None  # None: still open when the trace stopped
+
+
+@dataclass(slots=True)
+class Timeline:
+    rank: int
+    host: str
+    calls: list[Call] = field(default_factory=list)  # in issue order
+    spans: list[Span] = field(default_factory=list)  # in start order
+    end_ns: int = 0  # the rank's last sign of life: open calls and spans end here
+
+    def end(self, t1: int | None) -> int:
+        return self.end_ns if t1 is None else t1
+
+    def shifted(self, ns: int) -> Timeline:
+        """The same timeline with `ns` subtracted from every time (its host's clock offset)."""
+        if not ns:
+            return self
+
+        def back(t: int | None) -> int | None:
+            return None if t is None else t - ns
+
+        calls = [c._replace(t0=c.t0 - ns, t1=back(c.t1)) for c in self.calls]
+        spans = [s._replace(t0=s.t0 - ns, t1=back(s.t1)) for s in self.spans]
+        return Timeline(self.rank, self.host, calls, spans, self.end_ns - ns)
+
+
+def _nbytes(c: Collective) -> int | None:
+    size = ITEMSIZE.get(c.dtype)
+    return None if size is None else max(c.numel_in, c.numel_out, 0) * size
+
+
+def call_of(c: Collective) -> Call:
+    return Call(
+        c.group, c.seq, c.op, c.kind == "p2p", _nbytes(c), c.step, c.phase, c.module, c.t_issue_ns, c.t_done_ns,
+        c.wait_ns, not c.async_op, bool(c.flags & schema.FLAG_POLLED), c.on_device,
+    )  # fmt: skip
+
+
+def span_of(s: Collective) -> Span:
+    return Span(s.op, s.module, s.flavour, s.step, s.t_issue_ns, s.t_done_ns)
+
+
+def _records(seq: Iterable[Collective], kinds: tuple[str, ...]) -> Iterable[Collective]:
+    return (c for c in seq if c.kind in kinds and not c.error)
+
+
+def timeline(rt: RankTrace, end_ns: int = 0) -> Timeline:
+    """One rank's timeline, times as recorded; open calls and spans end at `end_ns` (the run's end) or
+    at the rank's own last record."""
+    calls = [call_of(c) for c in _records(rt.records, ("collective", "p2p"))]
+    spans = [span_of(s) for s in _records(rt.spans, ("span",))]
+    spans.sort(key=lambda s: s.t0)
+    last = max([c.t1 or c.t0 for c in calls[-64:]] + [s.t1 or s.t0 for s in spans[-64:]] + [0])
+    return Timeline(rt.rank, rt.host, calls, spans, max(end_ns, last))

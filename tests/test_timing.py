@@ -1,0 +1,225 @@
+"""Timing figures on hand-built timelines, each checked against values worked out by hand (no torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+
+import pytest
+
+from colltrace.analysis import clock, intervals, timing
+from colltrace.analysis.timeline import Call, Span, Timeline
+from colltrace.analysis.timing import analyze, breakdown, rank_timing, step_windows, stragglers
+from colltrace.trace.reader import read_run
+
+MS = 1_000_000
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+
+
+def call(op: str, seq: int, t0: float, t1: float | None, *, sync: bool = True, wait: float = 0, step: int = 0,
+         group: str = "0", nbytes: int = 4096) -> Call:  # fmt: skip
+    return Call(group, seq, op, False, nbytes, step, "", "", int(t0 * MS), None if t1 is None else int(t1 * MS),
+                int(wait * MS), sync, False, False)  # fmt: skip
+
+
+def span(kind: str, t0: float, t1: float | None, step: int = 0, module: str = "") -> Span:
+    return Span(kind, module, "", step, int(t0 * MS), None if t1 is None else int(t1 * MS))
+
+
+def test_interval_algebra() -> None:
+    a = intervals.merge([(5, 8), (0, 3), (2, 4), (10, 10)])
+    assert a == [(0, 4), (5, 8)]
+    assert intervals.subtract(a, [(1, 2), (6, 20)]) == [(0, 1), (2, 4), (5, 6)]
+    assert intervals.intersect(a, [(3, 6)]) == [(3, 4), (5, 6)]
+    assert intervals.depth([(0, 10), (5, 15), (12, 13)]) == [(0, 1), (5, 2), (10, 1), (12, 2), (13, 1), (15, 0)]
+
+
+def one_rank() -> Timeline:
+    """Step 0 worked out by hand (ms): data 0-10; forward 10-40 (a block's forward 12-38 inside); backward
+    40-80; optimizer 80-90. An async all-gather 10-20 waited on 16-20, a prefetched one 14-30 never waited
+    on, a blocking reduce-scatter 50-60, a blocking all-reduce 90-95. Step 1: data 100-105, forward 105-120;
+    step 2 begins at 130."""
+    calls = [
+        call("all_gather_into_tensor", 1, 10, 20, sync=False, wait=4),
+        call("all_gather_into_tensor", 2, 14, 30, sync=False),
+        call("reduce_scatter_tensor", 3, 50, 60),
+        call("all_reduce", 4, 90, 95),
+    ]
+    spans = [
+        span("data", 0, 10), span("forward", 10, 40, module="<root>"), span("forward", 12, 38, module="blocks.0"),
+        span("backward", 40, 80), span("optimizer", 80, 90),
+        span("data", 100, 105, step=1), span("forward", 105, 120, step=1), span("data", 130, 131, step=2),
+    ]  # fmt: skip
+    return Timeline(0, "node0", calls, spans, end_ns=131 * MS)
+
+
+def test_breakdown_by_hand() -> None:
+    tl = one_rank()
+    windows = step_windows(tl)
+    assert windows == [(0, 0, 100 * MS), (1, 100 * MS, 130 * MS)]
+    step0, step1 = breakdown(tl, windows)
+    # the wait inside forward is a wait; the all-reduce after the optimizer is reduce wait; 95-100 is nothing
+    assert {k: v / MS for k, v in step0.items() if v} == {
+        "data": 10, "forward": 26, "allgather_wait": 4, "backward": 30, "reduce_wait": 15, "optimizer": 10,
+        "other": 5,
+    }  # fmt: skip
+    assert {k: v / MS for k, v in step1.items() if v} == {"data": 5, "forward": 15, "other": 10}
+
+
+def test_overlap_and_inflight_by_hand() -> None:
+    rt = rank_timing(one_rank())
+    # comm = 10-30, 50-60, 90-95 (35 ms); compute = spans 10-90 less the blocked 16-20, 50-60 (and 90-95):
+    # comm ∩ compute = 10-16 and 20-30 = 16 ms
+    assert rt.overlap.comm_ns == 35 * MS
+    assert rt.overlap.overlapped_ns == 16 * MS
+    assert rt.overlap.exposed_ns == 19 * MS
+    assert rt.overlap.ratio == pytest.approx(16 / 35)
+    assert [s.overlap.comm_ns / MS for s in rt.steps] == [35, 0]
+    assert rt.max_inflight_allgathers == 2  # 14-20: both all-gathers
+    assert rt.max_inflight_reduce_scatters == 1
+    assert [s.total_ns / MS for s in rt.steps] == [100, 30]
+    assert rt.step_pct_ns(0.5) == 30 * MS and rt.step_pct_ns(0.99) == 100 * MS
+
+
+def test_overlap_per_group() -> None:
+    tl = one_rank()
+    tl.calls[2] = tl.calls[2]._replace(group="1")  # the reduce-scatter on its own group
+    rt = rank_timing(tl)
+    assert rt.groups["1"].comm_ns == 10 * MS and rt.groups["1"].overlapped_ns == 0
+    assert rt.groups["0"].comm_ns == 25 * MS and rt.groups["0"].overlapped_ns == 16 * MS
+
+
+def test_no_spans_means_no_overlap_figure() -> None:
+    tl = one_rank()
+    tl.spans = []
+    rt = rank_timing(tl)
+    assert rt.overlap.ratio is None and not rt.has_spans
+
+
+def lockstep_job(world: int, steps: int, late_rank: int, late_ms: float, noise_ms: float, from_step: int = 0,
+                 per_step: int = 20) -> dict[int, Timeline]:  # fmt: skip
+    """`late_rank` loads data `late_ms` longer and arrives that late at each step's first collective; the
+    others wait for it there and run in lockstep after, each of their arrivals jittered by up to noise_ms."""
+    rnd = random.Random(7)
+    tls = {r: Timeline(r, "node0", [], [], 0) for r in range(world)}
+    seq = 0
+    for s in range(steps):
+        base = s * 600.0
+        late = late_ms if s >= from_step else 0.0
+        for k in range(per_step):
+            seq += 1
+            for r, tl in tls.items():
+                jitter = 0.0 if r == late_rank else rnd.uniform(0, noise_ms)
+                t0 = base + k * 10 + (late if k else 0) + jitter
+                if r == late_rank and k == 0:
+                    t0 = base + late
+                t1 = base + late + k * 10 + noise_ms + 1
+                tl.calls.append(call("all_reduce", seq, t0, t1, step=s))
+        for r, tl in tls.items():
+            load = 10 + (late if r == late_rank else 0)
+            tl.spans.append(span("data", base - 10, base - 10 + load, step=s))
+            tl.spans.append(span("forward", base + late + noise_ms + 1, base + late + 150, step=s))
+    for tl in tls.values():
+        tl.end_ns = int(steps * 600 * MS)
+    return tls
+
+
+def _ranked(tls: dict[int, Timeline]) -> list[timing.Straggler]:
+    timings = {r: rank_timing(tl) for r, tl in tls.items()}
+    out, _ = stragglers(tls, timings, timing.arrivals(tls))
+    return out
+
+
+def test_late_once_per_step_among_noise_is_ranked_first() -> None:
+    tls = lockstep_job(world=4, steps=8, late_rank=3, late_ms=250, noise_ms=25)
+    # the hard case: by share of all skew (the old rule), the late rank is under 60 %
+    skew_of: dict[int, float] = {}
+    for items in timing.arrivals(tls).values():
+        items.sort()
+        skew_of[items[-1][1]] = skew_of.get(items[-1][1], 0) + items[-1][0] - items[0][0]
+    assert skew_of[3] / sum(skew_of.values()) < 0.6
+    ranked = _ranked(tls)
+    top = ranked[0]
+    assert top.rank == 3
+    assert top.waited_s == pytest.approx(8 * 0.250, rel=0.15)
+    assert top.share >= 0.6
+    assert top.since_step is None
+    assert top.where == "data" and top.where_ns == pytest.approx(250 * MS, rel=0.01)
+    tm = timing.Timing(clock.fit({}, {}), {}, tuple(ranked), None, (), run_ns=8 * 600 * MS)
+    assert tm.straggler() == top
+
+
+def test_rank_turning_slow_is_found_with_its_step() -> None:
+    tls = lockstep_job(world=3, steps=10, late_rank=1, late_ms=300, noise_ms=2, from_step=6)
+    top = _ranked(tls)[0]
+    assert top.rank == 1
+    assert top.since_step == 6
+    assert top.where == "data"
+    assert set(top.late_steps) >= {6, 7, 8, 9}
+
+
+def test_bus_bandwidth_factors_and_figures() -> None:
+    assert timing.bus_factor("all_reduce", 4) == 1.5
+    assert timing.bus_factor("all_gather_into_tensor", 4) == 0.75
+    assert timing.bus_factor("reduce_scatter_tensor", 8) == 0.875
+    assert timing.bus_factor("all_to_all_single", 2) == 0.5
+    assert timing.bus_factor("broadcast", 8) == 1.0
+    assert timing.bus_factor("barrier", 8) is None
+    # 1 MB all-reduce over 2 ranks: the last arrives at 2 ms, both see it done at 4 ms: 2 ms, 0.5 GB/s
+    tls = {
+        0: Timeline(0, "n", [call("all_reduce", 1, 0, 4, nbytes=1_000_000)], [], 4 * MS),
+        1: Timeline(1, "n", [call("all_reduce", 1, 2, 4, nbytes=1_000_000)], [], 4 * MS),
+    }
+    (bw,) = timing.bandwidth(tls, {"0": 2}, timing.arrivals(tls))
+    assert bw.time_ns == 2 * MS and bw.count == 1
+    assert bw.algbw_gbps == pytest.approx(0.5)
+    assert bw.busbw_gbps == pytest.approx(0.5)  # factor 2(n-1)/n = 1 for n = 2
+
+
+def test_clock_fit_by_hand() -> None:
+    # host b's clock runs 7 ms ahead; each completion lands within ±0.2 ms of the true moment
+    calls: dict[int, list[Call]] = {0: [], 1: [], 2: []}
+    hosts = {0: "a", 1: "b", 2: "c"}
+    for seq in range(1, 11):
+        t = seq * 100.0
+        calls[0].append(call("all_reduce", seq, t - 5, t + 0.1))
+        calls[1].append(call("all_reduce", seq, t - 5 + 7, t + 7 - 0.1))
+        # host c only ever waits asynchronously without blocking: nothing to align it with
+        calls[2].append(call("all_reduce", seq, t - 5 + 50, t + 50, sync=False))
+    fit = clock.fit(calls, hosts)
+    assert fit.reference == "a"
+    assert abs(fit.hosts["b"].offset_ns - 7 * MS) <= 0.3 * MS
+    assert fit.hosts["b"].residual_ns <= 0.3 * MS
+    assert fit.unaligned == ("c",)
+    assert set(fit.shifts()) == {0, 1}
+
+
+def _shift_host(run_dir: str, ranks: list[int], host: str, shift_ns: int) -> None:
+    """Put `ranks` on another host whose wall clock is `shift_ns` ahead (their header's clock)."""
+    for r in ranks:
+        path = os.path.join(run_dir, f"rank{r:05d}.jsonl")
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+        head = json.loads(lines[0])
+        head["host"] = host
+        head["clock"]["wall_ns"] = int(head["clock"]["wall_ns"]) + shift_ns
+        lines[0] = json.dumps(head).encode()
+        with open(path, "wb") as f:
+            f.write(b"\n".join(lines))
+
+
+def test_clock_offsets_injected_into_a_recorded_run_are_recovered(tmp_path: str) -> None:
+    """A real recorded 3-rank run (one host) with ranks 1-2 moved to a host whose clock is 3.0012 s ahead:
+    the offset comes back within 1 ms, and the straggler is still rank 2 (unaligned, ranks 1-2 would both
+    look 3 s late everywhere)."""
+    run_dir = os.path.join(str(tmp_path), "run")
+    shutil.copytree(os.path.join(FIXTURES, "straggler"), run_dir)
+    injected = 3_001_234_567
+    _shift_host(run_dir, [1, 2], "nodeB", injected)
+    tm = analyze(read_run(run_dir))
+    fitted = tm.clock.hosts["nodeB"]
+    assert abs(fitted.offset_ns - injected) < 1 * MS
+    assert fitted.residual_ns < 1 * MS and fitted.samples >= 10
+    assert tm.straggler() is not None and tm.straggler().rank == 2  # type: ignore[union-attr]
