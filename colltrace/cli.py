@@ -84,6 +84,41 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_PROBLEM if problem else EXIT_OK
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from colltrace.report import perfetto
+    from colltrace.report.build import dumps
+    from colltrace.trace.reader import read_run
+
+    first = last = None
+    if args.steps:
+        try:
+            a, _, b = args.steps.partition("-")
+            first, last = int(a), int(b or a)
+        except ValueError:
+            raise UsageError(f"--steps {args.steps!r}: expected a step or a range like 10-20") from None
+        if first > last:
+            raise UsageError(f"--steps {args.steps!r}: the first step is after the last")
+    elif args.last_steps is not None:
+        if args.last_steps < 1:
+            raise UsageError("--last-steps: expected a positive number of steps")
+    if args.max_events < 1:
+        raise UsageError("--max-events: expected a positive number")
+    run = read_run(_run_dir(args.run_dir))
+    ranks = _ranks(args.rank)
+    if ranks is not None and not ranks & set(run.ranks):
+        raise UsageError(f"--rank {args.rank!r}: no such rank in this run (ranks {min(run.ranks)}-{max(run.ranks)})")
+    window = perfetto.Window(first, last, frozenset(ranks) if ranks is not None else None, args.max_events)
+    if args.last_steps is not None:
+        window = perfetto.last_steps(run, window, args.last_steps)
+    trace = perfetto.export(run, window)
+    _out(dumps(trace, indent=False), args.perfetto)
+    n = len(trace["otherData"]["ranks"])
+    dropped = trace["otherData"].get("dropped_slices")
+    note = f"; {dropped} slices left out past --max-events" if dropped else ""
+    print(f"colltrace: wrote {args.perfetto} ({n} rank(s){note}); open it at https://ui.perfetto.dev", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from colltrace.scenarios.runner import demo_main
 
@@ -111,6 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--format", choices=("md", "json"), default="md")
     r.add_argument("-o", "--output", help="write to FILE instead of stdout")
     r.set_defaults(fn=cmd_report)
+
+    x = sub.add_parser("export", help="write a run as a Perfetto / Chrome trace (one process per rank)")
+    x.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="default: the newest run under ./colltrace-runs")
+    x.add_argument("--perfetto", required=True, metavar="OUT.json", help="the trace-event JSON file to write")
+    x.add_argument("--steps", help="only these steps, e.g. 40-60 (default: the last 20)")
+    x.add_argument("--last-steps", type=int, default=None, metavar="N", help="only the last N steps")
+    x.add_argument("--rank", help="only these ranks, e.g. 0,3,5-7 (default: all, up to 64)")
+    x.add_argument("--max-events", type=int, default=1_000_000, metavar="N", help="stop adding slices past N")
+    x.set_defaults(fn=cmd_export)
 
     m = sub.add_parser("demo", help="run a real multi-process job with a known bug, then report it")
     m.add_argument("--scenario", default=None, help="scenario name (see --list)")

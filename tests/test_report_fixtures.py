@@ -56,3 +56,22 @@ def test_fixture_healthy_runs_raise_no_alarm() -> None:
         if expected["verdict"] == "healthy":
             _, problem = run_report(str(case), "md")
             assert not problem, case.name
+
+
+@pytest.mark.parametrize("name", ["straggler", "straggler_noisy", "slow_later"])
+def test_straggler_report_ranks_the_slow_rank_first_with_where_its_time_goes(name: str) -> None:
+    """The real runs: a slow rank (every step; once per step among noisy ranks; from a later step on) is
+    ranked first, with its extra time in data loading (its DataLoader next() calls), since the right step."""
+    exp = json.loads((FIXTURES / name / "expected.json").read_text())
+    report = json.loads(_report(name))
+    top = report["stragglers"][0]
+    assert top["rank"] == exp["culprit_ranks"][0]
+    assert top["where"] == "data"
+    assert top["where_ms_per_step"] >= 150
+    assert top["since_step"] == (4 if name == "slow_later" else None)
+    assert report["cause"]["id"] == "straggler"
+    assert any("data loading" in t for t in top["evidence"])
+
+
+def _report(name: str) -> str:
+    return run_report(str(FIXTURES / name), "json")[0]

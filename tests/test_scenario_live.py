@@ -52,13 +52,14 @@ def test_killed_hang_leaves_victims_in_flight_and_the_culprit_in_data_loading(tm
     for rank, rt in run.ranks.items():
         # stopped from outside, after the watchdog saw no progress: hung, with SIGTERM recorded
         assert rt.state is RankState.HUNG and rt.signal is not None and rt.signal["signal"] == "SIGTERM"
-        assert rt.error is None and rt.footer is None
         if rank == culprit:
             assert not rt.in_flight and rt.last is not None and rt.last.seq == 11
-            # the last dump, as the report reads it (a starved machine can make an earlier one)
-            main = next(th for th in rt.stacks[-1]["threads"] if th["thread"] == "MainThread")
-            assert any(f[2] == "batches" for f in main["frames"])
+            # its main process waited in next() on the DataLoader for the worker's batch
+            span = report["ranks"][str(rank)]["open_span"]
+            assert span["kind"] == "data" and span["step"] == 1 and span["for_s"] >= 1.0
+            assert report["ranks"][str(rank)]["last_activity"].startswith("in data loading for ")
         else:
+            assert rt.error is None and rt.footer is None
             (stuck,) = rt.in_flight
             assert (stuck.seq, stuck.op, stuck.module, stuck.phase) == (12, sch.ALL_GATHER, sch.ROOT, "forward")
 

@@ -156,6 +156,19 @@ def test_healthy_accum_skips_reduce_scatter_on_accumulation_steps() -> None:
         assert [(r.op, r.module) for r in rt.records] == want
 
 
+@pytest.mark.parametrize("name", ["straggler", "straggler_noisy", "slow_later"])
+def test_straggler_data_loading_is_slow_on_the_culprit_only(name: str) -> None:
+    exp = _expected(name)
+    run = _run(name)
+    slow_from = 4 if name == "slow_later" else 0
+    for rank, rt in run.ranks.items():
+        assert rt.state is RankState.FINISHED
+        loads = {s.step: (s.t_done_ns or 0) - s.t_issue_ns for s in rt.spans if s.op == "data"}
+        for step, ns in loads.items():
+            slow = rank in exp["culprit_ranks"] and slow_from <= step < max(loads)
+            assert (ns > 200_000_000) == slow, (rank, step, ns)
+
+
 def test_straggler_arrives_last_but_nothing_hangs() -> None:
     run = _run("straggler")
     exp = _expected("straggler")
@@ -198,8 +211,10 @@ def test_killed_victims_wait_in_flight_and_the_culprit_is_in_no_collective() -> 
         assert rt.state is RankState.HUNG and rt.signal and rt.signal["signal"] == "SIGTERM"
         if rank in exp["culprit_ranks"]:
             assert not rt.in_flight
-            frames = [f[2] for th in rt.stacks[0]["threads"] if th["thread"] == "MainThread" for f in th["frames"]]
-            assert "batches" in frames  # stuck in data loading, as the scenario says
+            # stuck in next() on its DataLoader since the step began, as the scenario says
+            data = [s for s in rt.spans if s.op == "data"]
+            assert data[-1].step == 1 and (data[-1].t_done_ns is None or data[-1].error)
+            assert data[-1].t_issue_ns < rt.signal["t_ns"] - 1_000_000_000  # type: ignore[index]
         else:
             assert [(r.seq, r.op) for r in rt.in_flight] == [(exp["seq"], sch.ALL_GATHER)]
 

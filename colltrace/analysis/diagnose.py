@@ -71,7 +71,8 @@ def diagnose(run: Run) -> Diagnosis:
         deviates = any(e.clue is Clue.HISTORY_DEVIATES for e in blame.evidence)
         facts = causes.Facts(run, d, culprits, victims, ends, streams, table, cycle, slow, deviates)
         f = causes.find(facts)
-        finding = Finding(f.cause, _confidence(blame.confidence, f.confidence), blame.evidence + f.evidence)
+        evidence = tuple(dict.fromkeys(blame.evidence + f.evidence))  # the same fact once
+        finding = Finding(f.cause, _confidence(blame.confidence, f.confidence), evidence)
         if verdict is Verdict.HEALTHY and f.cause is Cause.STRAGGLER and slow is not None:
             culprits = (slow.rank,)
             victims = tuple(r for r in sorted(ends) if r != slow.rank)

@@ -165,7 +165,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     if fault:
         stack = _frames_from_text(fault)
         in_collective = in_collective or "distributed" in fault
-    elif err.get("traceback"):
+    elif err.get("traceback") and rt.state is RankState.CRASHED:
         stack = _tb_frames(str(err["traceback"]))
     else:
         stack = _frames_from_stacks(rt.stacks)
@@ -179,7 +179,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     if err.get("in_collective") is not None and not oom:
         # the recorder saw this exception come out of a collective: a victim's error, whatever it says
         collective_failure = True
-    open_spans = rt.open_spans if rt.state is not RankState.FINISHED else []
+    open_spans = _open_at_stop(rt) if rt.state is not RankState.FINISHED else []
     span = max(open_spans, key=lambda s: s.t_issue_ns) if open_spans else None
     open_for = max(0.0, (end_ns - span.t_issue_ns) / 1e9) if span is not None and end_ns else None
     if blocked is not None:
@@ -210,6 +210,15 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         open_for_s=open_for,
         out_of_data=bool(rt.exhausted),
     )
+
+
+def _open_at_stop(rt: RankTrace) -> list[Collective]:
+    """The spans the rank was in when it stopped: still open, or, when it was sent a signal, open at that
+    moment (a span the signal's aftermath ended, a DataLoader raising because its worker was killed too)."""
+    spans = rt.open_spans
+    if rt.signal is not None:
+        spans += [s for s in rt.spans if s.t_done_ns is not None and s.error and rt.after_signal(s.t_done_ns)]
+    return spans
 
 
 def missing_end(rank: int) -> RankEnd:

@@ -11,7 +11,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from colltrace.analysis import clock, intervals
 from colltrace.analysis.intervals import Iv
@@ -192,6 +192,7 @@ class Timing:
     skew: Skew | None
     bandwidth: tuple[Bandwidth, ...]
     run_ns: int  # from the first recorded issue to the run's end
+    lines: dict[int, Timeline] = field(default_factory=dict)  # the aligned timelines all this was computed from
 
     @property
     def has_spans(self) -> bool:
@@ -463,4 +464,5 @@ def analyze(run: Run, end_ns: int = 0) -> Timing:
             sizes.setdefault(name, len(g.ranks))
     first = min((tl.calls[0].t0 for tl in tls.values() if tl.calls), default=0)
     last = max((tl.end_ns for tl in tls.values()), default=0)
-    return Timing(fit, timings, tuple(ranked), skew, tuple(bandwidth(tls, sizes, arr)), max(0, last - first))
+    bw = tuple(bandwidth(tls, sizes, arr))
+    return Timing(fit, timings, tuple(ranked), skew, bw, max(0, last - first), tls)

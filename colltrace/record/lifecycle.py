@@ -61,6 +61,29 @@ class Lifecycle:
         self._install_sigterm()
         self._watchdog = threading.Thread(target=self._watch, name="colltrace-watchdog", daemon=True)
         self._watchdog.start()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """In a forked child (a DataLoader worker): this rank's trace is its parent's. Write nothing to it,
+        and hand back what was set up for the parent: the SIGTERM handler and its wakeup pipe (a worker's
+        SIGTERM must not kill the parent), faulthandler's file, the footer."""
+        from colltrace.record.tracer import TRACER
+
+        if self.recorder is None or self.ended:
+            return
+        self.ended = True
+        TRACER.stop()
+        try:
+            atexit.unregister(self.footer)
+            if self._wakeup_r >= 0 and threading.current_thread() is threading.main_thread():
+                signal.set_wakeup_fd(-1)
+                if signal.getsignal(signal.SIGTERM) is _noop_handler:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if self._fault_file is not None:
+                faulthandler.disable()
+        except Exception:
+            pass
 
     # -- clean exit and exceptions ----------------------------------------------------------
 

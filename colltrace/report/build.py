@@ -10,14 +10,15 @@ from colltrace.trace.reader import TraceError, read_run
 try:
     import orjson
 
-    def _json(obj: object) -> str:
-        return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
+    def dumps(obj: object, indent: bool = True) -> str:
+        opt = orjson.OPT_NON_STR_KEYS | (orjson.OPT_INDENT_2 if indent else 0)
+        return orjson.dumps(obj, option=opt).decode() + "\n"
 
 except ImportError:  # pragma: no cover
     import json
 
-    def _json(obj: object) -> str:
-        return json.dumps(obj, indent=2) + "\n"
+    def dumps(obj: object, indent: bool = True) -> str:
+        return json.dumps(obj, indent=2 if indent else None) + "\n"
 
 
 def run_report(run_dir: str, fmt: str = "md") -> tuple[str, bool]:
@@ -29,5 +30,5 @@ def run_report(run_dir: str, fmt: str = "md") -> tuple[str, bool]:
     report = jsonreport.build(run, dx)
     problem = dx.verdict is not Verdict.HEALTHY
     if fmt == "json":
-        return _json(report), problem
+        return dumps(report), problem
     return markdown.render(report, dx), problem

@@ -99,7 +99,7 @@ def timing_section(report: dict[str, Any]) -> list[str]:
         slow = max((r for r in steps if steps[r]["p50_ms"] is not None), key=lambda r: steps[r]["p50_ms"])
         line = (f"- **Steps:** {m['completed']} completed; step time p50 {_d(m['p50_ms'])}, p99 {_d(m['p99_ms'])} "
                 f"(median rank {med})")  # fmt: skip
-        if slow != med:
+        if steps[slow]["p50_ms"] > 1.1 * m["p50_ms"]:
             line += f"; slowest rank {slow}: p50 {_d(steps[slow]['p50_ms'])}"
         out.append(line)
     o = overlap.get(med or "", {}) if overlap else {}
@@ -117,7 +117,7 @@ def timing_section(report: dict[str, Any]) -> list[str]:
                    f"over {sk['collectives']} collectives")  # fmt: skip
     st = report["stragglers"]
     if st and st[0]["share"] >= 0.5 and (st[0]["waited_ms"] or 0) >= 100:
-        out.append(f"- **Slowest to arrive:** rank {st[0]['rank']}: " + "; ".join(st[0]["evidence"]))
+        out.append("- **Slowest to arrive:** " + "; ".join(st[0]["evidence"]))
     clock = report["clock"] or {}
     if len(clock) > 1:
         bad = [h for h, c in clock.items() if c["offset_us"] is None]

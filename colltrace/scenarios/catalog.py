@@ -14,7 +14,7 @@ class UnknownScenario(KeyError):
 
 # baselines first, then divergences, ranks that stop, groups, other frameworks
 ORDER = (
-    "healthy", "healthy_accum", "straggler",
+    "healthy", "healthy_accum", "straggler", "straggler_noisy", "slow_later",
     "control_flow", "shared_module_calls", "unused_params", "recompute_mismatch", "dtype_mismatch", "numel_mismatch",
     "uneven_data", "rank_exception", "oom", "killed",
     "group_misconfig", "cross_group_deadlock",

@@ -161,23 +161,22 @@ def _killed_truth(world: int) -> Truth:
 @scenario("killed", "a hang that never times out: a rank stuck in data loading, killed by the scheduler",
           truth=_killed_truth, stop=Stop.KILL, gloo_timeout_s=1800.0)  # fmt: skip
 def killed(job: Job) -> None:
-    """A dataloader worker died and the culprit's main process waits for its next batch forever; the
-    collective timeout is long (NCCL's default is 10 minutes or more), so nothing times out: the scheduler's
-    time limit sends SIGTERM, then SIGKILL.
+    """The culprit's DataLoader worker blocks forever reading its next batch (a dead NFS mount) and the main
+    process waits in next() for it; the collective timeout is long (NCCL's default is 10 minutes or more),
+    so nothing times out: the scheduler's time limit sends SIGTERM, then SIGKILL.
 
     Stands for: the silent hang at 3 a.m. with no error anywhere. The trace must still say who waited for
-    whom: the others are in flight in a collective, the culprit is in none (its hang stacks show the wait).
-    Right diagnosis: hang, culprit the rank stuck outside collectives (the sink of the wait-for graph), at the
-    root's all-gather of the step it never started; cause unknown (stuck in data loading).
+    whom: the others are in flight in a collective, the culprit is in none: it is in data loading, and has
+    been since the step began. Right diagnosis: hang, culprit the rank stuck outside collectives (the sink
+    of the wait-for graph), at the root's all-gather of the step it never started; cause unknown.
     """
     job.init()
     model, opt = job.fsdp2_net(BLOCKS)
-    dead_worker = threading.Event()  # never set: the worker that would fill the queue is gone
 
     def batches(step: int) -> tuple[object, object]:
         if job.rank == job.culprit and step == KILLED_STEP:
-            dead_worker.wait()  # the bug: waiting for a batch that never comes
+            threading.Event().wait()  # the bug, in the worker process: a read that never returns
         return job.batch(step)
 
-    job.train(model, opt, STEPS, batches=batches)  # type: ignore[arg-type]
+    job.train(model, opt, STEPS, batches=batches, workers=1)  # type: ignore[arg-type]
     job.finish()

@@ -16,6 +16,11 @@ ACCUM_STEPS = 2
 ACCUM_MICRO = 2  # micro-batches per optimizer step
 STRAGGLER_STEPS = 4
 STRAGGLER_DELAY_S = 0.4  # the slow rank's extra time per step, well below the gloo timeout
+NOISY_STEPS = 6
+NOISY_DELAY_S = 0.25  # the late rank's extra data loading per step
+NOISE_S = 0.06  # the others' scheduler noise: up to this before each block's forward
+LATER_STEPS = 8
+LATER_FROM = 4  # the step from which the slow rank's data loading is slow
 
 
 def _healthy_truth(world: int) -> Truth:
@@ -86,4 +91,64 @@ def straggler(job: Job) -> None:
         return job.batch(step)
 
     job.train(model, opt, STRAGGLER_STEPS, batches=slow_batches)  # type: ignore[arg-type]
+    job.finish()
+
+
+def _noisy_truth(world: int) -> Truth:
+    return Truth(Verdict.HEALTHY, (world - 1,), None, None, None, Cause.STRAGGLER,
+                 f"Rank {world - 1} loads every batch {NOISY_DELAY_S}s slower, so it is late once per step (at the "
+                 f"step's first collective) and in lockstep after; the other ranks stall up to {NOISE_S}s before "
+                 "every block's forward (scheduler noise), which adds up to a comparable total of skew spread over "
+                 "many collectives.")  # fmt: skip
+
+
+@scenario("straggler_noisy", "a rank late once per step (data loading) among ranks with scheduler noise",
+          truth=_noisy_truth, ranks=4, min_ranks=3)  # fmt: skip
+def straggler_noisy(job: Job) -> None:
+    """One rank's data loading is slow (a throttled disk), so it arrives late at each step's first collective;
+    the other ranks lose a few tens of milliseconds here and there (preempted by other processes on the host).
+
+    Stands for: the straggler that hides in plain sight: once per step, while every rank is a little late
+    somewhere. Right diagnosis: healthy run, straggler = the last rank, its extra time in data loading.
+    """
+    import random
+
+    job.init()
+    model, opt = job.fsdp2_net()
+    rnd = random.Random(job.rank)
+    if job.rank != job.culprit:
+        for block in model.blocks:
+            block.register_forward_pre_hook(lambda *_: time.sleep(rnd.uniform(0, NOISE_S)))
+
+    def batches(step: int) -> tuple[object, object]:
+        if job.rank == job.culprit:
+            time.sleep(NOISY_DELAY_S)  # the bug: this host's data loading is slow
+        return job.batch(step)
+
+    job.train(model, opt, NOISY_STEPS, batches=batches)  # type: ignore[arg-type]
+    job.finish()
+
+
+def _later_truth(world: int) -> Truth:
+    return Truth(Verdict.HEALTHY, (world - 1,), None, None, None, Cause.STRAGGLER,
+                 f"Rank {world - 1} is on time until step {LATER_FROM}, then loads every batch "
+                 f"{STRAGGLER_DELAY_S}s slower (its disk degrades): a straggler from step {LATER_FROM} on.")  # fmt: skip
+
+
+@scenario("slow_later", "a rank that turns slow partway through the run (data loading)", truth=_later_truth)
+def slow_later(job: Job) -> None:
+    """One rank's data loading turns slow at a later step (a disk filling up, a noisy neighbour arriving).
+
+    Stands for: the job that slowed down overnight. Right diagnosis: healthy run, straggler = the last rank,
+    slow from step LATER_FROM on, its extra time in data loading.
+    """
+    job.init()
+    model, opt = job.fsdp2_net()
+
+    def batches(step: int) -> tuple[object, object]:
+        if job.rank == job.culprit and step >= LATER_FROM:
+            time.sleep(STRAGGLER_DELAY_S)  # the bug: from here on this host's data loading is slow
+        return job.batch(step)
+
+    job.train(model, opt, LATER_STEPS, batches=batches)  # type: ignore[arg-type]
     job.finish()

@@ -14,6 +14,21 @@ from colltrace.scenarios.model import CLASSES, DIM, TinyNet, loss_fn, shard_fsdp
 
 BATCH = 4
 OUTLIER_SHIFT = 8.0
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class _Steps(torch.utils.data.Dataset[Batch]):
+    """Item i is the batch of step i, made by the scenario's function (where its bugs live)."""
+
+    def __init__(self, make: Callable[[int], Batch], steps: int) -> None:
+        self.make = make
+        self.steps = steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, i: int) -> Batch:
+        return self.make(i)
 
 
 def is_outlier(x: torch.Tensor) -> bool:
@@ -55,19 +70,29 @@ class Job:
         shard_fsdp2(model, list(model.blocks), **shard)
         return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
+    def loader(
+        self, steps: int, batches: Callable[[int], Batch] | None = None, workers: int = 0
+    ) -> torch.utils.data.DataLoader[Batch]:
+        """A real DataLoader over this rank's batches (step i's batch is `batches(i)`), one batch per step:
+        data loading shows in the trace as the training loop's next() calls, as in a real job."""
+        return torch.utils.data.DataLoader(
+            _Steps(batches or self.batch, steps), batch_size=None, shuffle=False, num_workers=workers
+        )
+
     def train(
         self,
         model: torch.nn.Module,
         opt: torch.optim.Optimizer,
         steps: int,
         before_step: Callable[[int], None] | None = None,
-        batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+        batches: Callable[[int], Batch] | None = None,
+        workers: int = 0,
     ) -> None:
-        """The plain loop: forward, loss, backward, optimizer step."""
-        for step in range(steps):
+        """The plain loop, `for batch in loader` (it ends when the loader runs out, after `steps` batches):
+        forward, loss, backward, optimizer step."""
+        for step, (x, y) in enumerate(self.loader(steps, batches, workers)):
             if before_step is not None:
                 before_step(step)
-            x, y = (batches or self.batch)(step)
             loss_fn(model(x), y).backward()
             opt.step()
             opt.zero_grad()

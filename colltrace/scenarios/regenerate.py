@@ -19,7 +19,7 @@ from colltrace.scenarios.launch import FIXTURE_RING, FR_SUBDIR, launch
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "fixtures"
-KEEP_SUFFIXES = (".jsonl", ".ring", ".fault")
+KEEP_SUFFIXES = (".jsonl", ".ring", ".spans", ".fault")
 
 
 # Two ranks, where a majority vote cannot tell culprit from victim: the rank's own history must.

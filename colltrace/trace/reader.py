@@ -321,13 +321,28 @@ _T_DONE = schema.FIELD_NAMES.index("t_done_ns")
 
 
 def _state(rt: RankTrace) -> RankState:
-    if rt.error is not None or rt.fault:
-        return RankState.CRASHED
-    if rt.footer is not None:
-        return RankState.FINISHED
+    if not _after_signal(rt, rt.error):
+        if rt.error is not None or rt.fault:
+            return RankState.CRASHED
+        if rt.footer is not None:
+            return RankState.FINISHED
+    # stopped from outside; an error or exit after the SIGTERM is the stop's doing (a DataLoader raising
+    # because the same SIGTERM killed its worker), not the rank's own
     if any(st.get("reason") == "hang" for st in rt.stacks):
         return RankState.HUNG
     return RankState.KILLED
+
+
+def _after_signal(rt: RankTrace, error: dict[str, Any] | None) -> bool:
+    """The rank was sent a terminating signal, and its error (if any) is part of that stop."""
+    if rt.signal is None or rt.fault:
+        return False
+    if error is None:
+        return True
+    try:
+        return rt.after_signal(int(error.get("t_ns") or 0))
+    except (TypeError, ValueError):
+        return False
 
 
 def read_run(run_dir: str) -> Run:

@@ -63,6 +63,7 @@ class Collective(NamedTuple):
         return bool(self.flags & 128)
 
 
+SIGNAL_LAG_NS = 500_000_000
 UNNAMED_DESC = "undefined"  # torch's group_desc for a group created without one
 
 
@@ -114,6 +115,13 @@ class RankTrace:
         if undone is not None:
             return list(undone())
         return [s for s in self.spans if s.t_done_ns is None]
+
+    def after_signal(self, t_ns: int) -> bool:
+        """Whether a moment is part of the stop: the rank was sent a terminating signal, and t_ns is no
+        earlier than it (less SIGNAL_LAG_NS: the watchdog thread stamps the signal as it gets to it, and
+        the same signal may kill a child, say a DataLoader worker, whose parent raises a moment sooner)."""
+        sig = int((self.signal or {}).get("t_ns") or 0)
+        return sig > 0 and t_ns >= sig - SIGNAL_LAG_NS
 
     @property
     def world_size(self) -> int:
