@@ -56,6 +56,14 @@ def _buckets(run_dir: Path, dtype: str, ours: bool) -> None:
             assert r.flags & schema.FLAG_ASYNC and r.t_done_ns is not None
             assert bool(r.flags & schema.FLAG_POLLED) is not ours
         assert [r.seq for r in recs] == list(range(3, len(BUCKETS) + 3))
+        # each step: the DDP-wrapped forward, loss.backward() (DDP's bucket all-reduces inside it), the optimizer
+        steps = sorted({r.step for r in recs})
+        for step in steps:
+            spans = [s for s in rt.spans if s.step == step]
+            assert [(s.op, s.module) for s in spans] == [("forward", "<root>"), ("backward", ""), ("optimizer", "")]
+            back = spans[1]
+            inside = [r for r in recs if r.step == step]
+            assert all(back.t_issue_ns <= r.t_issue_ns <= (back.t_done_ns or 0) for r in inside)
 
 
 @pytest.mark.parametrize("hook", ["none", "fp16"])

@@ -62,3 +62,9 @@ def test_zero12_live_gradient_buckets_and_step(tmp_path: Path, stage: int) -> No
                 ("all_gather_into_tensor", 338, "", "optimizer", "", step + 1),  # updated partitions, after the step
             ]
         assert got == want
+        # each step's spans: the engine's forward, loss.backward() in the engine's backward, the engine's
+        # step and torch's optimizer step inside it
+        for step in range(2):
+            spans = [(s.op, s.module, s.flavour) for s in rt.spans if s.step == step]
+            assert spans == [("forward", "<root>", "deepspeed"), ("backward", "", "autograd"),
+                             ("optimizer", "", "deepspeed"), ("optimizer", "", "")]  # fmt: skip

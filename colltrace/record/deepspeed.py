@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from colltrace.record import spans
 from colltrace.record.adapter import Adapter
 from colltrace.record.context import (
     PHASE_BACKWARD,
@@ -13,6 +14,7 @@ from colltrace.record.context import (
     PHASE_RECOMPUTE,
 )
 from colltrace.record.fsdp import REDUCE_GRAD, UNSHARD
+from colltrace.record.hooks import spanned
 
 
 class DeepSpeedAdapter(Adapter):
@@ -85,7 +87,7 @@ class DeepSpeedAdapter(Adapter):
                 # phase optimizer; the step count stays with torch.optim's hooks on the inner optimizer
                 ctx.engine_step_depth += 1
                 try:
-                    return orig(self, *a, **k)
+                    return spanned(spans.OPTIMIZER, "", "deepspeed", orig, (self, *a), k)
                 finally:
                     ctx.engine_step_depth -= 1
 
@@ -104,7 +106,8 @@ class DeepSpeedAdapter(Adapter):
             def forward(self: Any, *a: Any, **k: Any) -> Any:
                 if ctx.root is None and ctx.call_codes is not None:
                     ctx.learn_root(self, self.named_modules, running=True)
-                return orig(self, *a, **k)
+                what = spans.RECOMPUTE if ctx.graph_task_id() != -1 else spans.FORWARD
+                return spanned(what, "<root>", "deepspeed", orig, (self, *a), k)
 
             return forward
 

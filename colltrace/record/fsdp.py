@@ -15,6 +15,7 @@ from colltrace.record.context import (
     Context,
     ThreadState,
 )
+from colltrace.record.hooks import spanned
 from colltrace.record.tracer import TRACER
 
 UNSHARD = "unshard"
@@ -167,7 +168,51 @@ class FsdpAdapters(Adapter):
                 self._scope(rt, name, reduce_grad, index=1)
         if hasattr(rt, "_prefetch_handle"):
             self._patch(rt, "_prefetch_handle", lambda orig: prefetching(ctx, orig))
+        self._fsdp1_spans(rt, fqn)
         return True
+
+    def _fsdp1_spans(self, rt: Any, fqn: Callable[[Any], str]) -> None:
+        """Each FSDP1 unit's forward (FullyShardedDataParallel.forward; a recompute when autograd runs a
+        backward) and backward (its handle's pre-backward hook to its post-backward hook) as spans."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        ctx = self.ctx
+
+        def make_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def forward(unit: Any, *args: Any, **kwargs: Any) -> Any:
+                what = spans.RECOMPUTE if ctx.graph_task_id() != -1 else spans.FORWARD
+                name = ctx.module_name(getattr(unit, "_fsdp_wrapped_module", unit)) or "<root>"
+                return spanned(what, name, "", orig, (unit, *args), kwargs)
+
+            return forward
+
+        def make_pre_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def _pre_backward_hook(state: Any, module: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+                sp = TRACER.spans
+                if sp is not None and handle is not None and not getattr(handle, "_ran_pre_backward_hook", True):
+                    try:
+                        handle._colltrace_span = sp.begin(spans.BACKWARD, fqn(handle))
+                    except Exception as e:
+                        TRACER.warn_once("recording FSDP backward spans failed", e)
+                return orig(state, module, handle, *args, **kwargs)
+
+            return _pre_backward_hook
+
+        def make_post_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def _post_backward_hook(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+                try:
+                    return orig(state, handle, *args, **kwargs)
+                finally:
+                    idx = handle.__dict__.pop("_colltrace_span", -1) if handle is not None else -1
+                    sp = TRACER.spans
+                    if sp is not None and idx >= 0:
+                        sp.end(idx)
+
+            return _post_backward_hook
+
+        self._patch(FullyShardedDataParallel, "forward", make_forward)
+        self._patch(rt, "_pre_backward_hook", make_pre_backward)
+        self._patch(rt, "_post_backward_hook", make_post_backward)
 
 
 def fsdp2_decisions(

@@ -71,6 +71,7 @@ class Hooks:
         patches.handle(optim.register_optimizer_step_post_hook(self._post_step))
         self._wrap_checkpointing()
         self._wrap_data_loading()
+        self._wrap_backward(torch.autograd)
 
     # -- modules found from the frames: the first root's forwards count micro-steps -----------
 
@@ -219,6 +220,23 @@ class Hooks:
         return wrapper
 
     # -- data loading ------------------------------------------------------------------------
+
+    def _wrap_backward(self, autograd: Any) -> None:
+        """torch.autograd.backward (what loss.backward() calls) as a backward span, whatever the
+        framework: DDP's reducer and DeepSpeed run their backward in it; FSDP's units add their own
+        spans inside."""
+        compiling = self._compiling
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(orig)
+            def backward(*args: Any, **kwargs: Any) -> Any:
+                if compiling():
+                    return orig(*args, **kwargs)
+                return spanned(spans.BACKWARD, "", "autograd", orig, args, kwargs)
+
+            return backward
+
+        self.patches.wrap(autograd, "backward", make)
 
     def _wrap_data_loading(self) -> None:
         """Each next() on a DataLoader iterator is a span; StopIteration says the rank ran out of data."""

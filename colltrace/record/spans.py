@@ -5,7 +5,7 @@ so one still open when the rank stops (hang, kill, crash) is on disk with its st
 say what the rank was doing, and since when. What a span is, in the slot (schema.SLOT_FIELDS):
 kind KIND_SPAN; op the span's kind (FORWARD ... PHASE below); module the FQN of the unit it runs;
 flavour a detail (the user's label, the checkpoint function); t_issue_ns its start, t_done_ns its
-end (0 while open); flags FLAG_DONE once ended, FLAG_ERROR when it raised.
+end (0 while open: a set t_done_ns is what says it ended); flags FLAG_DONE | FLAG_ERROR when it raised.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ EV_EXHAUSTED = "data_exhausted"  # a DataLoader iterator raised StopIteration: t
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
 _MID = STATIC_MID.pack(-1, 0, 0, -1)
-_DONE = schema.FLAG_DONE
 _ERROR = schema.FLAG_DONE | schema.FLAG_ERROR
 
 
@@ -59,7 +58,10 @@ class SpanRecorder:
         return idx
 
     def end(self, idx: int, error: bool = False) -> None:
-        self.ring.complete(idx, _now(), _ERROR if error else _DONE)
+        if error:
+            self.ring.complete(idx, _now(), _ERROR)
+        else:  # t_done_ns != 0 is what says done: one store
+            self.ring.finish_sync(idx, -1, _now(), 0)
 
     def exhausted(self) -> None:
         self.writer.event({"ev": EV_EXHAUSTED, "t_ns": time.time_ns(), "step": self.ctx.step})
