@@ -58,6 +58,50 @@ def _left_loop(f: Facts, rank: int) -> bool:
     return bool(after) and not any(s is not None and s.phase in TRAINING for s in after)
 
 
+_STUCK_IN = {
+    "data": Cause.STUCK_DATA_LOADING,
+    "checkpoint": Cause.STUCK_CHECKPOINT_IO,
+    "forward": Cause.STUCK_COMPUTE,
+    "backward": Cause.STUCK_COMPUTE,
+    "recompute": Cause.STUCK_COMPUTE,
+    "optimizer": Cause.STUCK_COMPUTE,
+}
+
+
+def _stuck(f: Facts) -> Finding | None:
+    """Every culprit stopped outside any collective (hung, killed) inside a compute span that says where:
+    the innermost span open at the stop names the cause. None when a culprit is in no such span."""
+    if not f.culprits or (f.d is not None and f.d.kind is not Kind.MISSING):
+        return None
+    causes: set[Cause] = set()
+    ev: list[Evidence] = []
+    for r in f.culprits:
+        e = f.ends.get(r)
+        if e is None or e.blocked is not None or e.state not in (RankState.HUNG, RankState.KILLED):
+            return None
+        span = e.open_span
+        cause = _STUCK_IN.get(span.op) if span is not None else None
+        if cause is None or span is None:
+            return None
+        causes.add(cause)
+        for_s = f"{e.open_for_s:.1f}" if e.open_for_s is not None else ""
+        ev.append(Evidence(Clue.IN_SPAN, (r,), f"{span.op},{for_s},{span.module}"))
+    if len(causes) != 1:
+        return None
+    return Finding(causes.pop(), Confidence.MEDIUM, tuple(ev))
+
+
+def _ran_out(f: Facts, rank: int) -> bool:
+    """The rank's data ran out before the others': its DataLoader iterator ended while theirs had not
+    (every rank's ends when a loop finishes normally); without a DataLoader in the trace, it exited
+    cleanly while they went on."""
+    e = f.ends[rank]
+    others = [f.ends[v].out_of_data for v in f.victims if v in f.ends]
+    if e.out_of_data:
+        return not (others and all(others))
+    return e.state is RankState.FINISHED and not any(others)
+
+
 def _repeated_module(f: Facts) -> str:
     """The module the culprit gathered more often in this step than in its previous step, if any."""
     assert f.d is not None and f.d.seq is not None
@@ -106,8 +150,18 @@ def find(f: Facts) -> Finding:
             Confidence.HIGH,
             (Evidence(Clue.CRASHED, tuple(e.rank for e in failed), failed[0].error_type),),
         )
+    stuck = _stuck(f)
+    if stuck is not None:
+        return stuck
     if d is None:
         if f.slow is not None:
+            return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
+        return Finding(Cause.UNKNOWN, Confidence.LOW, ())
+    outside = [r for r in f.culprits if ends[r].blocked is None and ends[r].state in (RankState.HUNG, RankState.KILLED)]
+    if outside and d.kind is Kind.MISSING and len(outside) == len(f.culprits):
+        # stopped outside any collective (hung, killed) in no span that says where: not a shape of
+        # collectives (it never got to them), so no rule below applies; its stack says where to look
+        if f.slow is not None and f.slow.rank in outside:
             return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
         return Finding(Cause.UNKNOWN, Confidence.LOW, ())
     sigs = f.sigs(tuple(a.rank for a in d.at))
@@ -134,14 +188,16 @@ def find(f: Facts) -> Finding:
         or any(s.phase not in TRAINING for s in f.sigs(f.culprits))
     ):
         starting = [v for v in f.victims if starts_step(f.stream(v), d.seq or 0)]
-        # it left the loop: exited cleanly, or went on to collectives outside training (a final barrier, eval)
+        # it left the loop (exited cleanly, or went on to collectives outside training: a final barrier,
+        # eval) because its data ran out: its iterator ended, or it ran fewer steps than the others
         left = all(_left_loop(f, r) for r in f.culprits)
-        if starting and left and f.culprits:
-            return Finding(
-                Cause.UNEVEN_DATA,
-                Confidence.MEDIUM,
-                (Evidence(Clue.STEP_BOUNDARY, tuple(starting)), Evidence(Clue.LEFT_LOOP, f.culprits)),
-            )
+        ran_out = [r for r in f.culprits if _ran_out(f, r)]
+        if starting and left and f.culprits and len(ran_out) == len(f.culprits):
+            ev = [Evidence(Clue.STEP_BOUNDARY, tuple(starting)), Evidence(Clue.LEFT_LOOP, f.culprits)]
+            exhausted = tuple(r for r in f.culprits if ends[r].out_of_data)
+            if exhausted:
+                ev.append(Evidence(Clue.OUT_OF_DATA, exhausted))
+            return Finding(Cause.UNEVEN_DATA, Confidence.HIGH if exhausted else Confidence.MEDIUM, tuple(ev))
     if d.seq is not None and f.culprits:
         module = _repeated_module(f)
         if module:
@@ -151,13 +207,6 @@ def find(f: Facts) -> Finding:
     if sigs and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs):
         return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
     if f.culprits and d.kind in (Kind.OP, Kind.NUMEL, Kind.MODULE, Kind.PHASE, Kind.MISSING, Kind.EXTRA, Kind.DTYPE):
-        stuck = [r for r in f.culprits if ends[r].blocked is None and ends[r].state is not RankState.FINISHED]
-        if stuck and d.kind is Kind.MISSING and f.slow is not None and f.slow.rank in stuck:
-            return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
-        if d.kind is Kind.MISSING and stuck and len(stuck) == len(f.culprits):
-            # stopped outside any collective (compute, data loading, killed): the catalogue names no cause,
-            # the culprit's stack says where to look
-            return Finding(Cause.UNKNOWN, Confidence.LOW, ())
         return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, ())
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
 

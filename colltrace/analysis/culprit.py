@@ -50,7 +50,7 @@ def _state_clues(ranks: tuple[int, ...], ends: dict[int, RankEnd]) -> list[Evide
             if e.oom:
                 out.append(Evidence(Clue.OOM, (r,), e.error_type))
             elif e.error_type == "fatal signal":
-                out.append(Evidence(Clue.FATAL_SIGNAL, (r,), e.error_message))
+                out.append(Evidence(Clue.FATAL_SIGNAL, (r,), e.error_message.splitlines()[0][:300]))
             else:
                 out.append(Evidence(Clue.CRASHED, (r,), e.error_type))
         elif e.state is RankState.FINISHED:

@@ -71,7 +71,9 @@ def diagnose(run: Run) -> Diagnosis:
         deviates = any(e.clue is Clue.HISTORY_DEVIATES for e in blame.evidence)
         facts = causes.Facts(run, d, culprits, victims, ends, streams, table, cycle, slow, deviates)
         f = causes.find(facts)
-        evidence = tuple(dict.fromkeys(blame.evidence + f.evidence))  # the same fact once
+        spanned = {r for e in f.evidence if e.clue is Clue.IN_SPAN for r in e.ranks}
+        said = tuple(e for e in blame.evidence if not (e.clue is Clue.STUCK_OUTSIDE and set(e.ranks) <= spanned))
+        evidence = tuple(dict.fromkeys(said + f.evidence))  # the same fact once
         finding = Finding(f.cause, _confidence(blame.confidence, f.confidence), evidence)
         if verdict is Verdict.HEALTHY and f.cause is Cause.STRAGGLER and slow is not None:
             culprits = (slow.rank,)

@@ -31,6 +31,8 @@ class Clue(str, enum.Enum):
     FATAL_SIGNAL = "fatal_signal"  # faulthandler wrote a fatal error outside any collective
     FINISHED_EARLY = "finished_early"  # the rank exited cleanly while others still waited for it
     STUCK_OUTSIDE = "stuck_outside"  # hung or killed with no collective in flight (compute, data loading)
+    IN_SPAN = "in_span"  # the rank was in this compute span when it stopped (detail: kind,seconds)
+    OUT_OF_DATA = "out_of_data"  # the rank's DataLoader iterator raised StopIteration
     KILLED = "killed"  # stopped from outside with no collective in flight
     WAITED_FOR = "waited_for"  # blocked ranks wait for this rank in the wait-for graph
     NO_TRACE = "no_trace"  # the rank left no trace file while the others waited

@@ -41,4 +41,7 @@ class Cause(str, enum.Enum):
     NUMEL_MISMATCH = "numel_mismatch"  # model config / shapes differ
     CROSS_GROUP_DEADLOCK = "cross_group_deadlock"  # groups entered in opposite orders
     STRAGGLER = "straggler"  # a slow rank, no hang
+    STUCK_DATA_LOADING = "stuck_data_loading"  # stopped outside any collective, waiting for its next batch
+    STUCK_COMPUTE = "stuck_compute"  # stopped outside any collective, in forward, backward or the optimizer
+    STUCK_CHECKPOINT_IO = "stuck_checkpoint_io"  # stopped outside any collective, saving or loading a checkpoint
     UNKNOWN = "unknown"

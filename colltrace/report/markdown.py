@@ -55,7 +55,8 @@ def _ranks(report: dict[str, Any]) -> list[str]:
         last = info["last_collective"]
         last_text = f"{last['op']} seq {last['seq']} ({last['status']})" if last else "—"
         err = info["error"]
-        err_text = f"{err['type']}: {err['message']}" if err else (f"signal {info['signal']}" if info["signal"] else "")
+        message = (err["message"] or "").strip().splitlines()[0][:300] if err and err["message"] else ""
+        err_text = f"{err['type']}: {message}" if err else (f"signal {info['signal']}" if info["signal"] else "")
         rows.append((r, info["state"], last_text, info["last_activity"], err_text.replace("|", "\\|")))
     if len(rows) > _MAX_RANK_ROWS:
         folded: dict[tuple[str, ...], list[int]] = {}

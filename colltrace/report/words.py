@@ -64,6 +64,11 @@ def evidence_text(e: Evidence) -> str:
         return _slow_in(who, detail)
     if e.clue is Clue.LAST_ARRIVER:
         return _last_arriver(who, detail)
+    if e.clue is Clue.IN_SPAN:
+        kind, _, rest = detail.partition(",")
+        secs, _, module = rest.partition(",")
+        what = SPAN_WORDS.get(kind, kind) + (f" of {module}" if module and kind != "data" else "")
+        return f"{who} was in {what}" + (f" for {secs} s" if secs else "") + " when it stopped, in no collective"
     text = {
         Clue.HISTORY_DEVIATES: f"{who} issued something other than what {'it' if s else 'they'} issued at this point of {its} earlier steps",
         Clue.HISTORY_CONSISTENT: f"{who} issued the same as at this point of {its} earlier steps",
@@ -72,6 +77,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.OOM: f"{who} ran out of memory ({detail})",
         Clue.FATAL_SIGNAL: f"{who} died of a fatal signal outside any collective ({detail})",
         Clue.FINISHED_EARLY: f"{who} exited cleanly after {detail} step(s) while others still waited for it",
+        Clue.OUT_OF_DATA: f"{who}'s DataLoader ran out of batches (its iterator raised StopIteration)",
         Clue.STUCK_OUTSIDE: f"{who} hung outside any collective ({detail})",
         Clue.KILLED: f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)",
         Clue.NO_TRACE: f"{who} left no trace while ranks {detail} were blocked: it never started tracing "
@@ -94,6 +100,16 @@ def evidence_text(e: Evidence) -> str:
     }[e.clue]
     return text
 
+
+SPAN_WORDS = {
+    "data": "data loading (DataLoader next())",
+    "forward": "the forward",
+    "backward": "the backward",
+    "recompute": "activation-checkpoint recompute",
+    "optimizer": "the optimizer step",
+    "checkpoint": "checkpoint I/O",
+    "phase": "a phase block",
+}
 
 CATEGORY = {
     "data": "data loading",
@@ -160,5 +176,11 @@ CHECK: dict[Cause, str] = {
     Cause.CROSS_GROUP_DEADLOCK: "the order in which ranks enter collectives of different groups: it must be the same "
     "on every rank that shares the groups",
     Cause.STRAGGLER: "what the slow rank does between collectives (data loading, host work, a slow device or node)",
+    Cause.STUCK_DATA_LOADING: "the culprit's input pipeline: its DataLoader workers (alive? blocked on a read from a "
+    "network file system, a dead mount, a full shared-memory /dev/shm?), the dataset's __getitem__, the storage it reads",
+    Cause.STUCK_COMPUTE: "what the culprit computes in that span: a loop that does not end on some inputs (a "
+    "data-dependent while, a retry), a device kernel that never finishes, a lock held by another thread",
+    Cause.STUCK_CHECKPOINT_IO: "the culprit's checkpoint storage: a full or unmounted file system, a slow network "
+    "share, a save that only some ranks entered",
     Cause.UNKNOWN: "the culprit's last activity and logs (kernel OOM killer, scheduler preemption)",
 }

@@ -16,7 +16,7 @@ class UnknownScenario(KeyError):
 ORDER = (
     "healthy", "healthy_accum", "straggler", "straggler_noisy", "slow_later",
     "control_flow", "shared_module_calls", "unused_params", "recompute_mismatch", "dtype_mismatch", "numel_mismatch",
-    "uneven_data", "rank_exception", "oom", "killed",
+    "metric_allreduce", "uneven_data", "rank_exception", "oom", "killed", "stuck_compute",
     "group_misconfig", "cross_group_deadlock",
     "fsdp1", "deepspeed_zero3",
 )  # fmt: skip

@@ -151,10 +151,10 @@ KILLED_STEP = 1
 def _killed_truth(world: int) -> Truth:
     seq = sch.seq_of([_step()] * KILLED_STEP, 0)
     return Truth(
-        Verdict.HANG, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.UNKNOWN,
-        f"Rank {world - 1} is stuck in data loading before step {KILLED_STEP}; the others wait in the root's "
-        f"all-gather (seq {seq}) with no timeout until the scheduler kills the job. Its stack shows where it is "
-        "stuck; the cause catalogue has no entry for a rank stuck outside collectives, hence unknown.",
+        Verdict.HANG, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.STUCK_DATA_LOADING,
+        f"Rank {world - 1} is stuck in data loading before step {KILLED_STEP} (its DataLoader worker never delivers "
+        f"the batch); the others wait in the root's all-gather (seq {seq}) with no timeout until the scheduler "
+        "kills the job. Its open data-loading span says where it was, and since when.",
     )  # fmt: skip
 
 
@@ -168,7 +168,7 @@ def killed(job: Job) -> None:
     Stands for: the silent hang at 3 a.m. with no error anywhere. The trace must still say who waited for
     whom: the others are in flight in a collective, the culprit is in none: it is in data loading, and has
     been since the step began. Right diagnosis: hang, culprit the rank stuck outside collectives (the sink
-    of the wait-for graph), at the root's all-gather of the step it never started; cause unknown.
+    of the wait-for graph), at the root's all-gather of the step it never started; cause stuck_data_loading.
     """
     job.init()
     model, opt = job.fsdp2_net(BLOCKS)
@@ -179,4 +179,53 @@ def killed(job: Job) -> None:
         return job.batch(step)
 
     job.train(model, opt, STEPS, batches=batches, workers=1)  # type: ignore[arg-type]
+    job.finish()
+
+
+# -- stuck_compute --------------------------------------------------------------------------------
+
+
+def _stuck_compute_truth(world: int) -> Truth:
+    step = _step()
+    seq = sch.seq_of([step] * BUG_STEP, sch.find(step, sch.ALL_GATHER, sch.block(2), "forward"))
+    return Truth(
+        Verdict.HANG, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.STUCK_COMPUTE,
+        f"Rank {world - 1} never leaves blocks.1's forward in step {BUG_STEP} (an iteration that does not "
+        f"converge on its outlier batch); the others wait in blocks.2's all-gather (seq {seq}) with no timeout "
+        "until the scheduler kills the job. Its open forward span of blocks.1 says where it was.",
+    )  # fmt: skip
+
+
+@scenario("stuck_compute", "a rank loops forever in a block's forward; the scheduler kills the job",
+          truth=_stuck_compute_truth, stop=Stop.KILL, gloo_timeout_s=1800.0)  # fmt: skip
+def stuck_compute(job: Job) -> None:
+    """A data-dependent iteration inside a block's forward (a fixed-point solve, a retry loop) never ends on
+    the culprit's outlier batch; no collective times out (long timeout), so the scheduler's limit ends it.
+
+    Stands for: a rank busy in compute forever (a while on a tensor value, a kernel that never finishes).
+    Right diagnosis: hang, culprit the rank stuck outside collectives (in blocks.1's forward), at blocks.2's
+    forward all-gather of that step, cause stuck_compute.
+    """
+    import torch
+
+    from colltrace.scenarios.job import is_outlier
+
+    job.init()
+    model, opt = job.fsdp2_net(BLOCKS)
+
+    outlier = [False]
+
+    def look(module: object, args: tuple[torch.Tensor, ...]) -> None:
+        outlier[0] = is_outlier(args[0])
+
+    def solve(module: object, args: tuple[torch.Tensor, ...]) -> None:
+        if not outlier[0]:
+            return
+        x, scale = args[0], torch.ones(())
+        while bool((x * scale).abs().max() > 0):  # the bug: a stopping test never met for nonzero inputs
+            scale = scale * 0.5 + 1e-30
+
+    model.register_forward_pre_hook(look)
+    model.block(1).register_forward_pre_hook(solve)
+    job.train(model, opt, STEPS, batches=lambda step: job.outlier_batch(step, BUG_STEP))
     job.finish()

@@ -231,3 +231,41 @@ def numel_mismatch(job: Job) -> None:
     model, opt = job.fsdp2_net(BLOCKS, classes=classes)
     job.train(model, opt, STEPS)
     job.finish()
+
+
+# -- metric_allreduce -----------------------------------------------------------------------------
+
+
+def _metric_truth(world: int) -> Truth:
+    seq = sch.seq_of([_step()] * (BUG_STEP + 1), 0)
+    return Truth(
+        Verdict.DIVERGENCE, (world - 1,), DEFAULT_PG, seq, Kind.OP, Cause.CONTROL_FLOW,
+        f"Rank {world - 1} alone all-reduces its loss for logging after the optimizer step of step {BUG_STEP}: "
+        f"at seq {seq} it issues all_reduce while the others start step {BUG_STEP + 1} with the root's "
+        "all-gather. It is blocked mid-step in that extra collective, not out of data.",
+    )  # fmt: skip
+
+
+@scenario("metric_allreduce", "a rank alone all-reduces a metric after its optimizer step", truth=_metric_truth)
+def metric_allreduce(job: Job) -> None:
+    """Rank-conditional logging: the rank that logs all-reduces the loss (to print the mean) after its
+    optimizer step, and the others, which do not log, go on to the next step.
+
+    Stands for: `if rank == log_rank: dist.all_reduce(metric)`, a metric or a barrier on one rank only.
+    Right diagnosis: divergence, kind op, at the next step's first all-gather (default_pg), culprit the
+    logging rank (the minority, blocked mid-step in its extra collective), cause control_flow.
+    """
+    import torch.distributed as dist
+
+    from colltrace.scenarios.model import loss_fn
+
+    job.init()
+    model, opt = job.fsdp2_net(BLOCKS)
+    for step, (x, y) in enumerate(job.loader(STEPS)):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if job.rank == job.culprit and step == BUG_STEP:
+            dist.all_reduce(loss.detach())  # the bug: a collective only this rank makes
+    job.finish()

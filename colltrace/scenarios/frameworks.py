@@ -127,8 +127,7 @@ def deepspeed_zero3(job: Job) -> None:
     net = TinyNet(BLOCKS)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     engine, *_ = deepspeed.initialize(model=net, optimizer=opt, config=ds_config())
-    for step in range(shard_batches(job.rank, job.world)):
-        x, y = job.batch(step)
+    for x, y in job.loader(shard_batches(job.rank, job.world)):
         loss = loss_fn(engine(x), y)
         engine.backward(loss)
         engine.step()
