@@ -1,6 +1,6 @@
 """The shim's share of an FSDP2 training step, in CPU instructions (valgrind callgrind).
 
-    python bench/step_instructions.py [--rounds N] [--steps K] [--modes frames,hooks]
+    python bench/step_instructions.py [--rounds N] [--steps K] [--modes frames,hooks] [--spans on,off]
     python bench/step_instructions.py --parts      (the shim's parts installed one at a time)
 
 Wall-clock and CPU-time figures for the step (bench/shim_overhead.py) swing by a millisecond from
@@ -175,6 +175,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4, help="measured regions per variant")
     p.add_argument("--steps", type=int, default=2, help="steps per measured region")
     p.add_argument("--modes", default="frames,hooks", help="COLLTRACE_MODULES values to measure")
+    p.add_argument("--spans", default="on", help="COLLTRACE_SPANS values to measure (on,off: both)")
     p.add_argument("--parts", action="store_true", help="the shim's parts one at a time instead (biased, see above)")
     p.add_argument("--keep", metavar="DIR", default="", help="keep the callgrind dumps (one per region) in DIR")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -195,9 +196,13 @@ def main() -> int:
         runs = {"parts": dict(base_env, COLLTRACE="1")}
         variants = list(PARTS)
     else:
-        variants = [m for m in args.modes.split(",") if m]
         runs = {"off": dict(base_env)}
-        runs.update({m: dict(base_env, COLLTRACE="1", COLLTRACE_MODULES=m) for m in variants})
+        variants = []
+        for m in (m for m in args.modes.split(",") if m):
+            for sp in (s for s in args.spans.split(",") if s):
+                name = m if sp == "on" else f"{m}, spans {sp}"  # the default way keeps its plain name
+                variants.append(name)
+                runs[name] = dict(base_env, COLLTRACE="1", COLLTRACE_MODULES=m, COLLTRACE_SPANS=sp)
     launched = {name: _launch(name, tmp, args, env) for name, env in runs.items()}  # side by side
     per_step: dict[str, list[float]] = {}
     dumps: list[tuple[str, str]] = []
