@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -90,7 +91,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from colltrace.trace.reader import read_run
 
     first = last = None
-    if args.steps:
+    if args.steps is not None and args.last_steps is not None:
+        raise UsageError("--steps and --last-steps: give one of them")
+    if args.steps is not None:
         try:
             a, _, b = args.steps.partition("-")
             first, last = int(a), int(b or a)
@@ -110,6 +113,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     window = perfetto.Window(first, last, frozenset(ranks) if ranks is not None else None, args.max_events)
     if args.last_steps is not None:
         window = perfetto.last_steps(run, window, args.last_steps)
+    if first is not None:
+        top = perfetto.last_step(run)
+        if first > top:
+            raise UsageError(f"--steps {args.steps!r}: this run's steps are 0-{top}")
     trace = perfetto.export(run, window)
     _out(dumps(trace, indent=False), args.perfetto)
     n = len(trace["otherData"]["ranks"])
@@ -125,15 +132,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, exit 2 (argparse prints the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message} (see {self.prog.split()[0]} --help)", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from colltrace import __version__
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="colltrace",
         description="Collective-trace debugger for hangs and cross-rank divergence in PyTorch distributed jobs.",
     )
     p.add_argument("--version", action="version", version=f"colltrace {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     d = sub.add_parser("dump", help="print every record of a run as JSON lines")
     d.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="default: the newest run under ./colltrace-runs")

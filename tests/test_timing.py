@@ -19,9 +19,9 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 
 
 def call(op: str, seq: int, t0: float, t1: float | None, *, sync: bool = True, wait: float = 0, step: int = 0,
-         group: str = "0", nbytes: int = 4096) -> Call:  # fmt: skip
+         group: str = "0", nbytes: int = 4096, polled: bool = False) -> Call:  # fmt: skip
     return Call(group, seq, op, False, nbytes, step, "", "", int(t0 * MS), None if t1 is None else int(t1 * MS),
-                int(wait * MS), sync, False, False)  # fmt: skip
+                int(wait * MS), sync, polled, False)  # fmt: skip
 
 
 def span(kind: str, t0: float, t1: float | None, step: int = 0, module: str = "") -> Span:
@@ -186,8 +186,8 @@ def test_clock_fit_by_hand() -> None:
         t = seq * 100.0
         calls[0].append(call("all_reduce", seq, t - 5, t + 0.1))
         calls[1].append(call("all_reduce", seq, t - 5 + 7, t + 7 - 0.1))
-        # host c only ever waits asynchronously without blocking: nothing to align it with
-        calls[2].append(call("all_reduce", seq, t - 5 + 50, t + 50, sync=False))
+        # host c's completions were only seen by the watchdog's poll (up to 0.5 s late): nothing to align with
+        calls[2].append(call("all_reduce", seq, t - 5 + 50, t + 50, sync=False, polled=True))
     fit = clock.fit(calls, hosts)
     assert fit.reference == "a"
     assert abs(fit.hosts["b"].offset_ns - 7 * MS) <= 0.3 * MS
@@ -223,3 +223,34 @@ def test_clock_offsets_injected_into_a_recorded_run_are_recovered(tmp_path: str)
     assert abs(fitted.offset_ns - injected) < 1 * MS
     assert fitted.residual_ns < 1 * MS and fitted.samples >= 10
     assert tm.straggler() is not None and tm.straggler().rank == 2  # type: ignore[union-attr]
+
+
+def test_the_end_of_backward_waits_for_ddps_buckets() -> None:
+    """DDP: buckets issued async inside loss.backward() (nobody wait()s from Python), issued at 30, 60 and
+    80 ms, done at 50, 85 and 95; backward returns at 100. From the last issue (80) to the last completion
+    (95) the host waits: 15 ms of reduce wait, not backward compute."""
+    calls = [call("all_reduce", i + 1, t0, t1, sync=False, step=0) for i, (t0, t1) in
+             enumerate([(30, 50), (60, 85), (80, 95)])]  # fmt: skip
+    spans = [Span("backward", "", "autograd", 0, 0, 100 * MS), span("data", 120, 121, step=1)]
+    tl = Timeline(0, "n", calls, spans, 121 * MS)
+    (step0,) = breakdown(tl, step_windows(tl))
+    assert step0["reduce_wait"] == 15 * MS and step0["backward"] == 85 * MS
+    rt = rank_timing(tl)
+    # comm 30-50, 60-95 (55 ms); compute is backward less 80-95: overlapped 30-50, 60-80 (40 ms)
+    assert (rt.overlap.comm_ns, rt.overlap.overlapped_ns) == (55 * MS, 40 * MS)
+
+
+def test_a_hung_blocking_call_is_a_wait_not_overlap() -> None:
+    """Stopped in a blocking all-gather inside an open forward span: the hang is exposed communication."""
+    tl = Timeline(0, "n", [call("all_gather_into_tensor", 1, 10, None)], [span("forward", 0, None)], 100 * MS)
+    rt = rank_timing(tl)
+    assert rt.overlap.comm_ns == 90 * MS and rt.overlap.overlapped_ns == 0
+
+
+def test_arrival_counts_only_collectives_every_member_issued() -> None:
+    """At a hang the last collective has only the victims' arrivals: it says nothing about lateness."""
+    tls = {r: Timeline(r, "n", [call("all_reduce", 1, r, r + 5)], [], 10 * MS) for r in range(3)}
+    tls[0].calls.append(call("all_reduce", 2, 6, None))
+    tls[1].calls.append(call("all_reduce", 2, 9, None))  # rank 2 never issues seq 2
+    assert set(timing.arrivals(tls, {"0": 3})) == {("0", 1)}
+    assert set(timing.arrivals(tls)) == {("0", 1)}  # members unknown: the most ranks seen at one seq

@@ -45,7 +45,7 @@ def completions(calls: dict[int, list[Call]]) -> dict[tuple[str, int], dict[int,
     out: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
     for rank, cs in calls.items():
         for c in cs:
-            if not c.p2p and c.waited_to_the_end and c.t1 is not None:
+            if not c.p2p and c.exact_end and c.t1 is not None:
                 out[(c.group, c.seq)][rank] = c.t1
     return out
 

@@ -38,22 +38,25 @@ class Call(NamedTuple):
     sync: bool  # the call itself blocked until the collective was done
     polled: bool  # completion seen by the watchdog's poll (t1 late by < 0.5 s)
     device: bool  # on a device stream: t1 is when the host saw it done
+    error: bool = False  # the call raised or its Work failed: t1 is when it failed
 
-    @property
-    def blocked(self) -> tuple[int, int] | None:
-        """When the host was stopped waiting for this call: all of a blocking call, the wait() of an async one."""
-        if self.t1 is None:
-            return None
+    def blocked(self, end_ns: int) -> tuple[int, int] | None:
+        """When the host was stopped waiting for this call: all of a blocking call (to `end_ns` if it never
+        returned), the wait() of an async one."""
         if self.sync:
-            return (self.t0, self.t1)
-        if self.wait_ns > 0:
+            return (self.t0, max(self.t0, end_ns if self.t1 is None else self.t1))
+        if self.t1 is not None and self.wait_ns > 0:
             return (max(self.t0, self.t1 - self.wait_ns), self.t1)
         return None
 
     @property
-    def waited_to_the_end(self) -> bool:
-        """The host was blocked until the collective completed: t1 is its completion (the clock fit uses these)."""
-        return self.t1 is not None and not self.device and not self.polled and (self.sync or self.wait_ns > 0)
+    def exact_end(self) -> bool:
+        """t1 is the collective's completion (the clock fit and bandwidth use these): the host blocked until
+        it (a blocking call, or a wait() that took a millisecond or more), or a callback saw it (an async call
+        never waited on, not polled: DDP's buckets through colltrace's hook)."""
+        if self.t1 is None or self.device or self.polled or self.error:
+            return False
+        return self.sync or self.wait_ns == 0 or self.wait_ns >= 1_000_000
 
 
 class Span(NamedTuple):
@@ -99,7 +102,7 @@ def _nbytes(c: Collective) -> int | None:
 def call_of(c: Collective) -> Call:
     return Call(
         c.group, c.seq, c.op, c.kind == "p2p", _nbytes(c), c.step, c.phase, c.module, c.t_issue_ns, c.t_done_ns,
-        c.wait_ns, not c.async_op, bool(c.flags & schema.FLAG_POLLED), c.on_device,
+        c.wait_ns, not c.async_op, bool(c.flags & schema.FLAG_POLLED), c.on_device, c.error,
     )  # fmt: skip
 
 
@@ -108,7 +111,7 @@ def span_of(s: Collective) -> Span:
 
 
 def _records(seq: Iterable[Collective], kinds: tuple[str, ...]) -> Iterable[Collective]:
-    return (c for c in seq if c.kind in kinds and not c.error)
+    return (c for c in seq if c.kind in kinds)
 
 
 def timeline(rt: RankTrace, end_ns: int = 0) -> Timeline:

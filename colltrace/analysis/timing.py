@@ -238,22 +238,47 @@ def step_windows(tl: Timeline) -> list[tuple[int, int, int]]:
     return [(s, starts[s], starts[n]) for s, n in zip(order, order[1:]) if starts[n] > starts[s]]
 
 
+def waits(tl: Timeline) -> list[tuple[Iv, str]]:
+    """When the host was blocked on communication, and in what (a wait category).
+
+    A blocking call blocks for its whole duration, an async one during its wait(). And the end of a
+    torch.autograd.backward waits for the async collectives issued inside it that nobody wait()s on
+    from Python: DDP's reducer issues each gradient bucket as its gradients are ready (the last one when
+    backward's compute is over) and holds backward's return until all are done, in C++. So from the
+    last such issue to the last such completion inside the span, the host waits.
+    """
+    out: list[tuple[Iv, str]] = []
+    for c in tl.calls:
+        b = c.blocked(tl.end_ns)
+        if b is not None and b[1] > b[0]:
+            out.append((b, wait_category(c.op)))
+    for s in tl.spans:
+        if s.kind != "backward" or s.flavour != "autograd" or s.t1 is None:
+            continue
+        inside = [c for c in tl.calls if not c.sync and not c.wait_ns and not c.error and c.t1 is not None
+                  and s.t0 <= c.t0 <= s.t1 and c.t1 <= s.t1]  # fmt: skip
+        if inside:
+            last = max(inside, key=lambda c: c.t0)
+            end = max(c.t1 or 0 for c in inside)
+            if end > last.t0:
+                out.append(((last.t0, end), wait_category(last.op)))
+    return out
+
+
 def breakdown(tl: Timeline, windows: list[tuple[int, int, int]]) -> list[dict[str, int]]:
     """Time per category inside each window: at each moment the highest-priority activity takes it."""
     edges: list[tuple[int, int, int]] = []  # (t, +1/-1, category index in _PRIORITY)
     rank_of = {c: i for i, c in enumerate(_PRIORITY)}
-    for c in tl.calls:
-        b = c.blocked if c.t1 is not None else ((c.t0, tl.end_ns) if c.sync else None)
-        if b is not None and b[1] > b[0]:
-            k = rank_of[wait_category(c.op)]
-            edges += [(b[0], 1, k), (b[1], -1, k)]
+    for b, cat in waits(tl):
+        k = rank_of[cat]
+        edges += [(b[0], 1, k), (b[1], -1, k)]
     for s in tl.spans:
-        cat = _SPAN_CATEGORY.get(s.kind)
-        if cat is None:
+        kind = _SPAN_CATEGORY.get(s.kind)
+        if kind is None:
             continue
         lo, hi = _iv(tl, s.t0, s.t1)
         if hi > lo:
-            edges += [(lo, 1, rank_of[cat]), (hi, -1, rank_of[cat])]
+            edges += [(lo, 1, rank_of[kind]), (hi, -1, rank_of[kind])]
     edges.sort()
     out = [dict.fromkeys(CATEGORIES, 0) for _ in windows]
     active = [0] * len(_PRIORITY)
@@ -298,7 +323,7 @@ def overlap(tl: Timeline, calls: Iterable[Call], lo: int | None = None, hi: int 
 
 def _compute(tl: Timeline) -> list[Iv]:
     spans = intervals.merge(_iv(tl, s.t0, s.t1) for s in tl.spans if s.kind in COMPUTE_SPANS)
-    blocked = intervals.merge(b for b in (c.blocked for c in tl.calls) if b is not None)
+    blocked = intervals.merge(b for b, _ in waits(tl))
     return intervals.subtract(spans, blocked)
 
 
@@ -328,14 +353,21 @@ def rank_timing(tl: Timeline) -> RankTiming:
 # -- across ranks ------------------------------------------------------------------------------------
 
 
-def arrivals(tls: dict[int, Timeline]) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
-    """(group, seq) -> [(issue time, rank, step)] over every rank that issued it."""
+def arrivals(
+    tls: dict[int, Timeline], group_sizes: dict[str, int] | None = None
+) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
+    """(group, seq) -> [(issue time, rank, step)], for the collectives every member of the group issued
+    (a hang's last collective, which some never reached, says nothing about arrival)."""
     out: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)
     for r, tl in tls.items():
         for c in tl.calls:
             if not c.p2p:
                 out[(c.group, c.seq)].append((c.t0, r, c.step))
-    return out
+    seen: dict[str, int] = defaultdict(int)  # without the group's members: the most ranks seen at one seq
+    for (g, _), items in out.items():
+        seen[g] = max(seen[g], len(items))
+    sizes = group_sizes or {}
+    return {k: v for k, v in out.items() if len(v) >= (sizes.get(k[0]) or seen[k[0]])}
 
 
 def stragglers(
@@ -375,7 +407,8 @@ def stragglers(
     for r in sorted(lead_ns, key=lambda r: (-lead_ns[r], r))[:_STRAGGLERS]:
         series = {s: per_step[r].get(s, 0) for s in sorted(steps_seen[r])}
         since = turned_slow(series)
-        where, where_ns = _where(r, timings, since)
+        late_steps = [v for s, v in series.items() if since is None or s >= since]
+        where, where_ns = _where(r, timings, since, sum(late_steps) / max(1, len(late_steps)))
         out.append(Straggler(
             r, last[r], count[r], lead_ns[r] / 1e9, lead_ns[r] / total if total else 0.0,
             late[r] / count[r] / 1e6 if count[r] else 0.0, dict(per_step[r]), since, where, where_ns,
@@ -400,23 +433,28 @@ def turned_slow(series: dict[int, int]) -> int | None:
     return best
 
 
-def _where(rank: int, timings: dict[int, RankTiming], since: int | None) -> tuple[str | None, float]:
-    """The category in which the rank spends the most time per step beyond the median of the others."""
+def _where(
+    rank: int, timings: dict[int, RankTiming], since: int | None, late_per_step: float
+) -> tuple[str | None, float]:
+    """The category in which the rank spends the most time per step beyond the median rank (the other
+    rank, of two), when that excess accounts for at least WHERE_SHARE of its lateness per step."""
     mine = timings.get(rank)
     if mine is None or not mine.has_spans:
         return None, 0.0
     me = mine.mean_ns(since)
-    others = [t.mean_ns(since) for r, t in timings.items() if r != rank and t.has_spans]
-    others = [o for o in others if o]
-    if not me or not others:
+    every = [t.mean_ns(since) for r, t in timings.items() if t.has_spans and (r != rank or len(timings) > 2)]
+    every = [o for o in every if o]
+    if not me or not every:
         return None, 0.0
     best, excess = None, 0.0
     for cat in CATEGORIES:
         if cat in WAITS:  # the straggler waits less, the others more: waits are the effect, not the cause
             continue
-        more = me[cat] - statistics.median(o[cat] for o in others)
+        more = me[cat] - statistics.median(o[cat] for o in every)
         if more > excess:
             best, excess = cat, more
+    if best is None or excess < max(1e6, WHERE_SHARE * late_per_step):
+        return None, 0.0
     return best, excess
 
 
@@ -427,7 +465,7 @@ def bandwidth(
     calls: dict[tuple[str, int], list[Call]] = defaultdict(list)
     for tl in tls.values():
         for c in tl.calls:
-            if not c.p2p and c.waited_to_the_end and c.nbytes:
+            if not c.p2p and c.exact_end and c.nbytes:
                 calls[(c.group, c.seq)].append(c)
     times: dict[tuple[str, str, int], list[int]] = defaultdict(list)
     seen_size: dict[str, int] = {}
@@ -456,12 +494,12 @@ def analyze(run: Run, end_ns: int = 0) -> Timing:
     shifts = fit.shifts()
     tls = {r: tl.shifted(shifts[r]) for r, tl in raw.items() if r in shifts}
     timings = {r: rank_timing(tl) for r, tl in tls.items()}
-    arr = arrivals(tls)
-    ranked, skew = stragglers(tls, timings, arr)
     sizes: dict[str, int] = {}
     for rt in run.ranks.values():
         for name, g in rt.groups.items():
             sizes.setdefault(name, len(g.ranks))
+    arr = arrivals(tls, sizes)
+    ranked, skew = stragglers(tls, timings, arr)
     first = min((tl.calls[0].t0 for tl in tls.values() if tl.calls), default=0)
     last = max((tl.end_ns for tl in tls.values()), default=0)
     bw = tuple(bandwidth(tls, sizes, arr))

@@ -162,7 +162,8 @@ def straggler_entry(s: tmg.Straggler) -> dict[str, Any]:
 def timing(run: Run, tm: tmg.Timing | None) -> dict[str, Any]:
     """The report's timing keys: steps, overlap, stragglers, skew, bandwidth, clock (docs/report.md)."""
     if tm is None:
-        return {"steps": None, "overlap": None, "stragglers": [], "skew": None, "bandwidth": [], "clock": None}
+        return {"steps": None, "overlap": None, "stragglers": [], "straggler": None, "skew": None, "bandwidth": [],
+                "clock": None}  # fmt: skip
     labels = _labels(run)
     steps = {}
     overlap = {}
@@ -193,6 +194,7 @@ def timing(run: Run, tm: tmg.Timing | None) -> dict[str, Any]:
         "steps": steps,
         "overlap": overlap,
         "stragglers": [straggler_entry(s) for s in tm.stragglers],
+        "straggler": (lambda s: s.rank if s is not None else None)(tm.straggler()),
         "skew": {"collectives": sk.count, "p50_ms": _ms(sk.p50_ns), "p99_ms": _ms(sk.p99_ns), "max_ms": _ms(sk.max_ns)}
         if sk
         else None,

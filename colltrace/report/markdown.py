@@ -107,18 +107,17 @@ def timing_section(report: dict[str, Any]) -> list[str]:
     if o.get("ratio") is not None:
         per_step = o["exposed_comm_ms"] / max(1, steps[med]["completed"]) if med else None  # type: ignore[index]
         out.append(f"- **Communication:** {o['ratio'] * 100:.0f} % overlapped with compute; exposed "
-                   f"{_d(o['exposed_comm_ms'])} in all ({_d(per_step)} per step) on rank {med}; up to "
-                   f"{o['max_inflight_allgathers']} all-gather(s) in flight")  # fmt: skip
+                   f"{_d(o['exposed_comm_ms'])} in all ({_d(per_step)} per step) on rank {med}" + _inflight(o))  # fmt: skip
     elif o:
         out.append(f"- **Communication:** {_d(o['comm_ms'])} in collectives on rank {med}; no compute spans "
-                   f"recorded, so no overlap to measure; up to {o['max_inflight_allgathers']} all-gather(s) in flight")  # fmt: skip
+                   "recorded, so no overlap to measure" + _inflight(o))  # fmt: skip
     sk = report["skew"]
     if sk:
         out.append(f"- **Arrival skew:** p50 {_d(sk['p50_ms'])}, p99 {_d(sk['p99_ms'])}, max {_d(sk['max_ms'])} "
                    f"over {sk['collectives']} collectives")  # fmt: skip
     st = report["stragglers"]
-    if st and st[0]["share"] >= 0.5 and (st[0]["waited_ms"] or 0) >= 100:
-        out.append("- **Slowest to arrive:** " + "; ".join(st[0]["evidence"]))
+    if st and report["straggler"] == st[0]["rank"]:
+        out.append("- **Straggler:** " + "; ".join(st[0]["evidence"]))
     clock = report["clock"] or {}
     if len(clock) > 1:
         bad = [h for h, c in clock.items() if c["offset_us"] is None]
@@ -130,6 +129,11 @@ def timing_section(report: dict[str, Any]) -> list[str]:
     out.append("")
     out += _breakdown_table(report, med)
     return out
+
+
+def _inflight(o: dict[str, Any]) -> str:
+    n = o["max_inflight_allgathers"]
+    return f"; up to {n} all-gather{'s' if n > 1 else ''} in flight" if n else ""
 
 
 def _d(ms: float | None) -> str:

@@ -123,14 +123,19 @@ def export(run: Run, window: Window = Window(), dx: Diagnosis | None = None) -> 
     return {"traceEvents": ev.out, "displayTimeUnit": "ms", "otherData": other}
 
 
-def last_steps(run: Run, w: Window, n: int) -> Window:
-    """The window of the run's last n steps (by the highest step any rank recorded)."""
+def last_step(run: Run) -> int:
+    """The highest step any rank recorded."""
     top = 0
     for rt in run.ranks.values():
         for seq in (rt.records, rt.spans):
             if len(seq):
                 top = max(top, seq[-1].step)
-    return Window(max(0, top - n + 1), None, w.ranks, w.max_events)
+    return top
+
+
+def last_steps(run: Run, w: Window, n: int) -> Window:
+    """The window of the run's last n steps."""
+    return Window(max(0, last_step(run) - n + 1), None, w.ranks, w.max_events)
 
 
 def _default_window(lines: dict[int, Timeline], w: Window, dx: Diagnosis) -> Window:
@@ -177,7 +182,8 @@ def _rank(
         for c, lane in zip(calls, call_lanes):
             args = {"group": label, "seq": c.seq, "step": c.step, "bytes": c.nbytes, "phase": c.phase or None,
                     "module": c.module or None, "wait_ms": round(c.wait_ns / 1e6, 3), "in_flight": c.t1 is None}  # fmt: skip
-            name = c.op + (" (in flight)" if c.t1 is None else "")
+            name = c.op + (" (failed)" if c.error else " (in flight)" if c.t1 is None else "")
+            args["error"] = c.error
             if ev.slice(r, tid + lane, name, "collective", c.t0, tl.end(c.t1), args) and not c.p2p:
                 flows[(group, c.seq)].append((c.t0, r, tid + lane))
         tid += max(call_lanes, default=0) + 1

@@ -78,7 +78,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.FATAL_SIGNAL: f"{who} died of a fatal signal outside any collective ({detail})",
         Clue.FINISHED_EARLY: f"{who} exited cleanly after {detail} step(s) while others still waited for it",
         Clue.OUT_OF_DATA: f"{who}'s DataLoader ran out of batches (its iterator raised StopIteration)",
-        Clue.STUCK_OUTSIDE: f"{who} hung outside any collective ({detail})",
+        Clue.STUCK_OUTSIDE: f"{who} was stopped outside any collective ({detail})",
         Clue.KILLED: f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)",
         Clue.NO_TRACE: f"{who} left no trace while ranks {detail} were blocked: it never started tracing "
         f"(died before init_process_group returned) or its files were not copied",

@@ -32,7 +32,7 @@ _RANK_FILE = re.compile(r"rank(\d+)\.jsonl$")
 
 def find_rank_files(run_dir: str) -> dict[int, str]:
     if not os.path.isdir(run_dir):
-        raise TraceError(f"{run_dir}: no such directory")
+        raise TraceError(f"{run_dir}: {'not a directory' if os.path.exists(run_dir) else 'no such directory'}")
     out: dict[int, str] = {}
     for path in glob.glob(os.path.join(run_dir, "rank*.jsonl")):
         m = _RANK_FILE.search(os.path.basename(path))
