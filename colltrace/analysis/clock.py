@@ -4,8 +4,8 @@ moment on every rank, so the hosts' completion times of the same (group, seq) gi
 Each rank's times are wall clock (its monotonic clock plus the wall-minus-monotonic offset it read at start),
 so ranks of one host share a clock and hosts differ by their wall clocks' error (NTP: often milliseconds).
 One host's clock is the reference; every other host's offset is the median of its completion times minus
-the reference's over the collectives they share (chained through other hosts where they share none with the
-reference), and its residual the median distance of those samples from the offset. A host that shares no
+the reference's over the collectives they share (then, in later passes, minus the hosts already aligned, for
+hosts that share none with the reference), and its residual the median distance of those samples from it. A host that shares no
 such collective with an aligned host is not aligned, and is said to be.
 """
 
@@ -25,7 +25,7 @@ class HostClock:
     offset_ns: int  # add to the reference's clock to get this host's: subtract from this host's times
     residual_ns: int  # median |sample - offset|: how well the host's completions line up after the shift
     samples: int
-    via: str  # the host it was aligned against (itself for the reference)
+    via: str  # what it was aligned against: the reference host, or "aligned hosts" (a later pass)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,38 +51,39 @@ def completions(calls: dict[int, list[Call]]) -> dict[tuple[str, int], dict[int,
 
 
 def fit(calls: dict[int, list[Call]], rank_hosts: dict[int, str]) -> ClockFit:
-    """Estimate each host's clock offset from the ranks' calls (times as recorded, unshifted)."""
+    """Estimate each host's clock offset from the ranks' calls (times as recorded, unshifted).
+
+    In passes: a host's samples are its median completion at a collective minus the median of the
+    aligned hosts' (shifted) completions there; a host with MIN_SAMPLES of them is aligned by their
+    median, and the next pass can use it. Linear in hosts per collective: no pairs of hosts."""
     hosts = sorted(set(rank_hosts.values()), key=lambda h: min(r for r, x in rank_hosts.items() if x == h))
     ref = hosts[0] if hosts else ""
     if len(hosts) <= 1:
         return ClockFit(ref, {ref: HostClock(0, 0, 0, ref)} if hosts else {}, (), rank_hosts)
-    # per pair of hosts: samples of (median completion on b) - (median completion on a)
-    pairs: dict[tuple[str, str], list[int]] = defaultdict(list)
+    per: list[dict[str, int]] = []  # per collective shared by hosts: host -> its ranks' median completion
     for done in completions(calls).values():
         by_host: dict[str, list[int]] = defaultdict(list)
         for r, t in done.items():
             by_host[rank_hosts.get(r, "")].append(t)
-        if len(by_host) < 2:
-            continue
-        med = {h: int(statistics.median(ts)) for h, ts in by_host.items()}
-        for a in med:
-            for b in med:
-                if a < b:
-                    pairs[(a, b)].append(med[b] - med[a])
+        if len(by_host) >= 2:
+            per.append({h: int(statistics.median(ts)) for h, ts in by_host.items()})
     fitted: dict[str, HostClock] = {ref: HostClock(0, 0, 0, ref)}
-    frontier = [ref]
-    while frontier:  # breadth first from the reference, over pairs with enough samples
-        a = frontier.pop(0)
-        for b in hosts:
-            if b in fitted:
+    while True:
+        samples: dict[str, list[int]] = defaultdict(list)
+        for med in per:
+            anchors = [t - fitted[h].offset_ns for h, t in med.items() if h in fitted]
+            if not anchors:
                 continue
-            s = pairs.get((a, b)) if a < b else [-x for x in pairs.get((b, a), [])]
-            if not s or len(s) < MIN_SAMPLES:
-                continue
+            base = int(statistics.median(anchors))
+            for h, t in med.items():
+                if h not in fitted:
+                    samples[h].append(t - base)
+        new = {h: s for h, s in samples.items() if len(s) >= MIN_SAMPLES}
+        if not new:
+            break
+        via = ref if len(fitted) == 1 else "aligned hosts"
+        for h, s in new.items():
             off = int(statistics.median(s))
-            resid = int(statistics.median(abs(x - off) for x in s))
-            base = fitted[a]
-            fitted[b] = HostClock(base.offset_ns + off, base.residual_ns + resid, len(s), a)
-            frontier.append(b)
+            fitted[h] = HostClock(off, int(statistics.median(abs(x - off) for x in s)), len(s), via)
     unaligned = tuple(h for h in hosts if h not in fitted)
     return ClockFit(ref, fitted, unaligned, rank_hosts)

@@ -46,7 +46,7 @@ def diagnose(run: Run) -> Diagnosis:
     wf = waitfor.build(run, streams, ends)
     found = divergences(run, streams, table)
     d = found[0] if found else None
-    tm = timing.analyze(run, states.run_end_ns(run, streams))
+    tm = timing.analyze(run, states.run_end_ns(run, streams), streams)
     slow = tm.straggler()
     cycle = wf.cycle
     if d is None:

@@ -57,6 +57,21 @@ def subtract(x: list[Iv], y: list[Iv]) -> list[Iv]:
     return out
 
 
+def totals_in(merged: list[Iv], windows: list[tuple[int, int]]) -> list[int]:
+    """The length of `merged` inside each window (windows sorted and disjoint): one pass over both."""
+    out = []
+    i = 0
+    for lo, hi in windows:
+        while i < len(merged) and merged[i][1] <= lo:
+            i += 1
+        n, j = 0, i
+        while j < len(merged) and merged[j][0] < hi:
+            n += max(0, min(hi, merged[j][1]) - max(lo, merged[j][0]))
+            j += 1
+        out.append(n)
+    return out
+
+
 def clip(merged: list[Iv], lo: int, hi: int) -> list[Iv]:
     return intersect(merged, [(lo, hi)]) if lo < hi else []
 

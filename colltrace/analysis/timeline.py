@@ -6,11 +6,12 @@ trace files. A Timeline can be built by hand, which is how the timing tests chec
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from colltrace.trace import schema
+from colltrace.trace.reader import RecordView
 from colltrace.trace.records import Collective, RankTrace
 
 # bytes per element, by the dtype names the recorder writes (torch's str(dtype) without "torch.")
@@ -114,11 +115,37 @@ def _records(seq: Iterable[Collective], kinds: tuple[str, ...]) -> Iterable[Coll
     return (c for c in seq if c.kind in kinds)
 
 
-def timeline(rt: RankTrace, end_ns: int = 0) -> Timeline:
+def _calls(recs: Sequence[Collective]) -> list[Call]:
+    if not isinstance(recs, RecordView):
+        return [call_of(c) for c in _records(recs, ("collective", "p2p"))]
+    s, off = recs.strings.get, recs.offset
+    sizes: dict[int, int | None] = {}
+    out = []
+    for _, raw in recs.raw():  # straight from the slots: this loop is the timing analysis's hot one
+        (_m, kind, flags, _p, _t, group, op, dtype, _r, module, phase, _f, _sh, seq, _b, nin, nout, _peer, step,
+         _mi, t0, t1, wait) = raw  # fmt: skip
+        if kind != schema.KIND_COLLECTIVE and kind != schema.KIND_P2P:
+            continue
+        size = sizes.get(dtype, -1)
+        if size == -1:
+            size = sizes[dtype] = ITEMSIZE.get(s(dtype, ""))
+        out.append(Call(
+            s(group, "?"), seq, s(op, "?"), kind == schema.KIND_P2P, None if size is None else max(nin, nout, 0) * size,
+            step, s(phase, ""), s(module, ""), t0 + off, (t1 + off) if t1 else None, wait,
+            not flags & schema.FLAG_ASYNC, bool(flags & schema.FLAG_POLLED), bool(flags & schema.FLAG_DEVICE),
+            bool(flags & schema.FLAG_ERROR),
+        ))  # fmt: skip
+    return out
+
+
+def timeline(rt: RankTrace, end_ns: int = 0, tail: int | None = None) -> Timeline:
     """One rank's timeline, times as recorded; open calls and spans end at `end_ns` (the run's end) or
-    at the rank's own last record."""
-    calls = [call_of(c) for c in _records(rt.records, ("collective", "p2p"))]
-    spans = [span_of(s) for s in _records(rt.spans, ("span",))]
+    at the rank's own last record. `tail`: its last `tail` collectives only, and no spans."""
+    recs = rt.records
+    if tail is not None:
+        recs = recs.tail(tail) if isinstance(recs, RecordView) else list(recs)[-tail:]
+    calls = _calls(recs)
+    spans = [span_of(s) for s in _records(rt.spans, ("span",))] if tail is None else []
     spans.sort(key=lambda s: s.t0)
     last = max([c.t1 or c.t0 for c in calls[-64:]] + [s.t1 or s.t0 for s in spans[-64:]] + [0])
     return Timeline(rt.rank, rt.host, calls, spans, max(end_ns, last))

@@ -7,14 +7,18 @@ aligned is left out of every comparison across ranks, and said to be.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from colltrace.analysis import clock, intervals
 from colltrace.analysis.intervals import Iv
+from colltrace.analysis.streams import RankStreams
 from colltrace.analysis.timeline import Call, Timeline, timeline
 from colltrace.trace.records import Run
 
@@ -157,7 +161,7 @@ class Straggler:
     waited_s: float  # the others' wait for it alone: its lead over the next latest arrival, summed
     share: float  # of all such waits, over every rank
     mean_lateness_ms: float  # its arrival minus the median arrival (0 when early), mean over its collectives
-    late_steps: dict[int, int]  # step -> ns the others waited for it alone in that step
+    late_steps: dict[int, int]  # step -> ns the others waited for it alone in that step (0 when on time)
     since_step: int | None  # it turned slow at this step (None: slow from its first step, or not at all)
     where: str | None  # the breakdown category its extra time goes to
     where_ns: float  # how much more per step than the median rank, in that category
@@ -252,11 +256,14 @@ def waits(tl: Timeline) -> list[tuple[Iv, str]]:
         b = c.blocked(tl.end_ns)
         if b is not None and b[1] > b[0]:
             out.append((b, wait_category(c.op)))
+    unwaited = sorted((c for c in tl.calls if not c.sync and not c.wait_ns and not c.error and c.t1 is not None),
+                      key=lambda c: c.t0)  # fmt: skip
+    starts = [c.t0 for c in unwaited]
     for s in tl.spans:
-        if s.kind != "backward" or s.flavour != "autograd" or s.t1 is None:
+        if s.kind != "backward" or s.flavour != "autograd" or s.t1 is None or not unwaited:
             continue
-        inside = [c for c in tl.calls if not c.sync and not c.wait_ns and not c.error and c.t1 is not None
-                  and s.t0 <= c.t0 <= s.t1 and c.t1 <= s.t1]  # fmt: skip
+        lo, hi = bisect.bisect_left(starts, s.t0), bisect.bisect_right(starts, s.t1)
+        inside = [c for c in unwaited[lo:hi] if (c.t1 or 0) <= s.t1]
         if inside:
             last = max(inside, key=lambda c: c.t0)
             end = max(c.t1 or 0 for c in inside)
@@ -265,11 +272,13 @@ def waits(tl: Timeline) -> list[tuple[Iv, str]]:
     return out
 
 
-def breakdown(tl: Timeline, windows: list[tuple[int, int, int]]) -> list[dict[str, int]]:
+def breakdown(
+    tl: Timeline, windows: list[tuple[int, int, int]], blocked: list[tuple[Iv, str]] | None = None
+) -> list[dict[str, int]]:
     """Time per category inside each window: at each moment the highest-priority activity takes it."""
     edges: list[tuple[int, int, int]] = []  # (t, +1/-1, category index in _PRIORITY)
     rank_of = {c: i for i, c in enumerate(_PRIORITY)}
-    for b, cat in waits(tl):
+    for b, cat in waits(tl) if blocked is None else blocked:
         k = rank_of[cat]
         edges += [(b[0], 1, k), (b[1], -1, k)]
     for s in tl.spans:
@@ -314,65 +323,132 @@ def breakdown(tl: Timeline, windows: list[tuple[int, int, int]]) -> list[dict[st
 def overlap(tl: Timeline, calls: Iterable[Call], lo: int | None = None, hi: int | None = None) -> Overlap:
     """|comm ∩ compute| over merged intervals; compute is the compute spans less the host's blocked waits."""
     comm = intervals.merge(_iv(tl, c.t0, c.t1) for c in calls)
-    compute = _compute(tl)
+    compute = _compute(tl, waits(tl))
     if lo is not None and hi is not None:
         comm = intervals.clip(comm, lo, hi)
         compute = intervals.clip(compute, lo, hi)
     return Overlap(intervals.total(comm), intervals.total(intervals.intersect(comm, compute)), bool(tl.spans))
 
 
-def _compute(tl: Timeline) -> list[Iv]:
+def _compute(tl: Timeline, blocked: list[tuple[Iv, str]]) -> list[Iv]:
     spans = intervals.merge(_iv(tl, s.t0, s.t1) for s in tl.spans if s.kind in COMPUTE_SPANS)
-    blocked = intervals.merge(b for b, _ in waits(tl))
-    return intervals.subtract(spans, blocked)
+    return intervals.subtract(spans, intervals.merge(b for b, _ in blocked))
 
 
 def rank_timing(tl: Timeline) -> RankTiming:
     windows = step_windows(tl)
-    per = breakdown(tl, windows)
+    blocked = waits(tl)
+    per = breakdown(tl, windows, blocked)
     comm = intervals.merge(_iv(tl, c.t0, c.t1) for c in tl.calls)
-    compute = _compute(tl)
-    steps = []
-    for (step, lo, hi), ns in zip(windows, per):
-        inside = intervals.clip(comm, lo, hi)
-        ov = Overlap(intervals.total(inside), intervals.total(intervals.intersect(inside, compute)), bool(tl.spans))
-        steps.append(StepTime(step, lo, hi, ns, ov))
-    whole = Overlap(intervals.total(comm), intervals.total(intervals.intersect(comm, compute)), bool(tl.spans))
+    compute = _compute(tl, blocked)
+    both = intervals.intersect(comm, compute)
+    spans = bool(tl.spans)
+    bounds = [(lo, hi) for _, lo, hi in windows]
+    steps = [
+        StepTime(step, lo, hi, ns, Overlap(c, o, spans))
+        for (step, lo, hi), ns, c, o in zip(windows, per, intervals.totals_in(comm, bounds),
+                                            intervals.totals_in(both, bounds))
+    ]  # fmt: skip
+    whole = Overlap(intervals.total(comm), intervals.total(both), spans)
     by_group: dict[str, list[Call]] = defaultdict(list)
     for call in tl.calls:
         by_group[call.group].append(call)
-    groups = {g: overlap(tl, cs) for g, cs in sorted(by_group.items())}
+    groups = {}
+    for g, cs in sorted(by_group.items()):
+        gc = intervals.merge(_iv(tl, c.t0, c.t1) for c in cs)
+        groups[g] = Overlap(intervals.total(gc), intervals.total(intervals.intersect(gc, compute)), spans)
     ag = [_iv(tl, c.t0, c.t1) for c in tl.calls if op_family(c.op) == "all_gather"]
     rs = [_iv(tl, c.t0, c.t1) for c in tl.calls if op_family(c.op) == "reduce_scatter"]
     return RankTiming(
-        tl.rank, tl.host, tuple(steps), whole, groups, tuple(intervals.depth(ag)), tuple(intervals.depth(rs)),
-        bool(tl.spans),
-    )  # fmt: skip
+        tl.rank, tl.host, tuple(steps), whole, groups, tuple(intervals.depth(ag)), tuple(intervals.depth(rs)), spans
+    )
 
 
 # -- across ranks ------------------------------------------------------------------------------------
 
 
-def arrivals(
-    tls: dict[int, Timeline], group_sizes: dict[str, int] | None = None
-) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
-    """(group, seq) -> [(issue time, rank, step)], for the collectives every member of the group issued
+@dataclass(slots=True)
+class GroupArrivals:
+    """One group's collectives that every member issued: per seq, each rank's issue time and step."""
+
+    group: str
+    ranks: tuple[int, ...]
+    seqs: list[int] = field(default_factory=list)
+    times: list[tuple[int, ...]] = field(default_factory=list)  # per seq, in `ranks` order
+    steps: list[tuple[int, ...]] = field(default_factory=list)
+
+
+Arrivals = list[GroupArrivals]
+
+
+def arrivals(items: Iterable[tuple[str, int, int, int, int]], group_sizes: dict[str, int] | None = None) -> Arrivals:
+    """From (group, seq, issue time, rank, step) items: the collectives every member of the group issued
     (a hang's last collective, which some never reached, says nothing about arrival)."""
-    out: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)
+    by: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
+    for g, seq, t, r, step in items:
+        by[(g, seq)][r] = (t, step)
+    seen: dict[str, int] = defaultdict(int)  # without the group's members: the most ranks seen at one seq
+    for (g, _), got in by.items():
+        seen[g] = max(seen[g], len(got))
+    sizes = group_sizes or {}
+    out: dict[tuple[str, tuple[int, ...]], GroupArrivals] = {}
+    for (g, seq), got in sorted(by.items()):
+        if len(got) < (sizes.get(g) or seen[g]):
+            continue
+        ranks = tuple(sorted(got))
+        ga = out.get((g, ranks)) or out.setdefault((g, ranks), GroupArrivals(g, ranks))
+        ga.seqs.append(seq)
+        ga.times.append(tuple(got[r][0] for r in ranks))
+        ga.steps.append(tuple(got[r][1] for r in ranks))
+    return list(out.values())
+
+
+def timeline_items(tls: dict[int, Timeline]) -> Iterator[tuple[str, int, int, int, int]]:
+    """Every rank's issued collectives (not p2p), for arrivals()."""
     for r, tl in tls.items():
         for c in tl.calls:
             if not c.p2p:
-                out[(c.group, c.seq)].append((c.t0, r, c.step))
-    seen: dict[str, int] = defaultdict(int)  # without the group's members: the most ranks seen at one seq
-    for (g, _), items in out.items():
-        seen[g] = max(seen[g], len(items))
-    sizes = group_sizes or {}
-    return {k: v for k, v in out.items() if len(v) >= (sizes.get(k[0]) or seen[k[0]])}
+                yield c.group, c.seq, c.t0, r, c.step
 
 
-def stragglers(
-    tls: dict[int, Timeline], timings: dict[int, RankTiming], arr: dict[tuple[str, int], list[tuple[int, int, int]]]
-) -> tuple[list[Straggler], Skew | None]:
+def stream_arrivals(streams: dict[int, RankStreams], shifts: dict[int, int], group_sizes: dict[str, int]) -> Arrivals:
+    """arrivals() from the aligner's per-group streams, column by column (every rank, no record decoded)."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for r, rs in streams.items():
+        if r in shifts:
+            for key in rs.groups:
+                if not key.startswith("p2p:"):
+                    members[key].append(r)
+    out = []
+    for g, ranks in sorted(members.items()):
+        if len(ranks) < (group_sizes.get(g) or len(ranks)):
+            continue
+        sts = [streams[r].groups[g] for r in ranks]
+        lo, hi = max(st.seq0 for st in sts), min(st.last_seq for st in sts)
+        if hi < lo:
+            continue
+        cols = [[t - shifts[r] for t in st.t_issue[lo - st.seq0 : hi - st.seq0 + 1]] for r, st in zip(ranks, sts)]
+        steps = [_steps_of(st, lo, hi) for st in sts]
+        ga = GroupArrivals(g, tuple(ranks))
+        for i, (times, stepcol) in enumerate(zip(zip(*cols), zip(*steps))):
+            if 0 not in times:  # a torn slot on some rank
+                ga.seqs.append(lo + i)
+                ga.times.append(times)
+                ga.steps.append(stepcol)
+        out.append(ga)
+    return out
+
+
+def _steps_of(st: Any, lo: int, hi: int) -> list[int]:
+    """The step of each of the stream's seqs lo..hi, from its step changes."""
+    out: list[int] = []
+    bounds = [o for o, _ in st.step_starts] + [len(st.sigs)]
+    for (o, step), end in zip(st.step_starts, bounds[1:]):
+        out.extend([step] * (end - o))
+    return out[lo - st.seq0 : hi - st.seq0 + 1]
+
+
+def stragglers(arr: Arrivals, timings: dict[int, RankTiming] | None = None) -> tuple[list[Straggler], Skew | None]:
     """Rank the ranks by how long the others waited for each alone (its lead over the next latest arrival).
 
     The lead, not the skew: noise spreads the last two arrivals of a collective little, a late rank a lot,
@@ -381,43 +457,62 @@ def stragglers(
     """
     last: dict[int, int] = defaultdict(int)
     lead_ns: dict[int, int] = defaultdict(int)
-    late: dict[int, int] = defaultdict(int)
     count: dict[int, int] = defaultdict(int)
     per_step: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    steps_seen: dict[int, set[int]] = defaultdict(set)
     skews: list[int] = []
-    for items in arr.values():
-        if len(items) < 2:
+    for ga in arr:
+        if len(ga.ranks) < 2:
             continue
-        items.sort()
-        t_last, r_last, step_last = items[-1]
-        lead = t_last - items[-2][0]
-        skews.append(t_last - items[0][0])
-        med = _median_sorted([t for t, _, _ in items])
-        for t, r, step in items:
-            count[r] += 1
-            late[r] += max(0, t - med)
-            steps_seen[r].add(step)
-        if lead > 0:
-            last[r_last] += 1
-            lead_ns[r_last] += lead
-            per_step[r_last][step_last] += lead
+        for r in ga.ranks:
+            count[r] += len(ga.seqs)
+        for times, steps in zip(ga.times, ga.steps):
+            ordered = sorted(times)
+            t_last = ordered[-1]
+            lead = t_last - ordered[-2]
+            skews.append(t_last - ordered[0])
+            if lead > 0:
+                i = times.index(t_last)
+                r = ga.ranks[i]
+                last[r] += 1
+                lead_ns[r] += lead
+                per_step[r][steps[i]] += lead
     total = sum(lead_ns.values())
     out = []
     for r in sorted(lead_ns, key=lambda r: (-lead_ns[r], r))[:_STRAGGLERS]:
-        series = {s: per_step[r].get(s, 0) for s in sorted(steps_seen[r])}
-        since = turned_slow(series)
-        late_steps = [v for s, v in series.items() if since is None or s >= since]
-        where, where_ns = _where(r, timings, since, sum(late_steps) / max(1, len(late_steps)))
+        late, seen = _lateness(arr, r)
+        series = {s: per_step[r].get(s, 0) for s in sorted(seen)}
         out.append(Straggler(
             r, last[r], count[r], lead_ns[r] / 1e9, lead_ns[r] / total if total else 0.0,
-            late[r] / count[r] / 1e6 if count[r] else 0.0, dict(per_step[r]), since, where, where_ns,
-            r in timings and timings[r].has_spans,
+            late / count[r] / 1e6 if count[r] else 0.0, series, turned_slow(series), None, 0.0, False,
         ))  # fmt: skip
+    if timings is not None:
+        out = [located(st, timings) for st in out]
     skew = None
     if skews:
         skew = Skew(len(skews), percentile(skews, 0.5) or 0, percentile(skews, 0.99) or 0, max(skews))
     return out, skew
+
+
+def _lateness(arr: Arrivals, rank: int) -> tuple[int, set[int]]:
+    """The rank's arrival minus the median arrival (0 when early), summed; and the steps it took part in."""
+    late = 0
+    seen: set[int] = set()
+    for ga in arr:
+        if rank not in ga.ranks or len(ga.ranks) < 2:
+            continue
+        i = ga.ranks.index(rank)
+        for times, steps in zip(ga.times, ga.steps):
+            late += max(0, times[i] - _median_sorted(sorted(times)))
+            seen.add(steps[i])
+    return late, seen
+
+
+def located(s: Straggler, timings: dict[int, RankTiming]) -> Straggler:
+    """The straggler with where its time goes, from the ranks' per-step breakdowns."""
+    late = [v for step, v in s.late_steps.items() if s.since_step is None or step >= s.since_step]
+    where, where_ns = _where(s.rank, timings, s.since_step, sum(late) / max(1, len(late)))
+    spans = s.rank in timings and timings[s.rank].has_spans
+    return dataclasses.replace(s, where=where, where_ns=where_ns, has_spans=spans)
 
 
 def turned_slow(series: dict[int, int]) -> int | None:
@@ -458,23 +553,31 @@ def _where(
     return best, excess
 
 
-def bandwidth(
-    tls: dict[int, Timeline], group_sizes: dict[str, int], arr: dict[tuple[str, int], list[tuple[int, int, int]]]
-) -> list[Bandwidth]:
-    """algbw and busbw of the collectives every rank waited for to the end, by (group, op, size)."""
+def bandwidth(tls: dict[int, Timeline], group_sizes: dict[str, int], arr: Arrivals) -> list[Bandwidth]:
+    """algbw and busbw by (group, op, size), over the collectives every rank issued and every rank with a
+    timeline saw end exactly: from the last arrival to their median completion."""
     calls: dict[tuple[str, int], list[Call]] = defaultdict(list)
+    spoilt: set[tuple[str, int]] = set()
     for tl in tls.values():
         for c in tl.calls:
-            if not c.p2p and c.exact_end and c.nbytes:
-                calls[(c.group, c.seq)].append(c)
+            if not c.p2p:
+                if c.exact_end and c.nbytes:
+                    calls[(c.group, c.seq)].append(c)
+                else:
+                    spoilt.add((c.group, c.seq))
     times: dict[tuple[str, str, int], list[int]] = defaultdict(list)
     seen_size: dict[str, int] = {}
+    last_in: dict[tuple[str, int], tuple[int, int]] = {}  # (group, seq) -> (last arrival, ranks)
+    for ga in arr:
+        for seq, issued in zip(ga.seqs, ga.times):
+            last_in[(ga.group, seq)] = (max(issued), len(issued))
     for key, cs in calls.items():
-        if len(cs) < 2 or len(cs) != len(arr.get(key, ())):
+        came = last_in.get(key)
+        if key in spoilt or not came or came[1] < 2:
             continue
-        start = max(c.t0 for c in cs)
+        start = came[0]
         end = int(statistics.median(c.t1 or 0 for c in cs))
-        seen_size[key[0]] = max(seen_size.get(key[0], 0), len(cs))
+        seen_size[key[0]] = max(seen_size.get(key[0], 0), came[1])
         if end > start:
             times[(key[0], cs[0].op, cs[0].nbytes or 0)].append(end - start)
     out = []
@@ -488,18 +591,47 @@ def bandwidth(
     return out
 
 
-def analyze(run: Run, end_ns: int = 0) -> Timing:
-    raw = {r: timeline(rt, end_ns) for r, rt in sorted(run.ranks.items())}
-    fit = clock.fit({r: tl.calls for r, tl in raw.items()}, {r: tl.host for r, tl in raw.items()})
-    shifts = fit.shifts()
-    tls = {r: tl.shifted(shifts[r]) for r, tl in raw.items() if r in shifts}
-    timings = {r: rank_timing(tl) for r, tl in tls.items()}
+FULL_RANKS = 64  # up to this many ranks every rank's timeline is read; beyond, a sample (analyze)
+SAMPLE_RANKS = 32  # the sample: the most waited-for ranks, then evenly spaced ones
+CLOCK_TAIL = 512  # records per host read for the clock fit in a big world
+
+
+def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = None) -> Timing:
+    """The timing of a run. Up to FULL_RANKS ranks, from every rank's timeline. Beyond, arrivals come from
+    every rank's streams, the clock fit from one rank per host (its last CLOCK_TAIL collectives), and the
+    per-rank figures from the most waited-for ranks and an even sample, SAMPLE_RANKS in all."""
+    ranks = sorted(run.ranks)
+    hosts = {r: run.ranks[r].host for r in ranks}
     sizes: dict[str, int] = {}
     for rt in run.ranks.values():
         for name, g in rt.groups.items():
             sizes.setdefault(name, len(g.ranks))
-    arr = arrivals(tls, sizes)
-    ranked, skew = stragglers(tls, timings, arr)
+    big = streams is not None and len(ranks) > FULL_RANKS
+    if not big:
+        raw = {r: timeline(run.ranks[r], end_ns) for r in ranks}
+        fit = clock.fit({r: tl.calls for r, tl in raw.items()}, hosts)
+        shifts = fit.shifts()
+        tls = {r: tl.shifted(shifts[r]) for r, tl in raw.items() if r in shifts}
+        arr = arrivals(timeline_items(tls), sizes)
+    else:
+        assert streams is not None
+        one_per_host: dict[str, int] = {}
+        for r in ranks:
+            one_per_host.setdefault(hosts[r], r)
+        probe = {r: timeline(run.ranks[r], end_ns, tail=CLOCK_TAIL) for r in one_per_host.values()}
+        fit = clock.fit({r: tl.calls for r, tl in probe.items()}, hosts)
+        shifts = fit.shifts()
+        arr = stream_arrivals(streams, shifts, sizes)
+        ranked, skew = stragglers(arr)
+        sample = [s.rank for s in ranked]
+        step = max(1, len(ranks) // SAMPLE_RANKS)
+        sample += [r for r in ranks[::step] if r not in sample][: SAMPLE_RANKS - len(sample)]
+        tls = {r: timeline(run.ranks[r], end_ns).shifted(shifts[r]) for r in sorted(sample) if r in shifts}
+    timings = {r: rank_timing(tl) for r, tl in tls.items()}
+    if big:
+        ranked = [located(st, timings) for st in ranked]
+    else:
+        ranked, skew = stragglers(arr, timings)
     first = min((tl.calls[0].t0 for tl in tls.values() if tl.calls), default=0)
     last = max((tl.end_ns for tl in tls.values()), default=0)
     bw = tuple(bandwidth(tls, sizes, arr))

@@ -237,6 +237,11 @@ class RecordView(Sequence[Collective]):
         self.offset = offset  # monotonic -> wall clock
         self._idxs: array[int] | None = None
 
+    def tail(self, n: int) -> RecordView:
+        """The same rank's last n records only."""
+        first = max(self.info.first, self.info.last - n + 1)
+        return RecordView(self.rank, self.ring_path, self.info._replace(first=first), self.strings, self.offset)
+
     def raw(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
         """(idx, slot tuple as in schema.SLOT_FIELDS) for every readable record, oldest first."""
         return _scan(self.ring_path, self.info, schema.SLOT)
