@@ -138,14 +138,17 @@ def _calls(recs: Sequence[Collective]) -> list[Call]:
     return out
 
 
-def timeline(rt: RankTrace, end_ns: int = 0, tail: int | None = None) -> Timeline:
+def _tail(recs: Sequence[Collective], n: int | None) -> Sequence[Collective]:
+    if n is None:
+        return recs
+    return recs.tail(n) if isinstance(recs, RecordView) else list(recs)[-n:]
+
+
+def timeline(rt: RankTrace, end_ns: int = 0, tail: int | None = None, spans: bool = True) -> Timeline:
     """One rank's timeline, times as recorded; open calls and spans end at `end_ns` (the run's end) or
-    at the rank's own last record. `tail`: its last `tail` collectives only, and no spans."""
-    recs = rt.records
-    if tail is not None:
-        recs = recs.tail(tail) if isinstance(recs, RecordView) else list(recs)[-tail:]
-    calls = _calls(recs)
-    spans = [span_of(s) for s in _records(rt.spans, ("span",))] if tail is None else []
-    spans.sort(key=lambda s: s.t0)
-    last = max([c.t1 or c.t0 for c in calls[-64:]] + [s.t1 or s.t0 for s in spans[-64:]] + [0])
-    return Timeline(rt.rank, rt.host, calls, spans, max(end_ns, last))
+    at the rank's own last record. `tail`: its last `tail` collectives and spans only."""
+    calls = _calls(_tail(rt.records, tail))
+    spans_ = [span_of(s) for s in _records(_tail(rt.spans, tail), ("span",))] if spans else []
+    spans_.sort(key=lambda s: s.t0)
+    last = max([c.t1 or c.t0 for c in calls[-64:]] + [s.t1 or s.t0 for s in spans_[-64:]] + [0])
+    return Timeline(rt.rank, rt.host, calls, spans_, max(end_ns, last))

@@ -593,11 +593,13 @@ def bandwidth(tls: dict[int, Timeline], group_sizes: dict[str, int], arr: Arriva
 
 FULL_RANKS = 64  # up to this many ranks every rank's timeline is read; beyond, a sample (analyze)
 SAMPLE_RANKS = 32  # the sample: the most waited-for ranks, then evenly spaced ones
+TAIL = 20_000  # each rank's last collectives (and spans) the timing reads
 CLOCK_TAIL = 512  # records per host read for the clock fit in a big world
 
 
 def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = None) -> Timing:
-    """The timing of a run. Up to FULL_RANKS ranks, from every rank's timeline. Beyond, arrivals come from
+    """The timing of a run, over each rank's last TAIL collectives and spans. Up to FULL_RANKS ranks, from
+    every rank's timeline. Beyond, arrivals come from
     every rank's streams, the clock fit from one rank per host (its last CLOCK_TAIL collectives), and the
     per-rank figures from the most waited-for ranks and an even sample, SAMPLE_RANKS in all."""
     ranks = sorted(run.ranks)
@@ -608,7 +610,7 @@ def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = 
             sizes.setdefault(name, len(g.ranks))
     big = streams is not None and len(ranks) > FULL_RANKS
     if not big:
-        raw = {r: timeline(run.ranks[r], end_ns) for r in ranks}
+        raw = {r: timeline(run.ranks[r], end_ns, TAIL) for r in ranks}
         fit = clock.fit({r: tl.calls for r, tl in raw.items()}, hosts)
         shifts = fit.shifts()
         tls = {r: tl.shifted(shifts[r]) for r, tl in raw.items() if r in shifts}
@@ -618,7 +620,7 @@ def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = 
         one_per_host: dict[str, int] = {}
         for r in ranks:
             one_per_host.setdefault(hosts[r], r)
-        probe = {r: timeline(run.ranks[r], end_ns, tail=CLOCK_TAIL) for r in one_per_host.values()}
+        probe = {r: timeline(run.ranks[r], end_ns, CLOCK_TAIL, spans=False) for r in one_per_host.values()}
         fit = clock.fit({r: tl.calls for r, tl in probe.items()}, hosts)
         shifts = fit.shifts()
         arr = stream_arrivals(streams, shifts, sizes)
@@ -626,7 +628,7 @@ def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = 
         sample = [s.rank for s in ranked]
         step = max(1, len(ranks) // SAMPLE_RANKS)
         sample += [r for r in ranks[::step] if r not in sample][: SAMPLE_RANKS - len(sample)]
-        tls = {r: timeline(run.ranks[r], end_ns).shifted(shifts[r]) for r in sorted(sample) if r in shifts}
+        tls = {r: timeline(run.ranks[r], end_ns, TAIL).shifted(shifts[r]) for r in sorted(sample) if r in shifts}
     timings = {r: rank_timing(tl) for r, tl in tls.items()}
     if big:
         ranked = [located(st, timings) for st in ranked]
