@@ -126,6 +126,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_tui(args: argparse.Namespace) -> int:
+    from colltrace.trace.reader import read_run
+
+    run_dir = _run_dir(args.run_dir)
+    read_run(run_dir)  # bad input: the same one-line error as report, before the screen opens
+    try:
+        from colltrace.tui.app import run
+    except ImportError as e:
+        raise UsageError(f"the terminal UI needs textual ({e.name} is missing): pip install 'colltrace[tui]'") from None
+    run(run_dir)
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from colltrace.scenarios.runner import demo_main
 
@@ -170,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--rank", help="only these ranks, e.g. 0,3,5-7 (default: all, up to 64)")
     x.add_argument("--max-events", type=int, default=1_000_000, metavar="N", help="stop adding slices past N")
     x.set_defaults(fn=cmd_export)
+
+    t = sub.add_parser("tui", help="open a run in the terminal: timelines, divergence, stats (live while it runs)")
+    t.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="default: the newest run under ./colltrace-runs")
+    t.set_defaults(fn=cmd_tui)
 
     m = sub.add_parser("demo", help="run a real multi-process job with a known bug, then report it")
     m.add_argument("--scenario", default=None, help="scenario name (see --list)")

@@ -1,0 +1,447 @@
+"""`colltrace tui`: the run in the terminal. Draws what colltrace.tui.model computes; decides nothing.
+
+Views: Summary (the report), Timeline (per-rank lanes of compute spans and collectives), Aligned (the
+divergent group's seqs by rank), Stats (the timing figures), Detail (the selected collective on every rank).
+A run that is still being written is re-read every two seconds, in a worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rich.segment import Segment
+from rich.style import Style
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.command import Hit, Hits, Provider
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widgets import DataTable, Footer, Header, Markdown, Static, TabbedContent, TabPane
+
+from colltrace.report import words
+from colltrace.tui import model as m
+
+LABEL = 12  # cells of the rank label column
+REFRESH_S = 2.0
+
+STYLES = {
+    "idle": Style(dim=True),
+    "data": Style(color="black", bgcolor="yellow"),
+    "forward": Style(color="black", bgcolor="green"),
+    "backward": Style(color="white", bgcolor="blue"),
+    "recompute": Style(color="black", bgcolor="cyan"),
+    "optimizer": Style(color="white", bgcolor="magenta"),
+    "checkpoint": Style(color="black", bgcolor="white"),
+    "phase": Style(color="white", bgcolor="grey37"),
+    "all_gather": Style(color="black", bgcolor="bright_green"),
+    "reduce_scatter": Style(color="black", bgcolor="bright_blue"),
+    "all_reduce": Style(color="black", bgcolor="bright_magenta"),
+    "open": Style(color="white", bgcolor="red", bold=True),
+    "failed": Style(color="white", bgcolor="dark_red", bold=True),
+    "divergence": Style(color="black", bgcolor="bright_red", bold=True, reverse=True),
+}
+DEFAULT_STYLE = Style(color="black", bgcolor="bright_white")
+SELECTED = Style(bold=True, reverse=True)
+MARKER = Style(color="bright_red", bold=True)
+
+
+class Timeline(ScrollView):
+    """One lane per rank, two rows each: its compute spans, its collectives. Only visible lines are drawn."""
+
+    can_focus = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model: m.Model | None = None
+        self.lanes: dict[int, m.Lane] = {}
+        self.t0 = 0
+        self.t1 = 1
+        self.selected = 0  # index into model.ranks
+        self.call: m.Call | None = None  # the selected collective (on the selected rank)
+        self._cache: dict[tuple[int, int, int, int, int], Strip] = {}
+
+    def show(self, model: m.Model, keep_window: bool) -> None:
+        self.model = model
+        self.lanes = {r: m.lane(tl) for r, tl in model.lines.items()}
+        if not keep_window:
+            self.t0, self.t1 = model.t_min, model.t_max
+        self.selected = min(self.selected, max(0, len(model.ranks) - 1))
+        self.virtual_size = Size(self.size.width, 1 + 2 * len(model.ranks))
+        self._cache.clear()
+        self.refresh()
+
+    # -- navigation (the app's keys call these) -----------------------------------------------------
+
+    @property
+    def width_cells(self) -> int:
+        return max(1, self.size.width - LABEL)
+
+    def set_window(self, t0: int, t1: int) -> None:
+        self.t0, self.t1 = int(t0), int(max(t0 + 1000, t1))
+        self._cache.clear()
+        self.refresh()
+
+    def zoom(self, factor: float) -> None:
+        mid = (self.t0 + self.t1) / 2
+        half = (self.t1 - self.t0) / 2 * factor
+        self.set_window(int(mid - half), int(mid + half))
+
+    def pan(self, fraction: float) -> None:
+        shift = (self.t1 - self.t0) * fraction
+        self.set_window(int(self.t0 + shift), int(self.t1 + shift))
+
+    def center(self, t: int) -> None:
+        half = (self.t1 - self.t0) / 2
+        self.set_window(int(t - half), int(t + half))
+
+    def select_rank(self, delta: int) -> None:
+        if self.model and self.model.ranks:
+            self.selected = max(0, min(len(self.model.ranks) - 1, self.selected + delta))
+            self.call = None
+            self.scroll_to(y=max(0, 1 + 2 * self.selected - self.size.height // 2), animate=False)
+            self._cache.clear()
+            self.refresh()
+
+    def select_call(self, step: int) -> m.Call | None:
+        """The next (step 1) or previous (-1) collective of the selected rank from the window's middle."""
+        if not self.model or not self.model.ranks:
+            return None
+        tl = self.model.lines[self.model.ranks[self.selected]]
+        mid = self.call.t0 if self.call is not None else (self.t0 + self.t1) // 2
+        calls = [c for c in tl.calls if (c.t0 > mid if step > 0 else c.t0 < mid)]
+        if not calls:
+            return self.call
+        self.call = min(calls, key=lambda c: c.t0) if step > 0 else max(calls, key=lambda c: c.t0)
+        if not self.t0 <= self.call.t0 <= self.t1:
+            self.center(self.call.t0)
+        self._cache.clear()
+        self.refresh()
+        return self.call
+
+    # -- drawing --------------------------------------------------------------------------------------
+
+    def render_line(self, y: int) -> Strip:
+        row = y + int(self.scroll_offset.y)
+        width = self.size.width
+        model = self.model
+        if model is None:
+            return Strip([Segment("loading…".ljust(width))], width)
+        key = (row, width, self.t0, self.t1, self.selected)
+        hit = self._cache.get(key)
+        if hit is not None and self.call is None:
+            return hit
+        strip = self._line(row, width, model)
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[key] = strip
+        return strip
+
+    def _line(self, row: int, width: int, model: m.Model) -> Strip:
+        cells = self.width_cells
+        if row == 0:
+            return Strip([Segment("time".ljust(LABEL), Style(bold=True)),
+                          Segment(m.axis(self.t0, self.t1, cells, model.t_min), Style(dim=True))], width)  # fmt: skip
+        i, which = divmod(row - 1, 2)
+        if i >= len(model.ranks):
+            return Strip.blank(width)
+        rank = model.ranks[i]
+        ln = self.lanes[rank]
+        end = model.dx.ranks.get(rank)
+        if which == 0:
+            state = m.STATE_WORD.get(end.state.value, end.state.value) if end else ""
+            label = f"{'▶' if i == self.selected else ' '}r{rank} {state}"
+            culprit = rank in model.dx.culprits
+            lstyle = Style(bold=True, color="bright_red" if culprit else None, reverse=i == self.selected)
+            row_cells = m.span_cells(ln, self.t0, self.t1, cells)
+        else:
+            label = f"  {m.ago(model.last_progress_ns(rank))} ago"
+            lstyle = Style(dim=True)
+            d = model.dx.divergence
+            div = (d.group, d.seq) if d is not None and d.seq is not None else None
+            row_cells = m.call_cells(ln, self.t0, self.t1, cells, div)
+        segs = [Segment(label[:LABEL].ljust(LABEL), lstyle)]
+        marker = self._marker_x(model, cells)
+        sel = self._selected_x(cells) if i == self.selected and which == 1 else None
+        for x, c in enumerate(row_cells):
+            style = STYLES.get(c.style, DEFAULT_STYLE)
+            mark = c.mark
+            if x == marker and c.style == "idle":
+                mark, style = "│", MARKER
+            if sel is not None and x == sel:
+                style = style + SELECTED
+            segs.append(Segment(mark, style))
+        return Strip(segs, width)
+
+    def _marker_x(self, model: m.Model, cells: int) -> int | None:
+        t = model.divergence_ns
+        if t is None or not self.t0 <= t < self.t1:
+            return None
+        return int((t - self.t0) / (self.t1 - self.t0) * cells)
+
+    def _selected_x(self, cells: int) -> int | None:
+        c = self.call
+        if c is None or not self.t0 <= c.t0 < self.t1:
+            return None
+        return int((c.t0 - self.t0) / (self.t1 - self.t0) * cells)
+
+
+class Jump(Provider):
+    """The command palette: jump to a rank, a step, the divergence; write the report."""
+
+    async def search(self, query: str) -> Hits:
+        app = self.app
+        assert isinstance(app, CollTraceApp)
+        if app.model is None:
+            return
+        matcher = self.matcher(query)
+        commands: list[tuple[str, Any]] = [("Jump to the divergence", app.action_divergence),
+                                           ("Write the report (Markdown)", app.action_write)]  # fmt: skip
+        commands += [(f"Go to rank {r}", lambda r=r: app.goto_rank(r)) for r in app.model.ranks]
+        steps = sorted({c.step for tl in app.model.lines.values() for c in tl.calls})
+        commands += [(f"Go to step {s}", lambda s=s: app.goto_step(s)) for s in steps]
+        for text, fn in commands:
+            score = matcher.match(text)
+            if score > 0:
+                yield Hit(score, matcher.highlight(text), fn, help=None)
+
+
+class CollTraceApp(App[None]):
+    """The run's views; keys are listed by `?` and in the footer."""
+
+    TITLE = "colltrace"
+    COMMANDS = App.COMMANDS | {Jump}
+    CSS = """
+    Timeline { height: 1fr; }
+    #detail { padding: 1 2; }
+    """
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("1", "view('summary')", "summary"),
+        Binding("2", "view('timeline')", "timeline"),
+        Binding("3", "view('aligned')", "aligned"),
+        Binding("4", "view('stats')", "stats"),
+        Binding("5", "view('detail')", "detail"),
+        Binding("d", "divergence", "divergence"),
+        Binding("plus,equals_sign", "zoom(0.5)", "zoom in"),
+        Binding("minus", "zoom(2.0)", "zoom out"),
+        Binding("left,h", "pan(-0.25)", "pan", show=False),
+        Binding("right,l", "pan(0.25)", "pan", show=False),
+        Binding("up,k", "rank(-1)", "rank", show=False),
+        Binding("down,j", "rank(1)", "rank", show=False),
+        Binding("n", "call(1)", "next collective"),
+        Binding("p", "call(-1)", "previous", show=False),
+        Binding("0", "whole", "whole run", show=False),
+        Binding("w", "write", "write report"),
+        Binding("r", "reload", "reload", show=False),
+        Binding("question_mark", "help", "help"),
+    ]
+
+    def __init__(self, run_dir: str, live: bool = True) -> None:
+        super().__init__()
+        self.run_dir = run_dir
+        self.live = live
+        self.model: m.Model | None = None
+        self.timeline = Timeline()
+        self.written: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with TabbedContent(initial="summary"):
+            with TabPane("Summary", id="summary"):
+                yield Markdown("loading…", id="report")
+            with TabPane("Timeline", id="timeline"):
+                yield Static("", id="legend")
+                yield self.timeline
+            with TabPane("Aligned", id="aligned"):
+                yield DataTable(id="aligned-table", zebra_stripes=True)
+            with TabPane("Stats", id="stats"):
+                yield DataTable(id="stats-table", zebra_stripes=True)
+                yield DataTable(id="stragglers-table", zebra_stripes=True)
+            with TabPane("Detail", id="detail-pane"):
+                yield Static("select a collective on the timeline (n / p)", id="detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = self.run_dir
+        self.load()
+        if self.live:
+            self.set_interval(REFRESH_S, self.check_changed)
+
+    # -- loading, in a worker: the UI never waits for the analysis --------------------------------------
+
+    @work(thread=True, exclusive=True, group="load")
+    def load(self) -> None:
+        try:
+            model = m.load(self.run_dir)
+        except Exception as e:  # a run torn mid-write: keep what is shown, say so
+            self.call_from_thread(self.notify, f"could not read the run: {e}", severity="error")
+            return
+        self.call_from_thread(self.show, model)
+
+    def check_changed(self) -> None:
+        if self.model is not None and m.fingerprint(self.run_dir) != self.model.fingerprint:
+            self.load()
+
+    def show(self, model: m.Model) -> None:
+        first = self.model is None
+        self.model = model
+        self.title = f"colltrace: {model.report['headline']}"
+        self.query_one("#report", Markdown).update(model.markdown)
+        self.timeline.show(model, keep_window=not first)
+        self.query_one("#legend", Static).update(_legend())
+        self._aligned(model)
+        self._stats(model)
+        if not first:
+            self.notify(f"re-read: {len(model.ranks)} rank(s)", timeout=1.5)
+
+    def _aligned(self, model: m.Model) -> None:
+        table = self.query_one("#aligned-table", DataTable)
+        table.clear(columns=True)
+        d = model.dx.divergence
+        if d is None or not model.dx.context:
+            table.add_column("no divergence")
+            return
+        table.add_column("seq")
+        for a in d.at:
+            table.add_column(f"r{a.rank}" + (" (culprit)" if a.rank in model.dx.culprits else ""))
+        for row in model.dx.context:
+            differs = len({s for s in row.sigs}) > 1
+            cells = [words.sig_text(s) for s in row.sigs]
+            mark = " ◀" if row.seq == d.seq else ""
+            table.add_row(f"{row.seq}{mark}", *[f"[b red]{c}[/]" if differs else c for c in cells])
+
+    def _stats(self, model: m.Model) -> None:
+        rep = model.report
+        table = self.query_one("#stats-table", DataTable)
+        table.clear(columns=True)
+        cats = list(words.CATEGORY)
+        table.add_columns("rank", "steps", "p50", "p99", *[words.CATEGORY[c] for c in cats], "overlap",
+                          "exposed comm", "AG in flight")  # fmt: skip
+        for r, st in (rep["steps"] or {}).items():
+            mean = st["mean_ms"] or {}
+            ov = (rep["overlap"] or {}).get(r, {})
+            ratio = ov.get("ratio")
+            table.add_row(
+                r, str(st["completed"]), _ms(st["p50_ms"]), _ms(st["p99_ms"]), *[_ms(mean.get(c)) for c in cats],
+                "—" if ratio is None else f"{ratio * 100:.0f} %", _ms(ov.get("exposed_comm_ms")),
+                str(ov.get("max_inflight_allgathers", "")),
+            )  # fmt: skip
+        slow = self.query_one("#stragglers-table", DataTable)
+        slow.clear(columns=True)
+        slow.add_columns("straggler", "last arrivals", "waited", "mean lateness", "since step", "where", "evidence")
+        for s in rep["stragglers"]:
+            slow.add_row(
+                str(s["rank"]), f"{s['last_arrivals']}/{s['collectives']}", _ms(s["waited_ms"]),
+                _ms(s["mean_lateness_ms"]), "—" if s["since_step"] is None else str(s["since_step"]),
+                words.CATEGORY.get(s["where"] or "", "—"), "; ".join(s["evidence"]),
+            )  # fmt: skip
+
+    # -- actions -------------------------------------------------------------------------------------------
+
+    def action_view(self, name: str) -> None:
+        self.query_one(TabbedContent).active = "detail-pane" if name == "detail" else name
+        if name == "timeline":
+            self.timeline.focus()
+
+    def action_divergence(self) -> None:
+        if self.model is None:
+            return
+        self.action_view("timeline")
+        t = self.model.divergence_ns
+        if t is None:
+            self.notify("no divergence in this run")
+            return
+        span = max(1_000_000, (self.model.t_max - self.model.t_min) // 20)
+        self.timeline.set_window(t - span // 2, t + span // 2)
+
+    def action_zoom(self, factor: float) -> None:
+        self.timeline.zoom(factor)
+
+    def action_pan(self, fraction: float) -> None:
+        self.timeline.pan(fraction)
+
+    def action_whole(self) -> None:
+        if self.model is not None:
+            self.timeline.set_window(self.model.t_min, self.model.t_max)
+
+    def action_rank(self, delta: int) -> None:
+        self.timeline.select_rank(delta)
+
+    def action_call(self, step: int) -> None:
+        c = self.timeline.select_call(step)
+        if c is not None:
+            self.query_one("#detail", Static).update(self.detail(c))
+
+    def goto_rank(self, rank: int) -> None:
+        if self.model is not None and rank in self.model.ranks:
+            self.action_view("timeline")
+            self.timeline.select_rank(self.model.ranks.index(rank) - self.timeline.selected)
+
+    def goto_step(self, step: int) -> None:
+        if self.model is not None:
+            t = self.model.step_start_ns(step)
+            if t is not None:
+                self.action_view("timeline")
+                self.timeline.set_window(t, t + (self.timeline.t1 - self.timeline.t0))
+
+    def action_reload(self) -> None:
+        self.load()
+
+    def action_write(self) -> None:
+        """Write the diagnosis as the Markdown report, next to where colltrace was started."""
+        if self.model is None:
+            return
+        name = f"colltrace-report-{os.path.basename(os.path.normpath(self.run_dir)) or 'run'}.md"
+        path = os.path.abspath(name)
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(self.model.markdown)
+        except OSError as e:
+            self.notify(f"could not write {path}: {e.strerror}", severity="error")
+            return
+        self.written = path
+        self.notify(f"report written to {path}", timeout=6)
+
+    def action_help(self) -> None:
+        keys = "\n".join(f"  {b.key:<18} {b.description}" for b in self.BINDINGS if isinstance(b, Binding))
+        self.notify("keys:\n" + keys + "\n  ctrl+p             command palette (rank, step, divergence)", timeout=12)
+
+    def detail(self, c: m.Call) -> str:
+        """The selected collective on every rank: issue, completion, skew, wait, module, phase, step."""
+        model = self.model
+        assert model is not None
+        rows = []
+        issued = []
+        for r in model.ranks:
+            same = next((x for x in model.lines[r].calls if x.group == c.group and x.seq == c.seq), None)
+            if same is None:
+                rows.append(f"  r{r:<5} never issued it")
+                continue
+            issued.append(same.t0)
+            done = "in flight" if same.t1 is None else ("failed" if same.error else _ms((same.t1 - same.t0) / 1e6))
+            rows.append(f"  r{r:<5} issued +{_ms((same.t0 - model.t_min) / 1e6):>9}  took {done:>9}  "
+                        f"waited {_ms(same.wait_ns / 1e6):>8}  {same.module or '-'} {same.phase or '-'} step {same.step}")  # fmt: skip
+        skew = _ms((max(issued) - min(issued)) / 1e6) if len(issued) > 1 else "—"
+        label = next(
+            (g.label for rt in model.run.ranks.values() for n, g in rt.groups.items() if n == c.group), c.group
+        )
+        head = f"{c.op} on {label} seq {c.seq}: {c.nbytes or 0} bytes, arrival skew {skew}"
+        return head + "\n\n" + "\n".join(rows)
+
+
+def _ms(v: float | None) -> str:
+    return words.duration(None if v is None else v * 1e6)
+
+
+def _legend() -> str:
+    spans = "  ".join(f"{mark} {kind}" for kind, mark in m.SPAN_MARK.items())
+    comms = "  ".join(f"{mark} {fam}" for fam, mark in m.COMM_MARK.items())
+    return (f"per rank: spans row ({spans}), collectives row ({comms}); red: in flight or open, "
+            "│ the divergence.  + - zoom, ← → pan, ↑ ↓ rank, n p collective, d divergence, 0 whole run")  # fmt: skip
+
+
+def run(run_dir: str) -> None:
+    CollTraceApp(run_dir).run()

@@ -1,0 +1,201 @@
+"""What the terminal UI draws, computed without Textual: the diagnosis, its report, and the rank lanes of the
+timeline as cells for a time window. The UI only asks this module; it decides nothing itself."""
+
+from __future__ import annotations
+
+import bisect
+import glob
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from colltrace.analysis.diagnose import diagnose
+from colltrace.analysis.results import Diagnosis
+from colltrace.analysis.timeline import Call, Span, Timeline
+from colltrace.analysis.timing import op_family
+from colltrace.report import jsonreport, markdown, words
+from colltrace.trace.reader import read_run
+from colltrace.trace.records import Run
+
+# one letter per span kind and per collective family: readable without colour (NO_COLOR)
+SPAN_MARK = {"data": "D", "forward": "F", "backward": "B", "recompute": "R", "optimizer": "O", "checkpoint": "C",
+             "phase": "P"}  # fmt: skip
+COMM_MARK = {"all_gather": "G", "reduce_scatter": "S", "all_reduce": "A", "broadcast": "b", "all_to_all": "X"}
+IDLE = " "
+STATE_WORD = {"finished": "done", "crashed": "crash", "hung": "hung", "killed": "killed", "missing": "none"}
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    mark: str  # one character
+    style: str  # a style key: span kind, collective family, "open", "failed", "divergence", "idle"
+
+
+@dataclass(slots=True)
+class Model:
+    run_dir: str
+    run: Run
+    dx: Diagnosis
+    report: dict[str, Any]
+    markdown: str
+    lines: dict[int, Timeline]
+    t_min: int
+    t_max: int
+    divergence_ns: int | None  # where the divergence is drawn: its earliest issue on any rank
+    fingerprint: tuple[tuple[str, int, int], ...] = ()
+    loaded_at: float = field(default_factory=time.time)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.lines)
+
+    def last_progress_ns(self, rank: int) -> int:
+        tl = self.lines.get(rank)
+        if tl is None:
+            return 0
+        last = [c.t1 or c.t0 for c in tl.calls[-8:]] + [s.t1 or s.t0 for s in tl.spans[-8:]]
+        return max(last, default=0)
+
+    def step_start_ns(self, step: int) -> int | None:
+        """The earliest moment any rank began `step`."""
+        starts = [c.t0 for tl in self.lines.values() for c in tl.calls if c.step == step]
+        starts += [s.t0 for tl in self.lines.values() for s in tl.spans if s.step == step]
+        return min(starts, default=None)
+
+
+def fingerprint(run_dir: str) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, mtime) of every rank file: a live run changes it as it writes."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), "rank*"))):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out.append((os.path.basename(path), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def load(run_dir: str) -> Model:
+    """Read and diagnose a run (raises TraceError on unusable input)."""
+    stamp = fingerprint(run_dir)
+    run = read_run(run_dir)
+    dx = diagnose(run)
+    report = jsonreport.build(run, dx)
+    lines = dx.timing.lines if dx.timing is not None else {}
+    times = [c.t0 for tl in lines.values() for c in tl.calls[:1]] + [
+        s.t0 for tl in lines.values() for s in tl.spans[:1]
+    ]
+    t_min = min(times, default=0)
+    t_max = max((tl.end_ns for tl in lines.values()), default=t_min + 1)
+    div = None
+    d = dx.divergence
+    if d is not None and d.seq is not None:
+        at = [c.t0 for tl in lines.values() for c in tl.calls if c.group == d.group and c.seq == d.seq]
+        div = min(at, default=None)
+    return Model(run_dir, run, dx, report, markdown.render(report, dx), lines, t_min, max(t_max, t_min + 1), div, stamp)
+
+
+# -- the timeline's cells -------------------------------------------------------------------------------
+
+
+def _innermost(items: list[tuple[int, int, Any]], starts: list[int], t: int) -> Any:
+    """The latest-starting item covering t (spans nest: the innermost)."""
+    i = bisect.bisect_right(starts, t)
+    for j in range(i - 1, max(-1, i - 64), -1):
+        a, b, item = items[j]
+        if a <= t < b:
+            return item
+    return None
+
+
+@dataclass(slots=True)
+class Lane:
+    """One rank's spans and calls as sorted intervals, ready to sample at any zoom."""
+
+    spans: list[tuple[int, int, Span]]
+    span_starts: list[int]
+    calls: list[tuple[int, int, Call]]
+    call_starts: list[int]
+
+
+def lane(tl: Timeline) -> Lane:
+    spans = sorted(((s.t0, tl.end(s.t1), s) for s in tl.spans), key=lambda x: x[0])
+    calls = sorted(((c.t0, max(c.t0 + 1, tl.end(c.t1)), c) for c in tl.calls), key=lambda x: x[0])
+    return Lane(spans, [a for a, _, _ in spans], calls, [a for a, _, _ in calls])
+
+
+def span_cells(ln: Lane, t0: int, t1: int, width: int) -> list[Cell]:
+    """The compute row: at each cell's middle, the innermost span (its letter at its first cell)."""
+    out: list[Cell] = []
+    dt = (t1 - t0) / max(1, width)
+    prev: Span | None = None
+    for x in range(width):
+        s: Span | None = _innermost(ln.spans, ln.span_starts, int(t0 + (x + 0.5) * dt))
+        if s is None:
+            out.append(Cell(IDLE, "idle"))
+        else:
+            style = "open" if s.t1 is None else s.kind
+            mark = SPAN_MARK.get(s.kind, "?") if s is not prev else ("·" if s.t1 is None else "─")
+            out.append(Cell(mark, style))
+        prev = s
+    return out
+
+
+def call_cells(ln: Lane, t0: int, t1: int, width: int, divergence: tuple[str, int] | None = None) -> list[Cell]:
+    """The collectives row: any collective in flight over the cell, the divergent one and hung ones marked."""
+    out: list[Cell] = []
+    dt = (t1 - t0) / max(1, width)
+    prev: Call | None = None
+    for x in range(width):
+        a, b = int(t0 + x * dt), int(t0 + (x + 1) * dt)
+        c = _overlapping(ln, a, b)
+        if c is None:
+            out.append(Cell(IDLE, "idle"))
+            prev = None
+            continue
+        if divergence is not None and (c.group, c.seq) == divergence:
+            style = "divergence"
+        elif c.error:
+            style = "failed"
+        elif c.t1 is None:
+            style = "open"
+        else:
+            style = op_family(c.op)
+        mark = COMM_MARK.get(op_family(c.op), "c") if c is not prev else "─"
+        out.append(Cell(mark, style))
+        prev = c
+    return out
+
+
+def _overlapping(ln: Lane, a: int, b: int) -> Call | None:
+    """A call in flight somewhere in [a, b): the latest started one."""
+    i = bisect.bisect_left(ln.call_starts, b)
+    for j in range(i - 1, max(-1, i - 256), -1):
+        s, e, c = ln.calls[j]
+        if e > a:
+            return c
+    return None
+
+
+def axis(t0: int, t1: int, width: int, origin: int) -> str:
+    """A time axis: a tick label every ~12 cells, seconds from the run's first record."""
+    out = [" "] * width
+    span = max(1, t1 - t0)
+    for x in range(0, width, 12):
+        label = "|" + words.duration((t0 + span * x / max(1, width)) - origin).replace(" ", "")
+        for i, ch in enumerate(label):
+            if x + i < width:
+                out[x + i] = ch
+    return "".join(out)
+
+
+def ago(ns: int, now_ns: int | None = None) -> str:
+    """How long ago a wall-clock moment was, shortly: 3s, 4m, 2h, 5d."""
+    if not ns:
+        return "—"
+    s = max(0.0, ((now_ns or time.time_ns()) - ns) / 1e9)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.0f}{unit}"
+    return f"{s:.0f}s"

@@ -1,0 +1,212 @@
+"""`colltrace tui`, driven headless by Textual's Pilot on recorded fixtures: keys change what is shown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("textual")
+
+from textual.widgets import DataTable, TabbedContent  # noqa: E402
+
+from colltrace.tui import app as tui  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+SIZE = (150, 40)
+
+
+def drive(run_dir: Path | str, script: Callable[[tui.CollTraceApp, Any], Awaitable[None]], live: bool = False) -> None:
+    async def main() -> None:
+        app = tui.CollTraceApp(str(run_dir), live=live)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.model is not None)
+            await script(app, pilot)
+
+    asyncio.run(main())
+
+
+async def until(pilot: Any, cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if cond():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("the TUI never got there")
+
+
+def lines(app: tui.CollTraceApp, n: int = 8) -> list[str]:
+    return [app.timeline.render_line(y).text for y in range(n)]
+
+
+def test_opens_on_the_summary_with_the_diagnosis() -> None:
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        assert app.query_one(TabbedContent).active == "summary"
+        assert app.title == "colltrace: Divergence at default_pg seq 14 (module): culprit rank 2, likely control_flow"
+        assert "control_flow" in app.model.markdown  # type: ignore[union-attr]
+
+    drive(FIXTURES / "control_flow", script)
+
+
+def test_timeline_lanes_and_keys() -> None:
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        await pilot.press("2")
+        assert app.query_one(TabbedContent).active == "timeline"
+        tl = app.timeline
+        whole = (tl.t0, tl.t1)
+        text = lines(app)
+        assert text[0].startswith("time")
+        # rank 2 is the culprit; every rank has forward spans (F) and all-gathers (G) in its lanes
+        assert text[1].lstrip().startswith("▶r0") and text[5].startswith(" r2 crash")
+        assert all("F" in text[1 + 2 * i] and "G" in text[2 + 2 * i] for i in range(3))
+        await pilot.press("d")  # jump to the divergence: a narrow window around seq 14's issue
+        assert app.model is not None and app.model.divergence_ns is not None
+        assert tl.t0 <= app.model.divergence_ns <= tl.t1 and tl.t1 - tl.t0 < whole[1] - whole[0]
+        width = tl.t1 - tl.t0
+        await pilot.press("plus")
+        assert tl.t1 - tl.t0 == pytest.approx(width / 2, rel=0.01)
+        t0 = tl.t0
+        await pilot.press("right")
+        assert tl.t0 > t0
+        await pilot.press("down", "down")
+        assert tl.selected == 2 and lines(app)[5].startswith("▶r2")
+        await pilot.press("0")
+        assert (tl.t0, tl.t1) == whole
+
+    drive(FIXTURES / "control_flow", script)
+
+
+def test_select_a_collective_and_see_it_on_every_rank() -> None:
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        await pilot.press("2", "d", "n")
+        c = app.timeline.call
+        assert c is not None and c.op == "all_gather_single"
+        await pilot.press("5")
+        assert app.query_one(TabbedContent).active == "detail-pane"
+        text = str(app.query_one("#detail").render())
+        assert f"seq {c.seq}" in text and all(f"r{r}" in text for r in range(3))
+
+    drive(FIXTURES / "control_flow", script)
+
+
+def test_aligned_and_stats_views() -> None:
+    drive(FIXTURES / "control_flow", _aligned_only)
+    drive(FIXTURES / "straggler", _stragglers_only)
+
+
+async def _aligned_only(app: tui.CollTraceApp, pilot: Any) -> None:
+    await pilot.press("3")
+    aligned = app.query_one("#aligned-table", DataTable)
+    assert [str(c.label) for c in aligned.columns.values()] == ["seq", "r0", "r1", "r2 (culprit)"]
+    assert str(aligned.get_row_at(aligned.row_count - 1)[0]) == "14 ◀"
+
+
+async def _stragglers_only(app: tui.CollTraceApp, pilot: Any) -> None:
+    await pilot.press("4")
+    assert app.query_one("#stats-table", DataTable).row_count == 3
+    slow = app.query_one("#stragglers-table", DataTable)
+    row = slow.get_row_at(0)
+    assert str(row[0]) == "2" and str(row[5]) == "data loading"
+
+
+def test_write_the_report_for_a_ticket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        await pilot.press("w")
+        assert app.written == str(tmp_path / "colltrace-report-control_flow.md")
+        assert Path(app.written).read_text() == app.model.markdown  # type: ignore[union-attr]
+
+    drive(FIXTURES / "control_flow", script)
+
+
+def test_the_palette_goes_to_a_rank() -> None:
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.2)
+        for ch in "go to rank 2":
+            await pilot.press("space" if ch == " " else ch)
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.timeline.selected == 2)
+        assert app.query_one(TabbedContent).active == "timeline"
+
+    drive(FIXTURES / "control_flow", script)
+
+
+def test_live_run_shows_a_rank_that_appears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run still being written: the TUI re-reads it and shows what came since."""
+    monkeypatch.setattr(tui, "REFRESH_S", 0.2)
+    run = tmp_path / "run"
+    run.mkdir()
+    src = FIXTURES / "control_flow"
+    for f in os.listdir(src):
+        if f.startswith(("rank00000", "rank00001")):
+            shutil.copy(src / f, run / f)
+
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        assert app.model is not None and app.model.ranks == [0, 1]
+        for f in os.listdir(src):
+            if f.startswith("rank00002"):
+                shutil.copy(src / f, run / f)
+        await until(pilot, lambda: app.model is not None and app.model.ranks == [0, 1, 2])
+        assert app.title.endswith("culprit rank 2, likely control_flow")
+
+    drive(run, script, live=True)
+
+
+def test_bad_input_is_one_line_before_the_screen_opens(tmp_path: Path) -> None:
+    for arg in (str(tmp_path / "nope"), str(tmp_path)):
+        out = subprocess.run([sys.executable, "-m", "colltrace.cli", "tui", arg], capture_output=True, text=True,
+                             timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and out.stderr.startswith("colltrace: ")
+
+
+def test_the_model_needs_no_textual() -> None:
+    code = "import sys, colltrace.tui.model; print(any(m.split('.')[0] == 'textual' for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_in_a_real_terminal(tmp_path: Path) -> None:
+    """tmux runs `colltrace tui` on a fixture: the rank lanes show after `2`, `q` quits."""
+    import time
+
+    session = f"colltrace-test-{os.getpid()}"
+    cmd = f"{sys.executable} -m colltrace.cli tui {FIXTURES / 'control_flow'}"
+    env = dict(os.environ, TERM="xterm-256color")
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "40", cmd], check=True, env=env)
+
+    def screen() -> str:
+        out = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True)
+        return out.stdout
+
+    def wait_for(text: str) -> str:
+        for _ in range(200):
+            got = screen()
+            if text in got:
+                return got
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} never showed:\n{screen()}")
+
+    try:
+        wait_for("culprit rank 2")
+        subprocess.run(["tmux", "send-keys", "-t", session, "2"], check=True)
+        shown = wait_for("r2 crash")
+        assert "▶r0" in shown and "time" in shown
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        for _ in range(100):
+            alive = subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0
+            if not alive:
+                break
+            time.sleep(0.1)
+        assert not alive, "q did not quit"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
