@@ -16,16 +16,24 @@ def _cell(sig: Signature | None, ref: Signature | None, differs: bool) -> str:
     return f"**{text}**" if differs else text
 
 
+def context_classes(dx: Diagnosis) -> list[tuple[tuple[Signature | None, ...], list[int]]]:
+    """The aligned context's columns: one per class of ranks that issued identical records over the whole
+    window (its records, row by row, and its ranks)."""
+    d = dx.divergence
+    cols: dict[tuple[Any, ...], list[int]] = {}
+    if d is None:
+        return []
+    for i, a in enumerate(d.at):
+        key = tuple(row.sigs[i] for row in dx.context)
+        cols.setdefault(key, []).append(a.rank)
+    return list(cols.items())
+
+
 def _context(dx: Diagnosis) -> list[str]:
     d = dx.divergence
     if d is None or not dx.context:
         return []
-    # one column per class of ranks that issued identical records over the whole window
-    cols: dict[tuple[Any, ...], list[int]] = {}
-    for i, a in enumerate(d.at):
-        key = tuple(row.sigs[i] for row in dx.context)
-        cols.setdefault(key, []).append(a.rank)
-    heads = list(cols.items())
+    heads = context_classes(dx)
     out = [
         f"#### Aligned context: {d.label} (group {d.group}, {words.ranks_text(d.group_ranks)})",
         "",

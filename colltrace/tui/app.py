@@ -21,7 +21,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import DataTable, Footer, Header, Markdown, Static, TabbedContent, TabPane
 
-from colltrace.report import words
+from colltrace.report import markdown, words
 from colltrace.tui import model as m
 
 LABEL = 12  # cells of the rank label column
@@ -52,6 +52,21 @@ class Timeline(ScrollView):
     """One lane per rank, two rows each: its compute spans, its collectives. Only visible lines are drawn."""
 
     can_focus = True
+    BINDINGS = [
+        Binding("home", "scroll_home_now", show=False),
+        Binding("end", "scroll_end_now", show=False),
+        Binding("pageup", "page_now(-1)", show=False),
+        Binding("pagedown", "page_now(1)", show=False),
+    ]
+
+    def action_scroll_home_now(self) -> None:
+        self.scroll_to(y=0, animate=False)
+
+    def action_scroll_end_now(self) -> None:
+        self.scroll_to(y=self.max_scroll_y, animate=False)
+
+    def action_page_now(self, direction: int) -> None:
+        self.scroll_to(y=self.scroll_offset.y + direction * max(1, self.size.height - 2), animate=False)
 
     def __init__(self) -> None:
         super().__init__()
@@ -241,6 +256,7 @@ class CollTraceApp(App[None]):
 
     def __init__(self, run_dir: str, live: bool = True) -> None:
         super().__init__()
+        self.animation_level = "none"  # over SSH, on a hung job: no tweens (tab underline, scrolling)
         self.run_dir = run_dir
         self.live = live
         self.model: m.Model | None = None
@@ -304,14 +320,17 @@ class CollTraceApp(App[None]):
         if d is None or not model.dx.context:
             table.add_column("no divergence")
             return
+        classes = markdown.context_classes(model.dx)  # one column per class of ranks that behaved alike
         table.add_column("seq")
-        for a in d.at:
-            table.add_column(f"r{a.rank}" + (" (culprit)" if a.rank in model.dx.culprits else ""))
-        for row in model.dx.context:
-            differs = len({s for s in row.sigs}) > 1
-            cells = [words.sig_text(s) for s in row.sigs]
+        for _, ranks in classes:
+            name = words.ranks_text(ranks).replace("ranks ", "r").replace("rank ", "r")
+            table.add_column(name + (" (culprit)" if set(ranks) & set(model.dx.culprits) else ""))
+        for j, row in enumerate(model.dx.context):
+            cells = [sigs[j] for sigs, _ in classes]
+            differs = len(set(cells)) > 1
             mark = " ◀" if row.seq == d.seq else ""
-            table.add_row(f"{row.seq}{mark}", *[f"[b red]{c}[/]" if differs else c for c in cells])
+            table.add_row(f"{row.seq}{mark}", *[f"[b red]{words.sig_text(c)}[/]" if differs else words.sig_text(c)
+                                                for c in cells])  # fmt: skip
 
     def _stats(self, model: m.Model) -> None:
         rep = model.report

@@ -99,14 +99,25 @@ def load(run_dir: str) -> Model:
 # -- the timeline's cells -------------------------------------------------------------------------------
 
 
-def _innermost(items: list[tuple[int, int, Any]], starts: list[int], t: int) -> Any:
-    """The latest-starting item covering t (spans nest: the innermost)."""
-    i = bisect.bisect_right(starts, t)
-    for j in range(i - 1, max(-1, i - 64), -1):
-        a, b, item = items[j]
-        if a <= t < b:
-            return item
+def _latest_over(
+    items: list[tuple[int, int, Any]], starts: list[int], reach: list[int], before: int, after: int
+) -> Any:
+    """The latest-starting item that starts before `before` and ends after `after`. `reach[j]` is the
+    latest end among items[:j + 1], so the walk back stops as soon as nothing earlier can reach."""
+    j = bisect.bisect_left(starts, before) - 1
+    while j >= 0 and reach[j] > after:
+        if items[j][1] > after:
+            return items[j][2]
+        j -= 1
     return None
+
+
+def _reach(items: list[tuple[int, int, Any]]) -> list[int]:
+    out, top = [], 0
+    for _, b, _ in items:
+        top = max(top, b)
+        out.append(top)
+    return out
 
 
 @dataclass(slots=True)
@@ -115,14 +126,16 @@ class Lane:
 
     spans: list[tuple[int, int, Span]]
     span_starts: list[int]
+    span_reach: list[int]
     calls: list[tuple[int, int, Call]]
     call_starts: list[int]
+    call_reach: list[int]
 
 
 def lane(tl: Timeline) -> Lane:
     spans = sorted(((s.t0, tl.end(s.t1), s) for s in tl.spans), key=lambda x: x[0])
     calls = sorted(((c.t0, max(c.t0 + 1, tl.end(c.t1)), c) for c in tl.calls), key=lambda x: x[0])
-    return Lane(spans, [a for a, _, _ in spans], calls, [a for a, _, _ in calls])
+    return Lane(spans, [a for a, _, _ in spans], _reach(spans), calls, [a for a, _, _ in calls], _reach(calls))
 
 
 def span_cells(ln: Lane, t0: int, t1: int, width: int) -> list[Cell]:
@@ -131,7 +144,8 @@ def span_cells(ln: Lane, t0: int, t1: int, width: int) -> list[Cell]:
     dt = (t1 - t0) / max(1, width)
     prev: Span | None = None
     for x in range(width):
-        s: Span | None = _innermost(ln.spans, ln.span_starts, int(t0 + (x + 0.5) * dt))
+        t = int(t0 + (x + 0.5) * dt)
+        s: Span | None = _latest_over(ln.spans, ln.span_starts, ln.span_reach, t + 1, t)
         if s is None:
             out.append(Cell(IDLE, "idle"))
         else:
@@ -170,12 +184,8 @@ def call_cells(ln: Lane, t0: int, t1: int, width: int, divergence: tuple[str, in
 
 def _overlapping(ln: Lane, a: int, b: int) -> Call | None:
     """A call in flight somewhere in [a, b): the latest started one."""
-    i = bisect.bisect_left(ln.call_starts, b)
-    for j in range(i - 1, max(-1, i - 256), -1):
-        s, e, c = ln.calls[j]
-        if e > a:
-            return c
-    return None
+    c: Call | None = _latest_over(ln.calls, ln.call_starts, ln.call_reach, b, a)
+    return c
 
 
 def axis(t0: int, t1: int, width: int, origin: int) -> str:
