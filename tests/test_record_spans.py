@@ -42,3 +42,40 @@ def test_a_rank_stuck_in_data_loading_is_reported_in_it_and_for_how_long(tmp_pat
     assert span["for_s"] >= 4.0
     assert ranks[1]["last_activity"].startswith("in data loading for ")
     assert ranks[0]["open_span"] is None  # rank 0 was in its all_reduce, not in a span
+
+
+def test_a_live_hang_is_read_as_live_not_as_a_crash(tmp_path: Path) -> None:
+    """Read while the job still hangs (long gloo timeout, no watchdog dump yet): the ranks are running,
+    the verdict is a hang in progress, and rank 1 has been in data loading since its third batch."""
+    import os
+    import signal
+    import time
+
+    from _jobs import job_env, torchrun_cmd
+
+    env = job_env(tmp_path, GLOO_TIMEOUT_S="120", COLLTRACE_HANG_S="120")
+    proc = subprocess.Popen(torchrun_cmd("stuck_data.py", 2), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert time.monotonic() < deadline, "the job never got stuck"
+            time.sleep(0.5)
+            try:
+                run = read_run(str(tmp_path))
+            except Exception:
+                continue
+            if len(run.ranks) == 2 and run.ranks[1].open_spans and run.ranks[0].in_flight:
+                break
+        time.sleep(1.0)
+        report = subprocess.run([sys.executable, "-m", "colltrace.cli", "report", str(tmp_path), "--format", "json"],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = json.loads(report.stdout)
+        assert [out["ranks"][r]["state"] for r in ("0", "1")] == ["running", "running"]
+        assert all(out["ranks"][r]["alive"] for r in ("0", "1"))
+        assert out["verdict"] == "hang" and "(the job is still running)" in out["headline"]
+        assert out["culprit_ranks"] == [1] and out["cause"]["id"] == "stuck_data_loading"
+        assert out["ranks"]["1"]["open_span"]["kind"] == "data" and out["ranks"]["1"]["open_span"]["for_s"] >= 1.0
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -10,7 +10,7 @@ from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, F
 from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
 from colltrace.analysis.timing import Straggler
 from colltrace.analysis.vocab import Cause, Kind
-from colltrace.trace.records import RankState, Run
+from colltrace.trace.records import NOT_ENDED, RankState, Run
 
 _GRAD_OPS = ("reduce_scatter", "_reduce_scatter_base", "all_reduce", "reduce")
 
@@ -77,7 +77,7 @@ def _stuck(f: Facts) -> Finding | None:
     ev: list[Evidence] = []
     for r in f.culprits:
         e = f.ends.get(r)
-        if e is None or e.blocked is not None or e.state not in (RankState.HUNG, RankState.KILLED):
+        if e is None or e.blocked is not None or e.state not in NOT_ENDED:
             return None
         span = e.open_span
         cause = _STUCK_IN.get(span.op) if span is not None else None
@@ -157,7 +157,7 @@ def find(f: Facts) -> Finding:
         if f.slow is not None:
             return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
         return Finding(Cause.UNKNOWN, Confidence.LOW, ())
-    outside = [r for r in f.culprits if ends[r].blocked is None and ends[r].state in (RankState.HUNG, RankState.KILLED)]
+    outside = [r for r in f.culprits if ends[r].blocked is None and ends[r].state in NOT_ENDED]
     if outside and d.kind is Kind.MISSING and len(outside) == len(f.culprits):
         # stopped outside any collective (hung, killed) in no span that says where: not a shape of
         # collectives (it never got to them), so no rule below applies; its stack says where to look

@@ -55,7 +55,9 @@ def _state_clues(ranks: tuple[int, ...], ends: dict[int, RankEnd]) -> list[Evide
                 out.append(Evidence(Clue.CRASHED, (r,), e.error_type))
         elif e.state is RankState.FINISHED:
             out.append(Evidence(Clue.FINISHED_EARLY, (r,), str(e.steps)))
-        elif e.blocked is None and (e.state is RankState.HUNG or e.state is RankState.KILLED and e.signal):
+        elif e.blocked is None and (
+            e.state in (RankState.HUNG, RankState.RUNNING) or e.state is RankState.KILLED and e.signal
+        ):
             out.append(Evidence(Clue.STUCK_OUTSIDE, (r,), e.activity))
         elif e.blocked is None and e.state is RankState.KILLED:
             out.append(Evidence(Clue.KILLED, (r,), e.activity))

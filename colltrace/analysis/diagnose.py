@@ -7,7 +7,7 @@ from colltrace.analysis.align import divergences
 from colltrace.analysis.results import Clue, Confidence, ContextRow, Diagnosis, Divergence, Evidence, Finding, RankEnd
 from colltrace.analysis.streams import RankStreams, SigTable, build_all
 from colltrace.analysis.vocab import Cause, Kind, Verdict
-from colltrace.trace.records import RankState, Run
+from colltrace.trace.records import NOT_ENDED, RankState, Run
 
 _CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.PEER, Kind.MODULE, Kind.PHASE})
 
@@ -128,7 +128,7 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
         detail = ",".join(map(str, blocked))
         ev = tuple(Evidence(Clue.NO_TRACE, (r,), detail) for r in unseen_ranks)
         return culprit.Blame(unseen_ranks, blocked, Kind.MISSING, Confidence.LOW, ev)
-    stuck = tuple(r for r, e in ends.items() if e.blocked is None and e.state in (RankState.HUNG, RankState.KILLED))
+    stuck = tuple(r for r, e in ends.items() if e.blocked is None and e.state in NOT_ENDED)
     if stuck and len(stuck) < len(ends):
         ev = tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r].activity) for r in stuck)
         return culprit.Blame(stuck, tuple(r for r in everyone if r not in stuck), Kind.MISSING, Confidence.LOW, ev)

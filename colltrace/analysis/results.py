@@ -104,6 +104,7 @@ class RankEnd:
     open_span: Collective | None = None  # the innermost compute span still open when it stopped
     open_for_s: float | None = None  # how long that span had been open at the run's last sign of life
     out_of_data: bool = False  # a DataLoader iterator of this rank raised StopIteration
+    alive: bool = False  # its process is still running (the job is live)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from colltrace.analysis.results import RankEnd
@@ -132,7 +133,10 @@ def span_text(span: Collective) -> str:
 
 
 def run_end_ns(run: Run, streams: dict[int, RankStreams]) -> int:
-    """The run's last sign of life: the latest time any rank recorded (wall-clock ns)."""
+    """The run's last sign of life: the latest time any rank recorded (wall-clock ns); now, while a rank's
+    process is still running (a span it has been in since is open until now)."""
+    if any(rt.alive for rt in run.ranks.values()):
+        return time.time_ns()
     latest = 0
     for r, rt in run.ranks.items():
         latest = max(latest, streams[r].last_t_ns)
@@ -209,6 +213,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         open_span=span,
         open_for_s=open_for,
         out_of_data=bool(rt.exhausted),
+        alive=rt.alive,
     )
 
 

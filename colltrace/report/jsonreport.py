@@ -54,6 +54,7 @@ def _rank(e: RankEnd) -> dict[str, Any]:
         "last_activity": e.activity,
         "open_span": _span(e),
         "out_of_data": e.out_of_data,
+        "alive": e.alive,
         "error": {"type": e.error_type, "message": e.error_message, "collective_failure": e.collective_failure}
         if e.error_type
         else None,

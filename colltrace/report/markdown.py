@@ -11,8 +11,13 @@ from colltrace.report import words
 _MAX_RANK_ROWS = 16  # ranks listed one by one; beyond, identical ends are folded
 
 
+def esc(text: str) -> str:
+    """Text for a Markdown line: `<root>` would be read as an HTML tag and vanish."""
+    return text.replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _cell(sig: Signature | None, ref: Signature | None, differs: bool) -> str:
-    text = words.sig_text(sig)
+    text = esc(words.sig_text(sig))
     return f"**{text}**" if differs else text
 
 
@@ -65,7 +70,7 @@ def _ranks(report: dict[str, Any]) -> list[str]:
         err = info["error"]
         message = (err["message"] or "").strip().splitlines()[0][:300] if err and err["message"] else ""
         err_text = f"{err['type']}: {message}" if err else (f"signal {info['signal']}" if info["signal"] else "")
-        rows.append((r, info["state"], last_text, info["last_activity"], err_text.replace("|", "\\|")))
+        rows.append((r, info["state"], esc(last_text), esc(info["last_activity"]), esc(err_text.replace("|", "\\|"))))
     if len(rows) > _MAX_RANK_ROWS:
         folded: dict[tuple[str, ...], list[int]] = {}
         for r, *rest in rows:
@@ -125,7 +130,7 @@ def timing_section(report: dict[str, Any]) -> list[str]:
                    f"over {sk['collectives']} collectives")  # fmt: skip
     st = report["stragglers"]
     if st and report["straggler"] == st[0]["rank"]:
-        out.append("- **Straggler:** " + "; ".join(st[0]["evidence"]))
+        out.append("- **Straggler:** " + esc("; ".join(st[0]["evidence"])))
     clock = report["clock"] or {}
     if len(clock) > 1:
         bad = [h for h, c in clock.items() if c["offset_us"] is None]
@@ -195,7 +200,7 @@ def render(report: dict[str, Any], dx: Diagnosis) -> str:
     out.append("")
     if cause is not None:
         if cause["evidence"]:
-            out += ["Evidence:", *[f"- {e['text']}" for e in cause["evidence"]], ""]
+            out += ["Evidence:", *[f"- {esc(e['text'])}" for e in cause["evidence"]], ""]
         if cause["check"] and report["verdict"] != "healthy" or cause and cause["id"] == "straggler":
             out += [f"What to check: {cause['check']}.", ""]
     out += _context(dx)

@@ -52,7 +52,8 @@ def headline(dx: Diagnosis) -> str:
     where = f" at {d.label} seq {d.seq} ({d.kind.value})" if d is not None and d.seq is not None else ""
     if d is not None and d.seq is None:
         where = f" in group {d.label} ({d.kind.value})"
-    return f"{dx.verdict.value.capitalize()}{where}: {who}{cause}"
+    live = " (the job is still running)" if any(e.alive for e in dx.ranks.values()) else ""
+    return f"{dx.verdict.value.capitalize()}{live}{where}: {who}{cause}"
 
 
 def evidence_text(e: Evidence) -> str:
@@ -78,11 +79,11 @@ def evidence_text(e: Evidence) -> str:
         Clue.FATAL_SIGNAL: f"{who} died of a fatal signal outside any collective ({detail})",
         Clue.FINISHED_EARLY: f"{who} exited cleanly after {detail} step(s) while others still waited for it",
         Clue.OUT_OF_DATA: f"{who}'s DataLoader ran out of batches (its iterator raised StopIteration)",
-        Clue.STUCK_OUTSIDE: f"{who} was stopped outside any collective ({detail})",
+        Clue.STUCK_OUTSIDE: f"{who} was in no collective at {its} last record ({detail})",
         Clue.KILLED: f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)",
         Clue.NO_TRACE: f"{who} left no trace while ranks {detail} were blocked: it never started tracing "
         f"(died before init_process_group returned) or its files were not copied",
-        Clue.WAITED_FOR: f"{who} never reached the collective that ranks {detail} were blocked in (wait-for graph sink)",
+        Clue.WAITED_FOR: f"{who} never reached the collective that {_ranks_detail(detail)} blocked in (wait-for graph sink)",
         Clue.CYCLE: f"{who} wait on each other in different groups (a cycle in the wait-for graph)",
         Clue.MEMBERSHIP: f"the ranks disagree on the members of group {detail}",
         Clue.GROUP_CREATE: f"{who} asked new_group/split_group for other ranks than the rest",
@@ -123,6 +124,15 @@ CATEGORY = {
     "checkpoint": "checkpoint I/O",
     "other": "time outside any recorded span",
 }
+
+
+def _ranks_detail(detail: str) -> str:
+    """'0,1' -> 'ranks 0-1 were'; '3' -> 'rank 3 was'."""
+    try:
+        rs = [int(x) for x in detail.split(",") if x.strip()]
+    except ValueError:
+        return f"ranks {detail} were"
+    return ranks_text(rs) + (" was" if len(rs) == 1 else " were")
 
 
 def _last_arriver(who: str, detail: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import socket
 import struct
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -218,6 +219,7 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
         with open(fault_path, "rb") as f:
             text = f.read().decode("utf-8", "replace").strip()
         rt.fault = text or None
+    rt.alive = rt.footer is None and rt.error is None and rt.signal is None and not rt.fault and _alive(header)
     rt.state = _state(rt)
     return rt
 
@@ -334,8 +336,27 @@ def _state(rt: RankTrace) -> RankState:
     # stopped from outside; an error or exit after the SIGTERM is the stop's doing (a DataLoader raising
     # because the same SIGTERM killed its worker), not the rank's own
     if any(st.get("reason") == "hang" for st in rt.stacks):
-        return RankState.HUNG
-    return RankState.KILLED
+        return RankState.HUNG  # alive or not: its watchdog saw no progress
+    return RankState.RUNNING if rt.alive else RankState.KILLED
+
+
+def _alive(header: dict[str, Any]) -> bool:
+    """The rank's process is still running: the header's pid lives on this host, running the same program
+    (a pid reused by another process does not count)."""
+    try:
+        pid = int(header.get("pid") or 0)
+        if pid <= 0 or str(header.get("host") or "") != socket.gethostname():
+            return False
+        os.kill(pid, 0)
+    except (OSError, ValueError, TypeError):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().decode("utf-8", "replace")
+    except OSError:
+        return True  # no /proc: the pid alone
+    argv = header.get("argv") or []
+    return not argv or os.path.basename(str(argv[0])) in cmdline
 
 
 def _after_signal(rt: RankTrace, error: dict[str, Any] | None) -> bool:

@@ -15,7 +15,11 @@ class RankState(str, enum.Enum):
     CRASHED = "crashed"  # an exception escaped, or a fatal signal (SIGABRT from std::terminate, SIGSEGV)
     HUNG = "hung"  # the hang watchdog saw no progress and dumped stacks; then it was stopped from outside
     KILLED = "killed"  # stopped from outside (SIGTERM seen, or no trace of its end at all: SIGKILL)
+    RUNNING = "running"  # no end yet and its process is alive (on this host): the job is still running
     MISSING = "missing"  # no trace file for this rank
+
+
+NOT_ENDED = frozenset({RankState.HUNG, RankState.KILLED, RankState.RUNNING})  # no end of its own (yet)
 
 
 class Collective(NamedTuple):
@@ -107,6 +111,7 @@ class RankTrace:
     labels: list[dict[str, Any]] = field(default_factory=list)
     spans: Sequence[Collective] = ()  # compute spans (kind "span", op: forward, data, ...), oldest first
     exhausted: list[dict[str, Any]] = field(default_factory=list)  # data_exhausted events: out of data
+    alive: bool = False  # no end of its own yet and its process runs (this host): the job is still going
 
     @property
     def open_spans(self) -> list[Collective]:

@@ -8,6 +8,7 @@ A run that is still being written is re-read every two seconds, in a worker thre
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from rich.segment import Segment
@@ -17,6 +18,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.command import Hit, Hits, Provider
 from textual.geometry import Size
+from textual.screen import ModalScreen
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import DataTable, Footer, Header, Markdown, Static, TabbedContent, TabPane
@@ -26,6 +28,7 @@ from colltrace.tui import model as m
 
 LABEL = 12  # cells of the rank label column
 REFRESH_S = 2.0
+LIVE_REREAD_S = 5.0
 
 STYLES = {
     "idle": Style(dim=True),
@@ -46,6 +49,7 @@ STYLES = {
 DEFAULT_STYLE = Style(color="black", bgcolor="bright_white")
 SELECTED = Style(bold=True, reverse=True)
 MARKER = Style(color="bright_red", bold=True)
+PLAIN = Style()
 
 
 class Timeline(ScrollView):
@@ -76,12 +80,13 @@ class Timeline(ScrollView):
         self.t1 = 1
         self.selected = 0  # index into model.ranks
         self.call: m.Call | None = None  # the selected collective (on the selected rank)
-        self._cache: dict[tuple[int, int, int, int, int], Strip] = {}
+        self._cache: dict[tuple[int, ...], Strip] = {}
 
     def show(self, model: m.Model, keep_window: bool) -> None:
+        follow = not keep_window or self.whole  # showing the whole run: go on showing all of it
         self.model = model
         self.lanes = {r: m.lane(tl) for r, tl in model.lines.items()}
-        if not keep_window:
+        if follow:
             self.t0, self.t1 = model.t_min, model.t_max
         self.selected = min(self.selected, max(0, len(model.ranks) - 1))
         self.virtual_size = Size(self.size.width, 1 + 2 * len(model.ranks))
@@ -95,9 +100,22 @@ class Timeline(ScrollView):
         return max(1, self.size.width - LABEL)
 
     def set_window(self, t0: int, t1: int) -> None:
+        """Show [t0, t1): at least a microsecond, at most the run and a tenth more on either side."""
+        if self.model is not None:
+            whole = self.model.t_max - self.model.t_min
+            lo, hi = self.model.t_min - whole // 10, self.model.t_max + whole // 10
+            t1 = min(t1, t0 + (hi - lo))
+            if t0 < lo:
+                t0, t1 = lo, lo + (t1 - t0)
+            if t1 > hi:
+                t0, t1 = hi - (t1 - t0), hi
         self.t0, self.t1 = int(t0), int(max(t0 + 1000, t1))
         self._cache.clear()
         self.refresh()
+
+    @property
+    def whole(self) -> bool:
+        return self.model is not None and (self.t0, self.t1) == (self.model.t_min, self.model.t_max)
 
     def zoom(self, factor: float) -> None:
         mid = (self.t0 + self.t1) / 2
@@ -143,8 +161,8 @@ class Timeline(ScrollView):
         width = self.size.width
         model = self.model
         if model is None:
-            return Strip([Segment("loading…".ljust(width))], width)
-        key = (row, width, self.t0, self.t1, self.selected)
+            return Strip([Segment("loading…".ljust(width), PLAIN)], width)
+        key = (row, width, self.t0, self.t1, self.selected, int(time.time()) if model.live else 0)
         hit = self._cache.get(key)
         if hit is not None and self.call is None:
             return hit
@@ -157,11 +175,11 @@ class Timeline(ScrollView):
     def _line(self, row: int, width: int, model: m.Model) -> Strip:
         cells = self.width_cells
         if row == 0:
-            return Strip([Segment("time".ljust(LABEL), Style(bold=True)),
-                          Segment(m.axis(self.t0, self.t1, cells, model.t_min), Style(dim=True))], width)  # fmt: skip
+            axis = m.axis(self.t0, self.t1, cells, model.t_min, self._marker_x(model, cells))
+            return Strip([Segment("time".ljust(LABEL), Style(bold=True)), Segment(axis, Style(dim=True))], width)
         i, which = divmod(row - 1, 2)
         if i >= len(model.ranks):
-            return Strip.blank(width)
+            return Strip([Segment(" " * width, PLAIN)], width)
         rank = model.ranks[i]
         ln = self.lanes[rank]
         end = model.dx.ranks.get(rank)
@@ -203,6 +221,41 @@ class Timeline(ScrollView):
         return int((c.t0 - self.t0) / (self.t1 - self.t0) * cells)
 
 
+HELP = """\
+# colltrace tui: keys
+
+| key | does |
+|---|---|
+| `1` `2` `3` `4` `5` | Summary, Timeline, Aligned, Stats, Detail |
+| `d` | the divergence: its window on the timeline, the collective selected |
+| `+` / `-` | zoom in / out |
+| `←` `→` or `h` `l` | pan (on the timeline) |
+| `↑` `↓` or `k` `j` | select a rank |
+| `n` / `p` | the selected rank's next / previous collective (see Detail) |
+| `0` | the whole run |
+| `home` `end` `pgup` `pgdn` | scroll the lanes |
+| `ctrl+p` | command palette: go to a rank or a step, the divergence, write the report |
+| `w` | write the report (Markdown) to ./colltrace-report-RUN.md |
+| `r` | re-read the run now (a live run is re-read every 2 s) |
+| `tab` | move between tables (wide tables scroll when focused) |
+| `q` | quit |
+
+Timeline rows: spans `D` data, `F` forward, `B` backward, `R` recompute, `O` optimizer, `C` checkpoint,
+`P` phase; collectives `G` all-gather, `S` reduce-scatter, `A` all-reduce, `b` broadcast, `X` all-to-all.
+Red: in flight, or open when the rank stopped. `▼` on the time axis: the divergence.
+
+Press `escape` or `?` to close.
+"""
+
+
+class Help(ModalScreen[None]):
+    BINDINGS = [Binding("escape,question_mark,q", "dismiss", "close")]
+    CSS = "Help { align: center middle; } Help > Markdown { width: 90%; height: 90%; border: round $accent; }"
+
+    def compose(self) -> ComposeResult:
+        yield Markdown(HELP)
+
+
 class Jump(Provider):
     """The command palette: jump to a rank, a step, the divergence; write the report."""
 
@@ -230,6 +283,7 @@ class CollTraceApp(App[None]):
     COMMANDS = App.COMMANDS | {Jump}
     CSS = """
     Timeline { height: 1fr; }
+    #legend { height: 1; }
     #detail { padding: 1 2; }
     """
     BINDINGS = [
@@ -285,6 +339,7 @@ class CollTraceApp(App[None]):
         self.load()
         if self.live:
             self.set_interval(REFRESH_S, self.check_changed)
+            self.set_interval(1.0, self.tick)
 
     # -- loading, in a worker: the UI never waits for the analysis --------------------------------------
 
@@ -298,8 +353,18 @@ class CollTraceApp(App[None]):
         self.call_from_thread(self.show, model)
 
     def check_changed(self) -> None:
-        if self.model is not None and m.fingerprint(self.run_dir) != self.model.fingerprint:
+        """Re-read when a file changed, and every LIVE_REREAD_S while a rank's process still runs (a hang
+        writes nothing, but how long it has been stuck grows)."""
+        model = self.model
+        if model is None:
+            return
+        stale = model.live and time.time() - model.loaded_at >= LIVE_REREAD_S
+        if stale or m.fingerprint(self.run_dir) != model.fingerprint:
             self.load()
+
+    def tick(self) -> None:
+        if self.model is not None and self.model.live:
+            self.timeline.refresh()  # "N s ago" goes on counting
 
     def show(self, model: m.Model) -> None:
         first = self.model is None
@@ -310,8 +375,9 @@ class CollTraceApp(App[None]):
         self.query_one("#legend", Static).update(_legend())
         self._aligned(model)
         self._stats(model)
-        if not first:
+        if not first and model.fingerprint != getattr(self, "_shown_stamp", model.fingerprint):
             self.notify(f"re-read: {len(model.ranks)} rank(s)", timeout=1.5)
+        self._shown_stamp = model.fingerprint
 
     def _aligned(self, model: m.Model) -> None:
         table = self.query_one("#aligned-table", DataTable)
@@ -337,16 +403,16 @@ class CollTraceApp(App[None]):
         table = self.query_one("#stats-table", DataTable)
         table.clear(columns=True)
         cats = list(words.CATEGORY)
-        table.add_columns("rank", "steps", "p50", "p99", *[words.CATEGORY[c] for c in cats], "overlap",
-                          "exposed comm", "AG in flight")  # fmt: skip
+        table.add_columns("rank", "steps", "p50", "p99", "overlap", "exposed comm", "AG in flight",
+                          *[words.CATEGORY[c] for c in cats])  # fmt: skip
         for r, st in (rep["steps"] or {}).items():
             mean = st["mean_ms"] or {}
             ov = (rep["overlap"] or {}).get(r, {})
             ratio = ov.get("ratio")
             table.add_row(
-                r, str(st["completed"]), _ms(st["p50_ms"]), _ms(st["p99_ms"]), *[_ms(mean.get(c)) for c in cats],
+                r, str(st["completed"]), _ms(st["p50_ms"]), _ms(st["p99_ms"]),
                 "—" if ratio is None else f"{ratio * 100:.0f} %", _ms(ov.get("exposed_comm_ms")),
-                str(ov.get("max_inflight_allgathers", "")),
+                str(ov.get("max_inflight_allgathers", "")), *[_ms(mean.get(c)) for c in cats],
             )  # fmt: skip
         slow = self.query_one("#stragglers-table", DataTable)
         slow.clear(columns=True)
@@ -375,6 +441,13 @@ class CollTraceApp(App[None]):
             return
         span = max(1_000_000, (self.model.t_max - self.model.t_min) // 20)
         self.timeline.set_window(t - span // 2, t + span // 2)
+        c = self.model.divergent_call()
+        if c is not None:
+            r = self.model.rank_of(c)
+            if r is not None:
+                self.timeline.select_rank(self.model.ranks.index(r) - self.timeline.selected)
+            self.timeline.call = c
+            self.query_one("#detail", Static).update(self.detail(c))
 
     def action_zoom(self, factor: float) -> None:
         self.timeline.zoom(factor)
@@ -425,8 +498,7 @@ class CollTraceApp(App[None]):
         self.notify(f"report written to {path}", timeout=6)
 
     def action_help(self) -> None:
-        keys = "\n".join(f"  {b.key:<18} {b.description}" for b in self.BINDINGS if isinstance(b, Binding))
-        self.notify("keys:\n" + keys + "\n  ctrl+p             command palette (rank, step, divergence)", timeout=12)
+        self.push_screen(Help())
 
     def detail(self, c: m.Call) -> str:
         """The selected collective on every rank: issue, completion, skew, wait, module, phase, step."""
@@ -456,10 +528,7 @@ def _ms(v: float | None) -> str:
 
 
 def _legend() -> str:
-    spans = "  ".join(f"{mark} {kind}" for kind, mark in m.SPAN_MARK.items())
-    comms = "  ".join(f"{mark} {fam}" for fam, mark in m.COMM_MARK.items())
-    return (f"per rank: spans row ({spans}), collectives row ({comms}); red: in flight or open, "
-            "│ the divergence.  + - zoom, ← → pan, ↑ ↓ rank, n p collective, d divergence, 0 whole run")  # fmt: skip
+    return "D data F fwd B bwd R recomp O opt C ckpt | G AG S RS A AR b bcast X a2a | red: open | ▼ divergence | ? keys"
 
 
 def run(run_dir: str) -> None:

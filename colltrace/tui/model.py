@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import glob
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
 from colltrace.analysis.timeline import Call, Span, Timeline
 from colltrace.analysis.timing import op_family
-from colltrace.report import jsonreport, markdown, words
+from colltrace.report import jsonreport, markdown
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import Run
 
@@ -23,7 +24,8 @@ SPAN_MARK = {"data": "D", "forward": "F", "backward": "B", "recompute": "R", "op
              "phase": "P"}  # fmt: skip
 COMM_MARK = {"all_gather": "G", "reduce_scatter": "S", "all_reduce": "A", "broadcast": "b", "all_to_all": "X"}
 IDLE = " "
-STATE_WORD = {"finished": "done", "crashed": "crash", "hung": "hung", "killed": "killed", "missing": "none"}
+STATE_WORD = {"finished": "done", "crashed": "crash", "hung": "hung", "killed": "killed", "running": "live",
+              "missing": "none"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,26 @@ class Model:
     @property
     def ranks(self) -> list[int]:
         return sorted(self.lines)
+
+    @property
+    def live(self) -> bool:
+        """A rank's process still runs: the run can change without its files changing (time goes on)."""
+        return any(e.alive for e in self.dx.ranks.values())
+
+    def divergent_call(self) -> Call | None:
+        """The divergent collective as the culprit issued it (else the first rank that did)."""
+        d = self.dx.divergence
+        if d is None or d.seq is None:
+            return None
+        order = [r for r in self.dx.culprits if r in self.lines] + [r for r in self.ranks if r not in self.dx.culprits]
+        for r in order:
+            c = next((c for c in self.lines[r].calls if c.group == d.group and c.seq == d.seq), None)
+            if c is not None:
+                return c
+        return None
+
+    def rank_of(self, call: Call) -> int | None:
+        return next((r for r, tl in self.lines.items() if call in tl.calls), None)
 
     def last_progress_ns(self, rank: int) -> int:
         tl = self.lines.get(rank)
@@ -188,15 +210,23 @@ def _overlapping(ln: Lane, a: int, b: int) -> Call | None:
     return c
 
 
-def axis(t0: int, t1: int, width: int, origin: int) -> str:
-    """A time axis: a tick label every ~12 cells, seconds from the run's first record."""
+def axis(t0: int, t1: int, width: int, origin: int, mark_x: int | None = None) -> str:
+    """A time axis: a tick label every ~12 cells (time from the run's first record, as precise as the
+    ticks' spacing needs), and ▼ over the divergence."""
     out = [" "] * width
     span = max(1, t1 - t0)
-    for x in range(0, width, 12):
-        label = "|" + words.duration((t0 + span * x / max(1, width)) - origin).replace(" ", "")
+    tick = span * 12 / max(1, width)
+    unit, scale = ("s", 1e9) if tick >= 1e8 else ("ms", 1e6) if tick >= 1e5 else ("µs", 1e3)
+    digits = max(0, min(6, -math.floor(math.log10(tick / scale)) + 1)) if tick > 0 else 0
+    for x in range(0, width - 6, 12):
+        label = f"|{(t0 + span * x / max(1, width) - origin) / scale:.{digits}f}{unit}"
+        if mark_x is not None and x - 1 <= mark_x <= x + len(label):
+            continue  # the divergence's ▼ goes there
         for i, ch in enumerate(label):
             if x + i < width:
                 out[x + i] = ch
+    if mark_x is not None and 0 <= mark_x < width:
+        out[mark_x] = "▼"
     return "".join(out)
 
 
