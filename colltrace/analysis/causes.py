@@ -102,6 +102,32 @@ def _ran_out(f: Facts, rank: int) -> bool:
     return e.state is RankState.FINISHED and not any(others)
 
 
+def _eval_forward(f: Facts) -> str:
+    """The mode ('no_grad', 'eval') of a forward span every culprit ran in the divergent step before its
+    divergent record, when the others ran none such in that step: an evaluation forward."""
+    d = f.d
+    if d is None or d.seq is None or not f.culprits:
+        return ""
+
+    def modes(rank: int) -> set[str]:
+        a = next((a for a in d.at if a.rank == rank), None)
+        rt = f.run.ranks.get(rank)
+        if a is None or rt is None or a.step is None:
+            return set()
+        rec = states.record(rt, a.idx) if a.idx >= 0 else None
+        until = rec.t_issue_ns if rec is not None else None
+        return {
+            s.flavour for s in rt.spans
+            if s.op == "forward" and s.step == a.step and s.flavour and (until is None or s.t_issue_ns < until)
+            and ("no_grad" in s.flavour or "eval" in s.flavour)
+        }  # fmt: skip
+
+    culprit_modes = [modes(r) for r in f.culprits]
+    if not all(culprit_modes) or any(modes(v) for v in f.victims):
+        return ""
+    return sorted(set().union(*culprit_modes))[0]
+
+
 def _repeated_module(f: Facts) -> str:
     """The module the culprit gathered more often in this step than in its previous step, if any."""
     assert f.d is not None and f.d.seq is not None
@@ -198,6 +224,10 @@ def find(f: Facts) -> Finding:
             if exhausted:
                 ev.append(Evidence(Clue.OUT_OF_DATA, exhausted))
             return Finding(Cause.UNEVEN_DATA, Confidence.HIGH if exhausted else Confidence.MEDIUM, tuple(ev))
+    evaluating = _eval_forward(f)
+    if evaluating:
+        # a forward the others did not run, without gradients or in eval mode: rank-conditional evaluation
+        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.EVAL_FORWARD, f.culprits, evaluating),))
     if d.seq is not None and f.culprits:
         module = _repeated_module(f)
         if module:

@@ -43,6 +43,7 @@ class Clue(str, enum.Enum):
     SAME_MODULE = "same_module"  # the mismatch is on the same module and op: the tensors themselves differ
     RECOMPUTE = "recompute"  # the divergent records are in activation-checkpoint recompute
     GRAD_REDUCTION = "grad_reduction"  # the divergent records are gradient reductions in backward
+    EVAL_FORWARD = "eval_forward"  # the culprit ran a forward without gradients / in eval mode (detail: mode)
     REPEATED_MODULE = "repeated_module"  # the culprit gathered a module more often than in its earlier steps
     LEFT_LOOP = "left_loop"  # the culprit stopped issuing training-step collectives at a step boundary
     TIMED_OUT = "timed_out"  # the victims' collectives failed (timeout, peer gone)

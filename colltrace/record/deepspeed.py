@@ -15,6 +15,7 @@ from colltrace.record.context import (
 )
 from colltrace.record.fsdp import REDUCE_GRAD, UNSHARD
 from colltrace.record.hooks import spanned
+from colltrace.record.tracer import TRACER
 
 
 class DeepSpeedAdapter(Adapter):
@@ -106,8 +107,10 @@ class DeepSpeedAdapter(Adapter):
             def forward(self: Any, *a: Any, **k: Any) -> Any:
                 if ctx.root is None and ctx.call_codes is not None:
                     ctx.learn_root(self, self.named_modules, running=True)
-                what = spans.RECOMPUTE if ctx.graph_task_id() != -1 else spans.FORWARD
-                return spanned(what, "<root>", "deepspeed", orig, (self, *a), k)
+                if TRACER.spans is None:
+                    return orig(self, *a, **k)
+                what, mode = spans.forward_kind(ctx, self)
+                return spanned(what, "<root>", ",".join(filter(None, ("deepspeed", mode))), orig, (self, *a), k)
 
             return forward
 

@@ -84,10 +84,10 @@ class FsdpAdapters(Adapter):
 
         ctx = self.ctx
 
-        def begin(obj: Any, what: str, module: str) -> None:
+        def begin(obj: Any, what: str, module: str, flavour: str = "") -> None:
             sp = TRACER.spans
             if sp is not None:
-                obj._colltrace_span = sp.begin(what, module)
+                obj._colltrace_span = sp.begin(what, module, flavour)
 
         def end(obj: Any) -> None:
             idx = obj.__dict__.pop("_colltrace_span", -1)
@@ -95,11 +95,17 @@ class FsdpAdapters(Adapter):
             if sp is not None and idx >= 0:
                 sp.end(idx)
 
+        from colltrace.record.shim import compiling_check
+
+        compiling = compiling_check()
+
         def make_pre_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def _pre_forward(state: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
                 try:
-                    what = spans.RECOMPUTE if ctx.graph_task_id() != -1 else spans.FORWARD
-                    begin(state, what, ctx.module_name(module))
+                    # a compiled module runs its hooks inside the graph TorchDynamo traces: step aside
+                    if TRACER.spans is not None and not compiling():
+                        what, mode = spans.forward_kind(ctx, module)
+                        begin(state, what, ctx.module_name(module), mode)
                 except Exception as e:
                     TRACER.warn_once("recording FSDP forward spans failed", e)
                 return orig(state, module, *args, **kwargs)
@@ -128,8 +134,17 @@ class FsdpAdapters(Adapter):
 
             return pre_backward
 
-        self._patch(FSDPState, "_pre_forward", make_pre_forward)
-        self._patch(FSDPState, "_post_forward", ending)
+        def hidden(make: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+            """FSDP hides its hooks from TorchDynamo (a compiled unit runs them inside its graph) with one
+            _dynamo_disable layer: ours goes around the hook inside that layer, in one layer of the same."""
+            try:
+                from torch.distributed.fsdp._fully_shard._fsdp_common import _dynamo_disable
+            except ImportError:
+                return make
+            return lambda orig: _dynamo_disable(make(getattr(orig, "__wrapped__", orig)))
+
+        self._patch(FSDPState, "_pre_forward", hidden(make_pre_forward))
+        self._patch(FSDPState, "_post_forward", hidden(ending))
         self._patch(group_cls, "pre_backward", make_pre_backward)
         self._patch(
             group_cls,
@@ -180,9 +195,11 @@ class FsdpAdapters(Adapter):
 
         def make_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def forward(unit: Any, *args: Any, **kwargs: Any) -> Any:
-                what = spans.RECOMPUTE if ctx.graph_task_id() != -1 else spans.FORWARD
+                if TRACER.spans is None:
+                    return orig(unit, *args, **kwargs)
+                what, mode = spans.forward_kind(ctx, unit)
                 name = ctx.module_name(getattr(unit, "_fsdp_wrapped_module", unit)) or "<root>"
-                return spanned(what, name, "", orig, (unit, *args), kwargs)
+                return spanned(what, name, mode, orig, (unit, *args), kwargs)
 
             return forward
 

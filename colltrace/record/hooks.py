@@ -47,6 +47,7 @@ class Hooks:
 
         ctx, patches = self.ctx, self.patches
         self._compiling = compiling_check()
+        spans.grad_enabled = torch.is_grad_enabled
         graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
         if graph_task_id is not None:
             patches.set(ctx, "graph_task_id", graph_task_id)
@@ -120,7 +121,10 @@ class Hooks:
             def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
                 if ctx.root is None:
                     ctx.learn_root(module, module.named_modules, running=True)
-                return spanned(spans.FORWARD, "<root>", "", orig, (module, *args), kwargs)
+                if TRACER.spans is None:
+                    return orig(module, *args, **kwargs)
+                what, mode = spans.forward_kind(ctx, module)
+                return spanned(what, "<root>", mode, orig, (module, *args), kwargs)
 
             return forward
 

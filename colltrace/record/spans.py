@@ -27,6 +27,9 @@ CHECKPOINT = "checkpoint"  # torch.distributed.checkpoint save/load, torch.save/
 PHASE = "phase"  # a `with colltrace.phase(name)` block (flavour: the name)
 KINDS = (FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, DATA, CHECKPOINT, PHASE)
 
+NO_GRAD = "no_grad"  # a forward's mode (flavour): under torch.no_grad() or inference_mode
+EVAL = "eval"  # a forward's mode: the module in eval mode
+
 EV_EXHAUSTED = "data_exhausted"  # a DataLoader iterator raised StopIteration: this rank ran out of data
 
 _now = time.monotonic_ns
@@ -65,3 +68,21 @@ class SpanRecorder:
 
     def exhausted(self) -> None:
         self.writer.event({"ev": EV_EXHAUSTED, "t_ns": time.time_ns(), "step": self.ctx.step})
+
+
+def _grad_on() -> bool:
+    return True
+
+
+grad_enabled: Any = _grad_on  # torch.is_grad_enabled once the hooks are in (hooks.install): no import here
+
+
+def forward_kind(ctx: Context, module: Any) -> tuple[str, str]:
+    """A forward span's kind and mode: recompute while autograd runs a backward (activation
+    checkpointing), else forward; mode `no_grad` (torch.no_grad, inference_mode) and/or `eval` (the
+    module in eval mode), "" for a training forward. The one rule for every framework's forward span."""
+    what = RECOMPUTE if ctx.graph_task_id() != -1 else FORWARD
+    grad, training = grad_enabled(), getattr(module, "training", True)
+    if grad and training:
+        return what, ""
+    return what, ",".join(m for m, on in ((NO_GRAD, not grad), (EVAL, not training)) if on)

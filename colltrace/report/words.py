@@ -92,6 +92,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.SAME_MODULE: f"same op on the same module ({detail}) on every rank: the tensors themselves differ",
         Clue.RECOMPUTE: "the divergent collectives are in activation-checkpoint recompute",
         Clue.GRAD_REDUCTION: "the divergent collectives are gradient reductions in backward",
+        Clue.EVAL_FORWARD: f"{who} ran a forward without gradients ({detail}: an evaluation pass) in this step, "
+        "which the others did not",
         Clue.REPEATED_MODULE: f"{who} gathered {detail} more often in this step than in its previous step",
         Clue.LEFT_LOOP: f"{who} stopped issuing training-step collectives",
         Clue.STEP_BOUNDARY: f"{who} were starting a new step",

@@ -15,7 +15,7 @@ class UnknownScenario(KeyError):
 # baselines first, then divergences, ranks that stop, groups, other frameworks
 ORDER = (
     "healthy", "healthy_accum", "straggler", "straggler_noisy", "slow_later",
-    "control_flow", "shared_module_calls", "unused_params", "recompute_mismatch", "dtype_mismatch", "numel_mismatch",
+    "control_flow", "eval_forward", "shared_module_calls", "unused_params", "recompute_mismatch", "dtype_mismatch", "numel_mismatch",
     "metric_allreduce", "uneven_data", "rank_exception", "oom", "killed", "stuck_compute",
     "group_misconfig", "cross_group_deadlock",
     "fsdp1", "deepspeed_zero3",

@@ -269,3 +269,48 @@ def metric_allreduce(job: Job) -> None:
         if job.rank == job.culprit and step == BUG_STEP:
             dist.all_reduce(loss.detach())  # the bug: a collective only this rank makes
     job.finish()
+
+
+# -- eval_forward ---------------------------------------------------------------------------------
+
+
+def _eval_truth(world: int) -> Truth:
+    step = _step()
+    seq = sch.seq_of([step] * BUG_STEP, EVAL_DIVERGES_AT)
+    return Truth(
+        Verdict.DIVERGENCE, (world - 1,), DEFAULT_PG, seq, Kind.MODULE, Cause.CONTROL_FLOW,
+        f"Rank {world - 1} alone runs a validation forward (model.eval(), torch.no_grad()) before step "
+        f"{BUG_STEP}'s training forward: its 4 all-gathers (root, blocks 0-2) pair with the others' training "
+        f"forward; then its training forward gathers blocks.0 (the root stays unsharded) while the others "
+        f"gather blocks.2 for backward, at seq {seq}.",
+    )  # fmt: skip
+
+
+EVAL_DIVERGES_AT = 4  # the eval forward's 4 all-gathers (root, blocks 0-2) match the others' training forward
+
+
+@scenario("eval_forward", "a rank alone runs an evaluation forward between training steps", truth=_eval_truth)
+def eval_forward(job: Job) -> None:
+    """Rank-conditional evaluation: the rank that validates runs a forward under torch.no_grad() and
+    model.eval() before its next training step, and the others, which do not, go on training.
+
+    Stands for: `if rank == 0 and step % eval_every == 0: evaluate(model)` under FSDP, where every rank
+    must run the same forwards. Its all-gathers look like a forward's, so this is not a module shared and
+    called twice. Right diagnosis: divergence at the first collective after the eval forward's (the
+    others' first backward all-gather), culprit the evaluating rank, cause control_flow with the evidence
+    that it ran a forward without gradients.
+    """
+    import torch
+
+    job.init()
+    model, opt = job.fsdp2_net(BLOCKS)
+
+    def evaluate(step: int) -> None:
+        if job.rank == job.culprit and step == BUG_STEP:
+            model.eval()
+            with torch.no_grad():  # the bug: a validation pass on this rank only
+                model(job.batch(1000)[0])
+            model.train()
+
+    job.train(model, opt, STEPS, before_step=evaluate)
+    job.finish()
