@@ -80,7 +80,7 @@ def _ranks(spec: str | None) -> set[int] | None:
 def cmd_report(args: argparse.Namespace) -> int:
     from colltrace.report.build import run_report
 
-    text, problem = run_report(_run_dir(args.run_dir), fmt=args.format)
+    text, problem = run_report(_run_dir(args.run_dir), fmt=args.format, stacks=args.stacks)
     _out(text, args.output)
     return EXIT_PROBLEM if problem else EXIT_OK
 
@@ -172,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="find the first cross-rank divergence and its culprit")
     r.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="default: the newest run under ./colltrace-runs")
     r.add_argument("--format", choices=("md", "json"), default="md")
+    r.add_argument("--stacks", choices=("culprits", "all"), default="culprits",
+                   help="whose last stacks the Markdown shows (default: the culprits')")  # fmt: skip
     r.add_argument("-o", "--output", help="write to FILE instead of stdout")
     r.set_defaults(fn=cmd_report)
 

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from colltrace.cli import main
+
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
@@ -41,3 +45,18 @@ def test_dump_picks_ranks(tmp_path: Path) -> None:
     assert proc.returncode == 0
     ranks = {json.loads(line)["rank"] for line in proc.stdout.splitlines()}
     assert ranks == {1, 2}
+
+
+def test_report_stacks_all_shows_every_ranks_last_stack(capsys: pytest.CaptureFixture[str]) -> None:
+    """The culprit's stack by default; every rank's with --stacks all (the victims' are one flag away)."""
+    run = str(FIXTURES / "rank_exception")
+    assert main(["report", run]) == 1
+    default = capsys.readouterr().out
+    assert main(["report", run, "--stacks", "all"]) == 1
+    every = capsys.readouterr().out
+    assert [line for line in default.splitlines() if line.endswith("innermost frame last:")] == [
+        "Rank 2, innermost frame last:"
+    ]
+    assert [line for line in every.splitlines() if line.endswith("innermost frame last:")] == [
+        f"Rank {r}, innermost frame last:" for r in range(3)
+    ]

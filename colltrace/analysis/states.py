@@ -186,7 +186,9 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     open_spans = _open_at_stop(rt) if rt.state is not RankState.FINISHED else []
     span = max(open_spans, key=lambda s: s.t_issue_ns) if open_spans else None
     open_for = max(0.0, (end_ns - span.t_issue_ns) / 1e9) if span is not None and end_ns else None
-    if blocked is not None:
+    if rt.state is RankState.FINISHED:
+        activity = "exited cleanly" + (f" after {last.op} (seq {last.seq})" if last is not None else "")
+    elif blocked is not None:
         activity = f"in {blocked.op} (seq {blocked.seq})"
     elif span is not None:
         activity = f"in {span_text(span)}" + (f" for {open_for:.1f} s" if open_for is not None else "")

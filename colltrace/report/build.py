@@ -21,8 +21,9 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj, indent=2 if indent else None) + "\n"
 
 
-def run_report(run_dir: str, fmt: str = "md") -> tuple[str, bool]:
-    """Return (report text, whether a problem was found). Raises TraceError for unusable input."""
+def run_report(run_dir: str, fmt: str = "md", stacks: str = "culprits") -> tuple[str, bool]:
+    """Return (report text, whether a problem was found). Raises TraceError for unusable input.
+    stacks: whose stacks the Markdown shows, the culprits' or all ranks' (the JSON has every rank's)."""
     if fmt not in ("md", "json"):
         raise TraceError(f"unknown report format {fmt!r} (md or json)")
     run = read_run(run_dir)
@@ -31,4 +32,4 @@ def run_report(run_dir: str, fmt: str = "md") -> tuple[str, bool]:
     problem = dx.verdict is not Verdict.HEALTHY
     if fmt == "json":
         return dumps(report), problem
-    return markdown.render(report, dx), problem
+    return markdown.render(report, dx, stacks), problem

@@ -180,7 +180,7 @@ def _breakdown_table(report: dict[str, Any], med: str | None) -> list[str]:
     return out
 
 
-def render(report: dict[str, Any], dx: Diagnosis) -> str:
+def render(report: dict[str, Any], dx: Diagnosis, stacks: str = "culprits") -> str:
     out = [f"### colltrace: {report['headline']}", ""]
     out.append(f"- **Verdict:** {report['verdict']}")
     out.append(
@@ -205,7 +205,7 @@ def render(report: dict[str, Any], dx: Diagnosis) -> str:
             out += [f"What to check: {cause['check']}.", ""]
     out += _context(dx)
     out += _ranks(report)
-    out += _stacks(report, list(dx.culprits))
+    out += _stacks(report, list(dx.culprits) if stacks == "culprits" else [int(r) for r in report["ranks"]])
     out += timing_section(report)
     env = report["environment"]
     out += [
