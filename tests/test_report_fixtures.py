@@ -75,3 +75,13 @@ def test_straggler_report_ranks_the_slow_rank_first_with_where_its_time_goes(nam
 
 def _report(name: str) -> str:
     return run_report(str(FIXTURES / name), "json")[0]
+
+
+def test_a_faulthandler_stack_reads_innermost_last_from_the_main_thread() -> None:
+    """dtype_mismatch's culprit died of SIGABRT in a gloo thread: its .fault file lists three threads,
+    innermost first, the main thread last. The report shows the main thread, innermost last, as all stacks."""
+    report = json.loads(run_report(str(FIXTURES / "dtype_mismatch"), "json")[0])
+    stack = report["ranks"]["2"]["stack"]
+    assert stack[0].endswith("colltrace/scenarios/job.py:96 in train")  # as recorded
+    assert stack[-1].endswith("distributed_c10d.py:4394 in all_gather_single")
+    assert not any("threading.py" in f for f in stack)  # not the watchdog's or gloo's threads

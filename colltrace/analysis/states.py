@@ -66,13 +66,15 @@ def _frames_from_stacks(stacks: list[dict[str, Any]]) -> list[str]:
 
 
 def _frames_from_text(text: str) -> list[str]:
-    """faulthandler prints innermost first; tracebacks innermost last. Return innermost last."""
-    frames = [f"{m[0]}:{m[1]} in {m[2]}" for m in _FRAME.findall(text)]
-    if "Most recent call first" in text:
-        # only the current thread's block (the first one) matters
-        block = text.split("\n\n")[0]
-        frames = [f"{m[0]}:{m[1]} in {m[2]}" for m in _FRAME.findall(block)][::-1]
-    return frames
+    """The frames of a faulthandler dump, innermost last (as every other stack here): of the thread it
+    marks "Current thread", else of the main thread (faulthandler lists it last); faulthandler prints
+    each thread's frames innermost first."""
+    if "most recent call first" not in text.lower():
+        return [f"{m[0]}:{m[1]} in {m[2]}" for m in _FRAME.findall(text)]
+    blocks = [b for b in re.split(r"\n\s*\n", text) if "most recent call first" in b.lower()]
+    current = [b for b in blocks if b.lstrip().lower().startswith("current thread")]
+    block = (current or blocks[-1:] or [text])[0]
+    return [f"{m[0]}:{m[1]} in {m[2]}" for m in _FRAME.findall(block)][::-1]
 
 
 _TB_FILE = re.compile(r'\s*File "([^"]+)", line (\d+), in (\S+)')
