@@ -289,3 +289,32 @@ def test_traceback_frames_without_a_source_line_keep_their_own() -> None:
         "/venv/torch/distributed/c10d_logger.py:83 in wrapper: return func(*args, **kwargs)",
     ]
     assert excerpt(frames) == [frames[0], frames[2]]  # the shim's own wrapper is left out
+
+
+def test_confidence_is_low_where_the_evidence_is_thin(tmp_path: Path) -> None:
+    """A rank stopped outside any collective, with no span and no stack to say where: the culprit is clear
+    (the others wait for it), the cause is not: unknown, confidence low. The same rank inside an open
+    data-loading span: stuck_data_loading, medium (one kind of evidence)."""
+    from colltrace.trace import schema
+
+    def make(run_dir: Path, with_span: bool) -> None:
+        rs = ranks(str(run_dir), 3)
+        for r in rs:
+            r.fsdp_step()
+        for r in rs[:2]:
+            r.coll("all_gather_single", 34, "<root>", "forward", done=False)  # waiting for rank 2
+        if with_span:
+            s = rs[2].w.intern
+            rs[2].w.spans.append(schema.KIND_SPAN, 0, 0, 0, 0, s("data"), 0, 0, 0, 0, 0, 0, 0, -1, 0, 0, -1, 1, 0,
+                                 rs[2].t + 1_000_000, 0, 0)  # fmt: skip
+        for r in rs:
+            r.w.event({"ev": schema.EV_SIGNAL, "t_ns": 1_700_000_010_000_000_000, "signal": "SIGTERM", "in_flight": 0})
+
+    make(tmp_path / "bare", with_span=False)
+    dx = diagnose(read_run(str(tmp_path / "bare")))
+    assert dx.culprits == (2,) and dx.finding is not None
+    assert (dx.finding.cause, dx.finding.confidence.value) == (Cause.UNKNOWN, "low")
+    make(tmp_path / "span", with_span=True)
+    dx = diagnose(read_run(str(tmp_path / "span")))
+    assert dx.culprits == (2,) and dx.finding is not None
+    assert (dx.finding.cause, dx.finding.confidence.value) == (Cause.STUCK_DATA_LOADING, "medium")
