@@ -85,3 +85,12 @@ def test_a_faulthandler_stack_reads_innermost_last_from_the_main_thread() -> Non
     assert stack[0].endswith("colltrace/scenarios/job.py:96 in train")  # as recorded
     assert stack[-1].endswith("distributed_c10d.py:4394 in all_gather_single")
     assert not any("threading.py" in f for f in stack)  # not the watchdog's or gloo's threads
+
+
+def test_ddp_names_the_parameters_that_got_no_gradient() -> None:
+    """DDP raised on the culprit at its next forward; its whole error is kept, so the report can name the
+    parameter indices (the line a 300-character cut used to drop) and say unused_params, not rank_exception."""
+    report = json.loads(run_report(str(FIXTURES / "ddp_unused"), "json")[0])
+    assert report["cause"]["id"] == "unused_params" and report["cause"]["confidence"] == "high"
+    (ev,) = [e for e in report["cause"]["evidence"] if e["clue"] == "ddp_unreduced"]
+    assert ev["ranks"] == [2] and ev["detail"] == "6 7"

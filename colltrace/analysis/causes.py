@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from colltrace.analysis import groups, states
@@ -13,6 +14,9 @@ from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.records import NOT_ENDED, RankState, Run
 
 _GRAD_OPS = ("reduce_scatter", "_reduce_scatter_base", "all_reduce", "reduce")
+# DDP's error at the forward after a backward whose reduction it could not finish (find_unused_parameters=False)
+_DDP_UNFINISHED = "Expected to have finished reduction in the prior iteration"
+_DDP_UNUSED = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
 
 
 class Facts:
@@ -168,6 +172,13 @@ def find(f: Facts) -> Finding:
         return Finding(Cause.GROUP_MISCONFIG, Confidence.MEDIUM, (Evidence(Clue.GROUP_CREATE, odd),))
     failed = [ends[r] for r in f.culprits if r in ends and states.self_failed(ends[r])]
     if failed:
+        unreduced = [
+            (e.rank, _DDP_UNUSED.search(e.error_message)) for e in failed if _DDP_UNFINISHED in e.error_message
+        ]
+        if unreduced:
+            # DDP says it: parameters that got no gradient, so a bucket the others wait for was never reduced
+            said = tuple(Evidence(Clue.DDP_UNREDUCED, (r,), m.group(1).strip() if m else "") for r, m in unreduced)
+            return Finding(Cause.UNUSED_PARAMS, Confidence.HIGH, said)
         oom = [e.rank for e in failed if e.oom]
         if oom:
             return Finding(Cause.OOM, Confidence.HIGH, (Evidence(Clue.OOM, tuple(oom), failed[0].error_type),))

@@ -42,6 +42,7 @@ class Clue(str, enum.Enum):
     CREATION_MAJORITY = "creation_majority"  # the rank built a group with other members than most ranks' same call
     SAME_MODULE = "same_module"  # the mismatch is on the same module and op: the tensors themselves differ
     RECOMPUTE = "recompute"  # the divergent records are in activation-checkpoint recompute
+    DDP_UNREDUCED = "ddp_unreduced"  # DDP raised: parameters got no gradient on the rank (detail: their indices)
     GRAD_REDUCTION = "grad_reduction"  # the divergent records are gradient reductions in backward
     EVAL_FORWARD = "eval_forward"  # the culprit ran a forward without gradients / in eval mode (detail: mode)
     REPEATED_MODULE = "repeated_module"  # the culprit gathered a module more often than in its earlier steps

@@ -91,6 +91,9 @@ def evidence_text(e: Evidence) -> str:
         f"new_group/split_group call asked for (ranks {detail})",
         Clue.SAME_MODULE: f"same op on the same module ({detail}) on every rank: the tensors themselves differ",
         Clue.RECOMPUTE: "the divergent collectives are in activation-checkpoint recompute",
+        Clue.DDP_UNREDUCED: f"DDP raised on {who}: parameters got no gradient there"
+        + (f" (indices {detail})" if detail else "")
+        + ", so the gradient bucket holding them was never reduced",
         Clue.GRAD_REDUCTION: "the divergent collectives are gradient reductions in backward",
         Clue.EVAL_FORWARD: f"{who} ran a forward without gradients ({detail}: an evaluation pass) in this step, "
         "which the others did not",

@@ -18,7 +18,7 @@ ORDER = (
     "control_flow", "eval_forward", "shared_module_calls", "unused_params", "recompute_mismatch", "dtype_mismatch", "numel_mismatch",
     "metric_allreduce", "uneven_data", "rank_exception", "oom", "killed", "stuck_compute",
     "group_misconfig", "cross_group_deadlock",
-    "fsdp1", "deepspeed_zero3",
+    "fsdp1", "deepspeed_zero3", "ddp_unused",
 )  # fmt: skip
 
 

@@ -134,3 +134,54 @@ def deepspeed_zero3(job: Job) -> None:
     import torch.distributed as dist
 
     dist.destroy_process_group()
+
+
+# -- ddp_unused: a parameter without a gradient on one rank -----------------------------------------
+
+DDP_STEPS = 3
+DDP_BUG_STEP = 1
+
+
+DDP_INIT = 2  # DDP's construction: _verify_params_across_processes, then _broadcast_coalesced
+DDP_BUCKETS = 1  # the model's 1,700 parameters fit DDP's first bucket (1 MB) and its 25 MB cap: one all-reduce
+
+
+def _ddp_unused_truth(world: int) -> Truth:
+    seq = DDP_INIT + DDP_BUG_STEP * DDP_BUCKETS + 1
+    return Truth(
+        Verdict.CRASH, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.UNUSED_PARAMS,
+        f"Rank {world - 1}'s outlier batch in step {DDP_BUG_STEP} switches off blocks.1's side branch, so its "
+        "parameters get no gradient there (find_unused_parameters=False): DDP never reduces the bucket that "
+        "holds them on that rank, the others wait in that bucket's all-reduce, and at its next forward DDP "
+        "raises on the culprit, naming the parameters that received no gradient.",
+    )  # fmt: skip
+
+
+@scenario("ddp_unused", "DDP: a parameter gets no gradient on one rank (find_unused_parameters=False)",
+          truth=_ddp_unused_truth, framework="ddp")  # fmt: skip
+def ddp_unused(job: Job) -> None:
+    """DDP where a data-dependent branch leaves a block's side branch unused on one rank's batch, with
+    find_unused_parameters=False (the default): that rank never marks those parameters ready.
+
+    Stands for: a model path that depends on the data (mixture of experts, an optional head) under DDP.
+    Right diagnosis: crash, culprit the rank DDP raises on at its next forward ("Expected to have finished
+    reduction in the prior iteration ... Parameter indices which did not receive grad for rank N"), cause
+    unused_params (not rank_exception), with the parameter indices as evidence.
+    """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from colltrace.scenarios.job import is_outlier
+    from colltrace.scenarios.model import TinyNet, loss_fn
+
+    job.init()
+    torch.manual_seed(0)
+    net = TinyNet(BLOCKS, aux=True)
+    net.aux_off = lambda x: {1} if is_outlier(x) else set()  # the bug: blocks.1's side branch unused on outliers
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in job.loader(DDP_STEPS, lambda step: job.outlier_batch(step, DDP_BUG_STEP)):
+        loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    job.finish()
