@@ -211,3 +211,23 @@ def test_in_a_real_terminal(tmp_path: Path) -> None:
         assert not alive, "q did not quit"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def test_a_big_world_is_drawn_one_lane_per_class(tmp_path: Path) -> None:
+    """80 ranks, rank 79 skips a block in its second step: the culprit gets its own lane, the 79 ranks that
+    behaved alike share one (drawn from one of them), instead of 80 lanes."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from handmade import ranks
+
+    from colltrace.tui import model as m
+
+    rs = ranks(str(tmp_path), 80)
+    for r in rs:
+        r.fsdp_step()
+        r.fsdp_step(skip={2} if r.rank == 79 else set())
+        r.footer()
+    got = m.load(str(tmp_path))
+    assert got.dx.culprits == (79,)
+    assert [(row.rank, row.ranks) for row in got.rows] == [(79, (79,)), (0, tuple(range(79)))]
+    assert [row.label for row in got.rows] == ["r79", "79×r0"]
+    assert got.row_of(40) == 1 and got.row_of(79) == 0

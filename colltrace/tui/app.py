@@ -26,7 +26,7 @@ from textual.widgets import DataTable, Footer, Header, Markdown, Static, TabbedC
 from colltrace.report import markdown, words
 from colltrace.tui import model as m
 
-LABEL = 12  # cells of the rank label column
+LABEL = 14  # cells of the rank label column
 REFRESH_S = 2.0
 LIVE_REREAD_S = 5.0
 
@@ -78,7 +78,7 @@ class Timeline(ScrollView):
         self.lanes: dict[int, m.Lane] = {}
         self.t0 = 0
         self.t1 = 1
-        self.selected = 0  # index into model.ranks
+        self.selected = 0  # index into model.rows
         self.call: m.Call | None = None  # the selected collective (on the selected rank)
         self._cache: dict[tuple[int, ...], Strip] = {}
 
@@ -88,8 +88,8 @@ class Timeline(ScrollView):
         self.lanes = {r: m.lane(tl) for r, tl in model.lines.items()}
         if follow:
             self.t0, self.t1 = model.t_min, model.t_max
-        self.selected = min(self.selected, max(0, len(model.ranks) - 1))
-        self.virtual_size = Size(self.size.width, 1 + 2 * len(model.ranks))
+        self.selected = min(self.selected, max(0, len(model.rows) - 1))
+        self.virtual_size = Size(self.size.width, 1 + 2 * len(model.rows))
         self._cache.clear()
         self.refresh()
 
@@ -131,8 +131,8 @@ class Timeline(ScrollView):
         self.set_window(int(t - half), int(t + half))
 
     def select_rank(self, delta: int) -> None:
-        if self.model and self.model.ranks:
-            self.selected = max(0, min(len(self.model.ranks) - 1, self.selected + delta))
+        if self.model and self.model.rows:
+            self.selected = max(0, min(len(self.model.rows) - 1, self.selected + delta))
             self.call = None
             self.scroll_to(y=max(0, 1 + 2 * self.selected - self.size.height // 2), animate=False)
             self._cache.clear()
@@ -140,9 +140,9 @@ class Timeline(ScrollView):
 
     def select_call(self, step: int) -> m.Call | None:
         """The next (step 1) or previous (-1) collective of the selected rank from the window's middle."""
-        if not self.model or not self.model.ranks:
+        if not self.model or not self.model.rows:
             return None
-        tl = self.model.lines[self.model.ranks[self.selected]]
+        tl = self.model.lines[self.model.rows[self.selected].rank]
         mid = self.call.t0 if self.call is not None else (self.t0 + self.t1) // 2
         calls = [c for c in tl.calls if (c.t0 > mid if step > 0 else c.t0 < mid)]
         if not calls:
@@ -178,15 +178,16 @@ class Timeline(ScrollView):
             axis = m.axis(self.t0, self.t1, cells, model.t_min, self._marker_x(model, cells))
             return Strip([Segment("time".ljust(LABEL), Style(bold=True)), Segment(axis, Style(dim=True))], width)
         i, which = divmod(row - 1, 2)
-        if i >= len(model.ranks):
+        if i >= len(model.rows):
             return Strip([Segment(" " * width, PLAIN)], width)
-        rank = model.ranks[i]
+        lane = model.rows[i]
+        rank = lane.rank
         ln = self.lanes[rank]
         end = model.dx.ranks.get(rank)
         if which == 0:
             state = m.STATE_WORD.get(end.state.value, end.state.value) if end else ""
-            label = f"{'▶' if i == self.selected else ' '}r{rank} {state}"
-            culprit = rank in model.dx.culprits
+            label = f"{'▶' if i == self.selected else ' '}{lane.label} {state}"
+            culprit = bool(set(lane.ranks) & set(model.dx.culprits))
             lstyle = Style(bold=True, color="bright_red" if culprit else None, reverse=i == self.selected)
             row_cells = m.span_cells(ln, self.t0, self.t1, cells)
         else:
@@ -444,8 +445,9 @@ class CollTraceApp(App[None]):
         c = self.model.divergent_call()
         if c is not None:
             r = self.model.rank_of(c)
-            if r is not None:
-                self.timeline.select_rank(self.model.ranks.index(r) - self.timeline.selected)
+            at = self.model.row_of(r) if r is not None else None
+            if at is not None:
+                self.timeline.select_rank(at - self.timeline.selected)
             self.timeline.call = c
             self.query_one("#detail", Static).update(self.detail(c))
 
@@ -468,9 +470,10 @@ class CollTraceApp(App[None]):
             self.query_one("#detail", Static).update(self.detail(c))
 
     def goto_rank(self, rank: int) -> None:
-        if self.model is not None and rank in self.model.ranks:
+        at = self.model.row_of(rank) if self.model is not None else None
+        if at is not None:
             self.action_view("timeline")
-            self.timeline.select_rank(self.model.ranks.index(rank) - self.timeline.selected)
+            self.timeline.select_rank(at - self.timeline.selected)
 
     def goto_step(self, step: int) -> None:
         if self.model is not None:

@@ -13,8 +13,8 @@ from typing import Any
 
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
-from colltrace.analysis.timeline import Call, Span, Timeline
-from colltrace.analysis.timing import op_family
+from colltrace.analysis.timeline import Call, Span, Timeline, timeline
+from colltrace.analysis.timing import TAIL, op_family
 from colltrace.report import jsonreport, markdown
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import Run
@@ -34,6 +34,21 @@ class Cell:
     style: str  # a style key: span kind, collective family, "open", "failed", "divergence", "idle"
 
 
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One lane of the timeline: the timeline of `rank`, standing for `ranks` (a class that behaved alike)."""
+
+    rank: int
+    ranks: tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        return f"r{self.rank}" if len(self.ranks) == 1 else f"{len(self.ranks)}×r{self.ranks[0]}"
+
+
+LANES_ONE_PER_RANK = 64  # up to this many ranks, one lane each; beyond, one per class of ranks
+
+
 @dataclass(slots=True)
 class Model:
     run_dir: str
@@ -47,6 +62,11 @@ class Model:
     divergence_ns: int | None  # where the divergence is drawn: its earliest issue on any rank
     fingerprint: tuple[tuple[str, int, int], ...] = ()
     loaded_at: float = field(default_factory=time.time)
+    rows: list[Row] = field(default_factory=list)  # the timeline's lanes, top to bottom
+
+    def row_of(self, rank: int) -> int | None:
+        """The lane that shows `rank` (its own, or its class's)."""
+        return next((i for i, row in enumerate(self.rows) if rank in row.ranks), None)
 
     @property
     def ranks(self) -> list[int]:
@@ -115,7 +135,38 @@ def load(run_dir: str) -> Model:
     if d is not None and d.seq is not None:
         at = [c.t0 for tl in lines.values() for c in tl.calls if c.group == d.group and c.seq == d.seq]
         div = min(at, default=None)
-    return Model(run_dir, run, dx, report, markdown.render(report, dx), lines, t_min, max(t_max, t_min + 1), div, stamp)
+    model = Model(run_dir, run, dx, report, markdown.render(report, dx), lines, t_min, max(t_max, t_min + 1), div,
+                  stamp)  # fmt: skip
+    model.rows = rows(model)
+    return model
+
+
+def rows(model: Model) -> list[Row]:
+    """The lanes: one per rank up to LANES_ONE_PER_RANK ranks. Beyond, the culprits and the three most
+    waited-for ranks each on their own, then one lane per class of ranks that issued the same at the
+    divergence (all the rest in one, without a divergence), drawn from a rank of it whose timeline was read."""
+    everyone = sorted(model.run.ranks)
+    if len(everyone) <= LANES_ONE_PER_RANK:
+        return [Row(r, (r,)) for r in sorted(model.lines)]
+    tm = model.dx.timing
+    alone = [r for r in model.dx.culprits if _ensure_line(model, r)]
+    alone += [s.rank for s in (tm.stragglers[:3] if tm else ()) if s.rank not in alone and _ensure_line(model, s.rank)]
+    d = model.dx.divergence
+    classes = [tuple(c) for c in d.classes] if d is not None and d.classes else [tuple(everyone)]
+    out = [Row(r, (r,)) for r in alone]
+    for cls in classes:
+        rest = tuple(r for r in cls if r not in alone)
+        shown = next((r for r in rest if r in model.lines), None)
+        if shown is None and rest and _ensure_line(model, rest[0]):
+            shown = rest[0]
+        if rest and shown is not None:
+            out.append(Row(shown, rest))
+    covered = {r for row in out for r in row.ranks}
+    left = tuple(r for r in everyone if r not in covered)  # outside the divergent group
+    shown = next((r for r in left if r in model.lines), None)
+    if left and shown is not None:
+        out.append(Row(shown, left))
+    return out
 
 
 # -- the timeline's cells -------------------------------------------------------------------------------
@@ -239,3 +290,18 @@ def ago(ns: int, now_ns: int | None = None) -> str:
         if s >= size:
             return f"{s / size:.0f}{unit}"
     return f"{s:.0f}s"
+
+
+def _ensure_line(model: Model, rank: int) -> bool:
+    """The rank's timeline, read now if the timing did not read it (a sample, in a big world)."""
+    if rank in model.lines:
+        return True
+    rt = model.run.ranks.get(rank)
+    tm = model.dx.timing
+    if rt is None or tm is None:
+        return False
+    shift = tm.clock.shifts().get(rank)
+    if shift is None:
+        return False
+    model.lines[rank] = timeline(rt, model.t_max, TAIL).shifted(shift)
+    return True
