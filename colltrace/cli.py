@@ -61,6 +61,9 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+MAX_RANK = 1 << 24  # no job has more ranks: a range beyond is a typo, not a request for gigabytes
+
+
 def _ranks(spec: str | None) -> set[int] | None:
     if not spec:
         return None
@@ -68,8 +71,10 @@ def _ranks(spec: str | None) -> set[int] | None:
     try:
         for part in spec.split(","):
             if "-" in part:
-                a, b = part.split("-", 1)
-                out.update(range(int(a), int(b) + 1))
+                a, b = (int(x) for x in part.split("-", 1))
+                if a > b or a < 0 or b >= MAX_RANK:
+                    raise UsageError(f"--rank {spec!r}: {part} is not a range of ranks (first <= last, < {MAX_RANK})")
+                out.update(range(a, b + 1))
             else:
                 out.add(int(part))
     except ValueError:

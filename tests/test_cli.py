@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -60,3 +61,35 @@ def test_report_stacks_all_shows_every_ranks_last_stack(capsys: pytest.CaptureFi
     assert [line for line in every.splitlines() if line.endswith("innermost frame last:")] == [
         f"Rank {r}, innermost frame last:" for r in range(3)
     ]
+
+
+def test_hard_inputs_get_an_answer_or_one_line(tmp_path: Path) -> None:
+    """A run directory named as PBS names array jobs, a FIFO in place of a sidecar, a header whose schema
+    is not a number, a rank range that would take gigabytes or runs backwards."""
+    pbs = tmp_path / "job-4711[3].pbs01"
+    shutil.copytree(FIXTURES / "healthy", pbs)
+    out = _colltrace("report", str(pbs), cwd=tmp_path)
+    assert out.returncode == 0 and "Healthy" in out.stdout
+
+    fifo = tmp_path / "fifo"
+    shutil.copytree(FIXTURES / "healthy", fifo)
+    (fifo / "rank00001.jsonl").unlink()
+    os.mkfifo(fifo / "rank00001.jsonl")
+    out = _colltrace("report", str(fifo), "--format", "json", cwd=tmp_path)  # must not block
+    report = json.loads(out.stdout)
+    assert report["culprit_ranks"] == [] and any("not a regular file" in u for u in report["unseen"])
+
+    bad = tmp_path / "bad"
+    shutil.copytree(FIXTURES / "healthy", bad)
+    for r in range(3):
+        path = bad / f"rank{r:05d}.jsonl"
+        lines = path.read_text().split("\n")
+        head = json.loads(lines[0])
+        head["schema"] = "abc"
+        path.write_text("\n".join([json.dumps(head), *lines[1:]]))
+    out = _colltrace("report", str(bad), cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "schema" in out.stderr
+
+    for spec in ("0-99999999999", "5-3"):
+        out = _colltrace("dump", str(FIXTURES / "healthy"), "--rank", spec, cwd=tmp_path)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and out.stdout == ""

@@ -6,6 +6,7 @@ import glob
 import os
 import re
 import socket
+import stat
 import struct
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -35,17 +36,24 @@ def find_rank_files(run_dir: str) -> dict[int, str]:
     if not os.path.isdir(run_dir):
         raise TraceError(f"{run_dir}: {'not a directory' if os.path.exists(run_dir) else 'no such directory'}")
     out: dict[int, str] = {}
-    for path in glob.glob(os.path.join(run_dir, "rank*.jsonl")):
+    for path in glob.glob(os.path.join(glob.escape(run_dir), "rank*.jsonl")):  # PBS: job-4711[3].pbs01
         m = _RANK_FILE.search(os.path.basename(path))
         if m:
             out[int(m.group(1))] = path
     return out
 
 
+def _regular(path: str) -> None:
+    """Refuse what is not a plain file (a FIFO would block the reader forever, a device never end)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise TraceError(f"{path}: not a regular file")
+
+
 def read_events(path: str) -> tuple[list[dict[str, Any]], int]:
     """Return the JSON events of a sidecar and the number of unreadable lines (a torn tail)."""
     events: list[dict[str, Any]] = []
     torn = 0
+    _regular(path)
     with open(path, "rb") as f:
         for line in f:
             if not line.strip():
@@ -73,6 +81,7 @@ class RingInfo(NamedTuple):
 
 def ring_info(ring_path: str) -> RingInfo | None:
     """Read a ring's header; None when the file is too short to hold one (killed before the first record)."""
+    _regular(ring_path)
     with open(ring_path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         data = f.read(schema.RING_HEADER.size)
@@ -164,7 +173,10 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
     if not events or events[0].get("ev") != schema.EV_HEADER:
         raise TraceError(f"{events_path}: no header line (not a colltrace trace, or written by another tool)")
     header = events[0]
-    if int(header.get("schema", 0)) > schema.SCHEMA_VERSION:
+    version = header.get("schema", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise TraceError(f"{events_path}: header has no usable schema version ({version!r})")
+    if version > schema.SCHEMA_VERSION:
         raise TraceError(
             f"{events_path}: trace schema {header.get('schema')} is newer than this colltrace "
             f"(reads up to {schema.SCHEMA_VERSION}); upgrade colltrace"
@@ -216,6 +228,7 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
         rt.spans = RecordView(rank, spans_path, spans_info, strings, offset)
     fault_path = events_path[: -len(".jsonl")] + ".fault"
     if os.path.exists(fault_path):
+        _regular(fault_path)
         with open(fault_path, "rb") as f:
             text = f.read().decode("utf-8", "replace").strip()
         rt.fault = text or None
