@@ -24,6 +24,7 @@ class Config:
     modules: str  # how running modules are found: MODULES_FRAMES, MODULES_HOOKS or MODULES_OFF
     ddp: bool  # record DDP's gradient all-reduces through a communication hook (colltrace/record/ddp.py)
     spans: bool  # record compute spans: forward, backward, optimizer, data loading, checkpoint (record/spans.py)
+    share_group: bool = False  # COLLTRACE_SHARE=group: trace files 0640 and directories 0750 (else 0600, 0700)
 
 
 def _float(name: str, default: float) -> float:
@@ -65,6 +66,7 @@ def from_env() -> Config:
         modules=_modules(os.environ.get("COLLTRACE_MODULES", "")),
         ddp=os.environ.get("COLLTRACE_DDP", "").strip().lower() not in ("0", "off", "false", "no"),
         spans=os.environ.get("COLLTRACE_SPANS", "").strip().lower() not in ("0", "off", "false", "no"),
+        share_group=os.environ.get("COLLTRACE_SHARE", "").strip().lower() == "group",
     )
 
 

@@ -93,3 +93,46 @@ def test_hard_inputs_get_an_answer_or_one_line(tmp_path: Path) -> None:
     for spec in ("0-99999999999", "5-3"):
         out = _colltrace("dump", str(FIXTURES / "healthy"), "--rank", spec, cwd=tmp_path)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and out.stdout == ""
+
+
+def _copy_rank(src: Path, r: int, dst: Path, as_rank: int) -> None:
+    for suffix in (".jsonl", ".ring", ".spans", ".fault"):
+        f = src / f"rank{r:05d}{suffix}"
+        if f.exists():
+            shutil.copy(f, dst / f"rank{as_rank:05d}{suffix}")
+
+
+def test_files_that_do_not_belong_together_are_refused_naming_them(tmp_path: Path) -> None:
+    cases: dict[str, str] = {}
+    dup = tmp_path / "dup"
+    shutil.copytree(FIXTURES / "healthy", dup)
+    shutil.copy(dup / "rank00002.jsonl", dup / "rank2.jsonl")
+    cases["dup"] = "two files for rank 2: rank00002.jsonl and rank2.jsonl"
+    moved = tmp_path / "moved"
+    shutil.copytree(FIXTURES / "healthy", moved)
+    _copy_rank(moved, 1, moved, 2)  # rank 1's files under rank 2's number
+    cases["moved"] = "rank00002.jsonl holds the trace of rank 1"
+    stray = tmp_path / "stray"
+    shutil.copytree(FIXTURES / "healthy", stray)
+    _copy_rank(FIXTURES / "cross_group_deadlock", 3, stray, 3)  # a 4-rank job's rank 3
+    cases["stray"] = "disagree on the world size"
+    mixed = tmp_path / "mixed"
+    shutil.copytree(FIXTURES / "healthy", mixed)
+    _copy_rank(FIXTURES / "straggler", 2, mixed, 2)  # another 3-rank run's rank 2
+    cases["mixed"] = "files of different runs"
+    for name, want in cases.items():
+        out = _colltrace("report", str(tmp_path / name), cwd=tmp_path)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, (name, out.stderr)
+        assert want in out.stderr, (name, out.stderr)
+
+
+def test_trace_files_are_the_users_only_unless_shared_with_the_group(tmp_path: Path) -> None:
+    from colltrace.trace.writer import TraceWriter
+
+    for share, file_mode, dir_mode in ((False, 0o600, 0o700), (True, 0o640, 0o750)):
+        run = tmp_path / f"run-{share}"
+        w = TraceWriter(str(run), 0, 16, False, {"world_size": 1}, share_group=share)
+        w.close() if hasattr(w, "close") else None
+        assert os.stat(run).st_mode & 0o777 == dir_mode
+        for f in run.iterdir():
+            assert os.stat(f).st_mode & 0o777 == file_mode, f.name

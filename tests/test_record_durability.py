@@ -139,7 +139,7 @@ def test_ring_keeps_a_bounded_tail_and_full_mode_keeps_everything(tmp_path: Path
         "dist.destroy_process_group()\n"
     )
     for mode, kept in (("ring", list(range(35, 51))), ("full", list(range(1, 51)))):
-        out = tmp_path / mode
+        out = tmp_path / f"single-{mode}"  # not ring/: the 2-rank run's rank 1 would be left beside it
         env = job_env(out, COLLTRACE_RING="16", COLLTRACE_MODE=mode, PORT=str(_free_port()))
         proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]

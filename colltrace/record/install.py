@@ -108,7 +108,7 @@ def start_recording() -> None:
             "hang_s": cfg.hang_s,
             "unseen": _unseen(cfg),
         }
-        writer = TraceWriter(run_dir, rank, cfg.ring, cfg.full, header)
+        writer = TraceWriter(run_dir, rank, cfg.ring, cfg.full, header, share_group=cfg.share_group)
         rec = Recorder(writer, default_pg, CONTEXT, backend_seq=cfg.backend_seq)
         rec.non_member = getattr(c10d.GroupMember, "NON_GROUP_MEMBER", object())
         rec._group(default_pg)

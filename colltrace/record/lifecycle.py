@@ -175,7 +175,9 @@ class Lifecycle:
         if faulthandler.is_enabled():
             return  # the user's own faulthandler keeps its file
         try:
-            self._fault_file = open(path, "w")  # noqa: SIM115 - must stay open for the process's life
+            mode = getattr(self.recorder.writer, "file_mode", 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            self._fault_file = os.fdopen(fd, "w")  # must stay open for the process's life
             faulthandler.enable(file=self._fault_file, all_threads=True)
         except Exception:
             pass

@@ -36,11 +36,73 @@ def find_rank_files(run_dir: str) -> dict[int, str]:
     if not os.path.isdir(run_dir):
         raise TraceError(f"{run_dir}: {'not a directory' if os.path.exists(run_dir) else 'no such directory'}")
     out: dict[int, str] = {}
-    for path in glob.glob(os.path.join(glob.escape(run_dir), "rank*.jsonl")):  # PBS: job-4711[3].pbs01
+    for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), "rank*.jsonl"))):  # PBS: job-4711[3].pbs01
         m = _RANK_FILE.search(os.path.basename(path))
         if m:
-            out[int(m.group(1))] = path
+            rank = int(m.group(1))
+            if rank in out:
+                raise TraceError(f"{run_dir}: two files for rank {rank}: {os.path.basename(out[rank])} and "
+                                 f"{os.path.basename(path)}")  # fmt: skip
+            out[rank] = path
     return out
+
+
+def _belong_together(run_dir: str, ranks: dict[int, RankTrace]) -> None:
+    """The files are one run's: each header's rank is its file's, one world size, every rank below it, one
+    recorded run directory. Otherwise a one-line error naming the files (no confident answer on a mix)."""
+
+    def name(r: int) -> str:
+        return schema.EVENTS_NAME.format(rank=r)
+
+    for r, rt in sorted(ranks.items()):
+        said = rt.header.get("rank")
+        if isinstance(said, int) and said != r:
+            raise TraceError(f"{run_dir}: {name(r)} holds the trace of rank {said} (copied under another number?)")
+    worlds: dict[int, list[int]] = {}
+    for r, rt in sorted(ranks.items()):
+        if isinstance(rt.header.get("world_size"), int) and rt.world_size > 0:
+            worlds.setdefault(rt.world_size, []).append(r)
+    if len(worlds) > 1:
+        parts = ", ".join(f"{name(rs[0])} says {w}" for w, rs in sorted(worlds.items()))
+        raise TraceError(f"{run_dir}: the files disagree on the world size ({parts}): files of different jobs?")
+    if worlds:
+        (world,) = worlds
+        beyond = [r for r in ranks if r >= world]
+        if beyond:
+            raise TraceError(
+                f"{run_dir}: {name(min(beyond))} is rank {min(beyond)} of a {world}-rank job: a stray file?"
+            )
+    runs: dict[str, list[int]] = {}  # by the run directory's name as recorded (hosts may mount it elsewhere)
+    for r, rt in sorted(ranks.items()):
+        recorded = rt.header.get("run_dir")
+        if isinstance(recorded, str) and recorded:
+            runs.setdefault(os.path.basename(os.path.normpath(recorded)), []).append(r)
+    if len(runs) > 1:
+        parts = ", ".join(f"{name(rs[0])} from {d}" for d, rs in sorted(runs.items(), key=lambda kv: kv[1]))
+        raise TraceError(f"{run_dir}: files of different runs ({parts})")
+    parents: dict[tuple[str, object], list[int]] = {}  # one launch per host: torchrun's agent, mp's parent
+    for r, rt in sorted(ranks.items()):
+        if rt.header.get("launcher") in ("torchrun", "multiprocessing") and rt.header.get("ppid"):
+            parents.setdefault((rt.host, rt.header.get("ppid")), []).append(r)
+    hosts: dict[str, list[list[int]]] = {}
+    for (host, _), rs in parents.items():
+        hosts.setdefault(host, []).append(rs)
+    for host, launches in hosts.items():
+        if len(launches) > 1:
+            a, b = sorted(launches)[:2]
+            raise TraceError(f"{run_dir}: files of different runs ({name(a[0])} and {name(b[0])} were started by "
+                             f"different launchers on host {host})")  # fmt: skip
+    starts = {r: int(rt.header["clock"].get("wall_ns") or 0) for r, rt in ranks.items()
+              if isinstance(rt.header.get("clock"), dict)}  # fmt: skip
+    if len(starts) > 1:
+        first, last = min(starts, key=starts.__getitem__), max(starts, key=starts.__getitem__)
+        if starts[last] - starts[first] > _ONE_RUN_NS:
+            hours = (starts[last] - starts[first]) / 3.6e12
+            raise TraceError(f"{run_dir}: files of different runs ({name(first)} and {name(last)} started "
+                             f"{hours:.1f} h apart): an old run's files left in the directory?")  # fmt: skip
+
+
+_ONE_RUN_NS = 15 * 60 * 10**9  # the ranks of one run start within minutes of each other
 
 
 def _regular(path: str) -> None:
@@ -398,6 +460,7 @@ def read_run(run_dir: str) -> Run:
             problems.append(f"rank {rank}: {e}")
     if not ranks:
         raise TraceError(problems[0] if problems else f"{run_dir}: no readable rank")
+    _belong_together(run_dir, ranks)
     world = max((rt.world_size for rt in ranks.values()), default=0)
     world = max(world, max(ranks) + 1)
     missing = [r for r in range(world) if r not in ranks]

@@ -53,13 +53,13 @@ class Ring:
     """Fixed-size slots in an mmap'd file, appended by idx: wraps in ring mode, grows in full mode.
     Thread-safe; appending takes no lock."""
 
-    def __init__(self, path: str, capacity: int, full: bool) -> None:
+    def __init__(self, path: str, capacity: int, full: bool, mode: int = 0o600) -> None:
         self.full = full
         self._lock = threading.Lock()
         self.counter = itertools.count()
         self.last_idx = -1
         self.capacity = max(16, int(capacity))
-        self._ring_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._ring_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
         self._map(self.capacity)
 
     # -- ring ------------------------------------------------------------------------------
@@ -181,15 +181,18 @@ class TraceWriter(Ring):
     slot layout) and the JSON-lines sidecar of rare events. Thread-safe; the hot path takes no lock."""
 
     def __init__(
-        self, run_dir: str, rank: int, capacity: int, full: bool, header: dict[str, Any], span_capacity: int = 0
-    ) -> None:
-        os.makedirs(run_dir, exist_ok=True)
+        self, run_dir: str, rank: int, capacity: int, full: bool, header: dict[str, Any], span_capacity: int = 0,
+        share_group: bool = False,
+    ) -> None:  # fmt: skip
+        # the trace holds stacks, host names, paths and the environment: the job's user only, unless asked
+        self.file_mode, dir_mode = (0o640, 0o750) if share_group else (0o600, 0o700)
+        os.makedirs(run_dir, mode=dir_mode, exist_ok=True)
         self.run_dir = run_dir
         self.rank = rank
         self._strings: dict[str, int] = {"": 0}
         self._strings_lock = threading.Lock()
         events_path = os.path.join(run_dir, schema.EVENTS_NAME.format(rank=rank))
-        self._events_fd = os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self._events_fd = os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, self.file_mode)
         self.fault_path = os.path.join(run_dir, schema.FAULT_NAME.format(rank=rank))
         capacity = max(16, int(capacity))
         span_capacity = max(16, int(span_capacity or capacity))
@@ -203,8 +206,9 @@ class TraceWriter(Ring):
             spans={"capacity": span_capacity},
         )
         self.event(header)
-        super().__init__(os.path.join(run_dir, schema.RING_NAME.format(rank=rank)), capacity, full)
-        self.spans = Ring(os.path.join(run_dir, schema.SPANS_NAME.format(rank=rank)), span_capacity, full)
+        super().__init__(os.path.join(run_dir, schema.RING_NAME.format(rank=rank)), capacity, full, self.file_mode)
+        self.spans = Ring(os.path.join(run_dir, schema.SPANS_NAME.format(rank=rank)), span_capacity, full,
+                          self.file_mode)  # fmt: skip
 
     # -- strings and events ----------------------------------------------------------------
 
