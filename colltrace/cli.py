@@ -46,10 +46,22 @@ def _run_dir(given: str | None) -> str:
 
 def cmd_dump(args: argparse.Namespace) -> int:
     from colltrace.trace.dump import dump_lines
+    from colltrace.trace.reader import read_run
 
+    run_dir = _run_dir(args.run_dir)
+    ranks = _ranks(args.rank)
+    run = read_run(run_dir)  # bad input: an error before any output file exists
+    if ranks is not None:
+        absent = sorted(ranks - set(run.ranks))
+        if not ranks & set(run.ranks):
+            raise UsageError(f"--rank {args.rank!r}: no such rank in this run (ranks {_span(sorted(run.ranks))})")
+        if absent:
+            print(f"colltrace: no trace for rank(s) {_span(absent)}: left out", file=sys.stderr)
+    for r in run.problems:
+        print(f"colltrace: left out {r}", file=sys.stderr)
     stream = open(args.output, "wb") if args.output else sys.stdout.buffer  # noqa: SIM115
     try:
-        for line in dump_lines(_run_dir(args.run_dir), ranks=_ranks(args.rank)):
+        for line in dump_lines(run_dir, ranks=ranks, run=run):
             stream.write(line)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -59,6 +71,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
         else:
             stream.flush()
     return EXIT_OK
+
+
+def _span(rs: list[int]) -> str:
+    from colltrace.report.words import ranks_text
+
+    return ranks_text(rs).replace("ranks ", "").replace("rank ", "")
 
 
 MAX_RANK = 1 << 24  # no job has more ranks: a range beyond is a typo, not a request for gigabytes

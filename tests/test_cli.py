@@ -136,3 +136,15 @@ def test_trace_files_are_the_users_only_unless_shared_with_the_group(tmp_path: P
         assert os.stat(run).st_mode & 0o777 == dir_mode
         for f in run.iterdir():
             assert os.stat(f).st_mode & 0o777 == file_mode, f.name
+
+
+def test_dump_says_what_it_left_out_and_leaves_no_file_on_error(tmp_path: Path) -> None:
+    out = _colltrace("dump", str(FIXTURES / "healthy"), "--rank", "1,7", cwd=tmp_path)
+    assert out.returncode == 0 and out.stderr.strip() == "colltrace: no trace for rank(s) 7: left out"
+    assert {json.loads(line)["rank"] for line in out.stdout.splitlines()} == {1}
+    target = tmp_path / "out.jsonl"
+    for args in (["--rank", "9"], ["--rank", "x"]):
+        out = _colltrace("dump", str(FIXTURES / "healthy"), *args, "-o", str(target), cwd=tmp_path)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and not target.exists()
+    out = _colltrace("dump", str(tmp_path / "nope"), "-o", str(target), cwd=tmp_path)
+    assert out.returncode == 2 and not target.exists()

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from colltrace.trace.reader import read_run
-from colltrace.trace.records import Collective, RankTrace
+from colltrace.trace.records import Collective, RankTrace, Run
 
 try:
     import orjson
@@ -75,8 +75,8 @@ def backend_seqs(records: Iterable[Collective]) -> dict[int, int]:
     return out
 
 
-def dump_lines(run_dir: str, ranks: set[int] | None = None) -> Iterator[bytes]:
-    run = read_run(run_dir)
+def dump_lines(run_dir: str, ranks: set[int] | None = None, run: Run | None = None) -> Iterator[bytes]:
+    run = run if run is not None else read_run(run_dir)
     for rank, rt in sorted(run.ranks.items()):
         if ranks is not None and rank not in ranks:
             continue
