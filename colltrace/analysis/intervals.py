@@ -72,10 +72,6 @@ def totals_in(merged: list[Iv], windows: list[tuple[int, int]]) -> list[int]:
     return out
 
 
-def clip(merged: list[Iv], lo: int, hi: int) -> list[Iv]:
-    return intersect(merged, [(lo, hi)]) if lo < hi else []
-
-
 def depth(ivs: Iterable[Iv]) -> list[tuple[int, int]]:
     """How many intervals are open over time: [(t, count from t on)], one point per change."""
     ivs = [iv for iv in ivs if iv[1] > iv[0]]

@@ -320,16 +320,6 @@ def breakdown(
     return out
 
 
-def overlap(tl: Timeline, calls: Iterable[Call], lo: int | None = None, hi: int | None = None) -> Overlap:
-    """|comm ∩ compute| over merged intervals; compute is the compute spans less the host's blocked waits."""
-    comm = intervals.merge(_iv(tl, c.t0, c.t1) for c in calls)
-    compute = _compute(tl, waits(tl))
-    if lo is not None and hi is not None:
-        comm = intervals.clip(comm, lo, hi)
-        compute = intervals.clip(compute, lo, hi)
-    return Overlap(intervals.total(comm), intervals.total(intervals.intersect(comm, compute)), bool(tl.spans))
-
-
 def _compute(tl: Timeline, blocked: list[tuple[Iv, str]]) -> list[Iv]:
     spans = intervals.merge(_iv(tl, s.t0, s.t1) for s in tl.spans if s.kind in COMPUTE_SPANS)
     return intervals.subtract(spans, intervals.merge(b for b, _ in blocked))
@@ -339,10 +329,14 @@ def rank_timing(tl: Timeline) -> RankTiming:
     windows = step_windows(tl)
     blocked = waits(tl)
     per = breakdown(tl, windows, blocked)
-    comm = intervals.merge(_iv(tl, c.t0, c.t1) for c in tl.calls)
     compute = _compute(tl, blocked)
-    both = intervals.intersect(comm, compute)
     spans = bool(tl.spans)
+
+    def comm_of(calls: Iterable[Call]) -> list[Iv]:
+        return intervals.merge(_iv(tl, c.t0, c.t1) for c in calls)
+
+    comm = comm_of(tl.calls)
+    both = intervals.intersect(comm, compute)
     bounds = [(lo, hi) for _, lo, hi in windows]
     steps = [
         StepTime(step, lo, hi, ns, Overlap(c, o, spans))
@@ -355,7 +349,7 @@ def rank_timing(tl: Timeline) -> RankTiming:
         by_group[call.group].append(call)
     groups = {}
     for g, cs in sorted(by_group.items()):
-        gc = intervals.merge(_iv(tl, c.t0, c.t1) for c in cs)
+        gc = comm_of(cs)
         groups[g] = Overlap(intervals.total(gc), intervals.total(intervals.intersect(gc, compute)), spans)
     ag = [_iv(tl, c.t0, c.t1) for c in tl.calls if op_family(c.op) == "all_gather"]
     rs = [_iv(tl, c.t0, c.t1) for c in tl.calls if op_family(c.op) == "reduce_scatter"]

@@ -84,10 +84,10 @@ class FsdpAdapters(Adapter):
 
         ctx = self.ctx
 
-        def begin(obj: Any, what: str, module: str, flavour: str = "") -> None:
+        def begin(obj: Any, what: str, module: str) -> None:
             sp = TRACER.spans
             if sp is not None:
-                obj._colltrace_span = sp.begin(what, module, flavour)
+                obj._colltrace_span = sp.begin(what, module)
 
         def end(obj: Any) -> None:
             idx = obj.__dict__.pop("_colltrace_span", -1)
@@ -102,10 +102,11 @@ class FsdpAdapters(Adapter):
         def make_pre_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def _pre_forward(state: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
                 try:
+                    sp = TRACER.spans
                     # a compiled module runs its hooks inside the graph TorchDynamo traces: step aside
-                    if TRACER.spans is not None and not compiling():
+                    if sp is not None and not compiling():
                         what, mode = spans.forward_kind(ctx, module)
-                        begin(state, what, ctx.module_name(module), mode)
+                        state._colltrace_span = sp.begin(what, ctx.module_name(module), mode)
                 except Exception as e:
                     TRACER.warn_once("recording FSDP forward spans failed", e)
                 return orig(state, module, *args, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from colltrace.analysis import timing as tmg
+from colltrace.analysis.causes import straggler_evidence
 from colltrace.analysis.results import Diagnosis, RankEnd
 from colltrace.analysis.streams import Signature
 from colltrace.report import words
@@ -129,14 +130,6 @@ def _ms(ns: float | None, digits: int = 3) -> float | None:
     return None if ns is None else round(ns / 1e6, digits)
 
 
-def _labels(run: Run) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for rt in run.ranks.values():
-        for name, g in rt.groups.items():
-            out.setdefault(name, g.label)
-    return out
-
-
 def _overlap(o: tmg.Overlap) -> dict[str, Any]:
     ratio = o.ratio
     return {"ratio": None if ratio is None else round(ratio, 4), "comm_ms": _ms(o.comm_ns),
@@ -144,8 +137,6 @@ def _overlap(o: tmg.Overlap) -> dict[str, Any]:
 
 
 def straggler_entry(s: tmg.Straggler) -> dict[str, Any]:
-    from colltrace.analysis.causes import straggler_evidence
-
     return {
         "rank": s.rank,
         "last_arrivals": s.last_arrivals,
@@ -165,7 +156,7 @@ def timing(run: Run, tm: tmg.Timing | None) -> dict[str, Any]:
     if tm is None:
         return {"steps": None, "overlap": None, "stragglers": [], "straggler": None, "skew": None, "bandwidth": [],
                 "clock": None}  # fmt: skip
-    labels = _labels(run)
+    labels = run.group_labels()
     steps = {}
     overlap = {}
     for r, rt in tm.ranks.items():

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from colltrace.analysis import intervals
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
 from colltrace.analysis.timeline import Timeline
@@ -92,13 +93,13 @@ def export(run: Run, window: Window = Window(), dx: Diagnosis | None = None) -> 
     dx = dx or diagnose(run)
     tm = dx.timing
     lines = tm.lines if tm is not None else {}
-    window = _default_window(lines, window, dx)
+    window = _default_window(run, lines, window, dx)
     keep = {r: tl for r, tl in lines.items() if window.ranks is None or r in window.ranks}
     times = [c.t0 for tl in keep.values() for c in tl.calls if window.keeps(c.step)]
     times += [s.t0 for tl in keep.values() for s in tl.spans if window.keeps(s.step)]
     origin = min(times, default=0)
     ev = _Events(origin, window.max_events)
-    labels = {name: g.label for rt in run.ranks.values() for name, g in rt.groups.items()}
+    labels = run.group_labels()
     flows: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)  # (t0, pid, tid) per collective
     for r, tl in keep.items():
         _rank(ev, r, tl, window, labels, flows)
@@ -138,12 +139,10 @@ def last_steps(run: Run, w: Window, n: int) -> Window:
     return Window(max(0, last_step(run) - n + 1), None, w.ranks, w.max_events)
 
 
-def _default_window(lines: dict[int, Timeline], w: Window, dx: Diagnosis) -> Window:
+def _default_window(run: Run, lines: dict[int, Timeline], w: Window, dx: Diagnosis) -> Window:
     first, last, ranks = w.first, w.last, w.ranks
     if first is None and last is None:
-        top = max((c.step for tl in lines.values() for c in tl.calls[-1:]), default=0)
-        top = max([top] + [s.step for tl in lines.values() for s in tl.spans[-1:]])
-        first = max(0, top - DEFAULT_LAST_STEPS + 1)
+        first = max(0, last_step(run) - DEFAULT_LAST_STEPS + 1)
     if ranks is None and len(lines) > DEFAULT_MAX_RANKS:
         ranks = frozenset(sorted(lines)[:DEFAULT_MAX_RANKS]) | frozenset(dx.culprits)
     return Window(first, last, ranks, w.max_events)
@@ -188,13 +187,8 @@ def _rank(
                 flows[(group, c.seq)].append((c.t0, r, tid + lane))
         tid += max(call_lanes, default=0) + 1
     # all-gathers in flight, as a counter track
-    edges = sorted(
-        [(c.t0, 1) for cs in by_group.values() for c in cs if op_family(c.op) == "all_gather"]
-        + [(tl.end(c.t1), -1) for cs in by_group.values() for c in cs if op_family(c.op) == "all_gather"]
-    )
-    n = 0
-    for t, d in edges:
-        n += d
+    gathers = [(c.t0, tl.end(c.t1)) for cs in by_group.values() for c in cs if op_family(c.op) == "all_gather"]
+    for t, n in intervals.depth(gathers):
         ev.out.append({"ph": "C", "pid": r, "name": "all-gathers in flight", "ts": ev.us(t), "args": {"n": n}})
 
 

@@ -154,3 +154,11 @@ class Run:
     world_size: int
     missing: list[int]
     problems: list[str] = field(default_factory=list)  # what the reader could not read, in words
+
+    def group_labels(self) -> dict[str, str]:
+        """Group name -> its label (GroupInfo.label), as the first rank that knows the group has it."""
+        out: dict[str, str] = {}
+        for rt in self.ranks.values():
+            for name, g in rt.groups.items():
+                out.setdefault(name, g.label)
+        return out

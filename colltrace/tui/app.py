@@ -519,9 +519,7 @@ class CollTraceApp(App[None]):
             rows.append(f"  r{r:<5} issued +{_ms((same.t0 - model.t_min) / 1e6):>9}  took {done:>9}  "
                         f"waited {_ms(same.wait_ns / 1e6):>8}  {same.module or '-'} {same.phase or '-'} step {same.step}")  # fmt: skip
         skew = _ms((max(issued) - min(issued)) / 1e6) if len(issued) > 1 else "—"
-        label = next(
-            (g.label for rt in model.run.ranks.values() for n, g in rt.groups.items() if n == c.group), c.group
-        )
+        label = model.run.group_labels().get(c.group, c.group)
         head = f"{c.op} on {label} seq {c.seq}: {c.nbytes or 0} bytes, arrival skew {skew}"
         return head + "\n\n" + "\n".join(rows)
 
