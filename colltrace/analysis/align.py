@@ -174,7 +174,8 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
 
 
 def _compare(x: Divergence, y: Divergence, streams: dict[int, RankStreams]) -> int:
-    """Earlier divergence first: by one rank's own record order where a rank has both, else by issue time."""
+    """Earlier divergence first: by one rank's own record order where a rank has both, or where a rank issued
+    one and never the other; else by issue time."""
     if x.kind == "membership" or y.kind == "membership":
         return (x.kind != "membership") - (y.kind != "membership")
     xi = {a.rank: a.idx for a in x.at if a.idx >= 0}
@@ -182,6 +183,13 @@ def _compare(x: Divergence, y: Divergence, streams: dict[int, RankStreams]) -> i
     for r in sorted(xi.keys() & yi.keys()):
         if xi[r] != yi[r]:
             return -1 if xi[r] < yi[r] else 1
+    # a rank that issued one and never the other (blocked in the first, it never got to the second): its order
+    x_missing = {a.rank for a in x.at if a.idx < 0 and a.visible}
+    y_missing = {a.rank for a in y.at if a.idx < 0 and a.visible}
+    if x_missing & yi.keys() and not y_missing & xi.keys():
+        return 1
+    if y_missing & xi.keys() and not x_missing & yi.keys():
+        return -1
     return (_time(x, streams) > _time(y, streams)) - (_time(x, streams) < _time(y, streams))
 
 

@@ -95,11 +95,27 @@ def _stuck(f: Facts) -> Finding | None:
     return Finding(causes.pop(), Confidence.MEDIUM, tuple(ev))
 
 
+def _victim_step(f: Facts) -> int | None:
+    """The step the victims were in at the divergent seq (optimizer steps they had completed)."""
+    if f.d is None:
+        return None
+    steps = [a.step for a in f.d.at if a.rank in f.victims and a.sig is not None and a.step is not None]
+    return max(steps) if steps else None
+
+
+def _past(f: Facts, rank: int) -> bool:
+    """The rank completed the very step the victims are blocked in (its optimizer step ran)."""
+    step = _victim_step(f)
+    return step is not None and rank in f.ends and f.ends[rank].steps > step
+
+
 def _ran_out(f: Facts, rank: int) -> bool:
     """The rank's data ran out before the others': its DataLoader iterator ended while theirs had not
     (every rank's ends when a loop finishes normally); without a DataLoader in the trace, it exited
-    cleanly while they went on."""
+    cleanly while they went on. Never a rank that completed the step the others are blocked in."""
     e = f.ends[rank]
+    if _past(f, rank):
+        return False
     others = [f.ends[v].out_of_data for v in f.victims if v in f.ends]
     if e.out_of_data:
         return not (others and all(others))
@@ -205,6 +221,10 @@ def find(f: Facts) -> Finding:
     modules = {s.module for s in sigs}
     same_module = len(modules) == 1 and len({s.op for s in sigs}) == 1
     grad = bool(sigs) and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs)
+    if grad and d.kind is Kind.MISSING and f.culprits and all(_past(f, r) for r in f.culprits):
+        # it ran the backward of the step the others wait in, and its optimizer step, without their reduction
+        said = Evidence(Clue.GRAD_SKIPPED, f.culprits, str(_victim_step(f)))
+        return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (said, Evidence(Clue.GRAD_REDUCTION, f.culprits)))
     if grad and f.deviates and d.kind in (Kind.NUMEL, Kind.MODULE, Kind.OP):
         # gradient reductions that changed from the culprit's own earlier steps: parameters without gradients
         return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))

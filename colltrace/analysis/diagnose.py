@@ -89,7 +89,26 @@ def diagnose(run: Run) -> Diagnosis:
         unseen=unseen(run),
         context=context(d, streams, table),
         timing=tm,
+        call_sites=call_sites(run, d),
     )
+
+
+def call_sites(run: Run, d: Divergence | None) -> tuple[tuple[tuple[int, ...], str], ...]:
+    """The user's call site of the divergent collective, read from one record per class of ranks."""
+    if d is None:
+        return ()
+    at = {a.rank: a for a in d.at}
+    out: dict[str, list[int]] = {}
+    for cls in d.classes:
+        for r in cls:
+            a, rt = at.get(r), run.ranks.get(r)
+            if a is None or a.idx < 0 or rt is None:
+                continue
+            rec = states.record(rt, a.idx)
+            if rec is not None and rec.site:
+                out.setdefault(rec.site, []).extend(cls)
+            break
+    return tuple((tuple(sorted(rs)), site) for site, rs in out.items())
 
 
 def context(

@@ -44,6 +44,7 @@ class Clue(str, enum.Enum):
     RECOMPUTE = "recompute"  # the divergent records are in activation-checkpoint recompute
     DDP_UNREDUCED = "ddp_unreduced"  # DDP raised: parameters got no gradient on the rank (detail: their indices)
     GRAD_REDUCTION = "grad_reduction"  # the divergent records are gradient reductions in backward
+    GRAD_SKIPPED = "grad_skipped"  # the culprit completed the step the others wait in, without that reduction
     EVAL_FORWARD = "eval_forward"  # the culprit ran a forward without gradients / in eval mode (detail: mode)
     REPEATED_MODULE = "repeated_module"  # the culprit gathered a module more often than in its earlier steps
     LEFT_LOOP = "left_loop"  # the culprit stopped issuing training-step collectives at a step boundary
@@ -136,3 +137,5 @@ class Diagnosis:
     unseen: tuple[str, ...]  # what the traces could not show (missing files, dropped records, torn slots)
     context: tuple[ContextRow, ...] = ()  # a few seqs before and at the divergence
     timing: Timing | None = None  # where each rank's time went: steps, overlap, stragglers, clocks
+    # where the divergent collective was issued: (ranks, "file:line in func") per class of ranks that issued it
+    call_sites: tuple[tuple[tuple[int, ...], str], ...] = ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -234,7 +235,8 @@ class Recorder:
             flags |= schema.FLAG_DEVICE
         if root is None and groot is not None:
             root = g.ranks[groot] if 0 <= groot < len(g.ranks) else groot
-        head, mid, peer = self._pack_static(spec, flags, g, inp, out, redop, root, *attribution)
+        site = self.writer.site(call_site())
+        head, mid, peer = self._pack_static(spec, flags, site, g, inp, out, redop, root, *attribution)
         counter = g
         if spec.kind == schema.KIND_P2P:  # numbered per (group, peer); pg None: read the backend seq every time
             counter = self._p2p.get((id(pg), peer)) or self._p2p.setdefault((id(pg), peer), _Seq(None, g.sid, ()))
@@ -247,7 +249,7 @@ class Recorder:
         return static
 
     def _pack_static(
-        self, spec: OpSpec, flags: int, g: _Seq, inp: Any, out: Any, redop: Any, root: Any,
+        self, spec: OpSpec, flags: int, site: int, g: _Seq, inp: Any, out: Any, redop: Any, root: Any,
         module: str, phase: str, flavour: str,
     ) -> tuple[bytes, bytes, int]:  # fmt: skip
         """The per-call-site part of a slot, as two byte strings (see Ring.append_static)."""
@@ -262,7 +264,7 @@ class Recorder:
         peer = int(root) if root is not None else -1
         sid = self.sid
         head = STATIC_HEAD.pack(
-            spec.kind, flags, 0, self._tid(), g.sid, sid(spec.name), dtype,
+            spec.kind, flags, site, self._tid(), g.sid, sid(spec.name), dtype,
             self._redop(redop) if redop is not None else 0, sid(module), sid(phase), sid(flavour), shape,
         )  # fmt: skip
         return head, STATIC_MID.pack(-1, numel_in, numel_out, peer), peer
@@ -449,6 +451,44 @@ class Recorder:
                     return
         self.writer.complete(idx, t, flags | schema.FLAG_DONE | err)
         self.last_progress_ns = t
+
+
+_LIBRARY_DIRS: tuple[str, ...] = ()
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Where the frames that are not the user's live: colltrace's recorder, torch and the frameworks on it."""
+    global _LIBRARY_DIRS
+    if not _LIBRARY_DIRS:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        dirs = [os.path.join(here, "record") + os.sep, os.path.join(here, "trace") + os.sep]
+        for name in ("torch", "deepspeed", "accelerate", "transformers"):
+            path = getattr(sys.modules.get(name), "__file__", None)
+            if path:
+                dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+        _LIBRARY_DIRS = tuple(dirs)
+    return _LIBRARY_DIRS
+
+
+def call_site() -> str:
+    """The innermost frame outside the libraries and the stdlib: "file:line in func", or "" when every
+    frame is theirs (a collective issued from an autograd device thread). Cold: once per new kind of call."""
+    try:
+        skip = _library_dirs()
+        f: Any = sys._getframe(1)
+        while f is not None:
+            code = f.f_code
+            name = code.co_filename
+            ours = name.startswith("<") or name.startswith(skip)
+            if not ours and name.startswith(_STDLIB):
+                ours = "-packages" + os.sep not in name  # the stdlib's, not an installed package's
+            if not ours:
+                return f"{name}:{f.f_lineno} in {code.co_name}"
+            f = f.f_back
+    except Exception:  # the attribution never breaks the call
+        pass
+    return ""
 
 
 def describe_group(pg: Any) -> tuple[str, str, tuple[int, ...], str]:

@@ -42,6 +42,7 @@ def _collective(c: Collective | None) -> dict[str, Any] | None:
         "module": c.module or None,
         "phase": c.phase or None,
         "flavour": c.flavour or None,
+        "site": c.site or None,
         "step": c.step,
         "status": "error" if c.error else ("in_flight" if c.in_flight else "done"),
     }
@@ -92,6 +93,7 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
             "kind": d.kind.value,
             "ranks": {str(a.rank): _sig(a.sig, a.step) for a in d.at},
             "not_visible": [a.rank for a in d.at if not a.visible],
+            "call_sites": [{"ranks": list(rs), "site": site} for rs, site in dx.call_sites],
         }
     cause = None
     if dx.finding is not None:

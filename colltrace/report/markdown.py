@@ -84,6 +84,10 @@ def _ranks(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def _culprits_first(sites: list[dict[str, Any]], dx: Diagnosis) -> list[dict[str, Any]]:
+    return sorted(sites, key=lambda cs: not set(cs["ranks"]) & set(dx.culprits))
+
+
 def _stacks(report: dict[str, Any], culprits: list[int]) -> list[str]:
     out = []
     for r in culprits:
@@ -192,6 +196,10 @@ def render(report: dict[str, Any], dx: Diagnosis, stacks: str = "culprits") -> s
     if d is not None:
         where = f"seq {d['seq']}" if d["seq"] is not None else "group creation"
         out.append(f"- **First divergence:** {d['group']} (group {d['group_name']}), {where}, kind `{d['kind']}`")
+        if d["call_sites"]:
+            out.append("- **Issued at:** " + "; ".join(
+                f"{words.ranks_text(cs['ranks'])}: `{cs['site']}`" for cs in _culprits_first(d["call_sites"], dx)
+            ))  # fmt: skip
     if report["deadlock_cycle"]:
         out.append(f"- **Deadlock cycle:** {words.ranks_text(report['deadlock_cycle'])}")
     cause = report["cause"]

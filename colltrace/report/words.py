@@ -95,6 +95,8 @@ def evidence_text(e: Evidence) -> str:
         + (f" (indices {detail})" if detail else "")
         + ", so the gradient bucket holding them was never reduced",
         Clue.GRAD_REDUCTION: "the divergent collectives are gradient reductions in backward",
+        Clue.GRAD_SKIPPED: f"{who} completed step {detail} (its backward and optimizer step) without the gradient "
+        "reduction the others wait for in that step: it did not run out of data",
         Clue.EVAL_FORWARD: f"{who} ran a forward without gradients ({detail}: an evaluation pass) in this step, "
         "which the others did not",
         Clue.REPEATED_MODULE: f"{who} gathered {detail} more often in this step than in its previous step",

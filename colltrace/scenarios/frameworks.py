@@ -185,3 +185,46 @@ def ddp_unused(job: Job) -> None:
         opt.step()
         opt.zero_grad()
     job.finish()
+
+
+# -- ddp_unused_last: the same, at the culprit's last step ------------------------------------------
+
+
+def _ddp_last_truth(world: int) -> Truth:
+    seq = DDP_INIT + (DDP_STEPS - 1) * DDP_BUCKETS + 1
+    return Truth(
+        Verdict.HANG, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.UNUSED_PARAMS,
+        f"Rank {world - 1}'s outlier batch comes in its last step ({DDP_STEPS - 1}): blocks.1's side branch gets "
+        "no gradient, DDP never reduces the bucket that holds it, and the rank ends its loop and exits cleanly "
+        "after as many steps as the others, with its backward done. The others wait in that bucket's all-reduce "
+        f"(seq {seq}). It did not run out of data: it skipped a gradient reduction of a backward it ran.",
+    )  # fmt: skip
+
+
+@scenario("ddp_unused_last", "DDP: a parameter gets no gradient on one rank in its last step, which then exits",
+          truth=_ddp_last_truth, framework="ddp")  # fmt: skip
+def ddp_unused_last(job: Job) -> None:
+    """ddp_unused with the outlier batch in the culprit's last step: DDP has no next forward to raise in,
+    so the culprit exits cleanly while the others wait for the bucket it never reduced.
+
+    Stands for: a data-dependent unused parameter that strikes at the end of an epoch or of the run.
+    Right diagnosis: hang, culprit the rank that exited, missing at the last step's bucket all-reduce, cause
+    unused_params (its backward ran, its reduction did not: not uneven_data, it ran as many steps).
+    """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from colltrace.scenarios.job import is_outlier
+    from colltrace.scenarios.model import TinyNet, loss_fn
+
+    job.init()
+    torch.manual_seed(0)
+    net = TinyNet(BLOCKS, aux=True)
+    net.aux_off = lambda x: {1} if is_outlier(x) else set()  # the bug: blocks.1's side branch unused on outliers
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in job.loader(DDP_STEPS, lambda step: job.outlier_batch(step, DDP_STEPS - 1)):
+        loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    job.finish()

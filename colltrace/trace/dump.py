@@ -44,6 +44,7 @@ def record_dict(rt: RankTrace, r: Collective) -> dict[str, Any]:
         "module": r.module or None,
         "phase": r.phase,
         "flavour": r.flavour or None,
+        "site": r.site or None,
         "step": r.step,
         "micro_step": r.micro_step,
         "t_issue_ns": r.t_issue_ns,

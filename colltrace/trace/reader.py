@@ -244,12 +244,15 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
             f"(reads up to {schema.SCHEMA_VERSION}); upgrade colltrace"
         )
     strings: dict[int, str] = {0: ""}
+    sites: dict[int, str] = {0: ""}
     groups: dict[str, GroupInfo] = {}
     rt = RankTrace(rank=rank, header=header, records=[], groups=groups, state=RankState.KILLED, torn=torn)
     for ev in events[1:]:
         kind = ev.get("ev")
         if kind == schema.EV_STR:
             strings[int(ev["id"])] = str(ev["s"])
+        elif kind == schema.EV_SITE:
+            sites[int(ev["id"])] = str(ev["s"])
         elif kind == schema.EV_GROUP:
             name = str(ev.get("name", ""))
             groups[name] = GroupInfo(
@@ -281,7 +284,7 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
     offset = _clock_offset(header)
     info = ring_info(ring_path) if os.path.exists(ring_path) else None
     if info is not None:
-        view = RecordView(rank, ring_path, info, strings, offset)
+        view = RecordView(rank, ring_path, info, strings, offset, sites)
         rt.records = view
         rt.dropped = info.first  # overwritten by the ring before the end
     spans_path = events_path[: -len(".jsonl")] + ".spans"
@@ -306,18 +309,23 @@ class RecordView(Sequence[Collective]):
     for analysis: slot tuples with string ids unresolved (see `strings`).
     """
 
-    def __init__(self, rank: int, ring_path: str, info: RingInfo, strings: dict[int, str], offset: int) -> None:
+    def __init__(
+        self, rank: int, ring_path: str, info: RingInfo, strings: dict[int, str], offset: int,
+        sites: dict[int, str] | None = None,
+    ) -> None:  # fmt: skip
         self.rank = rank
         self.ring_path = ring_path
         self.info = info
         self.strings = strings
         self.offset = offset  # monotonic -> wall clock
+        self.sites = sites or {}  # call-site ids (schema.EV_SITE) -> "file:line in func"
         self._idxs: array[int] | None = None
 
     def tail(self, n: int) -> RecordView:
         """The same rank's last n records only."""
         first = max(self.info.first, self.info.last - n + 1)
-        return RecordView(self.rank, self.ring_path, self.info._replace(first=first), self.strings, self.offset)
+        return RecordView(self.rank, self.ring_path, self.info._replace(first=first), self.strings, self.offset,
+                          self.sites)  # fmt: skip
 
     def raw(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
         """(idx, slot tuple as in schema.SLOT_FIELDS) for every readable record, oldest first."""
@@ -331,13 +339,14 @@ class RecordView(Sequence[Collective]):
         s = self.strings.get
         off = self.offset
         (
-            _m, kind, flags, _pad, tid, group, op, dtype, redop, module, phase, flavour, shape,
+            _m, kind, flags, site, tid, group, op, dtype, redop, module, phase, flavour, shape,
             seq, bseq, nin, nout, peer, step, micro, t_issue, t_done, wait,
         ) = raw  # fmt: skip
         return Collective(
             self.rank, idx, schema.KIND_NAMES.get(kind, str(kind)), s(group, "?"), seq, bseq, s(op, "?"), nin, nout,
             s(shape, ""), s(dtype, ""), s(redop, ""), peer, s(module, ""), s(phase, ""), s(flavour, ""),
             step, micro, t_issue + off, (t_done + off) if t_done else None, wait, flags, tid,
+            self.sites.get(site, "") if site else "",
         )  # fmt: skip
 
     def undone(self) -> list[Collective]:

@@ -48,6 +48,7 @@ class Collective(NamedTuple):
     wait_ns: int
     flags: int
     tid: int
+    site: str = ""  # the user's frame that issued it, "file:line in func" (first call of its kind), "" unknown
 
     @property
     def in_flight(self) -> bool:

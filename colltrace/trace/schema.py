@@ -23,7 +23,7 @@ SLOT_FIELDS = (
     ("marker", "Q"),  # idx + 1; 0 = never written
     ("kind", "B"),  # KIND_*
     ("flags", "B"),  # FLAG_*
-    ("pad", "H"),
+    ("site", "H"),  # id into the rank's call-site table (the `site` events), 0 = unknown
     ("tid", "I"),  # small per-rank thread number (0 = the first thread seen)
     ("group", "I"),  # str id: process group name (pg.group_name)
     ("op", "I"),  # str id: op name, e.g. all_gather_single
@@ -123,6 +123,8 @@ FAULT_NAME = "rank{rank:05d}.fault"
 # Event types of the sidecar (one JSON object per line, key "ev").
 EV_HEADER = "header"  # first line
 EV_STR = "str"  # string table entry: {"id": n, "s": text}
+EV_SITE = "site"  # call-site table entry: {"id": n, "s": "file:line in func"} (the user's frame issuing a call)
+SITES_MAX = 0xFFFF  # site ids fit the slot's 16 bits; sites past that many are recorded as unknown (0)
 EV_GROUP = "group"  # a process group seen or created
 EV_STEP = "step"  # an optimizer step completed
 EV_STACKS = "stacks"  # Python stacks of all threads (hang watchdog, signal)

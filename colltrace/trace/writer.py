@@ -191,6 +191,7 @@ class TraceWriter(Ring):
         self.rank = rank
         self._strings: dict[str, int] = {"": 0}
         self._strings_lock = threading.Lock()
+        self._sites: dict[str, int] = {"": 0}
         events_path = os.path.join(run_dir, schema.EVENTS_NAME.format(rank=rank))
         self._events_fd = os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, self.file_mode)
         self.fault_path = os.path.join(run_dir, schema.FAULT_NAME.format(rank=rank))
@@ -223,6 +224,21 @@ class TraceWriter(Ring):
                 # the string reaches the disk before any slot can refer to it
                 self.event({"ev": schema.EV_STR, "id": sid, "s": s})
                 self._strings[s] = sid
+        return sid
+
+    def site(self, s: str) -> int:
+        """The id of a call site (schema.EV_SITE), written to the sidecar the first time; 0 past SITES_MAX."""
+        sid = self._sites.get(s)
+        if sid is not None:
+            return sid
+        with self._strings_lock:
+            sid = self._sites.get(s)
+            if sid is None:
+                sid = len(self._sites)
+                if sid > schema.SITES_MAX:
+                    return 0
+                self.event({"ev": schema.EV_SITE, "id": sid, "s": s})
+                self._sites[s] = sid
         return sid
 
     def event(self, obj: dict[str, Any]) -> None:
