@@ -318,3 +318,37 @@ def test_confidence_is_low_where_the_evidence_is_thin(tmp_path: Path) -> None:
     dx = diagnose(read_run(str(tmp_path / "span")))
     assert dx.culprits == (2,) and dx.finding is not None
     assert (dx.finding.cause, dx.finding.confidence.value) == (Cause.STUCK_DATA_LOADING, "medium")
+
+
+def _ddp(run_dir: Path, culprit_steps: int, reduce_last: bool) -> None:
+    """DDP-like: one bucket all-reduce in each step's backward. Rank 1 runs `culprit_steps` steps (the last
+    one without its all-reduce unless `reduce_last`) and exits; rank 0 waits in step 2's all-reduce."""
+    rs = ranks(str(run_dir), 2)
+    for _ in range(2):
+        for r in rs:
+            r.coll("all_reduce", 1700, "", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    rs[0].coll("all_reduce", 1700, "", "backward", redop="SUM", done=False, error=True)
+    rs[0].error("RuntimeError", "[gloo] Timed out waiting 5000ms for recv operation to complete")
+    for _ in range(culprit_steps - 2):
+        if reduce_last:
+            rs[1].coll("all_reduce", 1700, "", "backward", redop="SUM")
+        rs[1].step += 1
+        rs[1].w.event({"ev": "step", "step": rs[1].step})
+    rs[1].footer()
+
+
+def test_rank_that_completed_the_step_without_its_reduction_is_unused_params_not_uneven_data(tmp_path: Path) -> None:
+    _ddp(tmp_path / "skipped", culprit_steps=3, reduce_last=False)
+    dx = diagnose(read_run(str(tmp_path / "skipped")))
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (3, Kind.MISSING)
+    assert dx.culprits == (1,) and dx.finding is not None
+    assert dx.finding.cause is Cause.UNUSED_PARAMS
+    assert [(e.clue.value, e.detail) for e in dx.finding.evidence if e.clue.value == "grad_skipped"] == [
+        ("grad_skipped", "2")
+    ]
+    # the same exit one step sooner: it never ran the step the other waits in, its data ran out
+    _ddp(tmp_path / "short", culprit_steps=2, reduce_last=False)
+    dx = diagnose(read_run(str(tmp_path / "short")))
+    assert dx.culprits == (1,) and dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA

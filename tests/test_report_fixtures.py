@@ -94,3 +94,23 @@ def test_ddp_names_the_parameters_that_got_no_gradient() -> None:
     assert report["cause"]["id"] == "unused_params" and report["cause"]["confidence"] == "high"
     (ev,) = [e for e in report["cause"]["evidence"] if e["clue"] == "ddp_unreduced"]
     assert ev["ranks"] == [2] and ev["detail"] == "6 7"
+
+
+# where the culprit issued its divergent collective, by the scenario's definition: (file, function)
+CALL_SITES = {
+    "metric_allreduce": ("divergence.py", "metric_allreduce"),  # the extra all_reduce in the loop body
+    "hsdp_metric": ("groups.py", "hsdp_metric"),
+    "tp_clip": ("groups.py", "tp_clip"),  # clip_grad_norm_, called from the loop body
+    "control_flow": ("model.py", "forward"),  # a block's all-gather, from TinyNet.forward's call of the block
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALL_SITES))
+def test_culprit_call_site_is_the_users_frame(name: str) -> None:
+    report = json.loads(run_report(str(FIXTURES / name), "json")[0])
+    culprit = report["culprit_ranks"][0]
+    (site,) = [cs["site"] for cs in report["first_divergence"]["call_sites"] if culprit in cs["ranks"]]
+    path, _, func = site.partition(" in ")
+    file, line = path.rsplit(":", 1)
+    assert (file.rsplit("/", 1)[-1], func) == CALL_SITES[name] and int(line) > 0
+    assert "/torch/" not in file and "/colltrace/record/" not in file

@@ -223,8 +223,8 @@ def find(f: Facts) -> Finding:
     grad = bool(sigs) and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs)
     if grad and d.kind is Kind.MISSING and f.culprits and all(_past(f, r) for r in f.culprits):
         # it ran the backward of the step the others wait in, and its optimizer step, without their reduction
-        said = Evidence(Clue.GRAD_SKIPPED, f.culprits, str(_victim_step(f)))
-        return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (said, Evidence(Clue.GRAD_REDUCTION, f.culprits)))
+        skipped = Evidence(Clue.GRAD_SKIPPED, f.culprits, str(_victim_step(f)))
+        return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (skipped, Evidence(Clue.GRAD_REDUCTION, f.culprits)))
     if grad and f.deviates and d.kind in (Kind.NUMEL, Kind.MODULE, Kind.OP):
         # gradient reductions that changed from the culprit's own earlier steps: parameters without gradients
         return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
