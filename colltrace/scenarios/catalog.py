@@ -16,7 +16,7 @@ class UnknownScenario(KeyError):
 ORDER = (
     "healthy", "healthy_accum", "straggler", "straggler_noisy", "slow_later",
     "control_flow", "eval_forward", "shared_module_calls", "unused_params", "recompute_mismatch", "dtype_mismatch", "numel_mismatch",
-    "metric_allreduce", "uneven_data", "rank_exception", "oom", "killed", "stuck_compute",
+    "metric_allreduce", "uneven_data", "rank_exception", "oom", "killed", "stuck_compute", "stuck_checkpoint",
     "group_misconfig", "cross_group_deadlock", "hsdp_metric", "tp_clip",
     "fsdp1", "deepspeed_zero3", "ddp_unused", "ddp_unused_last",
 )  # fmt: skip

@@ -229,3 +229,47 @@ def stuck_compute(job: Job) -> None:
     model.block(1).register_forward_pre_hook(solve)
     job.train(model, opt, STEPS, batches=lambda step: job.outlier_batch(step, BUG_STEP))
     job.finish()
+
+
+# -- stuck_checkpoint ---------------------------------------------------------------------------
+
+SAVE_STEP = 1  # the culprit saves its checkpoint after this many steps
+
+
+def _stuck_checkpoint_truth(world: int) -> Truth:
+    seq = sch.seq_of([_step()] * SAVE_STEP, 0)
+    return Truth(
+        Verdict.HANG, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.STUCK_CHECKPOINT_IO,
+        f"Rank {world - 1} writes its checkpoint after step {SAVE_STEP - 1} to a file system that never answers "
+        f"(torch.save blocks in open); the others start step {SAVE_STEP} and wait in the root's all-gather "
+        f"(seq {seq}) with no timeout until the scheduler kills the job. Its open checkpoint span says where.",
+    )  # fmt: skip
+
+
+@scenario("stuck_checkpoint", "a rank's checkpoint write never returns (a hung file system); killed",
+          truth=_stuck_checkpoint_truth, stop=Stop.KILL, gloo_timeout_s=1800.0)  # fmt: skip
+def stuck_checkpoint(job: Job) -> None:
+    """After its first optimizer step, the culprit saves its shard with torch.save to a path whose file
+    system hangs (here a FIFO nobody reads: open() blocks forever, as on a dead NFS or Lustre mount).
+
+    Stands for: per-rank checkpoint I/O to shared storage that stops answering; no collective times out
+    (long timeout), the scheduler's limit ends the job. Right diagnosis: hang, culprit the rank stuck
+    outside collectives in a checkpoint span, at the root's all-gather of the next step, cause
+    stuck_checkpoint_io.
+    """
+    import os
+    import tempfile
+
+    import torch
+
+    job.init()
+    model, opt = job.fsdp2_net(BLOCKS)
+    hung = os.path.join(tempfile.mkdtemp(prefix="colltrace-hung-fs-"), "ckpt.pt")
+    os.mkfifo(hung)  # the bug's stand-in: a write that never completes
+
+    def save(step: int) -> None:
+        if step == SAVE_STEP and job.rank == job.culprit:
+            torch.save({k: v.to_local() for k, v in model.state_dict().items()}, hung)
+
+    job.train(model, opt, STEPS, before_step=save)
+    job.finish()
