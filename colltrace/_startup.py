@@ -47,11 +47,23 @@ def _install() -> None:
         )
 
 
+def steer_flight_recorder(cfg: Any) -> None:
+    """Flight Recorder's dumps (NCCL writes them on a watchdog timeout) go into the run directory, beside the
+    trace, where `colltrace report` joins them, unless the user chose a place (TORCH_FR_DUMP_TEMP_FILE)."""
+    from colltrace.config import resolve_run_dir
+    from colltrace.trace.flight import SUBDIR
+
+    if "TORCH_FR_DUMP_TEMP_FILE" not in os.environ:
+        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(os.path.abspath(resolve_run_dir(cfg)), SUBDIR, "rank_")
+
+
 def activate() -> None:
     from colltrace.config import from_env
 
-    if not from_env().enabled:
+    cfg = from_env()
+    if not cfg.enabled:
         return
+    steer_flight_recorder(cfg)
     if "torch" in sys.modules:
         _install()
     elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from _jobs import torchrun
 
+from colltrace.report.build import run_report
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import RankState
 
@@ -33,7 +34,8 @@ def both(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     runs = {}
     for traced in (False, True):
         run_dir = tmp_path_factory.mktemp(f"{part}-{'traced' if traced else 'plain'}")
-        proc = torchrun("compiled.py", 2, run_dir, PART=part, COLLTRACE="1" if traced else "")
+        proc = torchrun("compiled.py", 2, run_dir, PART=part, COLLTRACE="1" if traced else "", FR_DUMP="1",
+                        TORCH_FR_BUFFER_SIZE="2000")  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[traced] = (_said(proc.stdout), run_dir)
     return part, runs[False][0], runs[True][0], runs[True][1]
@@ -67,3 +69,24 @@ def test_eager_collectives_are_recorded_and_compiled_ones_are_said_to_be_unseen(
             assert [m for m, p in gathers if p == "forward"] == ["0", "1", "2"]
             scatters = [r.module for r in rt.records if r.op == "reduce_scatter_single" and r.step == 0]
             assert scatters == ["2", "1", "0"]
+
+
+def test_flight_recorder_dumps_steered_beside_the_trace_show_the_compiled_collectives(
+    both: tuple[str, Any, Any, Path],
+) -> None:
+    """COLLTRACE=1 points TORCH_FR_DUMP_TEMP_FILE into the run directory; the report joins each rank's dump
+    to its trace and names what only Flight Recorder saw: the three compiled all_reduces (seqs 1-3)."""
+    part, _, _, run_dir = both
+    assert sorted(p.name for p in (run_dir / "flight_recorder").iterdir()) == ["rank_0", "rank_1"]
+    run = read_run(str(run_dir))
+    assert run.flight_dumps == [0, 1]
+    report = json.loads(run_report(str(run_dir), "json")[0])
+    fr = report["flight_recorder"]
+    assert fr["ranks"] == [0, 1]
+    if part == "fn":  # our one eager record is FR's seq 4 (the backend counted the compiled three first)
+        for rank, rt in run.ranks.items():
+            (rec,) = rt.records
+            assert rt.flight[rec.idx].seq == 4 and rt.flight[rec.idx].op == "all_reduce"
+        assert fr["not_in_trace"] == {"0": {"default_pg": [1, 2, 3]}, "1": {"default_pg": [1, 2, 3]}}
+    else:  # FSDP2 runs eagerly around compiled blocks: every collective passed through Python
+        assert fr["not_in_trace"] == {} and all(n == len(run.ranks[int(r)].records) for r, n in fr["joined"].items())

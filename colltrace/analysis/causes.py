@@ -267,6 +267,9 @@ def find(f: Facts) -> Finding:
             )
     if sigs and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs):
         return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
+    if d.kind in (Kind.MISSING, Kind.EXTRA) and not any(s.phase for s in sigs):
+        # no phase to read (Flight Recorder dumps): a branch, data run out and a skipped gradient look alike
+        return Finding(Cause.UNKNOWN, Confidence.LOW, ())
     if f.culprits and d.kind in (Kind.OP, Kind.NUMEL, Kind.MODULE, Kind.PHASE, Kind.MISSING, Kind.EXTRA, Kind.DTYPE):
         return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, ())
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())

@@ -14,7 +14,14 @@ _CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.PEER
 
 def unseen(run: Run) -> tuple[str, ...]:
     """What the traces cannot show, in the reader's words and ours."""
-    out = [f"rank {r}: no trace file" for r in run.missing]
+    fr = run.source == "flight_recorder"
+    out = [f"rank {r}: no {'Flight Recorder dump' if fr else 'trace file'}" for r in run.missing]
+    if fr:
+        out.append("Flight Recorder dumps hold no module, phase, step or compute spans, nor how each rank ended: "
+                   "causes that need them cannot be told apart (said as unknown)")  # fmt: skip
+        if any(not g.ranks for rt in run.ranks.values() for g in rt.groups.values()):
+            out.append("the dumps do not list every group's members (torch 2.13 on gloo leaves them out): a group "
+                       "built with other ranks on some rank, or a wait across groups, cannot be seen")  # fmt: skip
     out += run.problems
     for r, rt in sorted(run.ranks.items()):
         if rt.dropped:
@@ -36,6 +43,8 @@ def _verdict(d: Divergence | None, culprits: tuple[int, ...], ends: dict[int, Ra
         return Verdict.HANG
     if all(e.state is RankState.FINISHED for e in ends.values()):
         return Verdict.HEALTHY
+    if all(e.state in (RankState.FINISHED, RankState.DUMPED) and e.blocked is None for e in ends.values()):
+        return Verdict.HEALTHY  # Flight Recorder dumps with nothing in flight and nothing different
     return Verdict.HANG
 
 
@@ -142,12 +151,13 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
         return culprit.Blame(dead, tuple(r for r in everyone if r not in dead), Kind.MISSING, Confidence.MEDIUM, ev)
     blocked = tuple(r for r, e in ends.items() if e.blocked is not None)
     unseen_ranks = tuple(r for r, e in ends.items() if e.state is RankState.MISSING)
-    if unseen_ranks and blocked:
+    dumped = any(e.state is RankState.DUMPED for e in ends.values())  # Flight Recorder: no word of how they ended
+    if unseen_ranks and (blocked or dumped):
         # nothing can be aligned against a rank without a trace, yet the others wait: it is the suspect
         detail = ",".join(map(str, blocked))
-        ev = tuple(Evidence(Clue.NO_TRACE, (r,), detail) for r in unseen_ranks)
+        ev = tuple(Evidence(Clue.NO_DUMP if dumped else Clue.NO_TRACE, (r,), detail) for r in unseen_ranks)
         return culprit.Blame(unseen_ranks, blocked, Kind.MISSING, Confidence.LOW, ev)
-    stuck = tuple(r for r, e in ends.items() if e.blocked is None and e.state in NOT_ENDED)
+    stuck = tuple(r for r, e in ends.items() if e.blocked is None and e.state in NOT_ENDED - {RankState.DUMPED})
     if stuck and len(stuck) < len(ends):
         ev = tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r].activity) for r in stuck)
         return culprit.Blame(stuck, tuple(r for r in everyone if r not in stuck), Kind.MISSING, Confidence.LOW, ev)

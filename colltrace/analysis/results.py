@@ -36,6 +36,7 @@ class Clue(str, enum.Enum):
     KILLED = "killed"  # stopped from outside with no collective in flight
     WAITED_FOR = "waited_for"  # blocked ranks wait for this rank in the wait-for graph
     NO_TRACE = "no_trace"  # the rank left no trace file while the others waited
+    NO_DUMP = "no_dump"  # the rank left no Flight Recorder dump (aborted in C++, killed) beside the others'
     CYCLE = "cycle"  # ranks wait on each other across groups
     MEMBERSHIP = "membership"  # the ranks disagree on the members of a group
     GROUP_CREATE = "group_create"  # the ranks asked new_group/split_group for different rank lists

@@ -22,6 +22,7 @@ from colltrace.record.patches import Patches
 from colltrace.record.recorder import Recorder, describe_group
 from colltrace.record.shim import SHIM
 from colltrace.record.tracer import TRACER
+from colltrace.trace.flight import SUBDIR
 from colltrace.trace.writer import TraceWriter
 
 _lock = threading.RLock()
@@ -109,6 +110,7 @@ def start_recording() -> None:
             "unseen": _unseen(cfg),
         }
         writer = TraceWriter(run_dir, rank, cfg.ring, cfg.full, header, share_group=cfg.share_group)
+        _flight_recorder_dir(run_dir, writer)
         rec = Recorder(writer, default_pg, CONTEXT, backend_seq=cfg.backend_seq)
         rec.non_member = getattr(c10d.GroupMember, "NON_GROUP_MEMBER", object())
         rec._group(default_pg)
@@ -127,6 +129,16 @@ def start_recording() -> None:
         LIFECYCLE.start(rec, cfg.hang_s)
         if os.environ.get("COLLTRACE_QUIET") != "1" and rank == 0:
             _say(f"tracing {world} ranks into {run_dir}")
+
+
+def _flight_recorder_dir(run_dir: str, writer: TraceWriter) -> None:
+    """Make the folder Flight Recorder's dumps were steered to (colltrace._startup), so a dump finds it."""
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "")
+    if os.path.dirname(prefix) == os.path.join(os.path.abspath(run_dir), SUBDIR):
+        try:
+            os.makedirs(os.path.dirname(prefix), mode=writer.dir_mode, exist_ok=True)
+        except OSError:
+            pass  # NCCL will say it could not write its dump; the trace does not depend on it
 
 
 def _unseen(cfg: config_mod.Config) -> list[str]:

@@ -29,9 +29,10 @@ def _sig(sig: Signature | None, step: int | None) -> dict[str, Any] | None:
     }
 
 
-def _collective(c: Collective | None) -> dict[str, Any] | None:
+def _collective(c: Collective | None, flight: dict[int, Collective] | None = None) -> dict[str, Any] | None:
     if c is None:
         return None
+    fr = (flight or {}).get(c.idx)
     return {
         "group": c.group,
         "seq": c.seq,
@@ -45,14 +46,15 @@ def _collective(c: Collective | None) -> dict[str, Any] | None:
         "site": c.site or None,
         "step": c.step,
         "status": "error" if c.error else ("in_flight" if c.in_flight else "done"),
+        "flight_recorder": None if fr is None else {"state": fr.flavour or None, "done": not fr.in_flight},
     }
 
 
-def _rank(e: RankEnd) -> dict[str, Any]:
+def _rank(e: RankEnd, flight: dict[int, Collective]) -> dict[str, Any]:
     return {
         "state": e.state.value,
-        "last_collective": _collective(e.last),
-        "blocked_in": _collective(e.blocked),
+        "last_collective": _collective(e.last, flight),
+        "blocked_in": _collective(e.blocked, flight),
         "last_activity": e.activity,
         "open_span": _span(e),
         "out_of_data": e.out_of_data,
@@ -67,6 +69,21 @@ def _rank(e: RankEnd) -> dict[str, Any]:
     }
 
 
+def flight_recorder(run: Run) -> dict[str, Any] | None:
+    """What the Flight Recorder dumps beside the trace added: records joined, collectives the trace lacks."""
+    if not run.flight_dumps:
+        return None
+    labels = run.group_labels()
+    return {
+        "ranks": run.flight_dumps,
+        "joined": {str(r): len(rt.flight) for r, rt in run.ranks.items() if r in run.flight_dumps},
+        "not_in_trace": {
+            str(r): {labels.get(g, g): seqs for g, seqs in rt.flight_only.items()}
+            for r, rt in run.ranks.items() if rt.flight_only
+        },
+    }  # fmt: skip
+
+
 def environment(run: Run) -> dict[str, Any]:
     headers = [rt.header for rt in run.ranks.values()]
     first = headers[0] if headers else {}
@@ -78,6 +95,8 @@ def environment(run: Run) -> dict[str, Any]:
         "world_size": run.world_size,
         "hosts": sorted({str(h.get("host")) for h in headers if h.get("host")}),
         "ranks_with_trace": len(run.ranks),
+        "source": run.source,
+        "fr_version": first.get("fr_version"),
     }
 
 
@@ -121,7 +140,8 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
         "first_divergence": first,
         "deadlock_cycle": list(dx.cycle) if dx.cycle else None,
         "cause": cause,
-        "ranks": {str(r): _rank(e) for r, e in dx.ranks.items()},
+        "ranks": {str(r): _rank(e, run.ranks[r].flight if r in run.ranks else {}) for r, e in dx.ranks.items()},
+        "flight_recorder": flight_recorder(run),
         "environment": environment(run),
         "unseen": list(dx.unseen) + _clock_unseen(run, dx.timing),
         **timing(run, dx.timing),

@@ -97,6 +97,38 @@ def _stacks(report: dict[str, Any], culprits: list[int]) -> list[str]:
     return out
 
 
+def flight_section(report: dict[str, Any]) -> list[str]:
+    fr = report["flight_recorder"]
+    if not fr:
+        return []
+    joined = sum(fr["joined"].values())
+    out = ["#### Flight Recorder", "", f"- Dumps of {words.ranks_text(fr['ranks'])} read beside the trace: {joined} "
+           "records joined to Flight Recorder's entries by (group, backend seq)."]  # fmt: skip
+    blocked: dict[tuple[str, int, str, bool], list[int]] = {}
+    for r, info in report["ranks"].items():
+        c = info["blocked_in"]
+        if c and c["flight_recorder"]:
+            f = c["flight_recorder"]
+            blocked.setdefault((c["op"], c["seq"], f["state"] or "?", f["done"]), []).append(int(r))
+    for (op, seq, state, done), rs in blocked.items():
+        out.append(f"- {words.ranks_text(rs).capitalize()}, blocked in {op} seq {seq}: Flight Recorder's state "
+                   f"{state}, {'finished there (completed, or failed and retired)' if done else 'not finished'}.")  # fmt: skip
+    unrecorded: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+    for r, groups in fr["not_in_trace"].items():
+        for g, seqs in groups.items():
+            unrecorded.setdefault((g, tuple(seqs)), []).append(int(r))
+    for (g, seqs), rs in unrecorded.items():
+        out.append(f"- {words.ranks_text(rs).capitalize()}, {g}: Flight Recorder saw {len(seqs)} collective(s) the "
+                   f"trace has no record of (seq {_seqs(list(seqs))}): compiled graphs or C++ callers, outside "
+                   "Python's reach.")  # fmt: skip
+    out.append("")
+    return out
+
+
+def _seqs(seqs: list[int]) -> str:
+    return words.ranks_text(seqs).removeprefix("ranks ").removeprefix("rank ")
+
+
 _TABLE_RANKS = 8  # ranks in the timing table; beyond, the stragglers and the median rank
 
 
@@ -214,16 +246,17 @@ def render(report: dict[str, Any], dx: Diagnosis, stacks: str = "culprits") -> s
     out += _context(dx)
     out += _ranks(report)
     out += _stacks(report, list(dx.culprits) if stacks == "culprits" else [int(r) for r in report["ranks"]])
+    out += flight_section(report)
     out += timing_section(report)
     env = report["environment"]
-    out += [
-        "#### Environment",
-        "",
-        f"torch {env['torch']} · backend {env['backend']} · world size {env['world_size']} · "
-        f"{len(env['hosts'])} host(s): {', '.join(env['hosts'][:8])}{' …' if len(env['hosts']) > 8 else ''}"
-        f" · launcher {env['launcher']}",
-        "",
-    ]
+    if env["source"] == "flight_recorder":
+        line = (f"read from torch's Flight Recorder dumps alone (FR version {env['fr_version'] or '?'}) · "
+                f"world size {env['world_size']} (at least)")  # fmt: skip
+    else:
+        line = (f"torch {env['torch']} · backend {env['backend']} · world size {env['world_size']} · "
+                f"{len(env['hosts'])} host(s): {', '.join(env['hosts'][:8])}{' …' if len(env['hosts']) > 8 else ''}"
+                f" · launcher {env['launcher']}")  # fmt: skip
+    out += ["#### Environment", "", line, ""]
     if report["unseen"]:
         out += ["#### Not seen", "", *[f"- {u}" for u in report["unseen"][:20]], ""]
     return "\n".join(out)

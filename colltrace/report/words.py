@@ -5,6 +5,7 @@ from __future__ import annotations
 from colltrace.analysis.results import Clue, Diagnosis, Evidence
 from colltrace.analysis.streams import Signature
 from colltrace.analysis.vocab import Cause, Verdict
+from colltrace.trace.records import RankState
 
 
 def ranks_text(ranks: tuple[int, ...] | list[int]) -> str:
@@ -46,6 +47,8 @@ def headline(dx: Diagnosis) -> str:
     if dx.verdict is Verdict.HEALTHY:
         if dx.finding and dx.finding.cause is Cause.STRAGGLER:
             return f"Healthy, but {ranks_text(dx.culprits)} is a straggler: the others waited for it"
+        if any(e.state is RankState.DUMPED for e in dx.ranks.values()):
+            return "Healthy: nothing in flight in any Flight Recorder dump, and every collective matched"
         return "Healthy: every rank finished and every collective matched"
     if dx.verdict is Verdict.DEADLOCK and dx.cycle:
         return f"Deadlock across groups: {ranks_text(dx.cycle)} wait on each other{cause}"
@@ -83,6 +86,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.KILLED: f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)",
         Clue.NO_TRACE: f"{who} left no trace while ranks {detail} were blocked: it never started tracing "
         f"(died before init_process_group returned) or its files were not copied",
+        Clue.NO_DUMP: f"{who} left no Flight Recorder dump while the others did (a process that aborted in C++ or "
+        "was killed writes none)" + (f"; {_ranks_detail(detail)} blocked" if detail else ""),
         Clue.WAITED_FOR: f"{who} never reached the collective that {_ranks_detail(detail)} blocked in (wait-for graph sink)",
         Clue.CYCLE: f"{who} wait on each other in different groups (a cycle in the wait-for graph)",
         Clue.MEMBERSHIP: f"the ranks disagree on the members of group {detail}",

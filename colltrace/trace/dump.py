@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from colltrace.trace.reader import read_run
-from colltrace.trace.records import Collective, RankTrace, Run
+from colltrace.trace.records import Collective, RankTrace, Run, backend_seqs
 
 try:
     import orjson
@@ -53,27 +53,6 @@ def record_dict(rt: RankTrace, r: Collective) -> dict[str, Any]:
         "status": "error" if r.error else ("in_flight" if r.in_flight else "done"),
         "tid": r.tid,
     }
-
-
-def backend_seqs(records: Iterable[Collective]) -> dict[int, int]:
-    """The backend's seq of every collective record whose value is certain: read by the recorder
-    (an anchor), or between two anchors of its group that moved exactly as our seq did."""
-    by_group: dict[str, list[Collective]] = {}
-    for r in records:
-        if r.kind == "collective":
-            by_group.setdefault(r.group, []).append(r)
-    out: dict[int, int] = {}
-    for recs in by_group.values():
-        anchors = [r for r in recs if r.backend_seq >= 0]
-        for r in anchors:
-            out[r.idx] = r.backend_seq
-        for a, b in zip(anchors, anchors[1:]):
-            if b.backend_seq - a.backend_seq != b.seq - a.seq:
-                continue  # something else ran on this group in between: leave those unknown
-            for r in recs:
-                if a.seq < r.seq < b.seq:
-                    out[r.idx] = a.backend_seq + (r.seq - a.seq)
-    return out
 
 
 def dump_lines(run_dir: str, ranks: set[int] | None = None, run: Run | None = None) -> Iterator[bytes]:

@@ -12,7 +12,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, overload
 
-from colltrace.trace import schema
+from colltrace.trace import flight, schema
 from colltrace.trace.records import Collective, GroupInfo, RankState, RankTrace, Run
 
 try:
@@ -459,7 +459,13 @@ def read_run(run_dir: str) -> Run:
     """Read every rank of a run directory. Raises TraceError when nothing usable is there."""
     files = find_rank_files(run_dir)
     if not files:
-        raise TraceError(f"{run_dir}: no colltrace rank files (rank*.jsonl) found")
+        try:
+            dumps = flight.find(run_dir)
+            if dumps:
+                return flight.read(run_dir, dumps)
+        except flight.DumpError as e:
+            raise TraceError(str(e)) from None
+        raise TraceError(f"{run_dir}: no colltrace rank files (rank*.jsonl) and no Flight Recorder dumps found")
     ranks: dict[int, RankTrace] = {}
     problems: list[str] = []
     for rank, path in sorted(files.items()):
@@ -473,4 +479,12 @@ def read_run(run_dir: str) -> Run:
     world = max((rt.world_size for rt in ranks.values()), default=0)
     world = max(world, max(ranks) + 1)
     missing = [r for r in range(world) if r not in ranks]
-    return Run(path=run_dir, ranks=ranks, world_size=world, missing=missing, problems=problems)
+    run = Run(path=run_dir, ranks=ranks, world_size=world, missing=missing, problems=problems)
+    try:
+        dumps = flight.find(run_dir)  # Flight Recorder's dumps of the same job (COLLTRACE=1 steers them here)
+        if dumps:
+            flight.merge(run, dumps)
+            run.flight_dumps = sorted(dumps)
+    except flight.DumpError as e:
+        raise TraceError(str(e)) from None
+    return run

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -16,10 +16,13 @@ class RankState(str, enum.Enum):
     HUNG = "hung"  # the hang watchdog saw no progress and dumped stacks; then it was stopped from outside
     KILLED = "killed"  # stopped from outside (SIGTERM seen, or no trace of its end at all: SIGKILL)
     RUNNING = "running"  # no end yet and its process is alive (on this host): the job is still running
+    DUMPED = "dumped"  # known from a Flight Recorder dump only: what it was doing then, not how it ended
     MISSING = "missing"  # no trace file for this rank
 
 
-NOT_ENDED = frozenset({RankState.HUNG, RankState.KILLED, RankState.RUNNING})  # no end of its own (yet)
+NOT_ENDED = frozenset(
+    {RankState.HUNG, RankState.KILLED, RankState.RUNNING, RankState.DUMPED}
+)  # no end of its own (yet)
 
 
 class Collective(NamedTuple):
@@ -113,6 +116,10 @@ class RankTrace:
     spans: Sequence[Collective] = ()  # compute spans (kind "span", op: forward, data, ...), oldest first
     exhausted: list[dict[str, Any]] = field(default_factory=list)  # data_exhausted events: out of data
     alive: bool = False  # no end of its own yet and its process runs (this host): the job is still going
+    # joined from the rank's Flight Recorder dump beside the trace (flight.merge): our record idx -> FR's entry
+    # of the same (group, backend seq), and per group the FR seqs our trace has no record for
+    flight: dict[int, Collective] = field(default_factory=dict)
+    flight_only: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def open_spans(self) -> list[Collective]:
@@ -155,6 +162,8 @@ class Run:
     world_size: int
     missing: list[int]
     problems: list[str] = field(default_factory=list)  # what the reader could not read, in words
+    source: str = "colltrace"  # or "flight_recorder": read from torch's Flight Recorder dumps alone
+    flight_dumps: list[int] = field(default_factory=list)  # ranks whose Flight Recorder dump was joined
 
     def group_labels(self) -> dict[str, str]:
         """Group name -> its label (GroupInfo.label), as the first rank that knows the group has it."""
@@ -163,3 +172,24 @@ class Run:
             for name, g in rt.groups.items():
                 out.setdefault(name, g.label)
         return out
+
+
+def backend_seqs(records: Iterable[Collective]) -> dict[int, int]:
+    """The backend's seq of every collective record whose value is certain: read by the recorder
+    (an anchor), or between two anchors of its group that moved exactly as our seq did."""
+    by_group: dict[str, list[Collective]] = {}
+    for r in records:
+        if r.kind == "collective":
+            by_group.setdefault(r.group, []).append(r)
+    out: dict[int, int] = {}
+    for recs in by_group.values():
+        anchors = [r for r in recs if r.backend_seq >= 0]
+        for r in anchors:
+            out[r.idx] = r.backend_seq
+        for a, b in zip(anchors, anchors[1:]):
+            if b.backend_seq - a.backend_seq != b.seq - a.seq:
+                continue  # something else ran on this group in between: leave those unknown
+            for r in recs:
+                if a.seq < r.seq < b.seq:
+                    out[r.idx] = a.backend_seq + (r.seq - a.seq)
+    return out

@@ -185,8 +185,8 @@ class TraceWriter(Ring):
         share_group: bool = False,
     ) -> None:  # fmt: skip
         # the trace holds stacks, host names, paths and the environment: the job's user only, unless asked
-        self.file_mode, dir_mode = (0o640, 0o750) if share_group else (0o600, 0o700)
-        os.makedirs(run_dir, mode=dir_mode, exist_ok=True)
+        self.file_mode, self.dir_mode = (0o640, 0o750) if share_group else (0o600, 0o700)
+        os.makedirs(run_dir, mode=self.dir_mode, exist_ok=True)
         self.run_dir = run_dir
         self.rank = rank
         self._strings: dict[str, int] = {"": 0}

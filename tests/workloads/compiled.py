@@ -76,6 +76,10 @@ def main() -> None:
     said = part_fn() if os.environ.get("PART", "fn") == "fn" else part_fsdp()
     breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     print(json.dumps({"rank": dist.get_rank(), "graphs": graphs, "breaks": breaks, **said}), flush=True)
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")  # colltrace steers it into the run directory
+    if prefix and os.environ.get("FR_DUMP") == "1":  # as NCCL's watchdog would on a timeout: Flight Recorder's dump
+        with open(f"{prefix}{dist.get_rank()}", "wb") as f:
+            f.write(torch._C._distributed_c10d._dump_fr_trace())  # type: ignore[attr-defined]
     dist.destroy_process_group()
     # the exit handlers (colltrace's footer among them), then out: skip the C++ teardown, which
     # after a compile now and then aborts ("terminate called without an active exception")

@@ -1,0 +1,286 @@
+"""Flight Recorder dumps as a run: torch's per-rank record of recent collectives, read as colltrace records.
+
+torch writes one dump per rank (on NCCL, when the watchdog times out; `_dump_fr_trace` on demand) as a pickle,
+or as JSON (`_dump_fr_trace_json`). Nothing from a dump is ever executed: the unpickler admits no global at
+all (FR writes only dicts, lists, tuples, strings, numbers, booleans and None), so a pickle that names a
+function or a class is refused before anything of it runs. Stdlib only: no torch.
+
+What FR has and colltrace's own trace lacks: collectives that never pass through Python (compiled graphs,
+DDP's C++ reducer) and NCCL's state of each (scheduled, started, completed) with device timing when
+`TORCH_NCCL_ENABLE_TIMING=1`. What it lacks: module, phase, step and compute spans (the report says so).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import pickle
+import re
+import stat
+from typing import Any
+
+from colltrace.trace import schema
+from colltrace.trace.records import Collective, GroupInfo, RankState, RankTrace, Run, backend_seqs
+
+SUBDIR = "flight_recorder"  # where a colltrace run keeps the dumps of its ranks (COLLTRACE=1 steers them there)
+_RANK_SUFFIX = re.compile(r"(\d+)$")  # torch names a dump <prefix><rank>: comm_lib_trace_rank_3, nccl_trace_rank_3
+_MAX_BYTES = 1 << 30  # a dump of a 2,000-entry ring is a few MB; anything this big is not one
+# c10 ScalarType names (FR's dtypes) -> the names colltrace records (torch's str(dtype) without "torch.")
+_DTYPES = {
+    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
+    "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool", "ComplexFloat": "complex64",
+    "ComplexDouble": "complex128", "Float8_e4m3fn": "float8_e4m3fn", "Float8_e5m2": "float8_e5m2",
+    "UInt16": "uint16", "UInt32": "uint32", "UInt64": "uint64",
+}  # fmt: skip
+# frames that are not the user's: torch and the frameworks on it, colltrace's recorder, the stdlib
+_LIBRARY = re.compile(
+    r"^<|/(torch|deepspeed|accelerate|transformers|megatron)/|/colltrace/(record|trace)/|/lib/python3\.\d+/(?!site-packages/|dist-packages/)"
+)
+
+
+class DumpError(Exception):
+    """A file that should be a Flight Recorder dump and is not one (or is not safe to read)."""
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Unpickles plain data only: any reference to a module's object (the way a pickle runs code) is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise DumpError(f"refers to {module}.{name}, which a Flight Recorder dump never does (nothing was run)")
+
+
+def sniff(path: str) -> bool:
+    """Whether a file looks like a dump (pickle or JSON object), from its first bytes; never blocks."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return False
+    return head[:1] == b"\x80" or head.lstrip()[:1] == b"{"
+
+
+def load(path: str) -> dict[str, Any]:
+    """A dump's dict: pickle through _NoGlobals, or JSON. DumpError (naming the file) when it is not one."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise DumpError("not a regular file")
+        if st.st_size > _MAX_BYTES:
+            raise DumpError(f"{st.st_size} bytes, too big for a Flight Recorder dump")
+        with open(path, "rb") as f:
+            data = f.read()
+        if data[:1] == b"\x80":
+            dump = _NoGlobals(io.BytesIO(data)).load()
+        else:
+            dump = json.loads(data)
+    except DumpError as e:
+        raise DumpError(f"{path}: {e}") from None
+    except (OSError, ValueError, EOFError, pickle.UnpicklingError, RecursionError, MemoryError) as e:
+        raise DumpError(f"{path}: not a readable Flight Recorder dump ({type(e).__name__}: {e})") from None
+    if not isinstance(dump, dict) or not isinstance(dump.get("entries", []), list):
+        raise DumpError(f"{path}: not a Flight Recorder dump (no list of entries)")
+    return dump
+
+
+def find(run_dir: str) -> dict[int, str]:
+    """rank -> dump file, in `run_dir` itself or its flight_recorder/ folder (the first that has any)."""
+    for where in (run_dir, os.path.join(run_dir, SUBDIR)):
+        if not os.path.isdir(where):
+            continue
+        out: dict[int, str] = {}
+        for name in sorted(os.listdir(where)):
+            m = _RANK_SUFFIX.search(name)
+            path = os.path.join(where, name)
+            if m and not name.startswith("rank0") and sniff(path):
+                rank = int(m.group(1))
+                if rank in out:
+                    raise DumpError(f"{where}: two Flight Recorder dumps for rank {rank}: "
+                                    f"{os.path.basename(out[rank])} and {name}")  # fmt: skip
+                out[rank] = path
+        if out:
+            return out
+    return {}
+
+
+def _int(v: Any, default: int = 0) -> int:
+    try:
+        return int(v) if v is not None and not isinstance(v, bool) else default
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def _float(v: Any) -> float:
+    try:
+        return float(v) if v is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _numel(sizes: Any) -> int:
+    try:
+        return sum(math.prod(int(d) for d in s) for s in sizes or ())
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def _ranks(text: Any) -> tuple[int, ...]:
+    try:
+        value = json.loads(text) if isinstance(text, str) else text
+        return tuple(int(r) for r in value or ())
+    except (TypeError, ValueError):
+        return ()
+
+
+def user_frame(frames: list[tuple[str, int, str]]) -> str:
+    """The innermost frame of the user's code (frames innermost first), "file:line in func"; "" if none."""
+    for path, line, func in frames:
+        if not _LIBRARY.search(path):
+            return f"{path}:{line} in {func}"
+    return ""
+
+
+def _frames(entry: dict[str, Any]) -> list[tuple[str, int, str]]:
+    out = []
+    for f in entry.get("frames") or ():
+        if isinstance(f, dict):
+            out.append((str(f.get("filename", "?")), _int(f.get("line")), str(f.get("name", "?"))))
+    return out
+
+
+def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
+    """One rank's dump as a RankTrace: each entry a record (seq: FR's per-group collective_seq_id, which
+    counts what colltrace's seq counts; flavour: FR's state, scheduled, started or completed); done when FR
+    retired or completed it, else in flight. No module, phase or step."""
+    groups: dict[str, GroupInfo] = {}
+    world = 0
+    unnamed: tuple[int, ...] = ()  # 2.13 on gloo writes the default group's config with an empty name
+    for key, cfg in (dump.get("pg_config") or {}).items():
+        if not isinstance(cfg, dict):
+            continue
+        members = _ranks(cfg.get("ranks"))
+        world = max([world, *(r + 1 for r in members)])
+        if cfg.get("name") or key:
+            name = str(cfg.get("name") or key)
+            groups[name] = GroupInfo(name, str(cfg.get("desc") or ""), members)
+        else:
+            unnamed = unnamed or members
+    records: list[Collective] = []
+    sites: dict[tuple[str, int, str], str] = {}
+    entries = [e for e in dump.get("entries") or () if isinstance(e, dict)]
+    for i, e in enumerate(entries):
+        pg = e.get("process_group") or ("", "")
+        name, desc = (str(pg[0]), str(pg[1])) if isinstance(pg, (list, tuple)) and len(pg) == 2 else (str(pg), "")
+        if name not in groups or not groups[name].desc and desc:
+            known = groups.get(name)
+            members = known.ranks if known and known.ranks else (unnamed if desc == "default_pg" else ())
+            groups[name] = GroupInfo(name, desc, members)
+        p2p = bool(e.get("is_p2p"))
+        seq = _int(e.get("p2p_seq_id") if p2p else e.get("collective_seq_id"))
+        op = str(e.get("profiling_name") or "?").split(":", 1)[-1].split(" ")[0]
+        dtypes = e.get("input_dtypes") or e.get("output_dtypes") or ()
+        dtype = _DTYPES.get(str(dtypes[0]), str(dtypes[0]).lower()) if dtypes else ""
+        state = str(e.get("state") or "")
+        done = state == "completed" or bool(e.get("retired"))
+        t0 = _int(e.get("time_created_ns"))
+        t_done = _int(e.get("time_discovered_completed_ns"))
+        duration = e.get("duration_ms")
+        if done and not t_done:
+            t_done = t0 + _int(_float(duration) * 1e6)  # done; when, FR did not say (0 ms on gloo)
+        frames = _frames(e)
+        key = frames[0] if frames else ("", 0, "")
+        site = sites.get(key)
+        if site is None:
+            site = sites[key] = user_frame(frames)
+        flags = schema.FLAG_DONE if done else 0
+        records.append(Collective(
+            rank, _int(e.get("record_id", i), i), "p2p" if p2p else "collective", name, seq, seq, op,
+            _numel(e.get("input_sizes")), _numel(e.get("output_sizes")), str(e.get("input_sizes") or ""), dtype,
+            "", -1, "", "", state, 0, 0, t0, t_done if done else None, 0, flags, 0, site,
+        ))  # fmt: skip
+    records.sort(key=lambda c: c.idx)
+    header = {
+        "ev": schema.EV_HEADER, "rank": rank, "world_size": world, "source": "flight_recorder",
+        "fr_version": str(dump.get("version", "")), "comm_lib_version": str(dump.get("comm_lib_version", "")),
+        "path": path,
+    }  # fmt: skip
+    stacks = []
+    last = next((e for e in reversed(entries) if not (e.get("retired") or e.get("state") == "completed")), None)
+    last = last or (entries[-1] if entries else None)
+    if last is not None and _frames(last):  # where it issued its last (or its blocked) collective
+        innermost_last: list[list[object]] = [[p, line, func, ""] for p, line, func in reversed(_frames(last))]
+        stacks.append({"ev": schema.EV_STACKS, "reason": "flight_recorder",
+                       "threads": [{"thread": "MainThread", "frames": innermost_last}]})  # fmt: skip
+    return RankTrace(
+        rank=rank, header=header, records=records, groups=groups, state=RankState.DUMPED, stacks=stacks,
+        dropped=records[0].idx if records else 0,
+    )  # fmt: skip
+
+
+def read_rank(rank: int, path: str) -> RankTrace:
+    """One dump file as a RankTrace; DumpError naming the file when its entries are not what FR writes."""
+    dump = load(path)
+    try:
+        return rank_trace(rank, path, dump)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:
+        raise DumpError(f"{path}: a malformed Flight Recorder entry ({type(e).__name__}: {e})") from None
+
+
+def read(run_dir: str, dumps: dict[int, str]) -> Run:
+    """A run from Flight Recorder dumps alone. A dump that cannot be read is a one-line DumpError: a file
+    that holds more than plain data is refused, never partly trusted."""
+    ranks = {r: read_rank(r, path) for r, path in sorted(dumps.items())}
+    world = max([rt.world_size for rt in ranks.values()] + [max(ranks) + 1])
+    missing = [r for r in range(world) if r not in ranks]
+    return Run(path=run_dir, ranks=ranks, world_size=world, missing=missing, source="flight_recorder")
+
+
+def merge(run: Run, dumps: dict[int, str]) -> None:
+    """Join each rank's dump to its trace by (group, backend seq): a record whose backend seq is certain (read
+    by the recorder, filled between two reads that moved as our seq did, or after the last read when FR's
+    count of the group moved as ours) gains FR's entry (RankTrace.flight); FR's entries of a group that no
+    record of ours matches (from the group's first seq when our trace holds it, to FR's last) are collectives
+    that never passed through Python (compiled graphs, C++ callers): RankTrace.flight_only. A dump that is
+    not plain data is refused."""
+    for rank, path in sorted(dumps.items()):
+        rt = run.ranks.get(rank)
+        if rt is None:
+            continue
+        fr = read_rank(rank, path)
+        entries: dict[str, dict[int, Collective]] = {}
+        for c in fr.records:
+            if c.kind == "collective":
+                entries.setdefault(c.group, {})[c.seq] = c
+        bseq = backend_seqs(rt.records)
+        last: dict[str, Collective] = {}
+        for r in rt.records:
+            if r.kind == "collective":
+                last[r.group] = r
+        for g, r in last.items():  # FR's last entry of the group is one more read, at our last record
+            anchors = [x for x in rt.records if x.kind == "collective" and x.group == g and x.idx in bseq]
+            fr_last = max(entries.get(g, {0: r}))
+            if anchors and r.idx not in bseq and fr_last - bseq[anchors[-1].idx] == r.seq - anchors[-1].seq:
+                a = anchors[-1]
+                for x in rt.records:
+                    if x.kind == "collective" and x.group == g and a.seq < x.seq <= r.seq:
+                        bseq[x.idx] = bseq[a.idx] + (x.seq - a.seq)
+        matched: dict[str, set[int]] = {}
+        for r in rt.records:
+            b = bseq.get(r.idx)
+            e = entries.get(r.group, {}).get(b) if b is not None else None
+            if e is not None:
+                rt.flight[r.idx] = e
+                matched.setdefault(r.group, set()).add(b)  # type: ignore[arg-type]
+        first: dict[str, int] = {}
+        for r in rt.records:
+            if r.kind == "collective":
+                first.setdefault(r.group, r.seq)
+        for g, seqs in matched.items():
+            # from the group's start if our trace holds it (its seq 1), to the end of FR's record
+            lo = 1 if first.get(g) == 1 else min(seqs)
+            missing = [s for s in sorted(entries.get(g, {})) if s >= lo and s not in seqs]
+            if missing:
+                rt.flight_only[g] = missing

@@ -1,0 +1,155 @@
+"""Flight Recorder dumps as input: the fixtures' real dumps (torch 2.13, gloo) diagnosed alone, safely."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from colltrace.analysis.diagnose import diagnose
+from colltrace.report.build import run_report
+from colltrace.trace import flight
+from colltrace.trace.reader import TraceError, read_run
+from colltrace.trace.records import RankState
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+WITH_DUMPS = sorted(p.parent.parent for p in FIXTURES.glob("*/flight_recorder/rank_0"))
+
+
+def _expected(case: Path) -> dict[str, Any]:
+    return json.loads((case / "expected.json").read_text())  # type: ignore[no-any-return]
+
+
+def _fr_report(case: Path) -> dict[str, Any]:
+    return json.loads(run_report(str(case / "flight_recorder"), "json")[0])  # type: ignore[no-any-return]
+
+
+def _complete(case: Path) -> bool:
+    """Every rank left a dump (a rank that aborted in C++ or hung in a system call writes none)."""
+    return len(list((case / "flight_recorder").iterdir())) == _expected(case)["ranks"]
+
+
+# The dumps hold what these diagnoses rest on: the culprit is the one our own trace names.
+SAME_CULPRIT = [c for c in WITH_DUMPS if _complete(c) and c.name not in (
+    "group_misconfig",  # members of subgroups: not in a 2.13 gloo dump
+    "cross_group_deadlock",  # the same: no members, no wait-for graph
+    "control_flow-2ranks",  # two ranks, a step and a half of history: no period to compare with (undecided)
+)]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SAME_CULPRIT, ids=[c.name for c in SAME_CULPRIT])
+def test_dumps_alone_name_the_culprit_our_trace_names(case: Path) -> None:
+    exp = _expected(case)
+    rep = _fr_report(case)
+    assert sorted(rep["culprit_ranks"]) == sorted(exp["culprit_ranks"]), rep["headline"]
+    assert rep["verdict"] == ("healthy" if exp["verdict"] == "healthy" else rep["verdict"])
+    assert rep["environment"]["source"] == "flight_recorder"
+    assert any("Flight Recorder dumps hold no module" in u for u in rep["unseen"])
+
+
+@pytest.mark.parametrize("case", WITH_DUMPS, ids=[c.name for c in WITH_DUMPS])
+def test_dumps_alone_are_never_confidently_wrong(case: Path) -> None:
+    """Where the dumps cannot tell (a culprit without a dump, no member lists), the answer says so: low."""
+    exp = _expected(case)
+    rep = _fr_report(case)
+    cause = rep["cause"] or {}
+    if sorted(rep["culprit_ranks"]) != sorted(exp["culprit_ranks"]):
+        assert cause.get("confidence") in (None, "low"), rep["headline"]
+        assert rep["verdict"] != "healthy" or case.name == "group_misconfig"  # silent: every collective matched
+    if cause.get("id") not in (None, "unknown", "straggler"):
+        assert cause["id"] == exp["cause"] or exp["cause"] in ("shared_module_calls", "control_flow")
+
+
+def test_what_the_dumps_show_of_a_divergence_module_free() -> None:
+    """metric_allreduce: rank 2's extra all_reduce (numel 1) at seq 23 against the others' all_gather, from
+    the dumps' own fields; its call site from the entry's Python frames; no module, phase or step."""
+    run = read_run(str(FIXTURES / "metric_allreduce" / "flight_recorder"))
+    assert run.source == "flight_recorder" and run.world_size == 3 and run.missing == []
+    for rt in run.ranks.values():
+        assert rt.state is RankState.DUMPED and all(not c.module and not c.phase for c in rt.records)
+    last = {r: rt.records[-1] for r, rt in run.ranks.items()}
+    assert [(c.seq, c.op, c.numel_in, c.dtype) for c in last.values()] == [
+        (23, "all_gather", 34, "float32"), (23, "all_gather", 34, "float32"), (23, "all_reduce", 1, "float32")
+    ]  # fmt: skip
+    assert last[2].site.endswith(" in metric_allreduce") and "/torch/" not in last[2].site
+    dx = diagnose(run)
+    assert dx.divergence is not None and (dx.divergence.group, dx.divergence.seq) == ("0", 23)
+    assert dx.culprits == (2,) and dx.divergence.kind.value == "op"
+
+
+def test_json_dumps_read_as_the_pickles(tmp_path: Path) -> None:
+    """_dump_fr_trace_json writes the same dict as JSON; torch names files <prefix><rank>."""
+    src = FIXTURES / "metric_allreduce" / "flight_recorder"
+    for p in src.iterdir():
+        with open(p, "rb") as f:
+            dump = pickle.load(f)  # noqa: S301  (our own fixture)
+        (tmp_path / f"comm_lib_trace_rank_{p.name.split('_')[-1]}").write_text(json.dumps(dump))
+    a = json.loads(run_report(str(src), "json")[0])
+    b = json.loads(run_report(str(tmp_path), "json")[0])
+    assert (b["headline"], b["culprit_ranks"], b["first_divergence"]) == (
+        a["headline"], a["culprit_ranks"], a["first_divergence"]
+    )  # fmt: skip
+
+
+class _Plant:
+    """A pickle that would create a file when unpickled by pickle.load (its __reduce__ calls open)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.path, "w"))
+
+
+def test_a_malicious_pickle_is_refused_and_nothing_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(FIXTURES / "healthy" / "flight_recorder" / "rank_0", run / "rank_0")
+    payload = {"version": "2.10", "entries": [], "pg_config": {}, "evil": _Plant(str(marker))}
+    (run / "rank_1").write_bytes(pickle.dumps(payload))
+    with pytest.raises(TraceError, match=r"rank_1: refers to .*open.*nothing was run"):
+        read_run(str(run))
+    assert not marker.exists()
+    out = subprocess.run([sys.executable, "-m", "colltrace", "report", str(run)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})  # fmt: skip
+    assert (
+        out.returncode == 2 and out.stderr.count("\n") == 1 and "rank_1" in out.stderr and "Traceback" not in out.stderr
+    )
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content", [b"\x80\x04garbage", b"{not json", b'{"entries": 5}', b"[1, 2]"])
+def test_a_broken_dump_is_one_line(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "rank_0").write_bytes(content)
+    # a file that starts like a dump and is not one is named; one that does not look like a dump is not one
+    match = "no Flight Recorder dumps found" if content.startswith(b"[") else "rank_0: not a"
+    with pytest.raises(TraceError, match=match):
+        read_run(str(tmp_path))
+
+
+def test_dumps_found_beside_a_run_or_in_its_flight_recorder_folder() -> None:
+    assert sorted(flight.find(str(FIXTURES / "healthy" / "flight_recorder"))) == [0, 1, 2]
+    assert sorted(flight.find(str(FIXTURES / "healthy"))) == [0, 1, 2]  # in the run's flight_recorder/
+    assert read_run(str(FIXTURES / "healthy")).source == "colltrace"  # but the run has our trace: read as ours
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [{"collective_seq_id": "x", "input_dtypes": 5}, {"process_group": 7, "frames": [1, 2]}, {"input_sizes": [[1e400]]}],
+)
+def test_wrong_types_in_an_entry_are_one_line_or_read(tmp_path: Path, entry: dict[str, Any]) -> None:
+    (tmp_path / "rank_0").write_bytes(pickle.dumps({"version": "2.10", "entries": [entry]}))
+    try:
+        run = read_run(str(tmp_path))
+    except TraceError as e:
+        assert "rank_0" in str(e) and "\n" not in str(e)
+    else:
+        assert run.source == "flight_recorder"
