@@ -46,6 +46,12 @@ same dumps is no better off: it, too, knows only the default group's members fro
 Either way torchfrtrace's own code runs as installed (nothing in torch is patched or monkeypatched); the
 mends fix its input the way a 2.13 NCCL dump (which names its groups) would already have it.
 
+A second reading, for the count `torchfrtrace_right_rank_order` and the "(dumps read lowest rank first: ...)"
+notes: torchfrtrace's reference rank is whichever dump `os.walk` lists first, i.e. file-system order (on
+ext4, a hash of the name), so its answer on the same dumps can differ between machines. The script runs it
+once more with `os.walk` (stdlib, for the length of that call only) listing the files sorted, which makes
+the lowest rank the reference; the headline count `torchfrtrace_right` is the unsorted, as-installed run.
+
 HOW "WHAT TORCHFRTRACE BLAMES" IS READ
 --------------------------------------
 torchfrtrace prints (logger "Flight Recorder", components/utils.py `error_analysis` and types.py
@@ -169,6 +175,7 @@ def _fr_logger() -> logging.Logger:
     lg = FlightRecorderLogger().logger  # the singleton adds its StreamHandler on first use
     for h in list(lg.handlers):
         lg.removeHandler(h)
+    lg.addHandler(logging.NullHandler())  # else logging's last-resort handler prints its warnings to stderr
     lg.propagate = False
     return lg
 
@@ -177,11 +184,23 @@ FR_LOGGER = _fr_logger()
 from torch.distributed.flight_recorder import fr_trace  # noqa: E402  (after the logger is quietened)
 
 
-def run_frtrace(trace_dir: str, flag: bool) -> tuple[list[str], str | None]:
-    """torchfrtrace's log messages on trace_dir, and its crash ("Type: message (file:line)") or None."""
+def _walk_in_rank_order(top: str, *args: Any, **kwargs: Any) -> Any:
+    for root, dirs, files in _OS_WALK(top, *args, **kwargs):
+        yield root, dirs, sorted(files, key=lambda f: (len(f), f))  # rank_2 before rank_10
+
+
+_OS_WALK = os.walk
+
+
+def run_frtrace(trace_dir: str, flag: bool, rank_order: bool = False) -> tuple[list[str], str | None]:
+    """torchfrtrace's log messages on trace_dir, and its crash ("Type: message (file:line)") or None.
+    rank_order: os.walk lists the files sorted (lowest rank first, so the reference rank is the lowest), for the
+    second, file-system-independent reading only; its code and the order of everything else are untouched."""
     cap = _Capture()
     FR_LOGGER.addHandler(cap)
     crash = None
+    if rank_order:
+        os.walk = _walk_in_rank_order  # type: ignore[assignment]
     try:
         fr_trace.main([trace_dir, *([FLAG] if flag else [])])
     except (Exception, SystemExit) as e:
@@ -189,16 +208,17 @@ def run_frtrace(trace_dir: str, flag: bool) -> tuple[list[str], str | None]:
         where = f" ({os.path.basename(tb[-1].filename)}:{tb[-1].lineno})" if tb else ""
         crash = f"{type(e).__name__}: {e}"[:160] + where
     finally:
+        os.walk = _OS_WALK
         FR_LOGGER.removeHandler(cap)
         gc.enable()  # read_dir() disables the garbage collector and never turns it back on
     return cap.messages, crash
 
 
-def run_frtrace_as_needed(trace_dir: str) -> tuple[list[str], str | None, bool]:
+def run_frtrace_as_needed(trace_dir: str, rank_order: bool = False) -> tuple[list[str], str | None, bool]:
     """A plain run; again with --allow-incomplete-ranks only when the plain one stops at missing dumps."""
-    msgs, crash = run_frtrace(trace_dir, False)
+    msgs, crash = run_frtrace(trace_dir, False, rank_order)
     if crash and "Missing dump files from ranks" in crash:
-        msgs, crash = run_frtrace(trace_dir, True)
+        msgs, crash = run_frtrace(trace_dir, True, rank_order)
         return msgs, crash, True
     return msgs, crash, False
 
@@ -246,6 +266,7 @@ def findings(messages: list[str]) -> list[dict[str, Any]]:
                     for r, t in _CULPRIT.findall(first):
                         block["ranks"].add(int(r))
                         block["types"].append(f"{r}:{t}")
+                    block["types"].sort()  # torchfrtrace prints a set: fix the order
     return out
 
 
@@ -258,15 +279,15 @@ def fr_verdict(found: list[dict[str, Any]]) -> tuple[set[int], set[int], str]:
     if naming is not None:
         where = f"{naming['group']} seq {naming['seq']} {naming['op']}"
         if naming["kind"] == "missing":
-            said = f"**{_ranks(naming['ranks'])}**: \"Not all ranks joining\", missing ranks {_ranks(naming['ranks'])} at {where}"
+            said = f'**{_ranks(naming["ranks"])}**: "Not all ranks joining", missing ranks {_ranks(naming["ranks"])} at {where}'
         elif naming["kind"] == "errors":
-            said = f"**{_ranks(naming['ranks'])}**: \"has errors\" at {where}, Culprit rank {', '.join(naming['types'])}"
+            said = f'**{_ranks(naming["ranks"])}**: "has errors" at {where}, Culprit rank {", ".join(naming["types"])}'
         else:
             said = f"no rank named: all_to_all input/output numel mismatch at {where}"
         blamed = set(naming["ranks"])
         lenient = blamed
     elif undecided:
-        said = f"no culprit: \"cannot decide ... missed FR dumps from ranks {_ranks(undecided[0]['ranks'])}\""
+        said = f'no culprit: "cannot decide ... missed FR dumps from ranks {_ranks(undecided[0]["ranks"])}"'
         blamed, lenient = set(), set(undecided[0]["ranks"])
     else:
         said = "no mismatch reported"
@@ -276,11 +297,11 @@ def fr_verdict(found: list[dict[str, Any]]) -> tuple[set[int], set[int], str]:
     if mismatches:
         rest.append(f"{mismatches} more mismatch report(s)")
     if counts["undecided"] > (naming is None and bool(undecided)):
-        rest.append(f"{counts['undecided']} \"cannot decide\"")
+        rest.append(f'{counts["undecided"]} "cannot decide"')
     if counts["no_errors"]:
-        rest.append(f"{counts['no_errors']} \"No errors found\"")
+        rest.append(f'{counts["no_errors"]} "No errors found"')
     if aborted:
-        rest.append("then \"Too many mismatches ... aborting\"")
+        rest.append('then "Too many mismatches ... aborting"')
     if rest:
         said += "; " + ", ".join(rest)
     return blamed, lenient, said
@@ -328,7 +349,7 @@ def main() -> int:
         and os.path.isfile(os.path.join(FIXTURES, n, "expected.json"))
     )  # fmt: skip
     rows = []
-    score = {"fr": 0, "fr_lenient": 0, "ct": 0}
+    score = {"fr": 0, "fr_lenient": 0, "fr_sorted": 0, "ct": 0}
     unmended_crashes: dict[str, int] = {}
     for name in names:
         fr_dir = os.path.join(FIXTURES, name, "flight_recorder")
@@ -340,7 +361,7 @@ def main() -> int:
 
         # torchfrtrace as installed, on the dumps as written: the crash the mends are for
         _, crash0, _ = run_frtrace_as_needed(fr_dir)
-        key = re.sub(r"\d+\)", "r)", crash0 or "no crash")  # KeyError: ('0', 2) and ('0', 0) are one failure
+        key = re.sub(r", \d+\)", ", r)", crash0 or "no crash")  # KeyError: ('0', 2) and ('0', 0) are one failure
         unmended_crashes[key] = unmended_crashes.get(key, 0) + 1
 
         mended, notes = mend(dumps)
@@ -348,16 +369,24 @@ def main() -> int:
             write_dumps(mended, tmp)
             order = listing_order(tmp)
             msgs, crash, flagged = run_frtrace_as_needed(tmp)
+            msgs_r, crash_r, _ = run_frtrace_as_needed(tmp, rank_order=True)
+        blamed: set[int] = set()
+        lenient: set[int] = set()
         if crash:
-            blamed, lenient, said = set(), set(), f"crash: {crash}"
+            said = f"crash: {crash}"
         else:
             blamed, lenient, said = fr_verdict(findings(msgs))
+        blamed_r: set[int] = set() if crash_r else fr_verdict(findings(msgs_r))[0]
         fr_ok = not crash and blamed == right
         fr_lenient_ok = not crash and lenient == right
+        fr_sorted_ok = not crash_r and blamed_r == right
         extras = [f"ref order {','.join(map(str, order))}", "mend " + "+".join(notes) if notes else "no mend"]
         if flagged:
             extras.append(FLAG)
         fr_text = f"{'✓' if fr_ok else '✗'} {said} [{'; '.join(extras)}]"
+        if blamed_r != blamed or bool(crash_r) != bool(crash):
+            other = f"crash: {crash_r}" if crash_r else f"blames {_ranks(blamed_r)}" if blamed_r else "no culprit"
+            fr_text += f" (dumps read lowest rank first: {'✓' if fr_sorted_ok else '✗'} {other})"
 
         ct = run_colltrace(fr_dir)
         if "error" in ct:
@@ -370,14 +399,19 @@ def main() -> int:
 
         present = sorted(dumps)
         absent = [r for r in range(world) if r not in dumps]
-        dumps_text = ",".join(map(str, present)) + (f" (none from {','.join(map(str, absent))})" if absent else " (all)")
+        dumps_text = ",".join(map(str, present)) + (
+            f" (none from {','.join(map(str, absent))})" if absent else " (all)"
+        )
         right_text = f"{_ranks(right)} ({expected['verdict']}, {expected.get('cause')})"
         rows.append((name, right_text, dumps_text, fr_text, ct_text))
         score["fr"] += fr_ok
         score["fr_lenient"] += fr_lenient_ok
+        score["fr_sorted"] += fr_sorted_ok
         score["ct"] += ct_ok
 
-    print("| fixture | right culprit (expected.json) | dumps present | torchfrtrace says | colltrace (FR dumps alone) says |")
+    print(
+        "| fixture | right culprit (expected.json) | dumps present | torchfrtrace says | colltrace (FR dumps alone) says |"
+    )
     print("|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(_cell(c) for c in row) + " |")
@@ -389,11 +423,12 @@ def main() -> int:
           "membership given the ranks whose dumps use them (module docstring). ref order = the order torchfrtrace "
           "read the dumps in (os.walk); the first is the reference rank the others are compared with.")  # fmt: skip
     print(f"Summary: right culprit on {n} fixtures: torchfrtrace {score['fr']}/{n} "
-          f"({score['fr_lenient']}/{n} counting \"cannot decide ... missed FR dumps from ranks X\" as naming X), "
+          f"({score['fr_lenient']}/{n} counting \"cannot decide ... missed FR dumps from ranks X\" as naming X; "
+          f"{score['fr_sorted']}/{n} with the dumps read lowest rank first instead of in file-system order), "
           f"colltrace {score['ct']}/{n}. ({time.monotonic() - t0:.1f} s)")  # fmt: skip
     print(json.dumps({
         "fixtures": n, "torchfrtrace_right": score["fr"], "colltrace_right": score["ct"],
-        "torchfrtrace_right_lenient": score["fr_lenient"],
+        "torchfrtrace_right_lenient": score["fr_lenient"], "torchfrtrace_right_rank_order": score["fr_sorted"],
         "torchfrtrace_unmended_crashed": n - unmended_crashes.get("no crash", 0),
     }))  # fmt: skip
     return 0

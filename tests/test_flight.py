@@ -153,3 +153,20 @@ def test_wrong_types_in_an_entry_are_one_line_or_read(tmp_path: Path, entry: dic
         assert "rank_0" in str(e) and "\n" not in str(e)
     else:
         assert run.source == "flight_recorder"
+
+
+def test_an_older_dump_numbering_by_seq_id_reads_the_same(tmp_path: Path) -> None:
+    """FR versions before 2.3 (torch 2.4) had one seq_id per entry instead of collective_seq_id/p2p_seq_id."""
+    src = FIXTURES / "metric_allreduce" / "flight_recorder"
+    for p in src.iterdir():
+        with open(p, "rb") as f:
+            dump = pickle.load(f)  # noqa: S301  (our own fixture)
+        dump["version"] = "2.2"
+        for e in dump["entries"]:
+            e["seq_id"] = e.pop("collective_seq_id")
+            e.pop("p2p_seq_id")
+            e.pop("input_dtypes", None)
+        (tmp_path / p.name).write_bytes(pickle.dumps(dump))
+    rep = json.loads(run_report(str(tmp_path), "json")[0])
+    assert rep["culprit_ranks"] == [2] and rep["first_divergence"]["seq"] == 23
+    assert rep["environment"]["fr_version"] == "2.2"

@@ -228,14 +228,14 @@ def find(f: Facts) -> Finding:
     if grad and f.deviates and d.kind in (Kind.NUMEL, Kind.MODULE, Kind.OP):
         # gradient reductions that changed from the culprit's own earlier steps: parameters without gradients
         return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
-    if d.kind is Kind.DTYPE and same_module:
-        return Finding(
-            Cause.DTYPE_MISMATCH, Confidence.HIGH, (Evidence(Clue.SAME_MODULE, f.culprits, next(iter(modules))),)
-        )
-    if d.kind is Kind.NUMEL and same_module:
-        return Finding(
-            Cause.NUMEL_MISMATCH, Confidence.HIGH, (Evidence(Clue.SAME_MODULE, f.culprits, next(iter(modules))),)
-        )
+    # the records say what they served (module, phase); Flight Recorder's do not: the same op, then, may be two
+    # different collectives paired by a shift, so a dtype or size difference on it is said with less
+    attributed = any(s.phase for s in sigs)
+    if d.kind in (Kind.DTYPE, Kind.NUMEL) and same_module:
+        cause = Cause.DTYPE_MISMATCH if d.kind is Kind.DTYPE else Cause.NUMEL_MISMATCH
+        if not attributed:
+            return Finding(cause, Confidence.MEDIUM, ())
+        return Finding(cause, Confidence.HIGH, (Evidence(Clue.SAME_MODULE, f.culprits, next(iter(modules))),))
     phases = {s.phase for s in sigs}
     if "recompute" in phases:
         return Finding(Cause.RECOMPUTE_MISMATCH, Confidence.MEDIUM, (Evidence(Clue.RECOMPUTE, f.culprits),))
@@ -267,11 +267,14 @@ def find(f: Facts) -> Finding:
             )
     if sigs and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs):
         return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
-    if d.kind in (Kind.MISSING, Kind.EXTRA) and not any(s.phase for s in sigs):
+    if d.kind in (Kind.MISSING, Kind.EXTRA) and not attributed:
         # no phase to read (Flight Recorder dumps): a branch, data run out and a skipped gradient look alike
         return Finding(Cause.UNKNOWN, Confidence.LOW, ())
     if f.culprits and d.kind in (Kind.OP, Kind.NUMEL, Kind.MODULE, Kind.PHASE, Kind.MISSING, Kind.EXTRA, Kind.DTYPE):
-        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, ())
+        # without module and phase (Flight Recorder) a shared module called twice or an evaluation pass look
+        # the same as any other branch: the same cause, said with less
+        sure = Confidence.MEDIUM if attributed else Confidence.LOW
+        return Finding(Cause.CONTROL_FLOW, sure, ())
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
 
 

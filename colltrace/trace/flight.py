@@ -179,7 +179,8 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
             members = known.ranks if known and known.ranks else (unnamed if desc == "default_pg" else ())
             groups[name] = GroupInfo(name, desc, members)
         p2p = bool(e.get("is_p2p"))
-        seq = _int(e.get("p2p_seq_id") if p2p else e.get("collective_seq_id"))
+        # FR 2.x before 2.3 (torch 2.4) numbered both kinds in one seq_id
+        seq = _int(e.get("p2p_seq_id" if p2p else "collective_seq_id", e.get("seq_id")))
         op = str(e.get("profiling_name") or "?").split(":", 1)[-1].split(" ")[0]
         dtypes = e.get("input_dtypes") or e.get("output_dtypes") or ()
         dtype = _DTYPES.get(str(dtypes[0]), str(dtypes[0]).lower()) if dtypes else ""
