@@ -170,3 +170,25 @@ def test_an_older_dump_numbering_by_seq_id_reads_the_same(tmp_path: Path) -> Non
     rep = json.loads(run_report(str(tmp_path), "json")[0])
     assert rep["culprit_ranks"] == [2] and rep["first_divergence"]["seq"] == 23
     assert rep["environment"]["fr_version"] == "2.2"
+
+
+def test_beside_our_trace_the_dumps_join_every_record_and_invent_none() -> None:
+    """The fixtures' runs hold their trace and their dumps: every record whose backend seq is certain is
+    joined to FR's entry of the same group and seq, with the same op family; a DDP job's C++ collectives
+    (its bucket rebuild, two broadcasts on the rank that got ahead) are named, not aligned, since the
+    other ranks' last record has no certain backend seq."""
+    run = read_run(str(FIXTURES / "metric_allreduce"))
+    assert run.flight_dumps == [0, 1, 2]
+    for rt in run.ranks.values():
+        assert len(rt.flight) == len(rt.records) and not rt.flight_only
+        for c in rt.records:
+            e = rt.flight[c.idx]
+            assert (e.group, e.seq) == (c.group, c.seq)
+            # the backend's name of the Python call: all_gather(_single); gloo runs a reduce_scatter as all_reduce
+            assert e.op.split("_")[0] in c.op or (c.op, e.op) == ("reduce_scatter_single", "all_reduce")
+    ddp = read_run(str(FIXTURES / "ddp_unused"))
+    assert {r: rt.flight_only for r, rt in ddp.ranks.items()} == {0: {}, 1: {}, 2: {"0": [5, 6]}}
+    assert not any(c.flags & 256 for rt in ddp.ranks.values() for c in rt.records)  # nothing put in
+    report = json.loads(run_report(str(FIXTURES / "ddp_unused"), "json")[0])
+    assert report["flight_recorder"]["not_in_trace"] == {"2": {"default_pg": [5, 6]}}
+    assert report["first_divergence"]["seq"] == 4 and report["culprit_ranks"] == [2]

@@ -116,7 +116,7 @@ def _chunks(rt: RankTrace) -> tuple[Iterator[tuple[int, bytes]], dict[int, str],
     ordered = sorted(recs, key=lambda c: c.idx)
     slots = [
         schema.SLOT.pack(
-            c.idx + 1, kinds.get(c.kind, 0), c.flags, 0, c.tid, sid(c.group), sid(c.op), sid(c.dtype),
+            c.idx + 1, kinds.get(c.kind, 0), c.flags & 0xFF, 0, c.tid, sid(c.group), sid(c.op), sid(c.dtype),
             sid(c.reduce_op), sid(c.module), sid(c.phase), sid(c.flavour), sid(c.shape), c.seq, c.backend_seq,
             c.numel_in, c.numel_out, c.peer, c.step, c.micro_step, c.t_issue_ns, c.t_done_ns or 0, c.wait_ns,
         ).ljust(schema.SLOT_SIZE, b"\0")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from colltrace.trace import schema
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import Collective, RankTrace, Run, backend_seqs
 
@@ -52,6 +53,7 @@ def record_dict(rt: RankTrace, r: Collective) -> dict[str, Any]:
         "wait_ns": r.wait_ns,
         "status": "error" if r.error else ("in_flight" if r.in_flight else "done"),
         "tid": r.tid,
+        "source": "flight_recorder" if r.flags & schema.FLAG_FLIGHT else "colltrace",
     }
 
 

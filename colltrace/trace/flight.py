@@ -196,7 +196,7 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
         site = sites.get(key)
         if site is None:
             site = sites[key] = user_frame(frames)
-        flags = schema.FLAG_DONE if done else 0
+        flags = schema.FLAG_FLIGHT | (schema.FLAG_DONE if done else 0)
         records.append(Collective(
             rank, _int(e.get("record_id", i), i), "p2p" if p2p else "collective", name, seq, seq, op,
             _numel(e.get("input_sizes")), _numel(e.get("output_sizes")), str(e.get("input_sizes") or ""), dtype,
@@ -246,6 +246,7 @@ def merge(run: Run, dumps: dict[int, str]) -> None:
     record of ours matches (from the group's first seq when our trace holds it, to FR's last) are collectives
     that never passed through Python (compiled graphs, C++ callers): RankTrace.flight_only. A dump that is
     not plain data is refused."""
+    joined: dict[int, tuple[dict[int, int], dict[str, dict[int, Collective]]]] = {}
     for rank, path in sorted(dumps.items()):
         rt = run.ranks.get(rank)
         if rt is None:
@@ -268,20 +269,76 @@ def merge(run: Run, dumps: dict[int, str]) -> None:
                 for x in rt.records:
                     if x.kind == "collective" and x.group == g and a.seq < x.seq <= r.seq:
                         bseq[x.idx] = bseq[a.idx] + (x.seq - a.seq)
-        matched: dict[str, set[int]] = {}
+        matched: dict[str, set[int]] = {}  # per group, the backend seqs our records account for
+        first: dict[str, int] = {}
+        uncertain: set[str] = set()  # groups with a record whose backend seq is not known
+        prev: dict[str, int] = {}
         for r in rt.records:
+            if r.kind != "collective":
+                continue
+            first.setdefault(r.group, r.seq)
             b = bseq.get(r.idx)
-            e = entries.get(r.group, {}).get(b) if b is not None else None
+            if b is None:
+                uncertain.add(r.group)
+                prev.pop(r.group, None)
+                continue
+            e = entries.get(r.group, {}).get(b)
             if e is not None:
                 rt.flight[r.idx] = e
-                matched.setdefault(r.group, set()).add(b)  # type: ignore[arg-type]
-        first: dict[str, int] = {}
-        for r in rt.records:
-            if r.kind == "collective":
-                first.setdefault(r.group, r.seq)
+            seqs = matched.setdefault(r.group, set())
+            if r.flags & (schema.FLAG_COALESCED | schema.FLAG_OBJECT) and r.group in prev:
+                seqs.update(range(prev[r.group] + 1, b + 1))  # one call, several backend collectives
+            elif r.flags & (schema.FLAG_COALESCED | schema.FLAG_OBJECT) and r.seq == 1:
+                seqs.update(range(1, b + 1))
+            seqs.add(b)
+            prev[r.group] = b
         for g, seqs in matched.items():
-            # from the group's start if our trace holds it (its seq 1), to the end of FR's record
+            # from the group's start if our trace holds it (its seq 1); to the end of FR's record when every
+            # record of ours has a certain backend seq, else to the last that has
             lo = 1 if first.get(g) == 1 else min(seqs)
-            missing = [s for s in sorted(entries.get(g, {})) if s >= lo and s not in seqs]
+            hi = max(seqs) if g in uncertain else max(entries.get(g, {0: None}))
+            missing = [s for s in sorted(entries.get(g, {})) if lo <= s <= hi and s not in seqs]
             if missing:
                 rt.flight_only[g] = missing
+        joined[rank] = (bseq, entries)
+    # a group is renumbered by the backend's seq (FR's collectives put in) on every rank or on none: only
+    # where some rank's dump saw collectives its trace lacks, and every rank that has the group has a dump
+    # and a certain backend seq for each of its records there
+    wanted = {g for rt in run.ranks.values() for g in rt.flight_only}
+    groups: set[str] = set()
+    for g in wanted:
+        holders = [h for h, t in run.ranks.items() if any(c.group == g for c in t.records if c.kind == "collective")]
+        if all(h in joined and all(c.idx in joined[h][0] for c in run.ranks[h].records
+                                   if c.kind == "collective" and c.group == g) for h in holders):  # fmt: skip
+            groups.add(g)
+    if groups:
+        for rank, (bseq, entries) in joined.items():
+            _align_with_flight(run.ranks[rank], groups, bseq, entries)
+
+
+def _align_with_flight(
+    rt: RankTrace, groups: set[str], bseq: dict[int, int], entries: dict[str, dict[int, Collective]]
+) -> None:
+    """Put the collectives only FR saw into the rank's records, so the alignment compares them too: in each of
+    `groups` every record takes its backend seq (the seq FR and the other ranks' dumps count), and FR's
+    entries go in by issue time, flagged FLAG_FLIGHT. Other groups keep colltrace's numbering (their FR-only
+    collectives stay named in flight_only, not aligned). The records become a list."""
+    ours = [r._replace(seq=bseq[r.idx]) if r.kind == "collective" and r.group in groups else r for r in rt.records]
+    extra = sorted((entries[g][s] for g in groups for s in rt.flight_only.get(g, ())), key=lambda c: c.t_issue_ns)
+    merged: list[Collective] = []
+    i = 0
+    for r in ours:
+        while i < len(extra) and extra[i].t_issue_ns <= r.t_issue_ns:
+            merged.append(extra[i])
+            i += 1
+        merged.append(r)
+    merged += extra[i:]
+    base = ours[0].idx if ours else 0
+    renumbered: dict[int, int] = {}
+    out = []
+    for n, c in enumerate(merged):
+        if not c.flags & schema.FLAG_FLIGHT:
+            renumbered[c.idx] = base + n
+        out.append(c._replace(idx=base + n))
+    rt.records = out
+    rt.flight = {renumbered[k]: v for k, v in rt.flight.items() if k in renumbered}

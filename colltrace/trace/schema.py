@@ -113,6 +113,7 @@ FLAG_POLLED = 64  # async: seen complete by the watchdog's poll, not by wait(): 
 # on CUDA tensors (NCCL): the call only enqueued it; done means the device finished it, seen by its
 # Work or by an event recorded after it on the current stream (t_done_ns: when the rank saw that)
 FLAG_DEVICE = 128
+FLAG_FLIGHT = 256  # never in a slot: a record read from a Flight Recorder dump (colltrace.trace.flight)
 
 # File names inside a run directory, one set per rank.
 RING_NAME = "rank{rank:05d}.ring"
