@@ -4,6 +4,8 @@ it), ZeRO-1/2 from live 2-rank runs."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,28 @@ def test_zero12_live_gradient_buckets_and_step(tmp_path: Path, stage: int) -> No
             spans = [(s.op, s.module, s.flavour) for s in rt.spans if s.step == step]
             assert spans == [("forward", "<root>", "deepspeed"), ("backward", "", "autograd"),
                              ("optimizer", "", "deepspeed"), ("optimizer", "", "")]  # fmt: skip
+
+
+def test_the_deepspeed_launcher_traces_with_no_code_change(tmp_path: Path) -> None:
+    """`COLLTRACE=1 deepspeed --num_gpus 2 script.py` on CPU (DS_ACCELERATOR=cpu, gloo): both ranks trace
+    into one run directory (named from the launcher's pid, as for mp.spawn), the header says deepspeed."""
+    import shutil
+    import subprocess
+
+    from _jobs import WORKLOADS, job_env
+
+    launcher = shutil.which("deepspeed", path=os.path.dirname(sys.executable))
+    assert launcher is not None, "the deepspeed launcher is installed with deepspeed"
+    env = job_env(tmp_path / "unused", DS_ACCELERATOR="cpu", COLLTRACE_ROOT=str(tmp_path / "runs"))
+    del env["COLLTRACE_DIR"]  # the ranks must agree on a directory by themselves
+    proc = subprocess.run([launcher, "--num_gpus", "2", str(WORKLOADS / "ds_launcher.py")], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    run = read_run(str(run_dir))
+    assert sorted(run.ranks) == [0, 1]
+    for rt in run.ranks.values():
+        assert rt.state is RankState.FINISHED and rt.header["launcher"] == "deepspeed"
+        ops = [(r.op, r.phase) for r in rt.records if r.kind == "collective"]
+        assert ops[:3] == [("all_reduce", "init")] * 3  # before the first forward: set-up
+        assert ("all_reduce", "backward") in ops  # ZeRO-1's gradient bucket

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from _jobs import torchrun
 
@@ -109,3 +112,31 @@ def test_fsdp_records_the_forward_and_backward_of_every_unit_as_spans(fsdp_run) 
             assert [op for op, _ in spans if op == "optimizer"] == ["optimizer"]
         for s in rt.spans:
             assert s.t_done_ns is not None and s.t_done_ns >= s.t_issue_ns
+
+
+def test_tp_inside_fsdp_on_a_2d_mesh_names_each_group_by_its_dimension(tmp_path: Path) -> None:
+    """A real 4-rank TP x FSDP2 run on a (dp, tp) = (2, 2) mesh: FSDP's all-gathers and reduce-scatters of
+    each block on mesh_dp, the tensor-parallel all-reduces of its rowwise layer on mesh_tp, and the report
+    shows the mesh."""
+    from colltrace.report.build import run_report
+
+    proc = torchrun("tp_fsdp.py", 4, tmp_path / "run", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = read_run(str(tmp_path / "run"))
+    labels = run.group_labels()
+    for rank, rt in run.ranks.items():
+        assert rt.state is RankState.FINISHED
+        by_group: dict[str, set[tuple[str, str]]] = {}
+        for r in rt.records:
+            if r.kind == "collective" and r.phase != "init":
+                by_group.setdefault(labels[r.group], set()).add((r.op, r.module))
+        dp = {op for op, _ in by_group["mesh_dp"]}
+        assert dp == {"all_gather_single", "reduce_scatter_single"}
+        assert {m for _, m in by_group["mesh_dp"]} >= {"0", "1"}  # each block's FSDP unit
+        assert {op for op, _ in by_group["mesh_tp"]} == {"all_reduce"}  # RowwiseParallel's output
+        dp_ranks = {g.ranks for g in rt.groups.values() if g.desc == "mesh_dp"}
+        assert dp_ranks == {(rank % 2, rank % 2 + 2)}  # dp is the outer dimension: ranks 0, 2 and 1, 3
+    report = json.loads(run_report(str(tmp_path / "run"), "json")[0])
+    assert report["environment"]["mesh"] == {"mesh_dp": {"size": 2, "groups": [[0, 2], [1, 3]]},
+                                             "mesh_tp": {"size": 2, "groups": [[0, 1], [2, 3]]}}  # fmt: skip
+    assert "mesh: mesh_dp 2 × mesh_tp 2" in run_report(str(tmp_path / "run"), "md")[0]

@@ -162,6 +162,12 @@ def _env_int(name: str) -> int | None:
 def _launcher() -> str:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         return "torchrun"
+    try:  # the deepspeed launcher runs each rank from its per-node launch.py
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            if b"deepspeed.launcher.launch" in f.read():
+                return "deepspeed"
+    except OSError:
+        pass
     try:
         import multiprocessing
 

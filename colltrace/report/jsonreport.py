@@ -84,6 +84,25 @@ def flight_recorder(run: Run) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
+def mesh(run: Run) -> dict[str, Any] | None:
+    """The device mesh, from the groups torch's DeviceMesh names by dimension (mesh_<dim>): each dimension's
+    size and its groups, as the ranks recorded them. None without a mesh."""
+    dims: dict[str, set[tuple[int, ...]]] = {}
+    for rt in run.ranks.values():
+        for g in rt.groups.values():
+            if g.desc.startswith("mesh_") and g.ranks:
+                dims.setdefault(g.desc, set()).add(tuple(sorted(g.ranks)))
+    if not dims:
+        return None
+
+    def stride(d: str) -> int:  # outer dimensions first, as mesh_dim_names lists them: their members lie further apart
+        g = min(dims[d])
+        return g[1] - g[0] if len(g) > 1 else 0
+
+    return {d: {"size": max(len(g) for g in dims[d]), "groups": [list(g) for g in sorted(dims[d])]}
+            for d in sorted(dims, key=stride, reverse=True)}  # fmt: skip
+
+
 def environment(run: Run) -> dict[str, Any]:
     headers = [rt.header for rt in run.ranks.values()]
     first = headers[0] if headers else {}
@@ -95,6 +114,7 @@ def environment(run: Run) -> dict[str, Any]:
         "world_size": run.world_size,
         "hosts": sorted({str(h.get("host")) for h in headers if h.get("host")}),
         "ranks_with_trace": len(run.ranks),
+        "mesh": mesh(run),
         "source": run.source,
         "fr_version": first.get("fr_version"),
     }

@@ -256,6 +256,8 @@ def render(report: dict[str, Any], dx: Diagnosis, stacks: str = "culprits") -> s
         line = (f"torch {env['torch']} · backend {env['backend']} · world size {env['world_size']} · "
                 f"{len(env['hosts'])} host(s): {', '.join(env['hosts'][:8])}{' …' if len(env['hosts']) > 8 else ''}"
                 f" · launcher {env['launcher']}")  # fmt: skip
+    if env["mesh"]:
+        line += " · mesh: " + " × ".join(f"{d} {m['size']}" for d, m in env["mesh"].items())
     out += ["#### Environment", "", line, ""]
     if report["unseen"]:
         out += ["#### Not seen", "", *[f"- {u}" for u in report["unseen"][:20]], ""]
