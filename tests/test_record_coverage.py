@@ -123,3 +123,36 @@ def test_functional_collectives_of_dtensor(every_op) -> None:
         funcol = [tail[0], tail[2]]  # funcol.all_reduce, DTensor.full_tensor()
         assert all(r.flags & schema.FLAG_FUNCTIONAL and r.t_done_ns is not None for r in funcol)
         assert tail[0].reduce_op == "SUM" and not tail[1].flags & schema.FLAG_FUNCTIONAL
+
+
+def test_a_collective_the_installed_torch_has_and_colltrace_does_not_know_is_said() -> None:
+    """Discovery, not a version list: a public c10d function with a collective's signature that is not in
+    the table is named (the job still runs, traced with less); a known one whose tensor parameter was
+    renamed is still traced, without its sizes, and said. Against torch 2.13 itself: nothing."""
+    import types
+
+    import torch.distributed.distributed_c10d as c10d
+
+    from colltrace.record import ops
+
+    assert ops.untraced(c10d, set(ops.traced_names())) == [] and ops.DEGRADED == {}
+
+    def all_reduce_fancy(tensor, group=None, async_op=False):  # type: ignore[no-untyped-def]
+        """A collective of a newer torch."""
+
+    def all_reduce(buffer, group=None, async_op=False):  # type: ignore[no-untyped-def]
+        """all_reduce with its tensor parameter renamed."""
+
+    spec = ops.build_spec("all_reduce", all_reduce)
+    try:
+        assert spec is not None
+        key, call = spec.extract((object(),), {"group": "g"}, ("", "", ""))
+        assert call[0] == "g" and call[2] is None  # the group still read; the tensor unknown, not misread
+        fake = types.SimpleNamespace(__all__=["all_reduce_fancy", "all_reduce"], all_reduce_fancy=all_reduce_fancy,
+                                     all_reduce=all_reduce)  # fmt: skip
+        assert ops.untraced(fake, {"all_reduce"}) == [
+            "all_reduce_fancy (a collective this colltrace does not know)",
+            "all_reduce: traced without tensor (parameters this torch does not have)",
+        ]
+    finally:
+        ops.DEGRADED.pop("all_reduce", None)

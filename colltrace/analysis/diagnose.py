@@ -23,6 +23,8 @@ def unseen(run: Run) -> tuple[str, ...]:
             out.append("the dumps do not list every group's members (torch 2.13 on gloo leaves them out): a group "
                        "built with other ranks on some rank, or a wait across groups, cannot be seen")  # fmt: skip
     out += run.problems
+    said = {str(u) for rt in run.ranks.values() for u in rt.header.get("unseen") or () if "not traced" in str(u)}
+    out += sorted(said)  # what this torch has that the recorder did not know (found at install)
     for r, rt in sorted(run.ranks.items()):
         if rt.dropped:
             out.append(f"rank {r}: the ring kept the last records only ({rt.dropped} older ones overwritten)")

@@ -149,6 +149,7 @@ def _unseen(cfg: config_mod.Config) -> list[str]:
     ]
     if not cfg.ddp:
         unseen.append("DDP's gradient all-reduces (COLLTRACE_DDP=off: its C++ reducer issues them)")
+    unseen += [f"torch.distributed.{what}: not traced" for what in SHIM.untraced]
     return unseen
 
 

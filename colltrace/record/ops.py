@@ -94,6 +94,7 @@ _LISTS = frozenset(
     }
 )
 KEYS = itertools.count(1)  # a distinct first key element per spec
+DEGRADED: dict[str, list[str]] = {}  # op -> its parameters this torch does not have (build_spec)
 _KEYED = ("group", "async_op", "redop", "root", "groot")
 
 
@@ -124,6 +125,10 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
         if stand_in is None:
             return None
         params = list(inspect.signature(stand_in).parameters)
+    lost = list(dict.fromkeys(p for p in (inp, out, root) if p and p not in params))
+    if lost:  # a torch that renamed them: traced all the same, without what they held (said once, in the header)
+        DEGRADED[name] = lost
+        inp, out, root = (None if p in lost else p for p in (inp, out, root))
     groot = {"src": "group_src", "dst": "group_dst"}.get(root or "", "")
     fields = (  # (parameter, default), in the order extract returns them
         ("group" if "group" in params or "process_group" not in params else "process_group", None),
@@ -208,3 +213,25 @@ def _extract_source(params: list[str], fields: tuple[tuple[str | None, Any], ...
 
 def traced_names() -> tuple[str, ...]:
     return tuple(_TABLE)
+
+
+def untraced(c10d: Any, built: set[str]) -> list[str]:
+    """What the installed torch has that this colltrace does not trace, found by looking, not from a list of
+    versions: a public distributed_c10d function that takes async_op (a collective's signature) and is not
+    in _TABLE, one in _TABLE whose signature could not be read, and ones traced without a parameter this
+    torch renamed (DEGRADED)."""
+    out = []
+    for name in getattr(c10d, "__all__", ()):
+        fn = getattr(c10d, name, None)
+        try:
+            params = inspect.signature(fn).parameters if callable(fn) else {}
+        except (TypeError, ValueError):
+            continue
+        if "async_op" in params and name not in _TABLE:
+            out.append(f"{name} (a collective this colltrace does not know)")
+    for name in _TABLE:
+        if name not in built and name not in DIST_ONLY and hasattr(c10d, name):
+            out.append(f"{name} (its signature could not be read)")
+    for name, lost in DEGRADED.items():
+        out.append(f"{name}: traced without {', '.join(lost)} (parameters this torch does not have)")
+    return out

@@ -39,6 +39,7 @@ class Shim:
         self.tracer = tracer
         # id(torch function) -> (it, its wrapper): a wrapper and its cached calls outlive a pause
         self._made: dict[int, tuple[Any, Callable[..., Any]]] = {}
+        self.untraced: list[str] = []  # what the installed torch has and this colltrace does not trace
 
     # -- patching ----------------------------------------------------------------------------
 
@@ -58,6 +59,7 @@ class Shim:
                 continue
             self._put(patches, home, name, self.wrap(spec, orig))
             wrapped.append(name)
+        self.untraced = ops.untraced(c10d, set(wrapped))  # a newer torch: traced with less, never broken
         if hasattr(c10d, "batch_isend_irecv"):
             self._put(patches, c10d, "batch_isend_irecv", self._wrap_batch(c10d.batch_isend_irecv))
             wrapped.append("batch_isend_irecv")
