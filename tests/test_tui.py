@@ -233,3 +233,14 @@ def test_a_big_world_is_drawn_one_lane_per_class(tmp_path: Path) -> None:
     assert [(row.rank, row.ranks) for row in got.rows] == [(79, (79,)), (0, tuple(range(79)))]
     assert [row.label for row in got.rows] == ["r79", "79×r0"]
     assert got.row_of(40) == 1 and got.row_of(79) == 0
+
+
+def test_opens_a_folder_of_flight_recorder_dumps() -> None:
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        assert app.title == "colltrace: Divergence at default_pg seq 23 (op): culprit rank 2, likely control_flow"
+        await pilot.press("2")
+        text = lines(app)
+        assert all(text[1 + 2 * r].lstrip("▶ ").startswith(f"r{r} dumped") for r in range(3))
+        assert all(set("GA") & set(text[2 + 2 * r][14:]) for r in range(3))  # all-gathers, all-reduces from FR
+
+    drive(FIXTURES / "metric_allreduce" / "flight_recorder", script)
