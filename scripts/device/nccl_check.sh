@@ -47,8 +47,9 @@ part_train() {
 }
 
 part_hang() {  # NCCL's watchdog times the collective out after 8 s; the dump it then writes waits 3 s at most
+    # (into the run directory's flight_recorder/, where COLLTRACE=1 steers TORCH_FR_DUMP_TEMP_FILE; the report joins it)
     PG_TIMEOUT=8 HANG_SLEEP_S=300 COLLTRACE_HANG_S=3 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC=3000 \
-        TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE="$WORK/runs/fr-hang-" \
+        TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_ENABLE_TIMING=1 \
         job hang hang 120
     verify hang hang
 }

@@ -89,7 +89,7 @@ def train(rt: Any, facts: dict[str, Any]) -> None:
               f"t_done - t_issue = {(a.t_done_ns - a.t_issue_ns) / 1e9 if a.t_done_ns else None} s, flags {a.flags}")  # fmt: skip
 
 
-def hang(rt: Any, facts: dict[str, Any]) -> None:
+def hang(rt: Any, facts: dict[str, Any], run: Any = None) -> None:
     recs = list(rt.records)
     print(
         f"{len(recs)} records; state {rt.state}; signal {rt.signal}; error {rt.error}; stacks {len(rt.stacks)}; fault {bool(rt.fault)}"
@@ -106,6 +106,18 @@ def hang(rt: Any, facts: dict[str, Any]) -> None:
     # while the kernel is stuck it cannot, and the launcher's SIGTERM ends it (hung)
     check("the rank ended crashed (NCCL's abort) or hung (then SIGTERM)",
           (rt.state.value == "crashed" and bool(rt.fault)) or (rt.state.value == "hung" and rt.signal is not None), rt.state)  # fmt: skip
+    # Flight Recorder's NCCL dump, steered by COLLTRACE=1 into the run directory, joined by (group, backend seq)
+    print(f"flight recorder dumps joined: {run.flight_dumps}; joined records {len(rt.flight)}; only FR: {rt.flight_only}")
+    for r in recs:
+        e = rt.flight.get(r.idx)
+        if e is not None:
+            print(f"     seq {r.seq} {r.op}: FR state {e.flavour} done {not e.in_flight} "
+                  f"duration {None if e.t_done_ns is None else (e.t_done_ns - e.t_issue_ns) / 1e6} ms")  # fmt: skip
+    check("NCCL's dump landed in the run directory and was joined", run.flight_dumps == [0] and len(rt.flight) >= 4,
+          (run.flight_dumps, len(rt.flight)))  # fmt: skip
+    stuck = rt.flight.get(default[3].idx) if len(default) >= 4 else None
+    check("FR says the collective behind the sleep never completed", stuck is not None and stuck.in_flight,
+          stuck and stuck.flavour)  # fmt: skip
 
 
 def graph(rt: Any, facts: dict[str, Any]) -> None:
@@ -130,7 +142,10 @@ def main() -> int:
         facts = json.load(f)
     run = read_run(run_dir)
     rt = run.ranks[0]
-    {"train": train, "hang": hang, "graph": graph}[mode](rt, facts)
+    if mode == "hang":
+        hang(rt, facts, run)
+    else:
+        {"train": train, "graph": graph}[mode](rt, facts)
     print(f"{len(failures)} of the checks failed" if failures else "all checks passed")
     return 1 if failures else 0
 
