@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -352,3 +353,29 @@ def test_rank_that_completed_the_step_without_its_reduction_is_unused_params_not
     _ddp(tmp_path / "short", culprit_steps=2, reduce_last=False)
     dx = diagnose(read_run(str(tmp_path / "short")))
     assert dx.culprits == (1,) and dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
+
+
+def _long_run(run_dir: Path, skip_step: int, steps: int = 500) -> None:
+    """3 ranks, `steps` FSDP steps (5,500 records each, more than the first window); rank 2 skips layers.1's
+    forward all-gather at `skip_step`: equal sizes, so it pairs silently and every later seq is shifted."""
+    rs = ranks(str(run_dir), 3, capacity=8192)
+    for step in range(steps):
+        for r in rs:
+            r.fsdp_step(skip={2} if r.rank == 2 and step == skip_step else set())
+    for r in rs[:2]:
+        r.coll("all_gather_single", 34, "<root>", "forward", done=False)  # waiting for rank 2's last one
+
+
+def test_a_divergence_older_than_the_first_window_is_still_found(tmp_path: Path) -> None:
+    from colltrace.analysis import diagnose as dg
+
+    _long_run(tmp_path / "early", skip_step=2)
+    dx = diagnose(read_run(str(tmp_path / "early")))
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (2 * len(FSDP_STEP) + 3, Kind.MODULE)
+    assert dx.culprits == (2,) and dx.window is None  # the tail was shifted from its first seq: all was read
+    _long_run(tmp_path / "late", skip_step=497)
+    dx = diagnose(read_run(str(tmp_path / "late")))
+    assert dx.divergence is not None and dx.divergence.seq == 497 * len(FSDP_STEP) + 3 and dx.culprits == (2,)
+    assert dx.window == dg.WINDOW  # found in the last records: the rest was never read
+    report = json.loads(run_report(str(tmp_path / "late"), "json")[0])
+    assert report["read"] == {"last_records_per_rank": dg.WINDOW, "ranks_read_in_part": 3}

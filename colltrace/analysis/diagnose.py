@@ -5,7 +5,7 @@ from __future__ import annotations
 from colltrace.analysis import causes, culprit, states, timing, waitfor
 from colltrace.analysis.align import divergences
 from colltrace.analysis.results import Clue, Confidence, ContextRow, Diagnosis, Divergence, Evidence, Finding, RankEnd
-from colltrace.analysis.streams import RankStreams, SigTable, build_all
+from colltrace.analysis.streams import RankStreams, SigTable, build_all, held
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.records import NOT_ENDED, RankState, Run
 
@@ -52,10 +52,9 @@ def _verdict(d: Divergence | None, culprits: tuple[int, ...], ends: dict[int, Ra
 
 def diagnose(run: Run) -> Diagnosis:
     table = SigTable()
-    streams = build_all(run, table)
+    streams, found, window = _tail_first(run, table)
     ends = states.rank_ends(run, streams)
     wf = waitfor.build(run, streams, ends)
-    found = divergences(run, streams, table)
     d = found[0] if found else None
     tm = timing.analyze(run, states.run_end_ns(run, streams), streams)
     slow = tm.straggler()
@@ -101,7 +100,42 @@ def diagnose(run: Run) -> Diagnosis:
         context=context(d, streams, table),
         timing=tm,
         call_sites=call_sites(run, d),
+        window=window,
     )
+
+
+_NONE = RankStreams(-1, {}, [], [], 0, 0, -1, 0)
+WINDOW = 4096  # records per rank read first: a hang's divergence is almost always in its last steps
+
+
+def _tail_first(run: Run, table: SigTable) -> tuple[dict[int, RankStreams], list[Divergence], int | None]:
+    """Align each rank's last WINDOW records; read four times as many, up to all, while the first divergence
+    sits at the start of what its group's windows can compare (it may have begun before: a silent
+    mispairing shifts every later seq) or no divergence is found while a rank ended without finishing.
+    Returns the streams, the divergences and the window (None: every record was read)."""
+    longest = max((held(rt) for rt in run.ranks.values()), default=0)
+    window: int | None = WINDOW
+    while True:
+        if window is not None and window >= longest:
+            window = None
+        streams = build_all(run, table, window)
+        found = divergences(run, streams, table)
+        if window is None or not _earlier_possible(run, streams, found):
+            return streams, found, window
+        window *= 4
+
+
+def _earlier_possible(run: Run, streams: dict[int, RankStreams], found: list[Divergence]) -> bool:
+    cut = {r for r, rs in streams.items() if rs.first_idx > run.ranks[r].dropped}  # the window, not the ring
+    if not cut:
+        return False
+    if not found:
+        return any(rt.state is not RankState.FINISHED for rt in run.ranks.values())
+    d = found[0]
+    if d.seq is None:
+        return False
+    starts = [streams[a.rank].groups[d.group].seq0 for a in d.at if d.group in streams.get(a.rank, _NONE).groups]
+    return any(a.rank in cut for a in d.at) and bool(starts) and d.seq <= max(starts)  # at the first comparable seq
 
 
 def call_sites(run: Run, d: Divergence | None) -> tuple[tuple[tuple[int, ...], str], ...]:

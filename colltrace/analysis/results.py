@@ -140,3 +140,4 @@ class Diagnosis:
     timing: Timing | None = None  # where each rank's time went: steps, overlap, stragglers, clocks
     # where the divergent collective was issued: (ranks, "file:line in func") per class of ranks that issued it
     call_sites: tuple[tuple[tuple[int, ...], str], ...] = ()
+    window: int | None = None  # the last records per rank the alignment read (None: all the trace holds)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -312,5 +314,24 @@ def _extend(
         failed.extend((st.key, seqs[i], idxs[i]) for i in where if flags[i] & schema.FLAG_ERROR)
 
 
-def build_all(run: Run, table: SigTable) -> dict[int, RankStreams]:
-    return {rank: build_streams(rt, table) for rank, rt in sorted(run.ranks.items())}
+def build_all(run: Run, table: SigTable, window: int | None = None) -> dict[int, RankStreams]:
+    """Every rank's streams, from its last `window` records (None: all it holds). A rank read from a window
+    shows its earlier seqs as not visible, as a ring that dropped them does."""
+    if window is None:
+        return {rank: build_streams(rt, table) for rank, rt in sorted(run.ranks.items())}
+    return {rank: build_streams(tail(rt, window), table) for rank, rt in sorted(run.ranks.items())}
+
+
+def tail(rt: RankTrace, n: int) -> RankTrace:
+    """The same rank with its last n records only (records after the others: its spans and events are kept)."""
+    recs = rt.records
+    if held(rt) <= n:
+        return rt
+    cut = recs.tail(n) if isinstance(recs, RecordView) else list(recs)[-n:]
+    return dataclasses.replace(rt, records=cut)
+
+
+def held(rt: RankTrace) -> int:
+    """How many records the rank's trace holds (readable or torn), without reading them."""
+    recs = rt.records
+    return recs.info.last - recs.info.first + 1 if isinstance(recs, RecordView) else len(recs)

@@ -7,7 +7,7 @@ from typing import Any
 from colltrace.analysis import timing as tmg
 from colltrace.analysis.causes import straggler_evidence
 from colltrace.analysis.results import Diagnosis, RankEnd
-from colltrace.analysis.streams import Signature
+from colltrace.analysis.streams import Signature, held
 from colltrace.report import words
 from colltrace.trace.records import Collective, Run
 
@@ -164,6 +164,10 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
         "flight_recorder": flight_recorder(run),
         "environment": environment(run),
         "unseen": list(dx.unseen) + _clock_unseen(run, dx.timing),
+        "read": {
+            "last_records_per_rank": dx.window,
+            "ranks_read_in_part": sum(held(rt) > dx.window for rt in run.ranks.values()) if dx.window else 0,
+        },
         **timing(run, dx.timing),
     }
 
