@@ -371,7 +371,10 @@ def test_a_divergence_older_than_the_first_window_is_still_found(tmp_path: Path)
 
     _long_run(tmp_path / "early", skip_step=2)
     dx = diagnose(read_run(str(tmp_path / "early")))
-    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (2 * len(FSDP_STEP) + 3, Kind.MODULE)
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (
+        2 * len(FSDP_STEP) + 3,
+        Kind.MODULE,
+    )
     assert dx.culprits == (2,) and dx.window is None  # the tail was shifted from its first seq: all was read
     _long_run(tmp_path / "late", skip_step=497)
     dx = diagnose(read_run(str(tmp_path / "late")))

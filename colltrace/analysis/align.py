@@ -45,9 +45,11 @@ def members(run: Run, key: str, streams: dict[int, RankStreams]) -> tuple[int, .
         lo, hi = key.rsplit(":", 1)[1].split("-")
         return (int(lo), int(hi))
     out: set[int] = set()
+    seen: set[int] = set()  # the reader shares one tuple per distinct member list: each is added once
     for rt in run.ranks.values():
         g = rt.groups.get(key)
-        if g is not None:
+        if g is not None and id(g.ranks) not in seen:
+            seen.add(id(g.ranks))
             out.update(g.ranks)
     out.update(r for r, s in streams.items() if key in s.groups)
     return tuple(sorted(out))

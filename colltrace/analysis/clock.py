@@ -56,7 +56,10 @@ def fit(calls: dict[int, list[Call]], rank_hosts: dict[int, str]) -> ClockFit:
     In passes: a host's samples are its median completion at a collective minus the median of the
     aligned hosts' (shifted) completions there; a host with MIN_SAMPLES of them is aligned by their
     median, and the next pass can use it. Linear in hosts per collective: no pairs of hosts."""
-    hosts = sorted(set(rank_hosts.values()), key=lambda h: min(r for r, x in rank_hosts.items() if x == h))
+    first: dict[str, int] = {}  # each host's lowest rank: the reference is rank 0's host
+    for r, h in sorted(rank_hosts.items()):
+        first.setdefault(h, r)
+    hosts = sorted(first, key=first.__getitem__)
     ref = hosts[0] if hosts else ""
     if len(hosts) <= 1:
         return ClockFit(ref, {ref: HostClock(0, 0, 0, ref)} if hosts else {}, (), rank_hosts)

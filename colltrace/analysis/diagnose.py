@@ -106,6 +106,8 @@ def diagnose(run: Run) -> Diagnosis:
 
 _NONE = RankStreams(-1, {}, [], [], 0, 0, -1, 0)
 WINDOW = 4096  # records per rank read first: a hang's divergence is almost always in its last steps
+MIN_WINDOW = 512  # ... fewer on big worlds, to read about RECORD_BUDGET records in all, but never fewer than this
+RECORD_BUDGET = 4_000_000
 
 
 def _tail_first(run: Run, table: SigTable) -> tuple[dict[int, RankStreams], list[Divergence], int | None]:
@@ -114,7 +116,7 @@ def _tail_first(run: Run, table: SigTable) -> tuple[dict[int, RankStreams], list
     mispairing shifts every later seq) or no divergence is found while a rank ended without finishing.
     Returns the streams, the divergences and the window (None: every record was read)."""
     longest = max((held(rt) for rt in run.ranks.values()), default=0)
-    window: int | None = WINDOW
+    window: int | None = max(MIN_WINDOW, min(WINDOW, RECORD_BUDGET // max(1, len(run.ranks))))
     while True:
         if window is not None and window >= longest:
             window = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -40,6 +39,13 @@ class SigTable:
     def __init__(self) -> None:
         self.sigs: list[Signature | None] = [None]
         self._ids: dict[Signature, int] = {}
+        # the ranks of one job intern the same strings alike: a slot key decoded once for all of them
+        self._tables: dict[tuple[tuple[int, str], ...], int] = {}
+        self.decoded: dict[tuple[int, bytes, bytes], tuple[str, int]] = {}  # (table, key) -> (stream, sig id)
+
+    def table_id(self, strings: dict[int, str]) -> int:
+        """One number per distinct string table: ranks whose tables are equal share decoded keys."""
+        return self._tables.setdefault(tuple(sorted(strings.items())), len(self._tables))
 
     def intern(self, sig: Signature) -> int:
         sid = self._ids.get(sig)
@@ -147,11 +153,24 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
     last_idx = -1
     last_t = 0
 
+    tid = table.table_id(strings)
+    decoded = table.decoded
+
     def resolve(key: tuple[bytes, bytes], kind: int) -> None:
         a, b = key
         if kind not in (schema.KIND_COLLECTIVE, schema.KIND_P2P):  # compute spans are not aligned
             stream_of[key] = _NO_STREAM
             sig_of[key] = 0
+            return
+        known = decoded.get((tid, a, b)) if kind == schema.KIND_COLLECTIVE else None
+        if known is not None:
+            stream, sid = known
+            st = groups.get(stream)
+            if st is None:
+                st = groups[stream] = GroupStream(stream)
+                order.append(st)
+            stream_of[key] = order.index(st)
+            sig_of[key] = sid
             return
         g, op, dtype, redop, module, phase = (strings.get(x, "?") for x in _KEY_A.unpack(a))
         nin, nout, peer = _KEY_B.unpack(b)
@@ -170,6 +189,8 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
             order.append(st)
         stream_of[key] = order.index(st)
         sig_of[key] = table.intern(sig)
+        if kind == schema.KIND_COLLECTIVE:
+            decoded[(tid, a, b)] = (stream, sig_of[key])
 
     for idx0, chunk in chunks:
         if not chunk:

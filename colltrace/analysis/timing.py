@@ -589,13 +589,15 @@ FULL_RANKS = 64  # up to this many ranks every rank's timeline is read; beyond, 
 SAMPLE_RANKS = 32  # the sample: the most waited-for ranks, then evenly spaced ones
 TAIL = 20_000  # each rank's last collectives (and spans) the timing reads
 CLOCK_TAIL = 512  # records per host read for the clock fit in a big world
+BIG_TAIL = 2_500  # ... and per sampled rank for its figures (a few steps of a big model: enough to rank them)
 
 
 def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = None) -> Timing:
     """The timing of a run, over each rank's last TAIL collectives and spans. Up to FULL_RANKS ranks, from
     every rank's timeline. Beyond, arrivals come from
     every rank's streams, the clock fit from one rank per host (its last CLOCK_TAIL collectives), and the
-    per-rank figures from the most waited-for ranks and an even sample, SAMPLE_RANKS in all."""
+    per-rank figures from the most waited-for ranks and an even sample, SAMPLE_RANKS in all, over their last
+    BIG_TAIL collectives."""
     ranks = sorted(run.ranks)
     hosts = {r: run.ranks[r].host for r in ranks}
     sizes: dict[str, int] = {}
@@ -614,7 +616,8 @@ def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = 
         one_per_host: dict[str, int] = {}
         for r in ranks:
             one_per_host.setdefault(hosts[r], r)
-        probe = {r: timeline(run.ranks[r], end_ns, CLOCK_TAIL, spans=False) for r in one_per_host.values()}
+        tail = CLOCK_TAIL if len(one_per_host) <= 256 else CLOCK_TAIL // 4  # thousands of hosts: fewer each
+        probe = {r: timeline(run.ranks[r], end_ns, tail, spans=False) for r in one_per_host.values()}
         fit = clock.fit({r: tl.calls for r, tl in probe.items()}, hosts)
         shifts = fit.shifts()
         arr = stream_arrivals(streams, shifts, sizes)
@@ -622,7 +625,7 @@ def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = 
         sample = [s.rank for s in ranked]
         step = max(1, len(ranks) // SAMPLE_RANKS)
         sample += [r for r in ranks[::step] if r not in sample][: SAMPLE_RANKS - len(sample)]
-        tls = {r: timeline(run.ranks[r], end_ns, TAIL).shifted(shifts[r]) for r in sorted(sample) if r in shifts}
+        tls = {r: timeline(run.ranks[r], end_ns, BIG_TAIL).shifted(shifts[r]) for r in sorted(sample) if r in shifts}
     timings = {r: rank_timing(tl) for r, tl in tls.items()}
     if big:
         ranked = [located(st, timings) for st in ranked]

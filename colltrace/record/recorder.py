@@ -114,7 +114,8 @@ class Recorder:
         with self._lock:
             name, desc, ranks, backend = describe_group(pg)
             g = self._groups[id(pg)] = _Seq(pg, self.sid(name), ranks)
-        self.writer.event({"ev": schema.EV_GROUP, "name": name, "desc": desc, "ranks": list(ranks), "backend": backend})
+        self.writer.event({"ev": schema.EV_GROUP, "name": name, "desc": desc, "ranks": schema.pack_ranks(ranks),
+                           "backend": backend})  # fmt: skip
         return g
 
     def _tid(self) -> int:

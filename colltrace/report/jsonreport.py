@@ -257,8 +257,11 @@ def _clock_unseen(run: Run, tm: tmg.Timing | None) -> list[str]:
     if tm is None or not tm.clock.unaligned:
         return []
     out = []
+    by_host: dict[str, list[int]] = {}
+    for r, x in sorted(tm.clock.rank_hosts.items()):
+        by_host.setdefault(x, []).append(r)
     for h in tm.clock.unaligned:
-        rs = sorted(r for r, x in tm.clock.rank_hosts.items() if x == h)
+        rs = by_host.get(h, [])
         out.append(f"host {h} ({words.ranks_text(rs)}): its clock could not be aligned with the others (no "
                    "blocking collective in common); left out of arrival skew, stragglers and bandwidth")  # fmt: skip
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 SCHEMA_VERSION = 1
 MAGIC = b"CLTRACE1"
@@ -126,10 +127,28 @@ EV_HEADER = "header"  # first line
 EV_STR = "str"  # string table entry: {"id": n, "s": text}
 EV_SITE = "site"  # call-site table entry: {"id": n, "s": "file:line in func"} (the user's frame issuing a call)
 SITES_MAX = 0xFFFF  # site ids fit the slot's 16 bits; sites past that many are recorded as unknown (0)
-EV_GROUP = "group"  # a process group seen or created
+EV_GROUP = "group"  # a process group seen or created: "ranks" as pack_ranks writes them
 EV_STEP = "step"  # an optimizer step completed
 EV_STACKS = "stacks"  # Python stacks of all threads (hang watchdog, signal)
 EV_SIGNAL = "signal"  # a terminating signal was received
 EV_ERROR = "error"  # an exception escaped the training script
 EV_WARNING = "warning"  # the shim disabled part of itself
 EV_FOOTER = "footer"  # clean interpreter exit
+
+
+def pack_ranks(ranks: Iterable[int]) -> list[int] | dict[str, int]:
+    """A group's member list as a sidecar holds it: an arithmetic run (the default group, a mesh dimension's
+    groups) as {"start", "stop", "step"}, so a 16,384-rank group costs every rank a few bytes, not 90 KB."""
+    rs = list(ranks)
+    if len(rs) > 2:
+        step = rs[1] - rs[0]
+        if step > 0 and all(b - a == step for a, b in zip(rs, rs[1:])):
+            return {"start": rs[0], "stop": rs[-1] + 1, "step": step}
+    return rs
+
+
+def unpack_ranks(value: object) -> tuple[int, ...]:
+    """pack_ranks undone; a list (every trace before it) is read as it is."""
+    if isinstance(value, dict):
+        return tuple(range(int(value["start"]), int(value["stop"]), int(value.get("step", 1))))
+    return tuple(int(r) for r in value or ())  # type: ignore[attr-defined]
