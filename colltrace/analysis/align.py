@@ -42,8 +42,11 @@ def step_at(st: GroupStream, seq: int) -> int | None:
 def members(run: Run, key: str, streams: dict[int, RankStreams]) -> tuple[int, ...]:
     """Member ranks of a group: what the ranks' group records say, plus any rank that issued in it."""
     if key.startswith("p2p:"):
-        lo, hi = key.rsplit(":", 1)[1].split("-")
-        return (int(lo), int(hi))
+        try:
+            lo, hi = key.rsplit(":", 1)[1].split("-")
+            return (int(lo), int(hi))
+        except ValueError:  # a peer that is no rank: nothing to align it with
+            return ()
     out: set[int] = set()
     seen: set[int] = set()  # the reader shares one tuple per distinct member list: each is added once
     for rt in run.ranks.values():

@@ -30,6 +30,8 @@ def unseen(run: Run) -> tuple[str, ...]:
             out.append(f"rank {r}: the ring kept the last records only ({rt.dropped} older ones overwritten)")
         if rt.torn:
             out.append(f"rank {r}: {rt.torn} unreadable sidecar line(s) (torn by the kill)")
+        if rt.skipped:
+            out.append(f"rank {r}: {rt.skipped} sidecar event(s) with a missing or wrong-typed field, left out")
     return tuple(out)
 
 

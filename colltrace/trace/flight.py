@@ -26,6 +26,7 @@ from colltrace.trace.records import Collective, GroupInfo, RankState, RankTrace,
 
 SUBDIR = "flight_recorder"  # where a colltrace run keeps the dumps of its ranks (COLLTRACE=1 steers them there)
 _RANK_SUFFIX = re.compile(r"(\d+)$")  # torch names a dump <prefix><rank>: comm_lib_trace_rank_3, nccl_trace_rank_3
+_P2P_PEER = re.compile(r"(\d+)\s*(?:->|<-)\s*(\d+)")
 _MAX_BYTES = 1 << 30  # a dump of a 2,000-entry ring is a few MB; anything this big is not one
 # c10 ScalarType names (FR's dtypes) -> the names colltrace records (torch's str(dtype) without "torch.")
 _DTYPES = {
@@ -107,10 +108,12 @@ def find(run_dir: str) -> dict[int, str]:
 
 
 def _int(v: Any, default: int = 0) -> int:
+    """An integer field, or `default` when it is none, or beyond 64 bits (the records' slots hold int64)."""
     try:
-        return int(v) if v is not None and not isinstance(v, bool) else default
+        n = int(v) if v is not None and not isinstance(v, bool) else default
     except (TypeError, ValueError, OverflowError):
         return default
+    return n if -(2**63) <= n < 2**63 else default
 
 
 def _float(v: Any) -> float:
@@ -122,9 +125,10 @@ def _float(v: Any) -> float:
 
 def _numel(sizes: Any) -> int:
     try:
-        return sum(math.prod(int(d) for d in s) for s in sizes or ())
+        n = sum(math.prod(int(d) for d in s) for s in sizes or ())
     except (TypeError, ValueError, OverflowError):
         return 0
+    return n if 0 <= n < 2**62 else 0
 
 
 def _ranks(text: Any) -> tuple[int, ...]:
@@ -169,6 +173,7 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
         else:
             unnamed = unnamed or members
     records: list[Collective] = []
+    skipped = 0
     sites: dict[tuple[str, int, str], str] = {}
     entries = [e for e in dump.get("entries") or () if isinstance(e, dict)]
     for i, e in enumerate(entries):
@@ -179,6 +184,13 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
             members = known.ranks if known and known.ranks else (unnamed if desc == "default_pg" else ())
             groups[name] = GroupInfo(name, desc, members)
         p2p = bool(e.get("is_p2p"))
+        peer = -1
+        if p2p:  # "nccl:send 0->1", "nccl:recv 0<-1": the peer is the other number; without one, left out
+            m = _P2P_PEER.search(str(e.get("profiling_name") or ""))
+            if m is None:
+                skipped += 1
+                continue
+            peer = int(m.group(2))
         # FR 2.x before 2.3 (torch 2.4) numbered both kinds in one seq_id
         seq = _int(e.get("p2p_seq_id" if p2p else "collective_seq_id", e.get("seq_id")))
         op = str(e.get("profiling_name") or "?").split(":", 1)[-1].split(" ")[0]
@@ -200,7 +212,7 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
         records.append(Collective(
             rank, _int(e.get("record_id", i), i), "p2p" if p2p else "collective", name, seq, seq, op,
             _numel(e.get("input_sizes")), _numel(e.get("output_sizes")), str(e.get("input_sizes") or ""), dtype,
-            "", -1, "", "", state, 0, 0, t0, t_done if done else None, 0, flags, 0, site,
+            "", peer, "", "", state, 0, 0, t0, t_done if done else None, 0, flags, 0, site,
         ))  # fmt: skip
     records.sort(key=lambda c: c.idx)
     header = {
@@ -217,7 +229,7 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
                        "threads": [{"thread": "MainThread", "frames": innermost_last}]})  # fmt: skip
     return RankTrace(
         rank=rank, header=header, records=records, groups=groups, state=RankState.DUMPED, stacks=stacks,
-        dropped=records[0].idx if records else 0,
+        dropped=records[0].idx if records else 0, skipped=skipped,
     )  # fmt: skip
 
 

@@ -263,12 +263,20 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
             f"{events_path}: trace schema {header.get('schema')} is newer than this colltrace "
             f"(reads up to {schema.SCHEMA_VERSION}); upgrade colltrace"
         )
+    for key, want in _HEADER.items():
+        if key in header and not _is(header[key], want):
+            raise TraceError(f"{events_path}: header field {key!r} is {type(header[key]).__name__}, not "
+                             f"{_names(want)} (not a trace this colltrace wrote)")  # fmt: skip
     strings: dict[int, str] = {0: ""}
     sites: dict[int, str] = {0: ""}
     groups: dict[str, GroupInfo] = {}
     rt = RankTrace(rank=rank, header=header, records=[], groups=groups, state=RankState.KILLED, torn=torn)
     for ev in events[1:]:
         kind = ev.get("ev")
+        spec = _EVENTS.get(kind) if isinstance(kind, str) else None
+        if spec is not None and not _valid(ev, spec):
+            rt.skipped += 1  # a known event with a field missing or of another type: left out, and said
+            continue
         if kind == schema.EV_STR:
             strings[int(ev["id"])] = str(ev["s"])
         elif kind == schema.EV_SITE:
@@ -442,6 +450,65 @@ def _state(rt: RankTrace) -> RankState:
     if any(st.get("reason") == "hang" for st in rt.stacks):
         return RankState.HUNG  # alive or not: its watchdog saw no progress
     return RankState.RUNNING if rt.alive else RankState.KILLED
+
+
+_MAX_RANKS = 1 << 24  # no job has more: a member range beyond it is not one colltrace wrote
+_INT = (int,)
+_STR = (str,)
+_NUM = (int, float)
+# the header's fields the reader and the analysis use, and their types
+_HEADER: dict[str, tuple[type, ...]] = {
+    "rank": _INT, "world_size": _INT, "host": _STR, "pid": _INT, "ppid": _INT, "clock": (dict,), "argv": (list,),
+    "run_dir": _STR, "launcher": _STR, "torch": _STR, "backend": _STR, "python": _STR, "unseen": (list,),
+    "hang_s": _NUM, "local_rank": (int, type(None)),
+}  # fmt: skip
+# per stored event: field -> (types, required?)
+_EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    schema.EV_STR: {"id": (_INT, True), "s": (_STR, True)},
+    schema.EV_SITE: {"id": (_INT, True), "s": (_STR, True)},
+    schema.EV_GROUP: {"name": (_STR, True), "desc": ((str, type(None)), False), "ranks": ((list, dict), False),
+                      "backend": ((str, type(None)), False)},
+    schema.EV_STEP: {"step": (_INT, True), "t_ns": (_INT, False)},
+    schema.EV_STACKS: {"threads": ((list,), True), "reason": (_STR, False), "t_ns": (_INT, False)},
+    schema.EV_SIGNAL: {"signal": (_STR, False), "t_ns": (_INT, False), "in_flight": (_INT, False)},
+    schema.EV_ERROR: {"type": (_STR, True), "message": (_STR, False), "traceback": (_STR, False),
+                      "qualname": (_STR, False), "t_ns": (_INT, False)},
+    schema.EV_FOOTER: {"t_ns": (_INT, False), "step": (_INT, False), "in_flight": (_INT, False)},
+    schema.EV_WARNING: {"message": (_STR, False)},
+    "label": {"t_ns": (_INT, False)},
+    "data_exhausted": {"t_ns": (_INT, False), "step": (_INT, False)},
+    "group_create": {"ranks": ((list, type(None)), False)},
+}  # fmt: skip
+
+
+def _is(value: Any, types: tuple[type, ...]) -> bool:
+    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+
+
+def _names(types: tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in types)
+
+
+def _valid(ev: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], bool]]) -> bool:
+    for key, (types, required) in spec.items():
+        if key not in ev:
+            if required:
+                return False
+        elif not _is(ev[key], types):
+            return False
+    if "threads" in spec and not all(isinstance(t, dict) and isinstance(t.get("frames", []), list)
+                                     for t in ev["threads"]):  # fmt: skip
+        return False
+    if isinstance(ev.get("ranks"), list) and not all(_is(r, _INT) for r in ev["ranks"]):
+        return False
+    r = ev.get("ranks")
+    if isinstance(r, dict) and not (
+        all(_is(r.get(k), _INT) for k in ("start", "stop")) and _is(r.get("step", 1), _INT)
+        and 0 <= r["start"] <= r["stop"] <= _MAX_RANKS and r.get("step", 1) > 0
+    ):  # fmt: skip
+        return False
+    clock = ev.get("clock")
+    return clock is None or isinstance(clock, dict)
 
 
 def _alive(header: dict[str, Any]) -> bool:

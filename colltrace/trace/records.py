@@ -112,6 +112,7 @@ class RankTrace:
     warnings: list[str] = field(default_factory=list)
     dropped: int = 0  # records overwritten by the ring before the end
     torn: int = 0  # unreadable slots or lines (expected after a kill)
+    skipped: int = 0  # events of a known kind left out: a field missing or of another type
     labels: list[dict[str, Any]] = field(default_factory=list)
     spans: Sequence[Collective] = ()  # compute spans (kind "span", op: forward, data, ...), oldest first
     exhausted: list[dict[str, Any]] = field(default_factory=list)  # data_exhausted events: out of data
