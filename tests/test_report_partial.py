@@ -26,3 +26,41 @@ def test_a_rank_without_trace_while_the_others_wait_is_the_suspect(tmp_path: Pat
     assert report["cause"]["confidence"] == "low"
     assert [e["clue"] for e in report["cause"]["evidence"]] == ["no_trace"]
     assert report["ranks"]["2"]["state"] == "missing"
+
+
+def _report(run: Path) -> dict:  # type: ignore[type-arg]
+    import json
+
+    return json.loads(run_report(str(run), fmt="json")[0])  # type: ignore[no-any-return]
+
+
+def test_a_truncated_ring_is_said_truncated_not_wrapped_and_its_lost_end_blames_no_one(tmp_path: Path) -> None:
+    """metric_allreduce (culprit 2 at seq 23) with rank 1's ring cut to 6,000 bytes (14 slots): its records
+    past the cut are lost, not overwritten, and its missing end is not taken as a rank that stopped."""
+    import os
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "metric_allreduce", run)
+    os.truncate(run / "rank00001.ring", 6000)
+    report = _report(run)
+    assert (
+        "rank 1: its ring file is cut short after 14 slots (truncated, not wrapped): the records past its end are lost"
+        in report["unseen"]
+    )
+    assert not any("overwritten" in u for u in report["unseen"])
+    assert report["culprit_ranks"] == [2] and report["first_divergence"]["seq"] == 23
+    assert report["first_divergence"]["not_visible"] == [1]
+
+
+def test_an_empty_ring_is_no_rank_that_issued_nothing(tmp_path: Path) -> None:
+    """The culprit's ring emptied (0 bytes) and another's truncated: nothing confident is said."""
+    import os
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "metric_allreduce", run)
+    (run / "rank00002.ring").write_bytes(b"")
+    os.truncate(run / "rank00001.ring", 6000)
+    report = _report(run)
+    assert any(u.startswith("rank 2: its ring file is empty or cut before its header") for u in report["unseen"])
+    assert report["culprit_ranks"] != [2] or report["cause"]["confidence"] == "low"
+    assert (report["cause"] or {}).get("confidence") in (None, "low")

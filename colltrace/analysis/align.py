@@ -106,7 +106,7 @@ def _at(streams: dict[int, RankStreams], rank: int, key: str, seq: int | None, t
         return AtSeq(rank, None, None, -1, visible=rs.first_idx == 0)
     sid = st.sig_at(seq)
     sig = table[sid] if (table is not None and sid) else None
-    visible = seq >= st.seq0 or rs.first_idx == 0
+    visible = (seq >= st.seq0 or rs.first_idx == 0) and (seq <= st.last_seq or not rs.tail_lost)
     return AtSeq(rank, sig, step_at(st, seq), st.idx_at(seq), visible=visible)
 
 
@@ -141,7 +141,8 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
     if len(spans) < 2:
         return None
     lo = max(a for a, _ in spans.values())
-    hi = min(b for _, b in spans.values())
+    known = [b for r, (_, b) in spans.items() if not streams[r].tail_lost] or [b for _, b in spans.values()]
+    hi = min(known)  # a rank whose ring was cut short has an unknown end: it does not end the comparison
     top = max(b for _, b in spans.values())
     seq: int | None = None
     if hi >= lo:
@@ -149,11 +150,12 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
         for r in spans:
             st = streams[r].groups[key]
             windows[r] = st.sigs[lo - st.seq0 : hi - st.seq0 + 1]
-        ref = next(iter(windows.values()))
+        ref = max(windows.values(), key=len)  # a ring cut short gives a shorter window: compared as far as it goes
         first = len(ref)
         for w in windows.values():
-            if w != ref:
-                first = min(first, _first_mismatch(ref, w))
+            part = ref[: len(w)] if len(w) < len(ref) else ref
+            if w != part:
+                first = min(first, _first_mismatch(part, w))
         if first < len(ref):
             seq = lo + first
     if seq is None and top > hi:

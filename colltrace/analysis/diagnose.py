@@ -26,7 +26,13 @@ def unseen(run: Run) -> tuple[str, ...]:
     said = {str(u) for rt in run.ranks.values() for u in rt.header.get("unseen") or () if "not traced" in str(u)}
     out += sorted(said)  # what this torch has that the recorder did not know (found at install)
     for r, rt in sorted(run.ranks.items()):
-        if rt.dropped:
+        if rt.ring_cut < 0:
+            out.append(f"rank {r}: its ring file is empty or cut before its header: none of its collectives "
+                       "can be seen (the rank is left out of the comparison, not taken to have issued none)")  # fmt: skip
+        elif rt.ring_cut:
+            out.append(f"rank {r}: its ring file is cut short after {rt.ring_cut} slots (truncated, not "
+                       "wrapped): the records past its end are lost")  # fmt: skip
+        elif rt.dropped:
             out.append(f"rank {r}: the ring kept the last records only ({rt.dropped} older ones overwritten)")
         if rt.torn:
             out.append(f"rank {r}: {rt.torn} unreadable sidecar line(s) (torn by the kill)")
@@ -86,7 +92,10 @@ def diagnose(run: Run) -> Diagnosis:
         spanned = {r for e in f.evidence if e.clue is Clue.IN_SPAN for r in e.ranks}
         said = tuple(e for e in blame.evidence if not (e.clue is Clue.STUCK_OUTSIDE and set(e.ranks) <= spanned))
         evidence = tuple(dict.fromkeys(said + f.evidence))  # the same fact once
-        finding = Finding(f.cause, _confidence(blame.confidence, f.confidence), evidence)
+        sure = _confidence(blame.confidence, f.confidence)
+        if any(run.ranks[c].ring_cut for c in culprits if c in run.ranks):
+            sure = Confidence.LOW  # a culprit whose ring file was cut: what it did last is not all there
+        finding = Finding(f.cause, sure, evidence)
         if verdict is Verdict.HEALTHY and f.cause is Cause.STRAGGLER and slow is not None:
             culprits = (slow.rank,)
             victims = tuple(r for r in sorted(ends) if r != slow.rank)

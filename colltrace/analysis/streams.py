@@ -95,6 +95,7 @@ class RankStreams:
     first_idx: int  # oldest record still readable (> 0: the ring dropped older ones)
     last_idx: int
     last_t_ns: int
+    tail_lost: bool = False  # the ring file was cut short: what the rank issued after its last record is unknown
 
 
 def p2p_key(group: str, a: int, b: int) -> str:
@@ -242,9 +243,10 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         open=open_,
         failed=failed,
         count=sum(len(st.sigs) for st in groups.values()),
-        first_idx=max(first_idx, 0),
+        first_idx=1 if rt.ring_cut < 0 else max(first_idx, 0),  # an unreadable ring shows nothing from the start
         last_idx=last_idx,
         last_t_ns=(last_t + offset) if last_t else 0,
+        tail_lost=rt.ring_cut > 0,
     )
 
 

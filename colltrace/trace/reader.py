@@ -149,6 +149,7 @@ class RingInfo(NamedTuple):
     first: int
     last: int
     head: int
+    cut_to: int = 0  # > 0: the file ends after this many slots, short of its capacity (truncated, not wrapped)
 
 
 def ring_info(ring_path: str) -> RingInfo | None:
@@ -162,13 +163,31 @@ def ring_info(ring_path: str) -> RingInfo | None:
     magic, _version, slot_size, capacity, head = schema.RING_HEADER.unpack(data)
     if magic != schema.MAGIC or slot_size != schema.SLOT_SIZE:
         raise TraceError(f"{ring_path}: not a colltrace ring (bad magic or slot size)")
-    capacity = min(capacity, (size - schema.RING_HEADER_SIZE) // slot_size)
-    if capacity <= 0:
+    in_file = (size - schema.RING_HEADER_SIZE) // slot_size
+    if in_file <= 0:
         return None
+    if in_file < capacity:  # cut short (a copy that stopped, a full disk): what lies past the end is lost
+        if head > capacity:  # it had wrapped too: where the file ends says nothing of which records are gone
+            return RingInfo(in_file, max(0, head - in_file), head - 1, head, cut_to=in_file)
+        last = _last_marker(ring_path, in_file)
+        return RingInfo(capacity, 0, last, last + 1, cut_to=in_file)
     # the writer publishes head only every HEAD_EVERY records (it is a lower bound): the
     # slots' own markers say how far the ring really goes
     last = _last_committed(ring_path, head, capacity)
     return RingInfo(capacity=capacity, first=max(0, last + 1 - capacity), last=last, head=last + 1)
+
+
+def _last_marker(ring_path: str, slots: int) -> int:
+    """The highest idx among the first `slots` slots that holds its own record (a ring that never wrapped)."""
+    last = -1
+    marker = struct.Struct("<Q")
+    with open(ring_path, "rb") as f:
+        for idx in range(slots):
+            f.seek(schema.RING_HEADER_SIZE + idx * schema.SLOT_SIZE)
+            data = f.read(marker.size)
+            if len(data) == marker.size and marker.unpack(data)[0] == idx + 1:
+                last = idx
+    return last
 
 
 def _last_committed(ring_path: str, head: int, capacity: int) -> int:
@@ -315,6 +334,9 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
         view = RecordView(rank, ring_path, info, strings, offset, sites)
         rt.records = view
         rt.dropped = info.first  # overwritten by the ring before the end
+        rt.ring_cut = info.cut_to
+    elif os.path.exists(ring_path):
+        rt.ring_cut = -1  # the file is there, too short for its header: none of its records can be read
     spans_path = events_path[: -len(".jsonl")] + ".spans"
     spans_info = ring_info(spans_path) if os.path.exists(spans_path) else None
     if spans_info is not None:
