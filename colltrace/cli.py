@@ -103,7 +103,7 @@ def _ranks(spec: str | None) -> set[int] | None:
 def cmd_report(args: argparse.Namespace) -> int:
     from colltrace.report.build import run_report
 
-    text, problem = run_report(_run_dir(args.run_dir), fmt=args.format, stacks=args.stacks)
+    text, problem = run_report(_run_dir(args.run_dir), fmt=args.format, stacks=args.stacks, redact=args.redact)
     _out(text, args.output)
     return EXIT_PROBLEM if problem else EXIT_OK
 
@@ -197,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--format", choices=("md", "json"), default="md")
     r.add_argument("--stacks", choices=("culprits", "all"), default="culprits",
                    help="whose last stacks the Markdown shows (default: the culprits')")  # fmt: skip
+    r.add_argument("--redact", action="store_true",
+                   help="replace host names, user names, IP addresses and paths with stable placeholders")  # fmt: skip
     r.add_argument("-o", "--output", help="write to FILE instead of stdout")
     r.set_defaults(fn=cmd_report)
 

@@ -148,3 +148,32 @@ def test_dump_says_what_it_left_out_and_leaves_no_file_on_error(tmp_path: Path) 
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and not target.exists()
     out = _colltrace("dump", str(tmp_path / "nope"), "-o", str(target), cwd=tmp_path)
     assert out.returncode == 2 and not target.exists()
+
+
+def test_report_redact_leaves_no_host_user_ip_or_path(tmp_path: Path) -> None:
+    """--redact on a real run whose trace names a user's home, a host and IP addresses (gloo's errors): none of
+    them is left, in either format; the same host is the same placeholder; file names and lines are kept."""
+    import json
+    import re
+    import shutil
+
+    from colltrace.report.build import run_report
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "fixtures" / "metric_allreduce", run)
+    for f in run.glob("rank*.jsonl"):  # as if recorded on node-a17 by alice, from her home
+        f.write_bytes(
+            f.read_bytes().replace(b'"host":"vm"', b'"host":"node-a17"').replace(b"/work/main", b"/home/alice/proj")
+        )
+    plain = run_report(str(run), "md")[0]
+    assert "node-a17" in plain and "/home/alice" in plain  # what there is to hide
+    for fmt in ("md", "json"):
+        text = run_report(str(run), fmt, redact=True)[0]
+        assert "node-a17" not in text and "alice" not in text and "/home" not in text
+        assert not re.search(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])", text)  # no IP address
+        assert "divergence.py:270 in metric_allreduce" in text  # the user's file and line, kept
+    report = json.loads(run_report(str(run), "json", redact=True)[0])
+    assert report["environment"]["hosts"] == ["host-1"] and {r["host"] for r in report["ranks"].values()} == {"host-1"}
+    assert report["culprit_ranks"] == [2] and report["redacted"]["host"] == 1 and report["redacted"]["user"] == 1
+    sites = [cs["site"] for cs in report["first_divergence"]["call_sites"]]
+    assert len({s.split("/")[0] for s in sites}) == 1  # one directory, one placeholder

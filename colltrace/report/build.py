@@ -21,14 +21,19 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj, indent=2 if indent else None) + "\n"
 
 
-def run_report(run_dir: str, fmt: str = "md", stacks: str = "culprits") -> tuple[str, bool]:
+def run_report(run_dir: str, fmt: str = "md", stacks: str = "culprits", redact: bool = False) -> tuple[str, bool]:
     """Return (report text, whether a problem was found). Raises TraceError for unusable input.
-    stacks: whose stacks the Markdown shows, the culprits' or all ranks' (the JSON has every rank's)."""
+    stacks: whose stacks the Markdown shows, the culprits' or all ranks' (the JSON has every rank's).
+    redact: hosts, users, IP addresses and paths replaced by stable placeholders (report.redact)."""
     if fmt not in ("md", "json"):
         raise TraceError(f"unknown report format {fmt!r} (md or json)")
     run = read_run(run_dir)
     dx = diagnose(run)
     report = jsonreport.build(run, dx)
+    if redact:
+        from colltrace.report.redact import redact as redacted
+
+        report = redacted(report, run)
     problem = dx.verdict is not Verdict.HEALTHY
     if fmt == "json":
         return dumps(report), problem
