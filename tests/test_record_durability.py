@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -194,3 +195,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_a_full_disk_at_the_start_leaves_training_alone_and_the_report_says_unknown(tmp_path: Path) -> None:
+    """The ring files cannot be created (RLIMIT_FSIZE stands in for a full disk or a quota: the blocks are
+    allocated up front, so a full disk is an OSError at creation, never a SIGBUS in the job): the job trains
+    to the end, each rank says so once, the trace says recording failed, the report's verdict is unknown."""
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(WORKLOADS / "full_disk.py")], env=job_env(run), capture_output=True, text=True,
+                          timeout=180)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("trained 1.0") == 2  # the all_reduces ran (x stays 1 on 2 ranks: AVG)
+    assert proc.stderr.count("[colltrace]") == 2 and "the job runs untraced" in proc.stderr
+    from colltrace.report.build import run_report
+
+    report = json.loads(run_report(str(run), "json")[0])
+    assert report["verdict"] == "unknown" and {r["state"] for r in report["ranks"].values()} == {"untraced"}
+    assert sum("recording failed: the ring files could not be created" in u for u in report["unseen"]) == 2

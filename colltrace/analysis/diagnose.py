@@ -7,6 +7,7 @@ from colltrace.analysis.align import divergences
 from colltrace.analysis.results import Clue, Confidence, ContextRow, Diagnosis, Divergence, Evidence, Finding, RankEnd
 from colltrace.analysis.streams import RankStreams, SigTable, build_all, held
 from colltrace.analysis.vocab import Cause, Kind, Verdict
+from colltrace.trace.reader import RECORDING_FAILED
 from colltrace.trace.records import NOT_ENDED, RankState, Run
 
 _CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.PEER, Kind.MODULE, Kind.PHASE})
@@ -36,6 +37,9 @@ def unseen(run: Run) -> tuple[str, ...]:
             out.append(f"rank {r}: the ring kept the last records only ({rt.dropped} older ones overwritten)")
         if rt.torn:
             out.append(f"rank {r}: {rt.torn} unreadable sidecar line(s) (torn by the kill)")
+        failed = [w for w in rt.warnings if w.startswith(RECORDING_FAILED)]
+        if failed:
+            out.append(f"rank {r}: {failed[0]}")
         if rt.skipped:
             out.append(f"rank {r}: {rt.skipped} sidecar event(s) with a missing or wrong-typed field, left out")
     return tuple(out)
@@ -53,6 +57,8 @@ def _verdict(d: Divergence | None, culprits: tuple[int, ...], ends: dict[int, Ra
         return Verdict.HANG
     if all(e.state is RankState.FINISHED for e in ends.values()):
         return Verdict.HEALTHY
+    if ends and all(e.state in (RankState.UNTRACED, RankState.MISSING) for e in ends.values()):
+        return Verdict.UNKNOWN
     if all(e.state in (RankState.FINISHED, RankState.DUMPED) and e.blocked is None for e in ends.values()):
         return Verdict.HEALTHY  # Flight Recorder dumps with nothing in flight and nothing different
     return Verdict.HANG
@@ -206,7 +212,8 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
         detail = ",".join(map(str, blocked))
         ev = tuple(Evidence(Clue.NO_DUMP if dumped else Clue.NO_TRACE, (r,), detail) for r in unseen_ranks)
         return culprit.Blame(unseen_ranks, blocked, Kind.MISSING, Confidence.LOW, ev)
-    stuck = tuple(r for r, e in ends.items() if e.blocked is None and e.state in NOT_ENDED - {RankState.DUMPED})
+    stuck = tuple(r for r, e in ends.items()
+                  if e.blocked is None and e.state in NOT_ENDED - {RankState.DUMPED, RankState.UNTRACED})  # fmt: skip
     if stuck and len(stuck) < len(ends):
         ev = tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r].activity) for r in stuck)
         return culprit.Blame(stuck, tuple(r for r in everyone if r not in stuck), Kind.MISSING, Confidence.LOW, ev)

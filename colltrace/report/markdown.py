@@ -175,6 +175,8 @@ def timing_section(report: dict[str, Any]) -> list[str]:
         if bad:
             text += f"; not aligned: {', '.join(bad)} (left out of cross-rank timing)"
         out.append(f"- **Clocks:** {text}")
+    if len(out) == 2:  # nothing timed (no rank completed a step, nothing aligned)
+        return []
     out.append("")
     out += _breakdown_table(report, med)
     return out

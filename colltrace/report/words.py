@@ -44,6 +44,8 @@ def headline(dx: Diagnosis) -> str:
     d = dx.divergence
     who = f"culprit {ranks_text(dx.culprits)}" if dx.culprits else "culprit undecided"
     cause = f", likely {dx.finding.cause.value}" if dx.finding and dx.finding.cause is not Cause.UNKNOWN else ""
+    if dx.verdict is Verdict.UNKNOWN:
+        return "Unknown: recording failed on every rank, so the traces hold nothing to compare (see Not seen)"
     if dx.verdict is Verdict.HEALTHY:
         if dx.finding and dx.finding.cause is Cause.STRAGGLER:
             return f"Healthy, but {ranks_text(dx.culprits)} is a straggler: the others waited for it"

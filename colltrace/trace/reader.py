@@ -461,6 +461,9 @@ _MARKER = struct.Struct("<Q")
 _T_DONE = schema.FIELD_NAMES.index("t_done_ns")
 
 
+RECORDING_FAILED = "recording failed"  # the writer's warning when it cannot create or write the trace
+
+
 def _state(rt: RankTrace) -> RankState:
     if not _after_signal(rt, rt.error):
         if rt.error is not None or rt.fault:
@@ -471,6 +474,8 @@ def _state(rt: RankTrace) -> RankState:
     # because the same SIGTERM killed its worker), not the rank's own
     if any(st.get("reason") == "hang" for st in rt.stacks):
         return RankState.HUNG  # alive or not: its watchdog saw no progress
+    if any(w.startswith(RECORDING_FAILED) for w in rt.warnings):
+        return RankState.UNTRACED  # no end of its own because the recorder gave up, not because it was killed
     return RankState.RUNNING if rt.alive else RankState.KILLED
 
 

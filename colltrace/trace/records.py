@@ -17,11 +17,12 @@ class RankState(str, enum.Enum):
     KILLED = "killed"  # stopped from outside (SIGTERM seen, or no trace of its end at all: SIGKILL)
     RUNNING = "running"  # no end yet and its process is alive (on this host): the job is still running
     DUMPED = "dumped"  # known from a Flight Recorder dump only: what it was doing then, not how it ended
+    UNTRACED = "untraced"  # its recording failed (the trace could not be written): how it went is not known
     MISSING = "missing"  # no trace file for this rank
 
 
 NOT_ENDED = frozenset(
-    {RankState.HUNG, RankState.KILLED, RankState.RUNNING, RankState.DUMPED}
+    {RankState.HUNG, RankState.KILLED, RankState.RUNNING, RankState.DUMPED, RankState.UNTRACED}
 )  # no end of its own (yet)
 
 

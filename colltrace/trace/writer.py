@@ -65,7 +65,12 @@ class Ring:
     # -- ring ------------------------------------------------------------------------------
 
     def _map(self, capacity: int) -> None:
-        os.ftruncate(self._ring_fd, schema.RING_HEADER_SIZE + capacity * schema.SLOT_SIZE)
+        size = schema.RING_HEADER_SIZE + capacity * schema.SLOT_SIZE
+        os.ftruncate(self._ring_fd, size)
+        if hasattr(os, "posix_fallocate"):
+            # the blocks now, not at a store into the map: on a full disk that store would be a SIGBUS that
+            # kills the job; here it is an OSError, and the tracer stops recording and says so once
+            os.posix_fallocate(self._ring_fd, 0, size)
         mm = mmap.mmap(self._ring_fd, schema.RING_HEADER_SIZE + capacity * schema.SLOT_SIZE)
         schema.RING_HEADER.pack_into(mm, 0, schema.MAGIC, schema.SCHEMA_VERSION, schema.SLOT_SIZE, capacity, 0)
         old = getattr(self, "_mm", None)
@@ -207,9 +212,14 @@ class TraceWriter(Ring):
             spans={"capacity": span_capacity},
         )
         self.event(header)
-        super().__init__(os.path.join(run_dir, schema.RING_NAME.format(rank=rank)), capacity, full, self.file_mode)
-        self.spans = Ring(os.path.join(run_dir, schema.SPANS_NAME.format(rank=rank)), span_capacity, full,
-                          self.file_mode)  # fmt: skip
+        try:
+            super().__init__(os.path.join(run_dir, schema.RING_NAME.format(rank=rank)), capacity, full, self.file_mode)
+            self.spans = Ring(os.path.join(run_dir, schema.SPANS_NAME.format(rank=rank)), span_capacity, full,
+                              self.file_mode)  # fmt: skip
+        except OSError as e:  # a full disk, a quota: said in the trace itself, for the report
+            self.event({"ev": schema.EV_WARNING, "message": f"recording failed: the ring files could not be "
+                        f"created ({type(e).__name__}: {e}); nothing was recorded on this rank"})  # fmt: skip
+            raise
 
     # -- strings and events ----------------------------------------------------------------
 
