@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from _jobs import WORKLOADS, job_env, kill_group, start_torchrun, torchrun, wait_for
 
+from colltrace.report.build import run_report
 from colltrace.trace import schema
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import RankState
@@ -208,8 +209,34 @@ def test_a_full_disk_at_the_start_leaves_training_alone_and_the_report_says_unkn
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("trained 1.0") == 2  # the all_reduces ran (x stays 1 on 2 ranks: AVG)
     assert proc.stderr.count("[colltrace]") == 2 and "the job runs untraced" in proc.stderr
-    from colltrace.report.build import run_report
-
     report = json.loads(run_report(str(run), "json")[0])
     assert report["verdict"] == "unknown" and {r["state"] for r in report["ranks"].values()} == {"untraced"}
     assert sum("recording failed: the ring files could not be created" in u for u in report["unseen"]) == 2
+
+
+def test_a_forked_child_writes_nothing_into_its_parents_trace(tmp_path: Path) -> None:
+    proc = torchrun("forks.py", 2, tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = read_run(str(tmp_path / "run"))
+    for rank, rt in run.ranks.items():
+        assert (tmp_path / "run" / f"child{rank}.pt").exists()  # the child did run
+        assert [r.op for r in rt.records] == ["all_reduce"] * 3  # the parent's, nothing of the child's
+        assert not [s for s in rt.spans if s.op == "checkpoint"]  # the child's torch.save left no span
+        footers = [line for line in (tmp_path / "run" / schema.EVENTS_NAME.format(rank=rank)).read_text().splitlines()
+                   if '"ev":"footer"' in line.replace(" ", "")]  # fmt: skip
+        assert len(footers) == 1 and rt.state is RankState.FINISHED  # the parent's own exit, once
+
+
+def test_a_disk_that_fills_mid_run_stops_the_recording_not_the_job(tmp_path: Path) -> None:
+    """A 16-slot ring fits under the limit; the sidecar's step events outgrow it after some steps: the write
+    that fails is said once, recording stops, and the job trains its 300 steps to the end."""
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(WORKLOADS / "full_disk.py")], env=job_env(run, LIMIT="12000", COLLTRACE_RING="16"),
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("trained 1.0") == 2
+    assert proc.stderr.count("writing the trace's sidecar: OSError") == 2  # once per rank
+    for f in run.glob("rank*.jsonl"):
+        assert 8000 < f.stat().st_size <= 12000  # it wrote until the disk was full, then nothing
+    run_report(str(run), "md")  # and the report reads what there is

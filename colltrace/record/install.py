@@ -112,6 +112,7 @@ def start_recording() -> None:
         writer = TraceWriter(run_dir, rank, cfg.ring, cfg.full, header, share_group=cfg.share_group)
         _flight_recorder_dir(run_dir, writer)
         rec = Recorder(writer, default_pg, CONTEXT, backend_seq=cfg.backend_seq)
+        writer.on_error = lambda e: TRACER.failed(rec, "writing the trace's sidecar", e)
         rec.non_member = getattr(c10d.GroupMember, "NON_GROUP_MEMBER", object())
         rec._group(default_pg)
         for ev in TRACER.pending_groups:

@@ -11,6 +11,7 @@ import mmap
 import os
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from colltrace.trace import schema
@@ -196,6 +197,8 @@ class TraceWriter(Ring):
         self.rank = rank
         self._strings: dict[str, int] = {"": 0}
         self._strings_lock = threading.Lock()
+        self.write_error: OSError | None = None  # the sidecar's first failed write: nothing is written after it
+        self.on_error: Callable[[OSError], None] | None = None  # told of it once (install: stop recording)
         self._sites: dict[str, int] = {"": 0}
         events_path = os.path.join(run_dir, schema.EVENTS_NAME.format(rank=rank))
         self._events_fd = os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, self.file_mode)
@@ -252,12 +255,24 @@ class TraceWriter(Ring):
         return sid
 
     def event(self, obj: dict[str, Any]) -> None:
-        os.write(self._events_fd, _dumps(obj) + b"\n")
+        self._write(_dumps(obj) + b"\n")
 
     def step(self, step: int, t_ns: int) -> None:
         """The step event: an optimizer step completed. Formatted here, not by orjson, whose
         1 KiB output buffer is a malloc that cost 20k instructions a step in a real job."""
-        os.write(self._events_fd, _STEP_LINE % (int(step), int(t_ns)))
+        self._write(_STEP_LINE % (int(step), int(t_ns)))
+
+    def _write(self, line: bytes) -> None:
+        """One sidecar line. A write that fails (a disk that filled since the start) never reaches the job:
+        `on_error` hears of it once (the recorder stops), and nothing more is written."""
+        if self.write_error is not None:
+            return
+        try:
+            os.write(self._events_fd, line)
+        except OSError as e:
+            self.write_error = e
+            if self.on_error is not None:
+                self.on_error(e)
 
     def flush(self) -> None:
         """Ask the kernel to push to disk (only matters for a machine crash)."""
