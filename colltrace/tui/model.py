@@ -63,6 +63,10 @@ class Model:
     fingerprint: tuple[tuple[str, int, int], ...] = ()
     loaded_at: float = field(default_factory=time.time)
     rows: list[Row] = field(default_factory=list)  # the timeline's lanes, top to bottom
+    live: bool = False  # a rank's process still runs: the run can change without its files changing
+
+    def __post_init__(self) -> None:
+        self.live = any(e.alive for e in self.dx.ranks.values())  # once: every drawn line asks
 
     def row_of(self, rank: int) -> int | None:
         """The lane that shows `rank` (its own, or its class's)."""
@@ -71,11 +75,6 @@ class Model:
     @property
     def ranks(self) -> list[int]:
         return sorted(self.lines)
-
-    @property
-    def live(self) -> bool:
-        """A rank's process still runs: the run can change without its files changing (time goes on)."""
-        return any(e.alive for e in self.dx.ranks.values())
 
     def divergent_call(self) -> Call | None:
         """The divergent collective as the culprit issued it (else the first rank that did)."""
