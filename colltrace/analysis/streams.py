@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import groupby
-from operator import itemgetter
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from colltrace.trace import schema
 from colltrace.trace.reader import RecordView
@@ -105,7 +104,6 @@ def p2p_key(group: str, a: int, b: int) -> str:
 
 # The signature's fields, as two raw byte strings per slot (a hashable key, decoded once per distinct value):
 # the string ids group..phase, and numel_in, numel_out, peer.
-_KEYS = schema.slot_struct(("group", "phase"), ("numel_in", "peer"))
 _KEY_A = schema.run_struct("group", "phase")
 _KEY_B = schema.run_struct("numel_in", "peer")
 _NO_STREAM = -1
@@ -194,49 +192,45 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
             decoded[(tid, a, b)] = (stream, sig_of[key])
 
     for idx0, chunk in chunks:
-        if not chunk:
-            continue
         n = len(chunk) // schema.SLOT_SIZE
-        markers, kinds, flags, keys, seqs, steps, t_issue, t_done = _columns(chunk)
-        idxs: Sequence[int] = range(idx0, idx0 + n)
-        if markers[-1] != idx0 + n and n > 1 and markers[:-1] == list(range(idx0 + 1, idx0 + n)):
-            # the usual torn slot: the last one, never committed (head points past the last record)
-            n -= 1
-            kinds, flags, keys, seqs, steps, t_issue, t_done = (
-                c[:n] for c in (kinds, flags, keys, seqs, steps, t_issue, t_done)
-            )
-            markers = markers[:n]
-            idxs = range(idx0, idx0 + n)
-        if markers != list(range(idx0 + 1, idx0 + n + 1)):  # torn or stale slots: keep the good ones
-            keep = [i for i in range(n) if markers[i] == idx0 + i + 1]
-            if not keep:
+        if not n:
+            continue
+        cols = np.frombuffer(chunk, dtype=_SLOT_COLUMNS, count=n)
+        idxs = np.arange(idx0, idx0 + n, dtype=np.int64)
+        good = cols["marker"] == (idxs + 1).astype(np.uint64)
+        if not good.all():  # torn or stale slots (the last one, never committed, most often): keep the good ones
+            cols, idxs = cols[good], idxs[good]
+            if not len(idxs):
                 continue
-            pick = _picker(keep)
-            kinds, flags, keys, seqs, steps, t_issue, t_done = (
-                list(pick(c)) for c in (kinds, flags, keys, seqs, steps, t_issue, t_done)
-            )
-            idxs = [idx0 + i for i in keep]
-        known = list(map(stream_of.get, keys))
-        if None in known:  # new call sites in this block: resolve them once
-            for i in range(len(keys)):
-                if keys[i] not in stream_of:
-                    resolve(keys[i], kinds[i])
-            known = list(map(stream_of.get, keys))
-        gcol = cast("list[int]", known)
-        sids = list(map(sig_of.__getitem__, keys))
-        present = set(gcol)
-        for g in present:
+        words = np.frombuffer(chunk, dtype="<u4", count=n * _WORDS).reshape(n, _WORDS)
+        if len(idxs) < n:
+            words = words[good]
+        rows = np.concatenate((words[:, _KEY_A_WORDS], words[:, _KEY_B_WORDS]), axis=1)
+        first, inverse = _distinct(rows)
+        streams_of = np.empty(len(first), dtype=np.int64)
+        sids_of = np.empty(len(first), dtype=np.uint32)
+        kinds = cols["kind"]
+        na = _KEY_A.size
+        for u, f in enumerate(first.tolist()):
+            raw = rows[f].tobytes()
+            key = (raw[:na], raw[na:])
+            if key not in stream_of:
+                resolve(key, int(kinds[first[u]]))
+            streams_of[u] = stream_of[key]
+            sids_of[u] = sig_of[key]
+        gcol = streams_of[inverse]
+        sids = sids_of[inverse]
+        for g in np.unique(gcol).tolist():
             if g == _NO_STREAM:
                 continue
-            cols: tuple[Sequence[int], ...] = (sids, seqs, steps, t_issue, t_done, flags, idxs)
-            if len(present) > 1:
-                pick = _picker([i for i, x in enumerate(gcol) if x == g])
-                cols = tuple(pick(c) for c in cols)
-            _extend(order[g], *cols, offset=offset, open_=open_, failed=failed)
+            sel = gcol == g
+            one = sel.all()
+            _extend(order[g], sids if one else sids[sel], cols if one else cols[sel], idxs if one else idxs[sel],
+                    offset=offset, open_=open_, failed=failed)  # fmt: skip
         if first_idx < 0:
-            first_idx = idxs[0]
-        last_idx = idxs[-1]
-        last_t = t_done[-1] or t_issue[-1]
+            first_idx = int(idxs[0])
+        last_idx = int(idxs[-1])
+        last_t = int(cols["t_done"][-1]) or int(cols["t_issue"][-1])
     return RankStreams(
         rank=rank,
         groups=groups,
@@ -250,91 +244,80 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
     )
 
 
-def _columns(chunk: bytes) -> tuple[list[Any], ...]:
-    """Columns of a block of slots, read as strided views (C speed, no per-record tuples but the key)."""
-    n = len(chunk) // schema.SLOT_SIZE
-    keys = list(_KEYS.iter_unpack(chunk))
-    if sys.byteorder != "little":  # the views below read native order; the file is little-endian
-        rows = [schema.SLOT.unpack_from(chunk, i * schema.SLOT_SIZE) for i in range(n)]
-        m, k, f, *_, seq, _b, _ni, _no, _p, step, _mi, ti, td, _w = zip(*rows)
-        return list(m), list(k), list(f), keys, list(seq), list(step), list(ti), list(td)
-    b = memoryview(chunk)
-    q = b.cast("Q")
-    i32 = b.cast("i")
-    q4 = b[4 : len(chunk) - 4].cast("q")  # 8-byte fields at offsets 4 mod 8: t_issue (92), t_done (100)
-    return (
-        q[0::16].tolist(),  # marker
-        b[8::128].tolist(),  # kind
-        b[9::128].tolist(),  # flags
-        keys,
-        q[6::16].tolist(),  # seq (48)
-        i32[21::32].tolist(),  # step (84)
-        q4[11::16].tolist(),  # t_issue
-        q4[12::16].tolist(),  # t_done
-    )
+# the slot's fields the streams read, as one numpy record type over the raw slots (offsets from the schema)
+_SLOT_COLUMNS = np.dtype({
+    "names": ["marker", "kind", "flags", "seq", "step", "t_issue", "t_done"],
+    "formats": ["<u8", "u1", "u1", "<u8", "<i4", "<i8", "<i8"],
+    "offsets": [schema.field_offset(f) for f in ("marker", "kind", "flags", "seq", "step", "t_issue_ns", "t_done_ns")],
+    "itemsize": schema.SLOT_SIZE,
+})  # fmt: skip
 
 
-def _picker(sel: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    get = itemgetter(*sel)
-    if len(sel) == 1:
-        return lambda col: (get(col),)
-    return get
+_WORDS = schema.SLOT_SIZE // 4
+_KEY_A_WORDS = slice(schema.field_offset("group") // 4, (schema.field_offset("group") + _KEY_A.size) // 4)
+_KEY_B_WORDS = slice(schema.field_offset("numel_in") // 4, (schema.field_offset("numel_in") + _KEY_B.size) // 4)
+_MIX = np.array([0x9E3779B97F4A7C15 * (2 * i + 1) % 2**64 for i in range(16)], dtype=np.uint64)
+
+
+def _distinct(rows: Any) -> tuple[Any, Any]:
+    """The distinct rows of a 2-D uint32 array: (index of each one's first row, each row's distinct number),
+    by a 64-bit mix of the words, checked exactly (a collision falls back to a sort of the rows)."""
+    h = (rows.astype(np.uint64) * _MIX[: rows.shape[1]]).sum(axis=1, dtype=np.uint64)
+    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    if not (rows == rows[first][inverse]).all():
+        _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+    return first, inverse
 
 
 def _extend(
-    st: GroupStream,
-    sids: Sequence[int],
-    seqs: Sequence[int],
-    steps: Sequence[int],
-    t_issue: Sequence[int],
-    t_done: Sequence[int],
-    flags: Sequence[int],
-    idxs: Sequence[int],
-    *,
-    offset: int,
-    open_: list[tuple[str, int, int]],
+    st: GroupStream, sids: Any, cols: Any, idxs: Any, *, offset: int, open_: list[tuple[str, int, int]],
     failed: list[tuple[str, int, int]],
-) -> None:
-    """Append one block of one stream's records: columns at C speed when its seqs are consecutive."""
-    n = len(sids)
+) -> None:  # fmt: skip
+    """Append one block of one stream's records (numpy columns): in bulk when its seqs run on consecutively."""
+    seqs = cols["seq"]
+    steps = cols["step"]
+    n = len(seqs)
     if not st.sigs:
-        st.seq0 = seqs[0]
+        st.seq0 = int(seqs[0])
     base = len(st.sigs)
     expected = st.seq0 + base
-    where: Sequence[int]
-    if seqs[0] == expected and seqs[-1] == expected + n - 1:
-        st.sigs.extend(sids)
-        st.idxs.extend(idxs)
-        st.t_issue.extend([t + offset for t in t_issue])
-        pos = base
-        for step, same in groupby(steps):
-            if step != st.last_step:
-                st.step_starts.append((pos, step))
-                st.last_step = step
-            pos += len(tuple(same))
-        where = range(n)
+    if int(seqs[0]) == expected and int(seqs[-1]) == expected + n - 1:
+        st.sigs.frombytes(sids.astype("=u4").tobytes())
+        st.idxs.frombytes(idxs.astype("=i8").tobytes())
+        st.t_issue.frombytes((cols["t_issue"] + offset).astype("=i8").tobytes())
+        changes = np.flatnonzero(np.diff(steps)) + 1
+        for pos in ([0] if int(steps[0]) != st.last_step else []) + changes.tolist():
+            st.step_starts.append((base + pos, int(steps[pos])))
+        st.last_step = int(steps[-1])
+        where = np.arange(n)
     else:  # holes (torn slots) or a repeated seq: one record at a time
         kept = []
+        seq_l, step_l, t_l, sid_l, idx_l = (seqs.tolist(), steps.tolist(), cols["t_issue"].tolist(), sids.tolist(),
+                                            idxs.tolist())  # fmt: skip
         for i in range(n):
-            gap = seqs[i] - st.seq0 - len(st.sigs)
+            gap = seq_l[i] - st.seq0 - len(st.sigs)
             if gap < 0:
                 continue
             for _ in range(gap):
                 st.sigs.append(0)
                 st.idxs.append(-1)
                 st.t_issue.append(0)
-            if steps[i] != st.last_step:
-                st.step_starts.append((len(st.sigs), steps[i]))
-                st.last_step = steps[i]
-            st.sigs.append(sids[i])
-            st.idxs.append(idxs[i])
-            st.t_issue.append(t_issue[i] + offset)
+            if step_l[i] != st.last_step:
+                st.step_starts.append((len(st.sigs), step_l[i]))
+                st.last_step = step_l[i]
+            st.sigs.append(sid_l[i])
+            st.idxs.append(idx_l[i])
+            st.t_issue.append(t_l[i] + offset)
             kept.append(i)
-        where = kept
-    if 0 in t_done:
-        open_.extend((st.key, seqs[i], idxs[i]) for i in where if not t_done[i])
-    if any(f & schema.FLAG_ERROR for f in set(flags)):
-        failed.extend((st.key, seqs[i], idxs[i]) for i in where if flags[i] & schema.FLAG_ERROR)
+        where = np.array(kept, dtype=np.int64)
+    t_done = cols["t_done"][where]
+    if (t_done == 0).any():
+        open_.extend((st.key, int(seqs[i]), int(idxs[i])) for i in where[t_done == 0].tolist())
+    err = (cols["flags"][where] & schema.FLAG_ERROR) != 0
+    if err.any():
+        failed.extend((st.key, int(seqs[i]), int(idxs[i])) for i in where[err].tolist())
 
 
 def build_all(run: Run, table: SigTable, window: int | None = None) -> dict[int, RankStreams]:
