@@ -6,6 +6,7 @@ import json
 import os
 import random
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -256,3 +257,26 @@ def test_arrival_counts_only_collectives_every_member_issued() -> None:
     for sizes in ({"0": 3}, None):  # members unknown: the most ranks seen at one seq
         (ga,) = timing.arrivals(timing.timeline_items(tls), sizes)
         assert (ga.group, ga.ranks, ga.seqs) == ("0", (0, 1, 2), [1])
+
+
+def test_arrivals_from_the_streams_equal_those_from_the_timelines() -> None:
+    """Beyond 64 ranks arrivals come from the aligner's streams (numpy columns), below from every rank's
+    timeline: on a real run both give the same seqs, issue times and steps, rank by rank."""
+    from colltrace.analysis import clock, states
+    from colltrace.analysis import timing as tm
+    from colltrace.analysis.streams import SigTable, build_all
+    from colltrace.analysis.timeline import timeline
+    from colltrace.trace.reader import read_run
+
+    run = read_run(str(Path(__file__).resolve().parent.parent / "fixtures" / "straggler_noisy"))
+    streams = build_all(run, SigTable())
+    end = states.run_end_ns(run, streams)
+    raw = {r: timeline(run.ranks[r], end, tm.TAIL) for r in run.ranks}
+    shifts = clock.fit({r: t.calls for r, t in raw.items()}, {r: rt.host for r, rt in run.ranks.items()}).shifts()
+    sizes = {n: len(g.ranks) for rt in run.ranks.values() for n, g in rt.groups.items()}
+    a = tm.stream_arrivals(streams, shifts, sizes)
+    b = tm.arrivals(tm.timeline_items({r: t.shifted(shifts[r]) for r, t in raw.items()}), sizes)
+    assert [(x.group, x.ranks, x.seqs, x.times, x.steps) for x in a] == [
+        (x.group, x.ranks, x.seqs, x.times, x.steps) for x in b
+    ]
+    assert len(a[0].seqs) == 66

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from colltrace.analysis import clock, intervals
 from colltrace.analysis.intervals import Iv
 from colltrace.analysis.streams import RankStreams
@@ -421,14 +423,18 @@ def stream_arrivals(streams: dict[int, RankStreams], shifts: dict[int, int], gro
         lo, hi = max(st.seq0 for st in sts), min(st.last_seq for st in sts)
         if hi < lo:
             continue
-        cols = [[t - shifts[r] for t in st.t_issue[lo - st.seq0 : hi - st.seq0 + 1]] for r, st in zip(ranks, sts)]
-        steps = [_steps_of(st, lo, hi) for st in sts]
+        width = hi - lo + 1
+        times = np.empty((len(ranks), width), dtype=np.int64)
+        steps = np.empty((len(ranks), width), dtype=np.int64)
+        for j, (r, st) in enumerate(zip(ranks, sts)):
+            times[j] = np.frombuffer(st.t_issue, dtype=np.int64)[lo - st.seq0 : hi - st.seq0 + 1]
+            steps[j] = _steps_of(st, lo, hi)
+        whole = (times != 0).all(axis=0)  # not a torn slot on any rank
+        times -= np.array([shifts[r] for r in ranks], dtype=np.int64)[:, None]
         ga = GroupArrivals(g, tuple(ranks))
-        for i, (times, stepcol) in enumerate(zip(zip(*cols), zip(*steps))):
-            if 0 not in times:  # a torn slot on some rank
-                ga.seqs.append(lo + i)
-                ga.times.append(times)
-                ga.steps.append(stepcol)
+        ga.seqs = (np.flatnonzero(whole) + lo).tolist()
+        ga.times = list(map(tuple, times.T[whole].tolist()))
+        ga.steps = list(map(tuple, steps.T[whole].tolist()))
         out.append(ga)
     return out
 
