@@ -240,3 +240,23 @@ def test_a_disk_that_fills_mid_run_stops_the_recording_not_the_job(tmp_path: Pat
     for f in run.glob("rank*.jsonl"):
         assert 8000 < f.stat().st_size <= 12000  # it wrote until the disk was full, then nothing
     run_report(str(run), "md")  # and the report reads what there is
+
+
+def test_a_sigterm_handler_the_script_installs_later_runs_to_its_end(tmp_path: Path) -> None:
+    """colltrace takes SIGTERM only while the script has no handler of its own: one installed after
+    init_process_group (a checkpoint on preemption) runs to the end; the signal is still recorded."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(WORKLOADS / "sigterm_late.py")],
+                            env=job_env(run, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert (run / "saved0").read_text() == "ok"  # the handler finished
+    rt = read_run(str(run)).ranks[0]
+    assert rt.signal is not None and rt.signal["signal"] == "SIGTERM"

@@ -219,8 +219,10 @@ class Lifecycle:
                               "threads": thread_stacks()})  # fmt: skip
         except Exception:
             pass
-        if signum == signal.SIGTERM:
-            _die_of(signum)
+        if signum == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is _noop_handler:
+            _die_of(signum)  # ours still: die of it, as the launcher expects
+        # else the script set its own handler since (a checkpoint on SIGTERM): it runs in the main thread, and
+        # decides; recorded all the same
 
     # -- hang watchdog -----------------------------------------------------------------------
 
