@@ -382,3 +382,21 @@ def test_a_divergence_older_than_the_first_window_is_still_found(tmp_path: Path)
     assert dx.window == dg.WINDOW  # found in the last records: the rest was never read
     report = json.loads(run_report(str(tmp_path / "late"), "json")[0])
     assert report["read"] == {"last_records_per_rank": dg.WINDOW, "ranks_read_in_part": 3}
+
+
+def test_uneven_data_in_a_later_epoch_every_rank_having_run_out_once(tmp_path: Path) -> None:
+    """Two epochs, rank 1's shard one batch short: every rank's DataLoader ended at the first epoch's end
+    (steps 2 and 3), rank 1's again at step 4 while rank 0 waits in its step 5: uneven_data, not another
+    cause because 'everyone ran out'."""
+    rs = ranks(str(tmp_path), 2)
+    for step in range(5):
+        for r in rs:
+            if step < 4 or r.rank == 0:
+                r.fsdp_step(stop_after=0 if (step == 4) else None, done=step < 4)
+            if (r.rank, r.step) in ((1, 2), (1, 4), (0, 3)):
+                r.w.event({"ev": "data_exhausted", "t_ns": 0, "step": r.step})
+    rs[0].error("RuntimeError", "[gloo] Timed out waiting 5000ms for recv operation to complete")
+    rs[1].footer()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1,) and dx.finding is not None
+    assert dx.finding.cause is Cause.UNEVEN_DATA

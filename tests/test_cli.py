@@ -177,3 +177,18 @@ def test_report_redact_leaves_no_host_user_ip_or_path(tmp_path: Path) -> None:
     assert report["culprit_ranks"] == [2] and report["redacted"]["host"] == 1 and report["redacted"]["user"] == 1
     sites = [cs["site"] for cs in report["first_divergence"]["call_sites"]]
     assert len({s.split("/")[0] for s in sites}) == 1  # one directory, one placeholder
+
+
+def test_redact_replaces_what_error_messages_bring_too() -> None:
+    """Host names by their domain, IPv6 addresses, e-mail addresses and Windows paths in an error's text;
+    module names, op names and times of day are kept."""
+    from colltrace.report.redact import Redactor
+
+    r = Redactor(["vm"])
+    text = r.text("OSError: cannot reach gpu-node-17.corp.example.com (fe80::1ff:fe23:4567:890a, 10.1.2.3) "
+                  "as alice.smith@example.com; log C:\\Users\\alice\\log.txt; blocks.0.lin at 12:30:45 in "
+                  "torch.distributed.fsdp, /home/bob/x.py:3")  # fmt: skip
+    for secret in ("gpu-node", "example.com", "fe80", "10.1.2.3", "alice", "bob", "C:\\Users", "/home"):
+        assert secret not in text, secret
+    for kept in ("blocks.0.lin", "12:30:45", "torch.distributed.fsdp", "log.txt", "x.py:3"):
+        assert kept in text, kept

@@ -192,3 +192,19 @@ def test_beside_our_trace_the_dumps_join_every_record_and_invent_none() -> None:
     report = json.loads(run_report(str(FIXTURES / "ddp_unused"), "json")[0])
     assert report["flight_recorder"]["not_in_trace"] == {"2": {"default_pg": [5, 6]}}
     assert report["first_divergence"]["seq"] == 4 and report["culprit_ranks"] == [2]
+
+
+def test_a_dump_cut_short_is_said_and_the_rest_is_read(tmp_path: Path) -> None:
+    """One dump truncated by a kill: beside a trace, the trace is read without it; alone, the other dumps are
+    read and that rank is said unreadable (not 'left no dump'). A pickle naming code still refuses all."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "metric_allreduce", run)
+    dump = run / "flight_recorder" / "rank_2"
+    dump.write_bytes(dump.read_bytes()[:2000])
+    rep = json.loads(run_report(str(run), "json")[0])
+    assert rep["culprit_ranks"] == [2] and rep["flight_recorder"]["ranks"] == [0, 1]
+    assert any(u.startswith("rank 2: ") and "pickle data was truncated" in u for u in rep["unseen"])
+    alone = json.loads(run_report(str(run / "flight_recorder"), "json")[0])
+    assert sorted(alone["ranks"]) == ["0", "1", "2"] and alone["ranks"]["2"]["state"] == "missing"
+    assert not any(u == "rank 2: no Flight Recorder dump" for u in alone["unseen"])
+    assert any("not a readable Flight Recorder dump" in u for u in alone["unseen"])

@@ -111,15 +111,17 @@ def _past(f: Facts, rank: int) -> bool:
 
 def _ran_out(f: Facts, rank: int) -> bool:
     """The rank's data ran out before the others': its DataLoader iterator ended while theirs had not
-    (every rank's ends when a loop finishes normally); without a DataLoader in the trace, it exited
+    (every rank's ends when a loop finishes normally, and at every epoch's end); without a DataLoader, it exited
     cleanly while they went on. Never a rank that completed the step the others are blocked in."""
     e = f.ends[rank]
     if _past(f, rank):
         return False
-    others = [f.ends[v].out_of_data for v in f.victims if v in f.ends]
-    if e.out_of_data:
-        return not (others and all(others))
-    return e.state is RankState.FINISHED and not any(others)
+    others = [f.ends[v].out_of_data_at for v in f.victims if v in f.ends]
+    if e.out_of_data_at is not None:
+        # every epoch ends in a StopIteration: it ran out first when its last came at a later step than
+        # every other rank's last (those ran out an epoch ago, or never), not at the same one
+        return not (others and all(o is not None and o >= e.out_of_data_at for o in others))
+    return e.state is RankState.FINISHED and all(o is None for o in others)
 
 
 def _eval_forward(f: Facts) -> str:

@@ -16,7 +16,9 @@ _CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.PEER
 def unseen(run: Run) -> tuple[str, ...]:
     """What the traces cannot show, in the reader's words and ours."""
     fr = run.source == "flight_recorder"
-    out = [f"rank {r}: no {'Flight Recorder dump' if fr else 'trace file'}" for r in run.missing]
+    out = [
+        f"rank {r}: no {'Flight Recorder dump' if fr else 'trace file'}" for r in run.missing if r not in run.unreadable
+    ]  # an unreadable one is said with its reason (run.problems)
     if fr:
         out.append("Flight Recorder dumps hold no module, phase, step or compute spans, nor how each rank ended: "
                    "causes that need them cannot be told apart (said as unknown)")  # fmt: skip
@@ -207,7 +209,8 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
     blocked = tuple(r for r, e in ends.items() if e.blocked is not None)
     unseen_ranks = tuple(r for r, e in ends.items() if e.state is RankState.MISSING)
     dumped = any(e.state is RankState.DUMPED for e in ends.values())  # Flight Recorder: no word of how they ended
-    if unseen_ranks and (blocked or dumped):
+    # without dumps from half the ranks or more, the ranks that left one are no majority to go by: undecided
+    if unseen_ranks and (blocked or dumped and 2 * len(unseen_ranks) < len(ends)):
         # nothing can be aligned against a rank without a trace, yet the others wait: it is the suspect
         detail = ",".join(map(str, blocked))
         ev = tuple(Evidence(Clue.NO_DUMP if dumped else Clue.NO_TRACE, (r,), detail) for r in unseen_ranks)

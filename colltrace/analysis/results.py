@@ -108,6 +108,7 @@ class RankEnd:
     open_span: Collective | None = None  # the innermost compute span still open when it stopped
     open_for_s: float | None = None  # how long that span had been open at the run's last sign of life
     out_of_data: bool = False  # a DataLoader iterator of this rank raised StopIteration
+    out_of_data_at: int | None = None  # the step of its last StopIteration (each epoch ends with one)
     alive: bool = False  # its process is still running (the job is live)
 
 

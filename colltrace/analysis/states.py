@@ -217,8 +217,14 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         open_span=span,
         open_for_s=open_for,
         out_of_data=bool(rt.exhausted),
+        out_of_data_at=_last_step(rt.exhausted),
         alive=rt.alive,
     )
+
+
+def _last_step(events: list[dict[str, Any]]) -> int | None:
+    steps = [e["step"] for e in events if isinstance(e.get("step"), int)]
+    return max(steps) if steps else (0 if events else None)
 
 
 def _open_at_stop(rt: RankTrace) -> list[Collective]:

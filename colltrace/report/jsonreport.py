@@ -9,6 +9,7 @@ from colltrace.analysis.causes import straggler_evidence
 from colltrace.analysis.results import Diagnosis, RankEnd
 from colltrace.analysis.streams import Signature, held
 from colltrace.report import words
+from colltrace.trace import schema
 from colltrace.trace.records import Collective, Run
 
 REPORT_VERSION = 1
@@ -77,6 +78,8 @@ def flight_recorder(run: Run) -> dict[str, Any] | None:
     return {
         "ranks": run.flight_dumps,
         "joined": {str(r): len(rt.flight) for r, rt in run.ranks.items() if r in run.flight_dumps},
+        "collectives": {str(r): sum(c.kind == "collective" and not c.flags & schema.FLAG_FLIGHT for c in rt.records)
+                        for r, rt in run.ranks.items() if r in run.flight_dumps},  # fmt: skip
         "not_in_trace": {
             str(r): {labels.get(g, g): seqs for g, seqs in rt.flight_only.items()}
             for r, rt in run.ranks.items() if rt.flight_only

@@ -101,9 +101,11 @@ def flight_section(report: dict[str, Any]) -> list[str]:
     fr = report["flight_recorder"]
     if not fr:
         return []
-    joined = sum(fr["joined"].values())
-    out = ["#### Flight Recorder", "", f"- Dumps of {words.ranks_text(fr['ranks'])} read beside the trace: {joined} "
-           "records joined to Flight Recorder's entries by (group, backend seq)."]  # fmt: skip
+    joined, total = sum(fr["joined"].values()), sum(fr["collectives"].values())
+    out = ["#### Flight Recorder", "", f"- Dumps of {words.ranks_text(fr['ranks'])} read beside the trace: {joined} of "
+           f"their {total} collective records joined to Flight Recorder's entries by (group, backend seq)"
+           + ("." if joined == total else "; the others' backend seq is not certain (a C++ caller such as DDP's "
+              "reducer ran collectives of its own in between), so they are not joined on a guess.")]  # fmt: skip
     blocked: dict[tuple[str, int, str, bool], list[int]] = {}
     for r, info in report["ranks"].items():
         c = info["blocked_in"]

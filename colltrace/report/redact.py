@@ -18,14 +18,27 @@ from colltrace.trace.records import Run
 _PATH = re.compile(r"(?<![\w.<>-])/(?:[^\s/:'\"()<>|,\[\]]+/)*[^\s/:'\"()<>|,\[\]]*")
 _PACKAGES = re.compile(r"^.*?/(?:site|dist)-packages/")
 _USER_DIR = re.compile(r"^/(?:home|Users|u|users)/([^/]+)/")
+_WINDOWS_USER = re.compile(r"^[A-Za-z]:\\Users\\([^\\]+)\\")
 _IP = re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])")
+# an IPv6 address: hex groups with a "::" in them, or all eight (a time of day, 12:30:45, is neither)
+_IP6 = re.compile(
+    r"(?<![\w:])(?:[0-9a-fA-F]{0,4}:){1,7}:[0-9a-fA-F:]*[0-9a-fA-F](?:%\w+)?(?![\w:])"
+    r"|(?<![\w:])(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}(?![\w:])"
+)
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+# a host name by its domain: a dotted name ending in a domain suffix (module names end in none of these)
+_FQDN = re.compile(
+    r"\b(?:[a-zA-Z0-9-]+\.)+(?:com|net|org|edu|gov|io|ai|internal|local|lan|corp|cluster|cloud|"
+    r"intra|site|priv)\b(?![.(])"
+)
+_WINDOWS = re.compile(r"\b[A-Za-z]:\\(?:[^\s\\:'\"()<>|,]+\\)*[^\s\\:'\"()<>|,]*")
 
 
 class Redactor:
     """Placeholders handed out in order of first appearance, one per distinct host, user, IP, directory."""
 
     def __init__(self, hosts: list[str]) -> None:
-        self.seen: dict[str, dict[str, str]] = {"host": {}, "user": {}, "ip": {}, "dir": {}}
+        self.seen: dict[str, dict[str, str]] = {"host": {}, "user": {}, "ip": {}, "email": {}, "dir": {}}
         for h in hosts:
             self._name("host", h)
         self._hosts = re.compile("|".join(rf"\b{re.escape(h)}\b" for h in sorted(hosts, key=len, reverse=True)))
@@ -50,9 +63,17 @@ class Redactor:
         head, _, name = path.rpartition("/")
         return f"{self._name('dir', head or '/')}/{name}" if head else path
 
+    def _windows(self, m: re.Match[str]) -> str:
+        head, _, name = m.group(0).rpartition("\\")
+        return f"{self._name('dir', head)}\\{name}"
+
     def text(self, s: str) -> str:
+        s = _EMAIL.sub(lambda m: self._name("email", m.group(0)), s)
+        s = _WINDOWS.sub(self._windows, s)
         s = _PATH.sub(self._path, s)
         s = _IP.sub(lambda m: self._name("ip", m.group(0)), s)
+        s = _IP6.sub(lambda m: self._name("ip", m.group(0)), s)
+        s = _FQDN.sub(lambda m: self._name("host", m.group(0)), s)
         if self.seen["host"]:
             s = self._hosts.sub(lambda m: self.seen["host"][m.group(0)], s)
         for user, placeholder in self.seen["user"].items():
@@ -89,8 +110,8 @@ def redact(report: dict[str, Any], run: Run) -> dict[str, Any]:
             first.setdefault(rt.host, rank)
     r = Redactor(sorted(first, key=first.__getitem__))
     for s in _strings(report):  # the users first: a user name may come before the path that shows it
-        for m in _PATH.finditer(s):
-            user = _USER_DIR.match(m.group(0))
+        for m in [*_PATH.finditer(s), *_WINDOWS.finditer(s)]:
+            user = _USER_DIR.match(m.group(0)) or _WINDOWS_USER.match(m.group(0))
             if user:
                 r._name("user", user.group(1))
     out = r.value(report)

@@ -88,7 +88,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.KILLED: f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)",
         Clue.NO_TRACE: f"{who} left no trace while ranks {detail} were blocked: it never started tracing "
         f"(died before init_process_group returned) or its files were not copied",
-        Clue.NO_DUMP: f"{who} left no Flight Recorder dump while the others did (a process that aborted in C++ or "
+        Clue.NO_DUMP: f"{who} left no readable Flight Recorder dump while the others did (a process that aborted in C++ or "
         "was killed writes none)" + (f"; {_ranks_detail(detail)} blocked" if detail else ""),
         Clue.WAITED_FOR: f"{who} never reached the collective that {_ranks_detail(detail)} blocked in (wait-for graph sink)",
         Clue.CYCLE: f"{who} wait on each other in different groups (a cycle in the wait-for graph)",

@@ -45,11 +45,15 @@ class DumpError(Exception):
     """A file that should be a Flight Recorder dump and is not one (or is not safe to read)."""
 
 
+class UnsafeDump(DumpError):
+    """A pickle that names code to run: refused outright, the whole input with it (nothing of it is trusted)."""
+
+
 class _NoGlobals(pickle.Unpickler):
     """Unpickles plain data only: any reference to a module's object (the way a pickle runs code) is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
-        raise DumpError(f"refers to {module}.{name}, which a Flight Recorder dump never does (nothing was run)")
+        raise UnsafeDump(f"refers to {module}.{name}, which a Flight Recorder dump never does (nothing was run)")
 
 
 def sniff(path: str) -> bool:
@@ -61,7 +65,7 @@ def sniff(path: str) -> bool:
             head = f.read(16)
     except OSError:
         return False
-    return head[:1] == b"\x80" or head.lstrip()[:1] == b"{"
+    return head[:1] == b"\x80" or head.lstrip()[:1] == b"{" or not head  # an empty one: a dump cut to nothing
 
 
 def load(path: str) -> dict[str, Any]:
@@ -79,7 +83,7 @@ def load(path: str) -> dict[str, Any]:
         else:
             dump = json.loads(data)
     except DumpError as e:
-        raise DumpError(f"{path}: {e}") from None
+        raise type(e)(f"{path}: {e}") from None
     except (OSError, ValueError, EOFError, pickle.UnpicklingError, RecursionError, MemoryError) as e:
         raise DumpError(f"{path}: not a readable Flight Recorder dump ({type(e).__name__}: {e})") from None
     if not isinstance(dump, dict) or not isinstance(dump.get("entries", []), list):
@@ -245,10 +249,23 @@ def read_rank(rank: int, path: str) -> RankTrace:
 def read(run_dir: str, dumps: dict[int, str]) -> Run:
     """A run from Flight Recorder dumps alone. A dump that cannot be read is a one-line DumpError: a file
     that holds more than plain data is refused, never partly trusted."""
-    ranks = {r: read_rank(r, path) for r, path in sorted(dumps.items())}
-    world = max([rt.world_size for rt in ranks.values()] + [max(ranks) + 1])
+    ranks: dict[int, RankTrace] = {}
+    problems: list[str] = []
+    unreadable: list[int] = []
+    for r, path in sorted(dumps.items()):
+        try:
+            ranks[r] = read_rank(r, path)
+        except UnsafeDump:
+            raise
+        except DumpError as e:  # cut short by a kill, garbage: that rank is unseen, the others are read
+            problems.append(f"rank {r}: {e}")
+            unreadable.append(r)
+    if not ranks:
+        raise DumpError(problems[0])
+    world = max([rt.world_size for rt in ranks.values()] + [max(dumps) + 1])
     missing = [r for r in range(world) if r not in ranks]
-    return Run(path=run_dir, ranks=ranks, world_size=world, missing=missing, source="flight_recorder")
+    return Run(path=run_dir, ranks=ranks, world_size=world, missing=missing, problems=problems,
+               source="flight_recorder", unreadable=unreadable)  # fmt: skip
 
 
 def merge(run: Run, dumps: dict[int, str]) -> None:
@@ -263,7 +280,13 @@ def merge(run: Run, dumps: dict[int, str]) -> None:
         rt = run.ranks.get(rank)
         if rt is None:
             continue
-        fr = read_rank(rank, path)
+        try:
+            fr = read_rank(rank, path)
+        except UnsafeDump:
+            raise
+        except DumpError as err:  # the trace stands without it
+            run.problems.append(f"rank {rank}: {err}; the trace is read without it")
+            continue
         entries: dict[str, dict[int, Collective]] = {}
         for c in fr.records:
             if c.kind == "collective":
@@ -294,9 +317,9 @@ def merge(run: Run, dumps: dict[int, str]) -> None:
                 uncertain.add(r.group)
                 prev.pop(r.group, None)
                 continue
-            e = entries.get(r.group, {}).get(b)
-            if e is not None:
-                rt.flight[r.idx] = e
+            entry = entries.get(r.group, {}).get(b)
+            if entry is not None:
+                rt.flight[r.idx] = entry
             seqs = matched.setdefault(r.group, set())
             if r.flags & (schema.FLAG_COALESCED | schema.FLAG_OBJECT) and r.group in prev:
                 seqs.update(range(prev[r.group] + 1, b + 1))  # one call, several backend collectives
@@ -313,6 +336,7 @@ def merge(run: Run, dumps: dict[int, str]) -> None:
             if missing:
                 rt.flight_only[g] = missing
         joined[rank] = (bseq, entries)
+    run.flight_dumps = sorted(joined)
     # a group is renumbered by the backend's seq (FR's collectives put in) on every rank or on none: only
     # where some rank's dump saw collectives its trace lacks, and every rank that has the group has a dump
     # and a certain backend seq for each of its records there

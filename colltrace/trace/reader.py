@@ -599,7 +599,6 @@ def read_run(run_dir: str) -> Run:
         dumps = flight.find(run_dir)  # Flight Recorder's dumps of the same job (COLLTRACE=1 steers them here)
         if dumps:
             flight.merge(run, dumps)
-            run.flight_dumps = sorted(dumps)
     except flight.DumpError as e:
         raise TraceError(str(e)) from None
     return run

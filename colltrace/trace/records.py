@@ -167,6 +167,7 @@ class Run:
     problems: list[str] = field(default_factory=list)  # what the reader could not read, in words
     source: str = "colltrace"  # or "flight_recorder": read from torch's Flight Recorder dumps alone
     flight_dumps: list[int] = field(default_factory=list)  # ranks whose Flight Recorder dump was joined
+    unreadable: list[int] = field(default_factory=list)  # ranks whose file is there and could not be read
 
     def group_labels(self) -> dict[str, str]:
         """Group name -> its label (GroupInfo.label), as the first rank that knows the group has it."""
