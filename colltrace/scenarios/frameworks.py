@@ -168,6 +168,11 @@ def ddp_unused(job: Job) -> None:
     reduction in the prior iteration ... Parameter indices which did not receive grad for rank N"), cause
     unused_params (not rank_exception), with the parameter indices as evidence.
     """
+    _ddp_with_outlier(job, DDP_BUG_STEP)
+
+
+def _ddp_with_outlier(job: Job, bug_step: int) -> None:
+    """DDP over TinyNet (find_unused_parameters=False) whose culprit's batch at `bug_step` is an outlier."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -180,7 +185,7 @@ def ddp_unused(job: Job) -> None:
     net.aux_off = lambda x: {1} if is_outlier(x) else set()  # the bug: blocks.1's side branch unused on outliers
     model = DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for x, y in job.loader(DDP_STEPS, lambda step: job.outlier_batch(step, DDP_BUG_STEP)):
+    for x, y in job.loader(DDP_STEPS, lambda step: job.outlier_batch(step, bug_step)):
         loss_fn(model(x), y).backward()
         opt.step()
         opt.zero_grad()
@@ -211,20 +216,4 @@ def ddp_unused_last(job: Job) -> None:
     Right diagnosis: hang, culprit the rank that exited, missing at the last step's bucket all-reduce, cause
     unused_params (its backward ran, its reduction did not: not uneven_data, it ran as many steps).
     """
-    import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from colltrace.scenarios.job import is_outlier
-    from colltrace.scenarios.model import TinyNet, loss_fn
-
-    job.init()
-    torch.manual_seed(0)
-    net = TinyNet(BLOCKS, aux=True)
-    net.aux_off = lambda x: {1} if is_outlier(x) else set()  # the bug: blocks.1's side branch unused on outliers
-    model = DDP(net)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for x, y in job.loader(DDP_STEPS, lambda step: job.outlier_batch(step, DDP_STEPS - 1)):
-        loss_fn(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    job.finish()
+    _ddp_with_outlier(job, DDP_STEPS - 1)
