@@ -192,3 +192,9 @@ def test_redact_replaces_what_error_messages_bring_too() -> None:
         assert secret not in text, secret
     for kept in ("blocks.0.lin", "12:30:45", "torch.distributed.fsdp", "log.txt", "x.py:3"):
         assert kept in text, kept
+
+
+def test_redact_without_host_names_in_the_trace_still_replaces_those_in_messages() -> None:
+    from colltrace.report.redact import Redactor
+
+    assert Redactor([]).text("cannot reach gpu-node-17.corp.example.com") == "cannot reach host-1"

@@ -123,7 +123,6 @@ def diagnose(run: Run) -> Diagnosis:
     )
 
 
-_NONE = RankStreams(-1, {}, [], [], 0, 0, -1, 0)
 WINDOW = 4096  # records per rank read first: a hang's divergence is almost always in its last steps
 MIN_WINDOW = 512  # ... fewer on big worlds, to read about RECORD_BUDGET records in all, but never fewer than this
 RECORD_BUDGET = 4_000_000
@@ -155,7 +154,8 @@ def _earlier_possible(run: Run, streams: dict[int, RankStreams], found: list[Div
     d = found[0]
     if d.seq is None:
         return False
-    starts = [streams[a.rank].groups[d.group].seq0 for a in d.at if d.group in streams.get(a.rank, _NONE).groups]
+    held_by = [streams[a.rank].groups.get(d.group) for a in d.at if a.rank in streams]
+    starts = [st.seq0 for st in held_by if st is not None]
     return any(a.rank in cut for a in d.at) and bool(starts) and d.seq <= max(starts)  # at the first comparable seq
 
 

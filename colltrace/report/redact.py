@@ -41,7 +41,9 @@ class Redactor:
         self.seen: dict[str, dict[str, str]] = {"host": {}, "user": {}, "ip": {}, "email": {}, "dir": {}}
         for h in hosts:
             self._name("host", h)
-        self._hosts = re.compile("|".join(rf"\b{re.escape(h)}\b" for h in sorted(hosts, key=len, reverse=True)))
+        # the trace's own host names, wherever they appear (longest first); None without any
+        self._hosts = (re.compile("|".join(rf"\b{re.escape(h)}\b" for h in sorted(hosts, key=len, reverse=True)))
+                       if hosts else None)  # fmt: skip
 
     def _name(self, kind: str, value: str) -> str:
         table = self.seen[kind]
@@ -50,13 +52,17 @@ class Redactor:
             table[value] = f"<dir-{n}>" if kind == "dir" else f"{kind}-{n}"
         return table[value]
 
+    def learn(self, s: str) -> None:
+        """The user names the paths in `s` show (a home directory): to replace wherever they appear."""
+        for m in [*_PATH.finditer(s), *_WINDOWS.finditer(s)]:
+            user = _USER_DIR.match(m.group(0)) or _WINDOWS_USER.match(m.group(0))
+            if user:
+                self._name("user", user.group(1))
+
     def _path(self, m: re.Match[str]) -> str:
         path = m.group(0)
         if len(path) < 2:
             return path
-        user = _USER_DIR.match(path)
-        if user:
-            self._name("user", user.group(1))
         pkg = _PACKAGES.match(path)
         if pkg:
             return "<site-packages>/" + path[pkg.end() :]
@@ -68,13 +74,14 @@ class Redactor:
         return f"{self._name('dir', head)}\\{name}"
 
     def text(self, s: str) -> str:
+        self.learn(s)
         s = _EMAIL.sub(lambda m: self._name("email", m.group(0)), s)
         s = _WINDOWS.sub(self._windows, s)
         s = _PATH.sub(self._path, s)
         s = _IP.sub(lambda m: self._name("ip", m.group(0)), s)
         s = _IP6.sub(lambda m: self._name("ip", m.group(0)), s)
         s = _FQDN.sub(lambda m: self._name("host", m.group(0)), s)
-        if self.seen["host"]:
+        if self._hosts is not None:
             s = self._hosts.sub(lambda m: self.seen["host"][m.group(0)], s)
         for user, placeholder in self.seen["user"].items():
             s = re.sub(rf"\b{re.escape(user)}\b", placeholder, s)
@@ -110,10 +117,7 @@ def redact(report: dict[str, Any], run: Run) -> dict[str, Any]:
             first.setdefault(rt.host, rank)
     r = Redactor(sorted(first, key=first.__getitem__))
     for s in _strings(report):  # the users first: a user name may come before the path that shows it
-        for m in [*_PATH.finditer(s), *_WINDOWS.finditer(s)]:
-            user = _USER_DIR.match(m.group(0)) or _WINDOWS_USER.match(m.group(0))
-            if user:
-                r._name("user", user.group(1))
+        r.learn(s)
     out = r.value(report)
     out["redacted"] = {kind: len(table) for kind, table in r.seen.items()}
     return out  # type: ignore[no-any-return]

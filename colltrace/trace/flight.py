@@ -178,7 +178,9 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
             unnamed = unnamed or members
     records: list[Collective] = []
     skipped = 0
-    sites: dict[tuple[str, int, str], str] = {}
+    sites: dict[tuple[tuple[str, int, str], ...], str] = {}
+    last_frames: list[tuple[str, int, str]] = []
+    stuck_frames: list[tuple[str, int, str]] = []
     entries = [e for e in dump.get("entries") or () if isinstance(e, dict)]
     for i, e in enumerate(entries):
         pg = e.get("process_group") or ("", "")
@@ -208,10 +210,14 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
         if done and not t_done:
             t_done = t0 + _int(_float(duration) * 1e6)  # done; when, FR did not say (0 ms on gloo)
         frames = _frames(e)
-        key = frames[0] if frames else ("", 0, "")
+        key = tuple(frames)  # the whole stack: the innermost frame is torch's, the same for every call site
         site = sites.get(key)
         if site is None:
             site = sites[key] = user_frame(frames)
+        if frames:
+            last_frames = frames  # where it issued its last collective
+            if not done:
+                stuck_frames = frames  # ... and the last one it is blocked in
         flags = schema.FLAG_FLIGHT | (schema.FLAG_DONE if done else 0)
         records.append(Collective(
             rank, _int(e.get("record_id", i), i), "p2p" if p2p else "collective", name, seq, seq, op,
@@ -225,10 +231,9 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
         "path": path,
     }  # fmt: skip
     stacks = []
-    last = next((e for e in reversed(entries) if not (e.get("retired") or e.get("state") == "completed")), None)
-    last = last or (entries[-1] if entries else None)
-    if last is not None and _frames(last):  # where it issued its last (or its blocked) collective
-        innermost_last: list[list[object]] = [[p, line, func, ""] for p, line, func in reversed(_frames(last))]
+    where = stuck_frames or last_frames  # the last collective it is blocked in, else its last
+    if where:
+        innermost_last: list[list[object]] = [[p, line, func, ""] for p, line, func in reversed(where)]
         stacks.append({"ev": schema.EV_STACKS, "reason": "flight_recorder",
                        "threads": [{"thread": "MainThread", "frames": innermost_last}]})  # fmt: skip
     return RankTrace(
@@ -291,19 +296,8 @@ def merge(run: Run, dumps: dict[int, str]) -> None:
         for c in fr.records:
             if c.kind == "collective":
                 entries.setdefault(c.group, {})[c.seq] = c
-        bseq = backend_seqs(rt.records)
-        last: dict[str, Collective] = {}
-        for r in rt.records:
-            if r.kind == "collective":
-                last[r.group] = r
-        for g, r in last.items():  # FR's last entry of the group is one more read, at our last record
-            anchors = [x for x in rt.records if x.kind == "collective" and x.group == g and x.idx in bseq]
-            fr_last = max(entries.get(g, {0: r}))
-            if anchors and r.idx not in bseq and fr_last - bseq[anchors[-1].idx] == r.seq - anchors[-1].seq:
-                a = anchors[-1]
-                for x in rt.records:
-                    if x.kind == "collective" and x.group == g and a.seq < x.seq <= r.seq:
-                        bseq[x.idx] = bseq[a.idx] + (x.seq - a.seq)
+        # FR's last entry of each group is one more read of the backend's seq, at our last record there
+        bseq = backend_seqs(rt.records, ends={g: max(seqs) for g, seqs in entries.items()})
         matched: dict[str, set[int]] = {}  # per group, the backend seqs our records account for
         first: dict[str, int] = {}
         uncertain: set[str] = set()  # groups with a record whose backend seq is not known

@@ -178,22 +178,27 @@ class Run:
         return out
 
 
-def backend_seqs(records: Iterable[Collective]) -> dict[int, int]:
+def backend_seqs(records: Iterable[Collective], ends: dict[str, int] | None = None) -> dict[int, int]:
     """The backend's seq of every collective record whose value is certain: read by the recorder
-    (an anchor), or between two anchors of its group that moved exactly as our seq did."""
+    (an anchor), or between two anchors of its group that moved exactly as our seq did. `ends`: a
+    group's backend seq at its last record, known from outside (a Flight Recorder dump's last entry),
+    one more anchor there when that record's own was not read."""
     by_group: dict[str, list[Collective]] = {}
     for r in records:
         if r.kind == "collective":
             by_group.setdefault(r.group, []).append(r)
     out: dict[int, int] = {}
-    for recs in by_group.values():
-        anchors = [r for r in recs if r.backend_seq >= 0]
-        for r in anchors:
-            out[r.idx] = r.backend_seq
-        for a, b in zip(anchors, anchors[1:]):
-            if b.backend_seq - a.backend_seq != b.seq - a.seq:
+    for g, recs in by_group.items():
+        anchors = [(r, r.backend_seq) for r in recs if r.backend_seq >= 0]
+        for r, b in anchors:
+            out[r.idx] = b
+        end = (ends or {}).get(g)
+        if end is not None and anchors and recs[-1].backend_seq < 0:
+            anchors.append((recs[-1], end))
+        for (a, ab), (z, zb) in zip(anchors, anchors[1:]):
+            if zb - ab != z.seq - a.seq:
                 continue  # something else ran on this group in between: leave those unknown
             for r in recs:
-                if a.seq < r.seq < b.seq:
-                    out[r.idx] = a.backend_seq + (r.seq - a.seq)
+                if a.seq < r.seq <= z.seq:
+                    out[r.idx] = ab + (r.seq - a.seq)
     return out

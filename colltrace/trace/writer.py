@@ -227,31 +227,25 @@ class TraceWriter(Ring):
     # -- strings and events ----------------------------------------------------------------
 
     def intern(self, s: str) -> int:
+        """The id of a string (schema.EV_STR), written to the sidecar the first time."""
         sid = self._strings.get(s)
-        if sid is not None:
-            return sid
-        with self._strings_lock:
-            sid = self._strings.get(s)
-            if sid is None:
-                sid = len(self._strings)
-                # the string reaches the disk before any slot can refer to it
-                self.event({"ev": schema.EV_STR, "id": sid, "s": s})
-                self._strings[s] = sid
-        return sid
+        return sid if sid is not None else self._add(self._strings, schema.EV_STR, s)
 
     def site(self, s: str) -> int:
         """The id of a call site (schema.EV_SITE), written to the sidecar the first time; 0 past SITES_MAX."""
         sid = self._sites.get(s)
-        if sid is not None:
-            return sid
+        return sid if sid is not None else self._add(self._sites, schema.EV_SITE, s, schema.SITES_MAX)
+
+    def _add(self, table: dict[str, int], ev: str, s: str, most: int | None = None) -> int:
         with self._strings_lock:
-            sid = self._sites.get(s)
+            sid = table.get(s)
             if sid is None:
-                sid = len(self._sites)
-                if sid > schema.SITES_MAX:
+                sid = len(table)
+                if most is not None and sid > most:
                     return 0
-                self.event({"ev": schema.EV_SITE, "id": sid, "s": s})
-                self._sites[s] = sid
+                # the text reaches the disk before any slot can refer to it
+                self.event({"ev": ev, "id": sid, "s": s})
+                table[s] = sid
         return sid
 
     def event(self, obj: dict[str, Any]) -> None:
