@@ -9,8 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from colltrace.analysis import clock, intervals, timing
+from colltrace.analysis.intervals import Iv
 from colltrace.analysis.timeline import Call, Span, Timeline
 from colltrace.analysis.timing import analyze, breakdown, rank_timing, step_windows, stragglers
 from colltrace.trace.reader import read_run
@@ -31,10 +34,38 @@ def span(kind: str, t0: float, t1: float | None, step: int = 0, module: str = ""
 
 def test_interval_algebra() -> None:
     a = intervals.merge([(5, 8), (0, 3), (2, 4), (10, 10)])
-    assert a == [(0, 4), (5, 8)]
-    assert intervals.subtract(a, [(1, 2), (6, 20)]) == [(0, 1), (2, 4), (5, 6)]
-    assert intervals.intersect(a, [(3, 6)]) == [(3, 4), (5, 6)]
+    assert a.tolist() == [[0, 4], [5, 8]]
+    assert intervals.merge([(0, 2), (2, 3)]).tolist() == [[0, 3]]  # touching ones join
+    assert intervals.subtract(a, [(1, 2), (6, 20)]).tolist() == [[0, 1], [2, 4], [5, 6]]
+    assert intervals.intersect(a, [(3, 6)]).tolist() == [[3, 4], [5, 6]]
+    assert intervals.intersect(a, [(4, 5)]).tolist() == []
+    assert intervals.totals_in(a, [(1, 6), (6, 7), (9, 12)]) == [4, 1, 0]
     assert intervals.depth([(0, 10), (5, 15), (12, 13)]) == [(0, 1), (5, 2), (10, 1), (12, 2), (13, 1), (15, 0)]
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=12),
+       st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=12),
+       st.lists(st.tuples(st.integers(0, 40), st.integers(1, 8)), max_size=5))  # fmt: skip
+def test_interval_algebra_against_point_sets(xs: list[Iv], ys: list[Iv], ws: list[Iv]) -> None:
+    """Every operation, checked against the sets of integer instants [a, b) the intervals cover."""
+
+    def points(ivs: object) -> set[int]:
+        return {t for a, b in intervals.of(ivs).tolist() for t in range(a, b)}
+
+    x, y = intervals.merge(xs), intervals.merge(ys)
+    for merged in (x, y):
+        rows = merged.tolist()
+        assert all(a < b for a, b in rows) and all(b1 < a2 for (_, b1), (a2, _) in zip(rows, rows[1:]))
+    assert points(x) == points(xs)
+    assert points(intervals.intersect(x, y)) == points(x) & points(y)
+    assert points(intervals.subtract(x, y)) == points(x) - points(y)
+    assert intervals.total(x) == len(points(x))
+    windows = intervals.merge((a, a + n) for a, n in ws)
+    assert intervals.totals_in(x, windows) == [len(points(x) & set(range(a, b))) for a, b in windows.tolist()]
+    depth = dict(intervals.depth(xs))
+    for t in range(42):
+        here = [n for at, n in depth.items() if at <= t]
+        assert (here[-1] if here else 0) == sum(a <= t < b for a, b in xs)
 
 
 def one_rank() -> Timeline:
@@ -138,7 +169,7 @@ def test_late_once_per_step_among_noise_is_ranked_first() -> None:
     # the hard case: by share of all skew (the old rule), the late rank is under 60 %
     skew_of: dict[int, float] = {}
     for ga in timing.arrivals(timing.timeline_items(tls)):
-        for times in ga.times:
+        for times in ga.times.tolist():
             who = ga.ranks[times.index(max(times))]
             skew_of[who] = skew_of.get(who, 0) + max(times) - min(times)
     assert skew_of[3] / sum(skew_of.values()) < 0.6
@@ -276,7 +307,9 @@ def test_arrivals_from_the_streams_equal_those_from_the_timelines() -> None:
     sizes = {n: len(g.ranks) for rt in run.ranks.values() for n, g in rt.groups.items()}
     a = tm.stream_arrivals(streams, shifts, sizes)
     b = tm.arrivals(tm.timeline_items({r: t.shifted(shifts[r]) for r, t in raw.items()}), sizes)
-    assert [(x.group, x.ranks, x.seqs, x.times, x.steps) for x in a] == [
-        (x.group, x.ranks, x.seqs, x.times, x.steps) for x in b
-    ]
+
+    def plain(arr: tm.Arrivals) -> list[tuple[object, ...]]:
+        return [(x.group, x.ranks, x.seqs.tolist(), x.times.tolist(), x.steps.tolist()) for x in arr]
+
+    assert plain(a) == plain(b)
     assert len(a[0].seqs) == 66

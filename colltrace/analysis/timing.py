@@ -7,7 +7,6 @@ aligned is left out of every comparison across ranks, and said to be.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
 import statistics
@@ -19,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from colltrace.analysis import clock, intervals
-from colltrace.analysis.intervals import Iv
 from colltrace.analysis.streams import RankStreams
 from colltrace.analysis.timeline import Call, Timeline, timeline
 from colltrace.trace.records import Run
@@ -213,11 +211,6 @@ class Timing:
         return top if top.waited_s >= need and top.share >= MIN_SHARE else None
 
 
-def _median_sorted(ts: list[int]) -> int:
-    n = len(ts)
-    return ts[n // 2] if n % 2 else (ts[n // 2 - 1] + ts[n // 2]) // 2
-
-
 def percentile(values: list[int], q: float) -> int | None:
     """Nearest-rank percentile (q in 0..1): a value that occurred."""
     if not values:
@@ -229,8 +222,48 @@ def percentile(values: list[int], q: float) -> int | None:
 # -- per rank ----------------------------------------------------------------------------------------
 
 
-def _iv(tl: Timeline, t0: int, t1: int | None) -> Iv:
-    return (t0, max(t0, tl.end(t1)))
+class _Calls:
+    """A timeline's calls as columns, for the per-rank figures."""
+
+    def __init__(self, tl: Timeline) -> None:
+        calls = tl.calls
+        n = len(calls)
+        self.t0 = np.fromiter((c.t0 for c in calls), np.int64, n)
+        raw = [c.t1 for c in calls]
+        self.done = np.fromiter((t is not None for t in raw), bool, n)
+        self.t1_raw = np.fromiter((tl.end_ns if t is None else t for t in raw), np.int64, n)
+        self.t1 = np.maximum(self.t0, self.t1_raw)  # open calls end at the rank's end
+        self.sync = np.fromiter((c.sync for c in calls), bool, n)
+        self.wait = np.fromiter((c.wait_ns for c in calls), np.int64, n)
+        self.error = np.fromiter((c.error for c in calls), bool, n)
+        families = {op: op_family(op) for op in {c.op for c in calls}}
+        self.family = [families[c.op] for c in calls]
+        rank_of = {c: i for i, c in enumerate(_PRIORITY)}
+        cats = {op: rank_of[wait_category(op)] for op in families}
+        self.category = np.fromiter((cats[c.op] for c in calls), np.int64, n)
+
+    def ivs(self, sel: Any = None) -> intervals.Ivs:
+        if sel is None:
+            return np.stack((self.t0, self.t1), axis=1)
+        return np.stack((self.t0[sel], self.t1[sel]), axis=1)
+
+    def of_family(self, family: str) -> Any:
+        return np.fromiter((f == family for f in self.family), bool, len(self.family))
+
+
+_OTHER_INDEX = len(_PRIORITY)  # a moment inside no activity
+_NAMES = (*_PRIORITY, OTHER)
+
+
+def _span_ivs(tl: Timeline, kinds: Iterable[str]) -> tuple[intervals.Ivs, Any]:
+    """The spans of these kinds as intervals (open ones end at the rank's end), with their kinds' index."""
+    rank_of = {c: i for i, c in enumerate(_PRIORITY)}
+    rows, cats = [], []
+    for s in tl.spans:
+        if s.kind in kinds:
+            rows.append((s.t0, max(s.t0, tl.end(s.t1))))
+            cats.append(rank_of.get(_SPAN_CATEGORY.get(s.kind, ""), _OTHER_INDEX))
+    return intervals.of(rows), np.array(cats, dtype=np.int64)
 
 
 def step_windows(tl: Timeline) -> list[tuple[int, int, int]]:
@@ -244,7 +277,10 @@ def step_windows(tl: Timeline) -> list[tuple[int, int, int]]:
     return [(s, starts[s], starts[n]) for s, n in zip(order, order[1:]) if starts[n] > starts[s]]
 
 
-def waits(tl: Timeline) -> list[tuple[Iv, str]]:
+Blocked = tuple[intervals.Ivs, Any]  # when the host was blocked, and each block's category index in _PRIORITY
+
+
+def waits(tl: Timeline, calls: _Calls | None = None) -> Blocked:
     """When the host was blocked on communication, and in what (a wait category).
 
     A blocking call blocks for its whole duration, an async one during its wait(). And the end of a
@@ -253,91 +289,75 @@ def waits(tl: Timeline) -> list[tuple[Iv, str]]:
     backward's compute is over) and holds backward's return until all are done, in C++. So from the
     last such issue to the last such completion inside the span, the host waits.
     """
-    out: list[tuple[Iv, str]] = []
-    for c in tl.calls:
-        b = c.blocked(tl.end_ns)
-        if b is not None and b[1] > b[0]:
-            out.append((b, wait_category(c.op)))
-    unwaited = sorted((c for c in tl.calls if not c.sync and not c.wait_ns and not c.error and c.t1 is not None),
-                      key=lambda c: c.t0)  # fmt: skip
-    starts = [c.t0 for c in unwaited]
+    c = calls or _Calls(tl)
+    waited = ~c.sync & c.done & (c.wait > 0)
+    lo = np.where(c.sync, c.t0, np.maximum(c.t0, c.t1_raw - c.wait))
+    hi = np.where(c.sync, c.t1, c.t1_raw)
+    sel = (c.sync | waited) & (hi > lo)
+    rows, cats = [np.stack((lo[sel], hi[sel]), axis=1)], [c.category[sel]]
+    unwaited = np.flatnonzero(~c.sync & (c.wait == 0) & ~c.error & c.done)
+    unwaited = unwaited[np.argsort(c.t0[unwaited], kind="stable")]
+    starts = c.t0[unwaited]
     for s in tl.spans:
-        if s.kind != "backward" or s.flavour != "autograd" or s.t1 is None or not unwaited:
+        if s.kind != "backward" or s.flavour != "autograd" or s.t1 is None or not len(unwaited):
             continue
-        lo, hi = bisect.bisect_left(starts, s.t0), bisect.bisect_right(starts, s.t1)
-        inside = [c for c in unwaited[lo:hi] if (c.t1 or 0) <= s.t1]
-        if inside:
-            last = max(inside, key=lambda c: c.t0)
-            end = max(c.t1 or 0 for c in inside)
-            if end > last.t0:
-                out.append(((last.t0, end), wait_category(last.op)))
-    return out
+        a, b = np.searchsorted(starts, s.t0, "left"), np.searchsorted(starts, s.t1, "right")
+        inside = unwaited[a:b][c.t1_raw[unwaited[a:b]] <= s.t1]
+        if len(inside):
+            last = inside[np.argmax(c.t0[inside])]
+            end = int(c.t1_raw[inside].max())
+            if end > c.t0[last]:
+                rows.append(np.array([[c.t0[last], end]], dtype=np.int64))
+                cats.append(c.category[last : last + 1])
+    return np.concatenate(rows), np.concatenate(cats)
 
 
 def breakdown(
-    tl: Timeline, windows: list[tuple[int, int, int]], blocked: list[tuple[Iv, str]] | None = None
+    tl: Timeline, windows: list[tuple[int, int, int]], blocked: Blocked | None = None
 ) -> list[dict[str, int]]:
     """Time per category inside each window: at each moment the highest-priority activity takes it."""
-    edges: list[tuple[int, int, int]] = []  # (t, +1/-1, category index in _PRIORITY)
-    rank_of = {c: i for i, c in enumerate(_PRIORITY)}
-    for b, cat in waits(tl) if blocked is None else blocked:
-        k = rank_of[cat]
-        edges += [(b[0], 1, k), (b[1], -1, k)]
-    for s in tl.spans:
-        kind = _SPAN_CATEGORY.get(s.kind)
-        if kind is None:
-            continue
-        lo, hi = _iv(tl, s.t0, s.t1)
-        if hi > lo:
-            edges += [(lo, 1, rank_of[kind]), (hi, -1, rank_of[kind])]
-    edges.sort()
+    b_ivs, b_cats = waits(tl) if blocked is None else blocked
+    s_ivs, s_cats = _span_ivs(tl, _SPAN_CATEGORY)
+    ivs, cats = np.concatenate((b_ivs, s_ivs)), np.concatenate((b_cats, s_cats))
+    keep = ivs[:, 1] > ivs[:, 0]
+    ivs, cats = ivs[keep], cats[keep]
     out = [dict.fromkeys(CATEGORIES, 0) for _ in windows]
-    active = [0] * len(_PRIORITY)
-    w = 0
-    prev = windows[0][1] if windows else 0
-
-    def credit(a: int, b: int, cat: str) -> None:
-        nonlocal w
-        while w < len(windows) and a < b:
-            _, lo, hi = windows[w]
-            if b <= lo:
-                return
-            a = max(a, lo)
-            cut = min(b, hi)
-            if cut > a:
-                out[w][cat] += cut - a
-            if b < hi:
-                return
-            a = cut
-            w += 1
-
-    for t, d, k in edges:
-        if t > prev:
-            top = next((i for i, n in enumerate(active) if n > 0), -1)
-            credit(prev, t, _PRIORITY[top] if top >= 0 else OTHER)
-            prev = t
-        active[k] += d
-    if windows and prev < windows[-1][2]:
-        credit(prev, windows[-1][2], OTHER)
+    if not windows:
+        return out
+    bounds = np.array([(lo, hi) for _, lo, hi in windows], dtype=np.int64)
+    n_cat = _OTHER_INDEX + 1
+    u, inv = np.unique(np.concatenate((ivs[:, 0], ivs[:, 1])), return_inverse=True)
+    delta = np.concatenate((np.ones(len(ivs)), -np.ones(len(ivs))))
+    active = np.bincount(inv * n_cat + np.concatenate((cats, cats)), delta, len(u) * n_cat)
+    active = np.cumsum(active.reshape(len(u), n_cat), axis=0) > 0.5  # from u[i] on: which categories run
+    top = np.where(active.any(axis=1), active.argmax(axis=1), _OTHER_INDEX)  # the first in priority order
+    cuts = np.unique(np.concatenate((u, bounds.ravel())))
+    lo, hi = cuts[:-1], cuts[1:]
+    at = np.searchsorted(u, lo, "right") - 1
+    cat = np.where(at >= 0, top[np.maximum(at, 0)], _OTHER_INDEX)
+    w = np.searchsorted(bounds[:, 0], lo, "right") - 1
+    inside = (w >= 0) & (hi <= bounds[np.maximum(w, 0), 1])
+    sums = np.bincount(w[inside] * n_cat + cat[inside], (hi - lo)[inside], len(windows) * n_cat)
+    for i, row in enumerate(sums.reshape(len(windows), n_cat).tolist()):
+        for k, ns in enumerate(row):
+            if ns:
+                out[i][_NAMES[k]] += round(ns)
     return out
 
 
-def _compute(tl: Timeline, blocked: list[tuple[Iv, str]]) -> list[Iv]:
-    spans = intervals.merge(_iv(tl, s.t0, s.t1) for s in tl.spans if s.kind in COMPUTE_SPANS)
-    return intervals.subtract(spans, intervals.merge(b for b, _ in blocked))
+def _compute(tl: Timeline, blocked: Blocked) -> intervals.Ivs:
+    spans, _ = _span_ivs(tl, COMPUTE_SPANS)
+    return intervals.subtract(intervals.merge(spans), intervals.merge(blocked[0]))
 
 
 def rank_timing(tl: Timeline) -> RankTiming:
+    calls = _Calls(tl)
     windows = step_windows(tl)
-    blocked = waits(tl)
+    blocked = waits(tl, calls)
     per = breakdown(tl, windows, blocked)
     compute = _compute(tl, blocked)
     spans = bool(tl.spans)
-
-    def comm_of(calls: Iterable[Call]) -> list[Iv]:
-        return intervals.merge(_iv(tl, c.t0, c.t1) for c in calls)
-
-    comm = comm_of(tl.calls)
+    comm = intervals.merge(calls.ivs())
     both = intervals.intersect(comm, compute)
     bounds = [(lo, hi) for _, lo, hi in windows]
     steps = [
@@ -346,15 +366,13 @@ def rank_timing(tl: Timeline) -> RankTiming:
                                             intervals.totals_in(both, bounds))
     ]  # fmt: skip
     whole = Overlap(intervals.total(comm), intervals.total(both), spans)
-    by_group: dict[str, list[Call]] = defaultdict(list)
-    for call in tl.calls:
-        by_group[call.group].append(call)
+    names = [c.group for c in tl.calls]
     groups = {}
-    for g, cs in sorted(by_group.items()):
-        gc = comm_of(cs)
+    for g in sorted(set(names)):
+        gc = intervals.merge(calls.ivs(np.fromiter((n == g for n in names), bool, len(names))))
         groups[g] = Overlap(intervals.total(gc), intervals.total(intervals.intersect(gc, compute)), spans)
-    ag = [_iv(tl, c.t0, c.t1) for c in tl.calls if op_family(c.op) == "all_gather"]
-    rs = [_iv(tl, c.t0, c.t1) for c in tl.calls if op_family(c.op) == "reduce_scatter"]
+    ag = calls.ivs(calls.of_family("all_gather"))
+    rs = calls.ivs(calls.of_family("reduce_scatter"))
     return RankTiming(
         tl.rank, tl.host, tuple(steps), whole, groups, tuple(intervals.depth(ag)), tuple(intervals.depth(rs)), spans
     )
@@ -369,9 +387,9 @@ class GroupArrivals:
 
     group: str
     ranks: tuple[int, ...]
-    seqs: list[int] = field(default_factory=list)
-    times: list[tuple[int, ...]] = field(default_factory=list)  # per seq, in `ranks` order
-    steps: list[tuple[int, ...]] = field(default_factory=list)
+    seqs: Any = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (n,)
+    times: Any = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))  # (n, ranks), in `ranks` order
+    steps: Any = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))  # (n, ranks)
 
 
 Arrivals = list[GroupArrivals]
@@ -387,16 +405,18 @@ def arrivals(items: Iterable[tuple[str, int, int, int, int]], group_sizes: dict[
     for (g, _), got in by.items():
         seen[g] = max(seen[g], len(got))
     sizes = group_sizes or {}
-    out: dict[tuple[str, tuple[int, ...]], GroupArrivals] = {}
+    rows: dict[tuple[str, tuple[int, ...]], list[tuple[int, list[tuple[int, int]]]]] = {}
     for (g, seq), got in sorted(by.items()):
         if len(got) < (sizes.get(g) or seen[g]):
             continue
         ranks = tuple(sorted(got))
-        ga = out.get((g, ranks)) or out.setdefault((g, ranks), GroupArrivals(g, ranks))
-        ga.seqs.append(seq)
-        ga.times.append(tuple(got[r][0] for r in ranks))
-        ga.steps.append(tuple(got[r][1] for r in ranks))
-    return list(out.values())
+        rows.setdefault((g, ranks), []).append((seq, [got[r] for r in ranks]))
+    out = []
+    for (g, ranks), per_seq in rows.items():
+        both = np.array([pairs for _, pairs in per_seq], dtype=np.int64)  # (n, ranks, 2)
+        out.append(GroupArrivals(g, ranks, np.array([q for q, _ in per_seq], dtype=np.int64), both[:, :, 0],
+                                 both[:, :, 1]))  # fmt: skip
+    return out
 
 
 def timeline_items(tls: dict[int, Timeline]) -> Iterator[tuple[str, int, int, int, int]]:
@@ -424,28 +444,28 @@ def stream_arrivals(streams: dict[int, RankStreams], shifts: dict[int, int], gro
         if hi < lo:
             continue
         width = hi - lo + 1
-        times = np.empty((len(ranks), width), dtype=np.int64)
-        steps = np.empty((len(ranks), width), dtype=np.int64)
-        for j, (r, st) in enumerate(zip(ranks, sts)):
-            times[j] = np.frombuffer(st.t_issue, dtype=np.int64)[lo - st.seq0 : hi - st.seq0 + 1]
-            steps[j] = _steps_of(st, lo, hi)
-        whole = (times != 0).all(axis=0)  # not a torn slot on any rank
-        times -= np.array([shifts[r] for r in ranks], dtype=np.int64)[:, None]
-        ga = GroupArrivals(g, tuple(ranks))
-        ga.seqs = (np.flatnonzero(whole) + lo).tolist()
-        ga.times = list(map(tuple, times.T[whole].tolist()))
-        ga.steps = list(map(tuple, steps.T[whole].tolist()))
-        out.append(ga)
+        times = np.empty((width, len(ranks)), dtype=np.int64)
+        steps = np.empty((width, len(ranks)), dtype=np.int64)
+        for j, st in enumerate(sts):
+            times[:, j] = np.frombuffer(st.t_issue, dtype=np.int64)[lo - st.seq0 : hi - st.seq0 + 1]
+            steps[:, j] = _steps_of(st, lo, hi)
+        whole = (times != 0).all(axis=1)  # not a torn slot on any rank
+        times -= np.array([shifts[r] for r in ranks], dtype=np.int64)
+        out.append(GroupArrivals(g, tuple(ranks), np.flatnonzero(whole) + lo, times[whole], steps[whole]))
     return out
 
 
-def _steps_of(st: Any, lo: int, hi: int) -> list[int]:
+def _steps_of(st: Any, lo: int, hi: int) -> Any:
     """The step of each of the stream's seqs lo..hi, from its step changes."""
-    out: list[int] = []
-    bounds = [o for o, _ in st.step_starts] + [len(st.sigs)]
-    for (o, step), end in zip(st.step_starts, bounds[1:]):
-        out.extend([step] * (end - o))
-    return out[lo - st.seq0 : hi - st.seq0 + 1]
+    offsets = np.array([o for o, _ in st.step_starts] + [len(st.sigs)], dtype=np.int64)
+    values = np.array([step for _, step in st.step_starts], dtype=np.int64)
+    return np.repeat(values, np.diff(offsets))[lo - st.seq0 : hi - st.seq0 + 1]
+
+
+def _median(ordered: Any) -> Any:
+    """Per row of a row-sorted array, its median (of an even count, the floor of the middle two's mean)."""
+    n = ordered.shape[1]
+    return ordered[:, n // 2] if n % 2 else (ordered[:, n // 2 - 1] + ordered[:, n // 2]) // 2
 
 
 def stragglers(arr: Arrivals, timings: dict[int, RankTiming] | None = None) -> tuple[list[Straggler], Skew | None]:
@@ -460,26 +480,27 @@ def stragglers(arr: Arrivals, timings: dict[int, RankTiming] | None = None) -> t
     count: dict[int, int] = defaultdict(int)
     per_step: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     skews: list[int] = []
-    for ga in arr:
-        if len(ga.ranks) < 2:
+    medians: dict[int, Any] = {}  # by position in arr
+    for n, ga in enumerate(arr):
+        if len(ga.ranks) < 2 or not len(ga.seqs):
             continue
         for r in ga.ranks:
             count[r] += len(ga.seqs)
-        for times, steps in zip(ga.times, ga.steps):
-            ordered = sorted(times)
-            t_last = ordered[-1]
-            lead = t_last - ordered[-2]
-            skews.append(t_last - ordered[0])
-            if lead > 0:
-                i = times.index(t_last)
-                r = ga.ranks[i]
-                last[r] += 1
-                lead_ns[r] += lead
-                per_step[r][steps[i]] += lead
+        ordered = np.sort(ga.times, axis=1)
+        medians[n] = _median(ordered)
+        lead = ordered[:, -1] - ordered[:, -2]
+        skews += (ordered[:, -1] - ordered[:, 0]).tolist()
+        rows = np.flatnonzero(lead > 0)
+        who = np.argmax(ga.times[rows], axis=1)  # the first of the latest
+        for row, i, ns in zip(rows.tolist(), who.tolist(), lead[rows].tolist()):
+            r = ga.ranks[i]
+            last[r] += 1
+            lead_ns[r] += ns
+            per_step[r][int(ga.steps[row, i])] += ns
     total = sum(lead_ns.values())
     out = []
     for r in sorted(lead_ns, key=lambda r: (-lead_ns[r], r))[:_STRAGGLERS]:
-        late, seen = _lateness(arr, r)
+        late, seen = _lateness(arr, medians, r)
         series = {s: per_step[r].get(s, 0) for s in sorted(seen)}
         out.append(Straggler(
             r, last[r], count[r], lead_ns[r] / 1e9, lead_ns[r] / total if total else 0.0,
@@ -493,17 +514,16 @@ def stragglers(arr: Arrivals, timings: dict[int, RankTiming] | None = None) -> t
     return out, skew
 
 
-def _lateness(arr: Arrivals, rank: int) -> tuple[int, set[int]]:
+def _lateness(arr: Arrivals, medians: dict[int, Any], rank: int) -> tuple[int, set[int]]:
     """The rank's arrival minus the median arrival (0 when early), summed; and the steps it took part in."""
     late = 0
     seen: set[int] = set()
-    for ga in arr:
-        if rank not in ga.ranks or len(ga.ranks) < 2:
+    for n, ga in enumerate(arr):
+        if rank not in ga.ranks or n not in medians:
             continue
         i = ga.ranks.index(rank)
-        for times, steps in zip(ga.times, ga.steps):
-            late += max(0, times[i] - _median_sorted(sorted(times)))
-            seen.add(steps[i])
+        late += int(np.maximum(0, ga.times[:, i] - medians[n]).sum())
+        seen.update(np.unique(ga.steps[:, i]).tolist())
     return late, seen
 
 
@@ -569,8 +589,8 @@ def bandwidth(tls: dict[int, Timeline], group_sizes: dict[str, int], arr: Arriva
     seen_size: dict[str, int] = {}
     last_in: dict[tuple[str, int], tuple[int, int]] = {}  # (group, seq) -> (last arrival, ranks)
     for ga in arr:
-        for seq, issued in zip(ga.seqs, ga.times):
-            last_in[(ga.group, seq)] = (max(issued), len(issued))
+        for seq, latest in zip(ga.seqs.tolist(), ga.times.max(axis=1).tolist()):
+            last_in[(ga.group, seq)] = (latest, len(ga.ranks))
     for key, cs in calls.items():
         came = last_in.get(key)
         if key in spoilt or not came or came[1] < 2:
