@@ -328,8 +328,8 @@ def breakdown(
     n_cat = _OTHER_INDEX + 1
     u, inv = np.unique(np.concatenate((ivs[:, 0], ivs[:, 1])), return_inverse=True)
     delta = np.concatenate((np.ones(len(ivs)), -np.ones(len(ivs))))
-    active = np.bincount(inv * n_cat + np.concatenate((cats, cats)), delta, len(u) * n_cat)
-    active = np.cumsum(active.reshape(len(u), n_cat), axis=0) > 0.5  # from u[i] on: which categories run
+    changes = np.bincount(inv * n_cat + np.concatenate((cats, cats)), delta, len(u) * n_cat)
+    active = np.cumsum(changes.reshape(len(u), n_cat), axis=0) > 0.5  # from u[i] on: which categories run
     top = np.where(active.any(axis=1), active.argmax(axis=1), _OTHER_INDEX)  # the first in priority order
     cuts = np.unique(np.concatenate((u, bounds.ravel())))
     lo, hi = cuts[:-1], cuts[1:]
