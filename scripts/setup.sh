@@ -9,11 +9,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.colltrace-setup
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
-if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && .venv/bin/python -c "import torch, colltrace, networkx, orjson" 2>/dev/null; then
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && .venv/bin/python -c "import torch, colltrace, orjson" 2>/dev/null; then
   exit 0
 fi
 # torch==2.13.0 exactly: any other spec may download a multi-GB CUDA build
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[record,tui,dev]" 2>&1 \
   | grep -v "is ignored: it is neither a file nor a directory" || true
-.venv/bin/python -c "import torch, colltrace, networkx, orjson" >/dev/null
+.venv/bin/python -c "import torch, colltrace, orjson" >/dev/null
 echo "$want" > "$stamp"

@@ -400,3 +400,16 @@ def test_uneven_data_in_a_later_epoch_every_rank_having_run_out_once(tmp_path: P
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == (1,) and dx.finding is not None
     assert dx.finding.cause is Cause.UNEVEN_DATA
+
+
+def test_wait_for_graph_components_and_reach() -> None:
+    from colltrace.analysis import waitfor
+
+    # 0 -> 1 -> 2 -> 0 is a deadlock; 3 waits on it; 4 -> 5 is a plain wait; a long chain needs no recursion
+    g: waitfor.Graph = {0: {1}, 1: {2}, 2: {0}, 3: {0}, 4: {5}, 5: set()}
+    chain: waitfor.Graph = {i: {i + 1} for i in range(20_000)} | {20_000: set()}
+    assert sorted(map(sorted, waitfor.components(g))) == [[0, 1, 2], [3], [4], [5]]
+    assert all(len(c) == 1 for c in waitfor.components(chain))
+    assert waitfor.reach(g, (3,)) == {0, 1, 2}
+    assert waitfor.reach(g, (4,)) == {5}
+    assert waitfor.edges(g) == 5

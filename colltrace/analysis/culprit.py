@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from colltrace.analysis import groups, states
+from colltrace.analysis import groups, states, waitfor
 from colltrace.analysis.history import TRAINING, Habit, precedent, starts_step
 from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, RankEnd
 from colltrace.analysis.streams import RankStreams, SigTable
@@ -128,7 +128,7 @@ def for_missing(
     # the absent ranks are late: follow the wait-for graph from them to whom they wait on
     culprits_set: set[int] = set()
     for r in absent:
-        if wf.graph.out_degree(r) == 0:
+        if not wf.graph.get(r):
             culprits_set.add(r)
         else:
             culprits_set.update(s for s in wf.sinks if s in _reach(wf, r))
@@ -137,7 +137,7 @@ def for_missing(
     culprits = tuple(sorted(culprits_set)) or absent
     if con:
         evidence.append(Evidence(Clue.HISTORY_CONSISTENT, con))
-    if wf.graph.number_of_edges():
+    if waitfor.edges(wf.graph):
         evidence.append(Evidence(Clue.WAITED_FOR, culprits, ",".join(map(str, issuers))))
     evidence.extend(_state_clues(culprits, ends))
     victims = tuple(sorted((set(waiting_on(wf, culprits)) | set(issuers)) - set(culprits)))
@@ -192,6 +192,4 @@ def for_membership(d: Divergence, run: Run) -> Blame | None:
 
 
 def _reach(wf: WaitFor, r: int) -> set[int]:
-    import networkx as nx
-
-    return set(nx.descendants(wf.graph, r))
+    return waitfor.reach(wf.graph, (r,)) - {r}

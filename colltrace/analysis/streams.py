@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from colltrace.analysis import workers
 from colltrace.trace import schema
 from colltrace.trace.reader import RecordView
 from colltrace.trace.records import RankTrace, Run
@@ -320,12 +321,38 @@ def _extend(
         failed.extend((st.key, int(seqs[i]), int(idxs[i])) for i in where[err].tolist())
 
 
+PARALLEL_RECORDS = 500_000  # from this many records to read, build_all splits the ranks over the CPUs
+
+
 def build_all(run: Run, table: SigTable, window: int | None = None) -> dict[int, RankStreams]:
     """Every rank's streams, from its last `window` records (None: all it holds). A rank read from a window
-    shows its earlier seqs as not visible, as a ring that dropped them does."""
-    if window is None:
-        return {rank: build_streams(rt, table) for rank, rt in sorted(run.ranks.items())}
-    return {rank: build_streams(tail(rt, window), table) for rank, rt in sorted(run.ranks.items())}
+    shows its earlier seqs as not visible, as a ring that dropped them does. Many records: the ranks are
+    split into consecutive parts, read in forked processes at once (workers.py), the same result."""
+    items = sorted(run.ranks.items())
+    records = sum(held(rt) if window is None else min(window, held(rt)) for _, rt in items)
+    procs = workers.available() if records >= PARALLEL_RECORDS else 1
+    parts = workers.split(items, procs)
+    base = len(table.sigs)
+
+    def build(part: Sequence[tuple[int, RankTrace]]) -> tuple[list[RankStreams], list[Signature | None]]:
+        got = [build_streams(rt if window is None else tail(rt, window), table) for _, rt in part]
+        return got, table.sigs[base:]  # in a child: the signatures it interned beyond the shared ones
+
+    out: dict[int, RankStreams] = {}
+    for i, (got, new) in enumerate(workers.map_parts(build, parts)):
+        if i:  # a child's own signature ids, beyond the shared ones, renumbered into this table in order
+            _renumber(got, base, [table.intern(sig) for sig in new if sig is not None])
+        out.update((rs.rank, rs) for rs in got)
+    return out
+
+
+def _renumber(got: list[RankStreams], base: int, ids: list[int]) -> None:
+    if not ids or ids == list(range(base, base + len(ids))):
+        return
+    lut = np.concatenate((np.arange(base, dtype=np.uint32), np.array(ids, dtype=np.uint32)))
+    for rs in got:
+        for st in rs.groups.values():
+            st.sigs = array("I", lut[np.frombuffer(st.sigs, dtype=np.uint32)].tobytes())
 
 
 def tail(rt: RankTrace, n: int) -> RankTrace:
