@@ -229,6 +229,26 @@ def test_clock_fit_by_hand() -> None:
     assert set(fit.shifts()) == {0, 1}
 
 
+def test_clock_fit_through_an_aligned_host_with_medians_of_a_hosts_ranks() -> None:
+    """Host c shares collectives with b only: it is aligned in a second pass, through b. A host's
+    completion is the median of its ranks' (of two: their mean), exact to the ns."""
+    us = 1000
+    calls: dict[int, list[Call]] = {r: [] for r in range(5)}
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c"}
+    for seq in range(1, 6):
+        t = seq * 100 * MS
+        for r, late in ((0, 0), (1, 2 * us), (2, 7 * MS), (3, 7 * MS + 4 * us)):
+            calls[r].append(Call("0", seq, "all_reduce", False, 4, 0, "", "", t - MS, t + late, 0, True, False, False))
+        u = t + 50 * MS  # group x: hosts b and c only
+        for r, late in ((2, 7 * MS), (3, 7 * MS + us), (4, 20 * MS)):
+            calls[r].append(Call("x", seq, "all_reduce", False, 4, 0, "", "", u - MS, u + late, 0, True, False, False))
+    fit = clock.fit(calls, hosts)
+    assert fit.hosts["b"] == clock.HostClock(7 * MS + us, 0, 5, "a")
+    assert fit.hosts["c"] == clock.HostClock(20 * MS + us // 2, 0, 5, "aligned hosts")
+    assert fit.unaligned == ()
+    assert fit.shifts() == {0: 0, 1: 0, 2: 7 * MS + us, 3: 7 * MS + us, 4: 20 * MS + us // 2}
+
+
 def _shift_host(run_dir: str, ranks: list[int], host: str, shift_ns: int) -> None:
     """Put `ranks` on another host whose wall clock is `shift_ns` ahead (their header's clock)."""
     for r in ranks:

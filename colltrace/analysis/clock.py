@@ -11,9 +11,10 @@ such collective with an aligned host is not aligned, and is said to be.
 
 from __future__ import annotations
 
-import statistics
-from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from colltrace.analysis.timeline import Call
 
@@ -40,16 +41,6 @@ class ClockFit:
         return {r: self.hosts[h].offset_ns for r, h in self.rank_hosts.items() if h in self.hosts}
 
 
-def completions(calls: dict[int, list[Call]]) -> dict[tuple[str, int], dict[int, int]]:
-    """(group, seq) -> {rank: completion time} over the calls each rank waited for to the end."""
-    out: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
-    for rank, cs in calls.items():
-        for c in cs:
-            if not c.p2p and c.exact_end and c.t1 is not None:
-                out[(c.group, c.seq)][rank] = c.t1
-    return out
-
-
 def fit(calls: dict[int, list[Call]], rank_hosts: dict[int, str]) -> ClockFit:
     """Estimate each host's clock offset from the ranks' calls (times as recorded, unshifted).
 
@@ -63,30 +54,85 @@ def fit(calls: dict[int, list[Call]], rank_hosts: dict[int, str]) -> ClockFit:
     ref = hosts[0] if hosts else ""
     if len(hosts) <= 1:
         return ClockFit(ref, {ref: HostClock(0, 0, 0, ref)} if hosts else {}, (), rank_hosts)
-    per: list[dict[str, int]] = []  # per collective shared by hosts: host -> its ranks' median completion
-    for done in completions(calls).values():
-        by_host: dict[str, list[int]] = defaultdict(list)
-        for r, t in done.items():
-            by_host[rank_hosts.get(r, "")].append(t)
-        if len(by_host) >= 2:
-            per.append({h: int(statistics.median(ts)) for h, ts in by_host.items()})
-    fitted: dict[str, HostClock] = {ref: HostClock(0, 0, 0, ref)}
+    done, present = _completions(calls, rank_hosts, hosts)  # (collectives, hosts); hosts[0] is the reference
+    fitted = np.zeros(len(hosts), dtype=bool)
+    fitted[0] = True
+    offset = np.zeros(len(hosts), dtype=np.int64)
+    clocks: dict[str, HostClock] = {ref: HostClock(0, 0, 0, ref)}
     while True:
-        samples: dict[str, list[int]] = defaultdict(list)
-        for med in per:
-            anchors = [t - fitted[h].offset_ns for h, t in med.items() if h in fitted]
-            if not anchors:
-                continue
-            base = int(statistics.median(anchors))
-            for h, t in med.items():
-                if h not in fitted:
-                    samples[h].append(t - base)
-        new = {h: s for h, s in samples.items() if len(s) >= MIN_SAMPLES}
-        if not new:
+        anchored = present & fitted
+        base, has = _medians(done - offset, anchored, axis=1)  # per collective: the aligned hosts' median
+        samples = present & ~fitted & has[:, None]
+        new = np.flatnonzero(samples.sum(axis=0) >= MIN_SAMPLES)
+        if not len(new):
             break
-        via = ref if len(fitted) == 1 else "aligned hosts"
-        for h, s in new.items():
-            off = int(statistics.median(s))
-            fitted[h] = HostClock(off, int(statistics.median(abs(x - off) for x in s)), len(s), via)
-    unaligned = tuple(h for h in hosts if h not in fitted)
-    return ClockFit(ref, fitted, unaligned, rank_hosts)
+        diff = done[:, new] - base[:, None]
+        off, _ = _medians(diff, samples[:, new], axis=0)
+        spread, _ = _medians(np.abs(diff - off), samples[:, new], axis=0)
+        via = ref if fitted.sum() == 1 else "aligned hosts"
+        counts = samples[:, new].sum(axis=0)
+        for col, o, spr, n in zip(new.tolist(), off.tolist(), spread.tolist(), counts.tolist()):
+            clocks[hosts[col]] = HostClock(o, spr, n, via)
+        offset[new] = off
+        fitted[new] = True
+    unaligned = tuple(h for h, ok in zip(hosts, fitted.tolist()) if not ok)
+    return ClockFit(ref, {h: clocks[h] for h in hosts if h in clocks}, unaligned, rank_hosts)
+
+
+def _completions(calls: dict[int, list[Call]], rank_hosts: dict[int, str], hosts: list[str]) -> tuple[Any, Any]:
+    """Per collective that two hosts or more waited for to the end, each host's ranks' median completion:
+    (collectives x hosts) times, and which of them exist."""
+    column = {h: i for i, h in enumerate(hosts)}
+    keys: dict[tuple[str, int], int] = {}
+    rows: list[int] = []
+    cols: list[int] = []
+    times: list[int] = []
+    for rank, cs in calls.items():
+        h = column.get(rank_hosts.get(rank, ""))
+        if h is None:
+            continue
+        seen: dict[int, int] = {}  # row -> position in times: a rank's one completion per collective
+        for c in cs:
+            if not c.p2p and c.exact_end and c.t1 is not None:
+                k = keys.setdefault((c.group, c.seq), len(keys))
+                if k in seen:
+                    times[seen[k]] = c.t1
+                    continue
+                seen[k] = len(times)
+                rows.append(k)
+                cols.append(h)
+                times.append(c.t1)
+    cell = np.array(rows, dtype=np.int64) * len(hosts) + np.array(cols, dtype=np.int64)
+    t = np.array(times, dtype=np.int64)
+    flat = np.zeros(len(keys) * len(hosts), dtype=np.int64)
+    have = np.zeros(len(keys) * len(hosts), dtype=bool)
+    order = np.lexsort((t, cell))
+    cell_sorted, t_sorted = cell[order], t[order]
+    cells, start, count = np.unique(cell_sorted, return_index=True, return_counts=True)
+    flat[cells] = _pick_median(t_sorted, start, count)
+    have[cells] = True
+    done, present = flat.reshape(len(keys), len(hosts)), have.reshape(len(keys), len(hosts))
+    shared = present.sum(axis=1) >= 2
+    return done[shared], present[shared]
+
+
+_LAST = np.iinfo(np.int64).max  # sorts after every time: the cells that are not there
+
+
+def _medians(values: Any, mask: Any, axis: int) -> tuple[Any, Any]:
+    """The median of the values where `mask` holds, along `axis` (as statistics.median, then int()), and
+    whether there were any."""
+    ordered = np.sort(np.where(mask, values, _LAST), axis=axis)
+    if axis == 0:
+        ordered = ordered.T
+    n = mask.sum(axis=axis)
+    starts = np.arange(len(n)) * ordered.shape[1]
+    return _pick_median(ordered.ravel(), starts, np.maximum(n, 1)), n > 0
+
+
+def _pick_median(ordered: Any, start: Any, count: Any) -> Any:
+    """Medians of runs ordered[start:start + count] (each sorted): the middle one, or of two the mean
+    rounded to a float and truncated, as int(statistics.median(...)) gives."""
+    lo = ordered[start + (count - 1) // 2]
+    hi = ordered[start + count // 2]
+    return np.where(count % 2 == 1, lo, ((lo + hi).astype(np.float64) / 2).astype(np.int64))

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from colltrace.analysis import workers
+from colltrace.analysis import slots, workers
 from colltrace.trace import schema
 from colltrace.trace.reader import RecordView
 from colltrace.trace.records import RankTrace, Run
@@ -231,7 +231,7 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         if first_idx < 0:
             first_idx = int(idxs[0])
         last_idx = int(idxs[-1])
-        last_t = int(cols["t_done"][-1]) or int(cols["t_issue"][-1])
+        last_t = int(cols["t_done_ns"][-1]) or int(cols["t_issue_ns"][-1])
     return RankStreams(
         rank=rank,
         groups=groups,
@@ -245,13 +245,8 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
     )
 
 
-# the slot's fields the streams read, as one numpy record type over the raw slots (offsets from the schema)
-_SLOT_COLUMNS = np.dtype({
-    "names": ["marker", "kind", "flags", "seq", "step", "t_issue", "t_done"],
-    "formats": ["<u8", "u1", "u1", "<u8", "<i4", "<i8", "<i8"],
-    "offsets": [schema.field_offset(f) for f in ("marker", "kind", "flags", "seq", "step", "t_issue_ns", "t_done_ns")],
-    "itemsize": schema.SLOT_SIZE,
-})  # fmt: skip
+# the slot's fields the streams read, as one numpy record type over the raw slots
+_SLOT_COLUMNS = slots.columns("marker", "kind", "flags", "seq", "step", "t_issue_ns", "t_done_ns")
 
 
 _WORDS = schema.SLOT_SIZE // 4
@@ -287,7 +282,7 @@ def _extend(
     if int(seqs[0]) == expected and int(seqs[-1]) == expected + n - 1:
         st.sigs.frombytes(sids.astype("=u4").tobytes())
         st.idxs.frombytes(idxs.astype("=i8").tobytes())
-        st.t_issue.frombytes((cols["t_issue"] + offset).astype("=i8").tobytes())
+        st.t_issue.frombytes((cols["t_issue_ns"] + offset).astype("=i8").tobytes())
         changes = np.flatnonzero(np.diff(steps)) + 1
         for pos in ([0] if int(steps[0]) != st.last_step else []) + changes.tolist():
             st.step_starts.append((base + pos, int(steps[pos])))
@@ -295,7 +290,7 @@ def _extend(
         where = np.arange(n)
     else:  # holes (torn slots) or a repeated seq: one record at a time
         kept = []
-        seq_l, step_l, t_l, sid_l, idx_l = (seqs.tolist(), steps.tolist(), cols["t_issue"].tolist(), sids.tolist(),
+        seq_l, step_l, t_l, sid_l, idx_l = (seqs.tolist(), steps.tolist(), cols["t_issue_ns"].tolist(), sids.tolist(),
                                             idxs.tolist())  # fmt: skip
         for i in range(n):
             gap = seq_l[i] - st.seq0 - len(st.sigs)
@@ -313,7 +308,7 @@ def _extend(
             st.t_issue.append(t_l[i] + offset)
             kept.append(i)
         where = np.array(kept, dtype=np.int64)
-    t_done = cols["t_done"][where]
+    t_done = cols["t_done_ns"][where]
     if (t_done == 0).any():
         open_.extend((st.key, int(seqs[i]), int(idxs[i])) for i in where[t_done == 0].tolist())
     err = (cols["flags"][where] & schema.FLAG_ERROR) != 0

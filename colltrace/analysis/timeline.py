@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
+import numpy as np
+
+from colltrace.analysis import slots
 from colltrace.trace import schema
 from colltrace.trace.reader import RecordView
 from colltrace.trace.records import Collective, RankTrace
@@ -71,6 +74,9 @@ class Span(NamedTuple):
     t1: int | None  # None: still open when the trace stopped
 
 
+_T = TypeVar("_T", Call, Span)
+
+
 @dataclass(slots=True)
 class Timeline:
     rank: int
@@ -86,13 +92,7 @@ class Timeline:
         """The same timeline with `ns` subtracted from every time (its host's clock offset)."""
         if not ns:
             return self
-
-        def back(t: int | None) -> int | None:
-            return None if t is None else t - ns
-
-        calls = [c._replace(t0=c.t0 - ns, t1=back(c.t1)) for c in self.calls]
-        spans = [s._replace(t0=s.t0 - ns, t1=back(s.t1)) for s in self.spans]
-        return Timeline(self.rank, self.host, calls, spans, self.end_ns - ns)
+        return Timeline(self.rank, self.host, _shift(self.calls, ns), _shift(self.spans, ns), self.end_ns - ns)
 
 
 def _nbytes(c: Collective) -> int | None:
@@ -115,27 +115,40 @@ def _records(seq: Iterable[Collective], kinds: tuple[str, ...]) -> Iterable[Coll
     return (c for c in seq if c.kind in kinds)
 
 
-def _calls(recs: Sequence[Collective]) -> list[Call]:
+_CALL_COLUMNS = slots.columns("marker", "kind", "flags", "group", "op", "dtype", "module", "phase", "seq",
+                              "numel_in", "numel_out", "step", "t_issue_ns", "t_done_ns", "wait_ns")  # fmt: skip
+
+
+def _calls(recs: Sequence[Collective], shift: int = 0) -> list[Call]:
     if not isinstance(recs, RecordView):
-        return [call_of(c) for c in _records(recs, ("collective", "p2p"))]
-    s, off = recs.strings.get, recs.offset
-    sizes: dict[int, int | None] = {}
-    out = []
-    for _, raw in recs.raw():  # straight from the slots: this loop is the timing analysis's hot one
-        (_m, kind, flags, _p, _t, group, op, dtype, _r, module, phase, _f, _sh, seq, _b, nin, nout, _peer, step,
-         _mi, t0, t1, wait) = raw  # fmt: skip
-        if kind != schema.KIND_COLLECTIVE and kind != schema.KIND_P2P:
-            continue
-        size = sizes.get(dtype, -1)
-        if size == -1:
-            size = sizes[dtype] = ITEMSIZE.get(s(dtype, ""))
-        out.append(Call(
-            s(group, "?"), seq, s(op, "?"), kind == schema.KIND_P2P, None if size is None else max(nin, nout, 0) * size,
-            step, s(phase, ""), s(module, ""), t0 + off, (t1 + off) if t1 else None, wait,
-            not flags & schema.FLAG_ASYNC, bool(flags & schema.FLAG_POLLED), bool(flags & schema.FLAG_DEVICE),
-            bool(flags & schema.FLAG_ERROR),
-        ))  # fmt: skip
-    return out
+        return _shift([call_of(c) for c in _records(recs, ("collective", "p2p"))], shift)
+    blocks = [cols[(cols["kind"] == schema.KIND_COLLECTIVE) | (cols["kind"] == schema.KIND_P2P)]
+              for _, cols in slots.good(recs.chunks(), _CALL_COLUMNS)]  # fmt: skip
+    if not blocks:
+        return []
+    cols = np.concatenate(blocks)  # straight from the slots, column by column: the timing's hot path
+    strings, off = recs.strings, recs.offset - shift
+
+    def text(field: str, default: str) -> list[str]:
+        ids, inverse = np.unique(cols[field], return_inverse=True)
+        names = np.array([strings.get(i, default) for i in ids.tolist()], dtype=object)
+        return names[inverse.ravel()].tolist()  # type: ignore[no-any-return]
+
+    dtypes, inverse = np.unique(cols["dtype"], return_inverse=True)
+    size = np.array([ITEMSIZE.get(strings.get(i, ""), 0) for i in dtypes.tolist()], dtype=np.int64)[inverse.ravel()]
+    nbytes = (np.maximum(np.maximum(cols["numel_in"], cols["numel_out"]), 0) * size).astype(object)
+    nbytes[size == 0] = None  # a dtype of unknown size
+    done = cols["t_done_ns"]
+    t1 = (done + off).astype(object)
+    t1[done == 0] = None
+    flags = cols["flags"]
+    return list(map(Call._make, zip(
+        text("group", "?"), cols["seq"].tolist(), text("op", "?"), (cols["kind"] == schema.KIND_P2P).tolist(),
+        nbytes.tolist(), cols["step"].tolist(), text("phase", ""), text("module", ""),
+        (cols["t_issue_ns"] + off).tolist(), t1.tolist(), cols["wait_ns"].tolist(),
+        (flags & schema.FLAG_ASYNC == 0).tolist(), (flags & schema.FLAG_POLLED != 0).tolist(),
+        (flags & schema.FLAG_DEVICE != 0).tolist(), (flags & schema.FLAG_ERROR != 0).tolist(),
+    )))  # fmt: skip
 
 
 def _tail(recs: Sequence[Collective], n: int | None) -> Sequence[Collective]:
@@ -144,11 +157,19 @@ def _tail(recs: Sequence[Collective], n: int | None) -> Sequence[Collective]:
     return recs.tail(n) if isinstance(recs, RecordView) else list(recs)[-n:]
 
 
-def timeline(rt: RankTrace, end_ns: int = 0, tail: int | None = None, spans: bool = True) -> Timeline:
-    """One rank's timeline, times as recorded; open calls and spans end at `end_ns` (the run's end) or
-    at the rank's own last record. `tail`: its last `tail` collectives and spans only."""
-    calls = _calls(_tail(rt.records, tail))
-    spans_ = [span_of(s) for s in _records(_tail(rt.spans, tail), ("span",))] if spans else []
+def _shift(items: list[_T], ns: int) -> list[_T]:
+    """Calls or spans with `ns` subtracted from their times."""
+    if not ns:
+        return items
+    return [x._replace(t0=x.t0 - ns, t1=None if x.t1 is None else x.t1 - ns) for x in items]
+
+
+def timeline(rt: RankTrace, end_ns: int = 0, tail: int | None = None, spans: bool = True, shift: int = 0) -> Timeline:
+    """One rank's timeline, times as recorded less `shift` (its host's clock offset: the same as
+    .shifted(shift), without a second copy); open calls and spans end at `end_ns` (the run's end, as
+    recorded) or at the rank's own last record. `tail`: its last `tail` collectives and spans only."""
+    calls = _calls(_tail(rt.records, tail), shift)
+    spans_ = _shift([span_of(s) for s in _records(_tail(rt.spans, tail), ("span",))], shift) if spans else []
     spans_.sort(key=lambda s: s.t0)
-    last = max([c.t1 or c.t0 for c in calls[-64:]] + [s.t1 or s.t0 for s in spans_[-64:]] + [0])
-    return Timeline(rt.rank, rt.host, calls, spans_, max(end_ns, last))
+    last = max([c.t1 or c.t0 for c in calls[-64:]] + [s.t1 or s.t0 for s in spans_[-64:]] + [-shift])
+    return Timeline(rt.rank, rt.host, calls, spans_, max(end_ns - shift, last))

@@ -443,15 +443,12 @@ def stream_arrivals(streams: dict[int, RankStreams], shifts: dict[int, int], gro
         lo, hi = max(st.seq0 for st in sts), min(st.last_seq for st in sts)
         if hi < lo:
             continue
-        width = hi - lo + 1
-        times = np.empty((width, len(ranks)), dtype=np.int64)
-        steps = np.empty((width, len(ranks)), dtype=np.int64)
-        for j, st in enumerate(sts):
-            times[:, j] = np.frombuffer(st.t_issue, dtype=np.int64)[lo - st.seq0 : hi - st.seq0 + 1]
-            steps[:, j] = _steps_of(st, lo, hi)
-        whole = (times != 0).all(axis=1)  # not a torn slot on any rank
-        times -= np.array([shifts[r] for r in ranks], dtype=np.int64)
-        out.append(GroupArrivals(g, tuple(ranks), np.flatnonzero(whole) + lo, times[whole], steps[whole]))
+        times = np.stack([np.frombuffer(st.t_issue, dtype=np.int64)[lo - st.seq0 : hi - st.seq0 + 1] for st in sts])
+        steps = np.stack([_steps_of(st, lo, hi) for st in sts])
+        whole = (times != 0).all(axis=0)  # not a torn slot on any rank
+        times -= np.array([shifts[r] for r in ranks], dtype=np.int64)[:, None]
+        out.append(GroupArrivals(g, tuple(ranks), np.flatnonzero(whole) + lo, np.ascontiguousarray(times.T[whole]),
+                                 np.ascontiguousarray(steps.T[whole])))  # fmt: skip
     return out
 
 
@@ -651,7 +648,7 @@ def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = 
         sample = [s.rank for s in ranked]
         step = max(1, len(ranks) // SAMPLE_RANKS)
         sample += [r for r in ranks[::step] if r not in sample][: SAMPLE_RANKS - len(sample)]
-        tls = {r: timeline(run.ranks[r], end_ns, BIG_TAIL).shifted(shifts[r]) for r in sorted(sample) if r in shifts}
+        tls = {r: timeline(run.ranks[r], end_ns, BIG_TAIL, shift=shifts[r]) for r in sorted(sample) if r in shifts}
     timings = {r: rank_timing(tl) for r, tl in tls.items()}
     if big:
         ranked = [located(st, timings) for st in ranked]
