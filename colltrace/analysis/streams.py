@@ -42,6 +42,7 @@ class SigTable:
         # the ranks of one job intern the same strings alike: a slot key decoded once for all of them
         self._tables: dict[tuple[tuple[int, str], ...], int] = {}
         self.decoded: dict[tuple[int, bytes, bytes], tuple[str, int]] = {}  # (table, key) -> (stream, sig id)
+        self.blocks: dict[tuple[int, bytes, bytes], _Split] = {}  # a block of slots' keys, split by stream
 
     def table_id(self, strings: dict[int, str]) -> int:
         """One number per distinct string table: ranks whose tables are equal share decoded keys."""
@@ -107,7 +108,6 @@ def p2p_key(group: str, a: int, b: int) -> str:
 # the string ids group..phase, and numel_in, numel_out, peer.
 _KEY_A = schema.run_struct("group", "phase")
 _KEY_B = schema.run_struct("numel_in", "peer")
-_NO_STREAM = -1
 
 
 def _chunks(rt: RankTrace) -> tuple[Iterator[tuple[int, bytes]], dict[int, str], int]:
@@ -144,8 +144,7 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
     chunks, strings, offset = _chunks(rt)
     rank = rt.rank
     groups: dict[str, GroupStream] = {}
-    order: list[GroupStream] = []  # stream number -> stream
-    stream_of: dict[tuple[bytes, bytes], int] = {}
+    stream_of: dict[tuple[bytes, bytes], str | None] = {}  # None: not aligned (a compute span)
     sig_of: dict[tuple[bytes, bytes], int] = {}
     open_: list[tuple[str, int, int]] = []
     failed: list[tuple[str, int, int]] = []
@@ -159,18 +158,12 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
     def resolve(key: tuple[bytes, bytes], kind: int) -> None:
         a, b = key
         if kind not in (schema.KIND_COLLECTIVE, schema.KIND_P2P):  # compute spans are not aligned
-            stream_of[key] = _NO_STREAM
+            stream_of[key] = None
             sig_of[key] = 0
             return
         known = decoded.get((tid, a, b)) if kind == schema.KIND_COLLECTIVE else None
         if known is not None:
-            stream, sid = known
-            st = groups.get(stream)
-            if st is None:
-                st = groups[stream] = GroupStream(stream)
-                order.append(st)
-            stream_of[key] = order.index(st)
-            sig_of[key] = sid
+            stream_of[key], sig_of[key] = known
             return
         g, op, dtype, redop, module, phase = (strings.get(x, "?") for x in _KEY_A.unpack(a))
         nin, nout, peer = _KEY_B.unpack(b)
@@ -183,11 +176,7 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
             stream = g
             numel = nout if op in _OUT_COUNTED else nin
             sig = Signature("collective", op, numel, dtype, redop, peer, module, phase)
-        st = groups.get(stream)
-        if st is None:
-            st = groups[stream] = GroupStream(stream)
-            order.append(st)
-        stream_of[key] = order.index(st)
+        stream_of[key] = stream
         sig_of[key] = table.intern(sig)
         if kind == schema.KIND_COLLECTIVE:
             decoded[(tid, a, b)] = (stream, sig_of[key])
@@ -207,26 +196,21 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         if len(idxs) < n:
             words = words[good]
         rows = np.concatenate((words[:, _KEY_A_WORDS], words[:, _KEY_B_WORDS]), axis=1)
-        first, inverse = _distinct(rows)
-        streams_of = np.empty(len(first), dtype=np.int64)
-        sids_of = np.empty(len(first), dtype=np.uint32)
         kinds = cols["kind"]
-        na = _KEY_A.size
-        for u, f in enumerate(first.tolist()):
-            raw = rows[f].tobytes()
-            key = (raw[:na], raw[na:])
-            if key not in stream_of:
-                resolve(key, int(kinds[first[u]]))
-            streams_of[u] = stream_of[key]
-            sids_of[u] = sig_of[key]
-        gcol = streams_of[inverse]
-        sids = sids_of[inverse]
-        for g in np.unique(gcol).tolist():
-            if g == _NO_STREAM:
-                continue
-            sel = gcol == g
-            one = sel.all()
-            _extend(order[g], sids if one else sids[sel], cols if one else cols[sel], idxs if one else idxs[sel],
+        hashes = _row_hashes(rows)
+        shared = (tid, hashes.tobytes(), kinds.tobytes())  # ranks of one class: the same block of keys
+        split = table.blocks.get(shared)
+        if split is None or not np.array_equal(split.rows, rows):
+            split = _split(rows, hashes, kinds, stream_of, sig_of, resolve)
+            if not any(name.startswith("p2p:") for name, _, _ in split.streams) and len(table.blocks) < _BLOCKS:
+                table.blocks[shared] = split  # (a p2p stream's name is the rank's own)
+        known = {name: i for i, name in enumerate(groups)}  # streams in the order they began on this rank
+        ordered = sorted(range(len(split.streams)), key=lambda i: known.get(split.streams[i][0], len(known) + i))
+        for name, sel, sids in (split.streams[i] for i in ordered):
+            st = groups.get(name)
+            if st is None:
+                st = groups[name] = GroupStream(name)
+            _extend(st, sids, cols if sel is None else cols[sel], idxs if sel is None else idxs[sel],
                     offset=offset, open_=open_, failed=failed)  # fmt: skip
         if first_idx < 0:
             first_idx = int(idxs[0])
@@ -255,12 +239,58 @@ _KEY_B_WORDS = slice(schema.field_offset("numel_in") // 4, (schema.field_offset(
 _MIX = np.array([0x9E3779B97F4A7C15 * (2 * i + 1) % 2**64 for i in range(16)], dtype=np.uint64)
 
 
-def _distinct(rows: Any) -> tuple[Any, Any]:
+_BLOCKS = 256  # blocks of keys kept per SigTable for the ranks of a class to share
+
+
+class _Split(NamedTuple):
+    """One block of slots split by stream: (stream name, the slots' positions or None for all, their
+    signature ids) per stream; `rows`, the block's keys, to check that another rank's block is the same."""
+
+    rows: Any
+    streams: list[tuple[str, Any, Any]]
+
+
+def _split(
+    rows: Any, hashes: Any, kinds: Any, stream_of: dict[tuple[bytes, bytes], str | None],
+    sig_of: dict[tuple[bytes, bytes], int], resolve: Any,
+) -> _Split:  # fmt: skip
+    first, inverse = _distinct(rows, hashes)
+    names: list[str | None] = []
+    sids_of = np.empty(len(first), dtype=np.uint32)
+    na = _KEY_A.size
+    for u, f in enumerate(first.tolist()):
+        raw = rows[f].tobytes()
+        key = (raw[:na], raw[na:])
+        if key not in stream_of:
+            resolve(key, int(kinds[f]))
+        names.append(stream_of[key])
+        sids_of[u] = sig_of[key]
+    number = {name: i for i, name in enumerate(dict.fromkeys(n for n in names if n is not None))}
+    stream_col = np.array([number.get(n, -1) if n is not None else -1 for n in names], dtype=np.int64)[inverse]
+    sids = sids_of[inverse]
+    out = []
+    for name, i in number.items():
+        sel = stream_col == i
+        out.append((name, None, sids) if sel.all() else (name, np.flatnonzero(sel), sids[sel]))
+    return _Split(rows, out)
+
+
+def _row_hashes(rows: Any) -> Any:
+    """A 64-bit mix of each row's words."""
+    return (rows.astype(np.uint64) * _MIX[: rows.shape[1]]).sum(axis=1, dtype=np.uint64)
+
+
+def _distinct(rows: Any, h: Any) -> tuple[Any, Any]:
     """The distinct rows of a 2-D uint32 array: (index of each one's first row, each row's distinct number),
-    by a 64-bit mix of the words, checked exactly (a collision falls back to a sort of the rows)."""
-    h = (rows.astype(np.uint64) * _MIX[: rows.shape[1]]).sum(axis=1, dtype=np.uint64)
-    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
-    inverse = inverse.ravel()
+    by their hashes `h` (_row_hashes), checked exactly (a collision falls back to a sort of the rows)."""
+    order = np.argsort(h, kind="stable")  # equal hashes in row order: the first of each comes first
+    ordered = h[order]
+    starts = np.empty(len(h), dtype=bool)
+    starts[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    first = order[starts]
+    inverse = np.empty(len(h), dtype=np.int64)
+    inverse[order] = np.cumsum(starts) - 1
     if not (rows == rows[first][inverse]).all():
         _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
         inverse = inverse.ravel()

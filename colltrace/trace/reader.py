@@ -8,9 +8,10 @@ import re
 import socket
 import stat
 import struct
+import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, overload
+from typing import Any, BinaryIO, NamedTuple, overload
 
 from colltrace.trace import flight, schema
 from colltrace.trace.records import Collective, GroupInfo, RankState, RankTrace, Run
@@ -179,14 +180,16 @@ def ring_info(ring_path: str) -> RingInfo | None:
 
 def _last_marker(ring_path: str, slots: int) -> int:
     """The highest idx among the first `slots` slots that holds its own record (a ring that never wrapped)."""
-    last = -1
-    marker = struct.Struct("<Q")
+    last, idx = -1, 0
     with open(ring_path, "rb") as f:
-        for idx in range(slots):
-            f.seek(schema.RING_HEADER_SIZE + idx * schema.SLOT_SIZE)
-            data = f.read(marker.size)
-            if len(data) == marker.size and marker.unpack(data)[0] == idx + 1:
-                last = idx
+        while idx < slots:
+            block = _markers(f, idx, slots, _CHUNK_SLOTS)
+            if not block:
+                break
+            for i, m in enumerate(block):
+                if m == idx + i + 1:
+                    last = idx + i
+            idx += len(block)
     return last
 
 
@@ -198,22 +201,35 @@ def _last_committed(ring_path: str, head: int, capacity: int) -> int:
     do not match), so the scan runs by gaps, not by capacity. Up to HEAD_EVERY gaps in a row
     are allowed: wrapped slots, or another thread's idx not yet committed when the process died.
     """
-    marker = struct.Struct("<Q")
-    size = schema.SLOT_SIZE
     last = -1
     idx, gaps = max(0, head - 1), 0
     with open(ring_path, "rb") as f:
         while gaps <= schema.HEAD_EVERY:
-            f.seek(schema.RING_HEADER_SIZE + (idx % capacity) * size)
-            data = f.read(marker.size)
-            if len(data) < marker.size:
+            block = _markers(f, idx, capacity, 2 * schema.HEAD_EVERY)
+            if not block:
                 break
-            if marker.unpack(data)[0] == idx + 1:
-                last, gaps = idx, 0
-            else:
-                gaps += 1
-            idx += 1
+            for m in block:
+                if m == idx + 1:
+                    last, gaps = idx, 0
+                else:
+                    gaps += 1
+                    if gaps > schema.HEAD_EVERY:
+                        break
+                idx += 1
     return last if last >= 0 else head - 1  # nothing matched: trust the header
+
+
+def _markers(f: BinaryIO, idx: int, capacity: int, n: int) -> list[int]:
+    """The markers of the slots of idx, idx + 1, ... (up to n of them, fewer at the ring's end: the
+    next call goes on from its start), from one read."""
+    pos = idx % capacity
+    n = min(n, capacity - pos)
+    f.seek(schema.RING_HEADER_SIZE + pos * schema.SLOT_SIZE)
+    data = f.read(n * schema.SLOT_SIZE)
+    words = array("Q", data[: len(data) - len(data) % 8])  # a cut file: its whole words
+    if sys.byteorder == "big":
+        words.byteswap()
+    return words[:: schema.SLOT_SIZE // 8].tolist()
 
 
 _CHUNK_SLOTS = 32768  # 4 MiB reads: bounded memory for rings of any size
@@ -260,13 +276,20 @@ def _clock_offset(header: dict[str, Any]) -> int:
 
 
 _MEMBERS: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per distinct member list, shared by the ranks
+_PACKED: dict[tuple[int, int, int], tuple[int, ...]] = {}  # ... found by its packed run, without unpacking it
 
 
 def _members(value: Any) -> tuple[int, ...]:
     """A group's members, the same tuple for every rank that lists them (16,384 ranks that each list the
     16,384 members of the default group hold one tuple, not 16,384: memory linear in ranks)."""
+    run = (value["start"], value["stop"], value.get("step", 1)) if isinstance(value, dict) else None
+    if run is not None and run in _PACKED:
+        return _PACKED[run]
     t = schema.unpack_ranks(value)
-    return _MEMBERS.setdefault(t, t)
+    t = _MEMBERS.setdefault(t, t)
+    if run is not None:
+        _PACKED[run] = t
+    return t
 
 
 def read_rank(rank: int, events_path: str) -> RankTrace:
@@ -509,28 +532,33 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
 
 
 def _is(value: Any, types: tuple[type, ...]) -> bool:
-    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    """JSON's own types, exactly (a bool is no int here)."""
+    return type(value) in types
 
 
 def _names(types: tuple[type, ...]) -> str:
     return " or ".join(t.__name__ for t in types)
 
 
+_ABSENT = object()
+
+
 def _valid(ev: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], bool]]) -> bool:
     for key, (types, required) in spec.items():
-        if key not in ev:
+        value = ev.get(key, _ABSENT)
+        if value is _ABSENT:
             if required:
                 return False
-        elif not _is(ev[key], types):
+        elif type(value) not in types:
             return False
-    if "threads" in spec and not all(isinstance(t, dict) and isinstance(t.get("frames", []), list)
+    if "threads" in spec and not all(type(t) is dict and type(t.get("frames", [])) is list
                                      for t in ev["threads"]):  # fmt: skip
         return False
     r = ev.get("ranks")
-    if isinstance(r, list):
-        return all(_is(x, _INT) for x in r)
-    if isinstance(r, dict):  # schema.pack_ranks's run, within any job's size
-        return (all(_is(r.get(k), _INT) for k in ("start", "stop")) and _is(r.get("step", 1), _INT)
+    if type(r) is list:
+        return all(type(x) is int for x in r)
+    if type(r) is dict:  # schema.pack_ranks's run, within any job's size
+        return (all(type(r.get(k)) is int for k in ("start", "stop")) and type(r.get("step", 1)) is int
                 and 0 <= r["start"] <= r["stop"] <= _MAX_RANKS and r.get("step", 1) > 0)  # fmt: skip
     return True
 
@@ -570,6 +598,7 @@ def read_run(run_dir: str) -> Run:
     """Read every rank of a run directory. Raises TraceError when nothing usable is there."""
     files = find_rank_files(run_dir)
     _MEMBERS.clear()
+    _PACKED.clear()
     if not files:
         try:
             dumps = flight.find(run_dir)
