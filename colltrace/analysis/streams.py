@@ -42,7 +42,9 @@ class SigTable:
         # the ranks of one job intern the same strings alike: a slot key decoded once for all of them
         self._tables: dict[tuple[tuple[int, str], ...], int] = {}
         self.decoded: dict[tuple[int, bytes, bytes], tuple[str, int]] = {}  # (table, key) -> (stream, sig id)
-        self.blocks: dict[tuple[int, bytes, bytes], _Split] = {}  # a block of slots' keys, split by stream
+        self.blocks: dict[tuple[int, int, bytes, bytes], _Split] = {}  # a block of slots' keys, split by stream
+        self.block_reads = 0
+        self.block_hits = 0  # blocks that were another rank's (ranks of one class)
 
     def table_id(self, strings: dict[int, str]) -> int:
         """One number per distinct string table: ranks whose tables are equal share decoded keys."""
@@ -197,11 +199,14 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
             words = words[good]
         rows = np.concatenate((words[:, _KEY_A_WORDS], words[:, _KEY_B_WORDS]), axis=1)
         kinds = cols["kind"]
-        hashes = _row_hashes(rows)
-        shared = (tid, hashes.tobytes(), kinds.tobytes())  # ranks of one class: the same block of keys
+        # ranks of one class: the same block of keys (a block found by its ends, then compared whole)
+        shared = (tid, len(rows), rows[0].tobytes(), rows[-1].tobytes())
         split = table.blocks.get(shared)
-        if split is None or not np.array_equal(split.rows, rows):
-            split = _split(rows, hashes, kinds, stream_of, sig_of, resolve)
+        table.block_reads += 1
+        if split is not None and np.array_equal(split.rows, rows) and np.array_equal(split.kinds, kinds):
+            table.block_hits += 1
+        else:
+            split = _split(rows, kinds, stream_of, sig_of, resolve)
             if not any(name.startswith("p2p:") for name, _, _ in split.streams) and len(table.blocks) < _BLOCKS:
                 table.blocks[shared] = split  # (a p2p stream's name is the rank's own)
         known = {name: i for i, name in enumerate(groups)}  # streams in the order they began on this rank
@@ -244,17 +249,18 @@ _BLOCKS = 256  # blocks of keys kept per SigTable for the ranks of a class to sh
 
 class _Split(NamedTuple):
     """One block of slots split by stream: (stream name, the slots' positions or None for all, their
-    signature ids) per stream; `rows`, the block's keys, to check that another rank's block is the same."""
+    signature ids) per stream; `rows` and `kinds`, the block's keys, to check another rank's block against."""
 
     rows: Any
+    kinds: Any
     streams: list[tuple[str, Any, Any]]
 
 
 def _split(
-    rows: Any, hashes: Any, kinds: Any, stream_of: dict[tuple[bytes, bytes], str | None],
-    sig_of: dict[tuple[bytes, bytes], int], resolve: Any,
+    rows: Any, kinds: Any, stream_of: dict[tuple[bytes, bytes], str | None], sig_of: dict[tuple[bytes, bytes], int],
+    resolve: Any,
 ) -> _Split:  # fmt: skip
-    first, inverse = _distinct(rows, hashes)
+    first, inverse = _distinct(rows, _row_hashes(rows))
     names: list[str | None] = []
     sids_of = np.empty(len(first), dtype=np.uint32)
     na = _KEY_A.size
@@ -272,7 +278,7 @@ def _split(
     for name, i in number.items():
         sel = stream_col == i
         out.append((name, None, sids) if sel.all() else (name, np.flatnonzero(sel), sids[sel]))
-    return _Split(rows, out)
+    return _Split(rows, kinds, out)
 
 
 def _row_hashes(rows: Any) -> Any:
@@ -310,14 +316,15 @@ def _extend(
     base = len(st.sigs)
     expected = st.seq0 + base
     if int(seqs[0]) == expected and int(seqs[-1]) == expected + n - 1:
-        st.sigs.frombytes(sids.astype("=u4").tobytes())
-        st.idxs.frombytes(idxs.astype("=i8").tobytes())
+        st.sigs.frombytes(sids.astype("=u4", copy=False).tobytes())
+        st.idxs.frombytes(idxs.astype("=i8", copy=False).tobytes())
         st.t_issue.frombytes((cols["t_issue_ns"] + offset).astype("=i8").tobytes())
         changes = np.flatnonzero(np.diff(steps)) + 1
         for pos in ([0] if int(steps[0]) != st.last_step else []) + changes.tolist():
             st.step_starts.append((base + pos, int(steps[pos])))
         st.last_step = int(steps[-1])
-        where = np.arange(n)
+        t_done, flags = cols["t_done_ns"], cols["flags"]
+        opened, errs = np.flatnonzero(t_done == 0), np.flatnonzero(flags & schema.FLAG_ERROR)
     else:  # holes (torn slots) or a repeated seq: one record at a time
         kept = []
         seq_l, step_l, t_l, sid_l, idx_l = (seqs.tolist(), steps.tolist(), cols["t_issue_ns"].tolist(), sids.tolist(),
@@ -338,33 +345,41 @@ def _extend(
             st.t_issue.append(t_l[i] + offset)
             kept.append(i)
         where = np.array(kept, dtype=np.int64)
-    t_done = cols["t_done_ns"][where]
-    if (t_done == 0).any():
-        open_.extend((st.key, int(seqs[i]), int(idxs[i])) for i in where[t_done == 0].tolist())
-    err = (cols["flags"][where] & schema.FLAG_ERROR) != 0
-    if err.any():
-        failed.extend((st.key, int(seqs[i]), int(idxs[i])) for i in where[err].tolist())
+        t_done, flags = cols["t_done_ns"][where], cols["flags"][where]
+        opened, errs = where[t_done == 0], where[(flags & schema.FLAG_ERROR) != 0]
+    open_.extend((st.key, int(seqs[i]), int(idxs[i])) for i in opened.tolist())
+    failed.extend((st.key, int(seqs[i]), int(idxs[i])) for i in errs.tolist())
 
 
-PARALLEL_RECORDS = 500_000  # from this many records to read, build_all splits the ranks over the CPUs
+PARALLEL_RECORDS = 1_000_000  # from this many records to read, build_all may split the ranks over the CPUs
+FIRST_RANKS = 256  # ... after reading this many alone, if most of their blocks were not shared
 
 
 def build_all(run: Run, table: SigTable, window: int | None = None) -> dict[int, RankStreams]:
     """Every rank's streams, from its last `window` records (None: all it holds). A rank read from a window
-    shows its earlier seqs as not visible, as a ring that dropped them does. Many records: the ranks are
-    split into consecutive parts, read in forked processes at once (workers.py), the same result."""
+    shows its earlier seqs as not visible, as a ring that dropped them does.
+
+    Ranks of a class (the same keys: an SPMD job's) share their decoding, cheaper in one process than
+    anything sent between processes. So with many records the first FIRST_RANKS are read here; when
+    most of their blocks were their own (ranks unalike), the rest are split into consecutive parts read
+    by forked processes at once (workers.py). The result is the same either way."""
     items = sorted(run.ranks.items())
     records = sum(held(rt) if window is None else min(window, held(rt)) for _, rt in items)
-    procs = workers.available() if records >= PARALLEL_RECORDS else 1
-    parts = workers.split(items, procs)
-    base = len(table.sigs)
 
     def build(part: Sequence[tuple[int, RankTrace]]) -> tuple[list[RankStreams], list[Signature | None]]:
         got = [build_streams(rt if window is None else tail(rt, window), table) for _, rt in part]
         return got, table.sigs[base:]  # in a child: the signatures it interned beyond the shared ones
 
-    out: dict[int, RankStreams] = {}
-    for i, (got, new) in enumerate(workers.map_parts(build, parts)):
+    base = len(table.sigs)
+    procs = workers.available() if records >= PARALLEL_RECORDS and len(items) > FIRST_RANKS else 1
+    if procs == 1:
+        return {rs.rank: rs for rs in build(items)[0]}
+    reads, hits = table.block_reads, table.block_hits
+    first, rest = items[:FIRST_RANKS], items[FIRST_RANKS:]
+    out = {rs.rank: rs for rs in build(first)[0]}
+    alike = 2 * (table.block_hits - hits) >= table.block_reads - reads
+    base = len(table.sigs)
+    for i, (got, new) in enumerate(workers.map_parts(build, workers.split(rest, 1 if alike else procs))):
         if i:  # a child's own signature ids, beyond the shared ones, renumbered into this table in order
             _renumber(got, base, [table.intern(sig) for sig in new if sig is not None])
         out.update((rs.rank, rs) for rs in got)
