@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("textual")
 
-from textual.widgets import DataTable, TabbedContent  # noqa: E402
+from textual.widgets import DataTable  # noqa: E402
 
 from colltrace.tui import app as tui  # noqa: E402
 
@@ -47,7 +47,7 @@ def lines(app: tui.CollTraceApp, n: int = 8) -> list[str]:
 
 def test_opens_on_the_summary_with_the_diagnosis() -> None:
     async def script(app: tui.CollTraceApp, pilot: Any) -> None:
-        assert app.query_one(TabbedContent).active == "summary"
+        assert app.view == "summary"
         assert app.title == "colltrace: Divergence at default_pg seq 14 (module): culprit rank 2, likely control_flow"
         assert "control_flow" in app.model.markdown  # type: ignore[union-attr]
 
@@ -57,7 +57,7 @@ def test_opens_on_the_summary_with_the_diagnosis() -> None:
 def test_timeline_lanes_and_keys() -> None:
     async def script(app: tui.CollTraceApp, pilot: Any) -> None:
         await pilot.press("2")
-        assert app.query_one(TabbedContent).active == "timeline"
+        assert app.view == "timeline"
         tl = app.timeline
         whole = (tl.t0, tl.t1)
         text = lines(app)
@@ -90,8 +90,8 @@ def test_select_a_collective_and_see_it_on_every_rank() -> None:
         c = app.timeline.call
         assert c is not None and c.op == "all_gather_single"
         await pilot.press("5")
-        assert app.query_one(TabbedContent).active == "detail-pane"
-        text = str(app.query_one("#detail").render())
+        assert app.view == "detail"
+        text = str(app.query_one("#detail-text").render())
         assert f"seq {c.seq}" in text and all(f"r{r}" in text for r in range(3))
 
     drive(FIXTURES / "control_flow", script)
@@ -138,7 +138,7 @@ def test_the_palette_goes_to_a_rank() -> None:
         await pilot.pause(0.5)
         await pilot.press("enter")
         await until(pilot, lambda: app.timeline.selected == 2)
-        assert app.query_one(TabbedContent).active == "timeline"
+        assert app.view == "timeline"
 
     drive(FIXTURES / "control_flow", script)
 

@@ -138,6 +138,11 @@ CATEGORY = {
     "checkpoint": "checkpoint I/O",
     "other": "time outside any recorded span",
 }
+CATEGORY_SHORT = {  # column headers where space is short (the TUI's stats table)
+    "data": "data", "forward": "fwd", "allgather_wait": "AG wait", "recompute": "recomp", "backward": "bwd",
+    "reduce_wait": "RS/AR wait", "comm_wait": "comm wait", "optimizer": "optim", "checkpoint": "ckpt",
+    "other": "other",
+}  # fmt: skip
 
 
 def _ranks_detail(detail: str) -> str:

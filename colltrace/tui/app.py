@@ -7,21 +7,24 @@ A run that is still being written is re-read every two seconds, in a worker thre
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import Any
 
+from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
 from rich.style import Style
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.command import Hit, Hits, Provider
+from textual.containers import Vertical, VerticalScroll
 from textual.geometry import Size
 from textual.screen import ModalScreen
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widgets import DataTable, Footer, Header, Markdown, Static, TabbedContent, TabPane
+from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Markdown, Static
 
 from colltrace.report import markdown, words
 from colltrace.tui import model as m
@@ -55,22 +58,7 @@ PLAIN = Style()
 class Timeline(ScrollView):
     """One lane per rank, two rows each: its compute spans, its collectives. Only visible lines are drawn."""
 
-    can_focus = True
-    BINDINGS = [
-        Binding("home", "scroll_home_now", show=False),
-        Binding("end", "scroll_end_now", show=False),
-        Binding("pageup", "page_now(-1)", show=False),
-        Binding("pagedown", "page_now(1)", show=False),
-    ]
-
-    def action_scroll_home_now(self) -> None:
-        self.scroll_to(y=0, animate=False)
-
-    def action_scroll_end_now(self) -> None:
-        self.scroll_to(y=self.max_scroll_y, animate=False)
-
-    def action_page_now(self, direction: int) -> None:
-        self.scroll_to(y=self.scroll_offset.y + direction * max(1, self.size.height - 2), animate=False)
+    can_focus = False  # the app takes every key (see CollTraceApp): focus never moves, the footer never changes
 
     def __init__(self) -> None:
         super().__init__()
@@ -230,16 +218,19 @@ HELP = """\
 | `1` `2` `3` `4` `5` | Summary, Timeline, Aligned, Stats, Detail |
 | `d` | the divergence: its window on the timeline, the collective selected |
 | `+` / `-` | zoom in / out |
-| `←` `→` or `h` `l` | pan (on the timeline) |
-| `↑` `↓` or `k` `j` | select a rank |
+| `←` `→` or `h` `l` | pan the timeline; scroll a wide table sideways |
+| `↑` `↓` or `k` `j` | select a rank on the timeline; scroll the other views |
 | `n` / `p` | the selected rank's next / previous collective (see Detail) |
 | `0` | the whole run |
-| `home` `end` `pgup` `pgdn` | scroll the lanes |
+| `home` `end` `pgup` `pgdn` | scroll the view (on the timeline: its lanes) |
 | `ctrl+p` | command palette: go to a rank or a step, the divergence, write the report |
 | `w` | write the report (Markdown) to ./colltrace-report-RUN.md |
 | `r` | re-read the run now (a live run is re-read every 2 s) |
-| `tab` | move between tables (wide tables scroll when focused) |
 | `q` | quit |
+
+Stats columns: `exposed` communication not overlapped by compute; per step `data` loading, `fwd` forward,
+`AG wait` all-gather wait, `recomp` recompute, `bwd` backward, `RS/AR wait` reduce-scatter and all-reduce
+wait, `comm wait` other collectives, `optim` optimizer, `ckpt` checkpoint I/O, `other` outside any span.
 
 Timeline rows: spans `D` data, `F` forward, `B` backward, `R` recompute, `O` optimizer, `C` checkpoint,
 `P` phase; collectives `G` all-gather, `S` reduce-scatter, `A` all-reduce, `b` broadcast, `X` all-to-all.
@@ -277,6 +268,9 @@ class Jump(Provider):
                 yield Hit(score, matcher.highlight(text), fn, help=None)
 
 
+VIEWS = {"summary": "Summary", "timeline": "Timeline", "aligned": "Aligned", "stats": "Stats", "detail": "Detail"}
+
+
 class CollTraceApp(App[None]):
     """The run's views; keys are listed by `?` and in the footer."""
 
@@ -285,7 +279,9 @@ class CollTraceApp(App[None]):
     CSS = """
     Timeline { height: 1fr; }
     #legend { height: 1; }
-    #detail { padding: 1 2; }
+    #detail-text { padding: 1 2; }
+    #views { height: 1; margin: 0 0 1 0; }
+    #panes { height: 1fr; }
     """
     BINDINGS = [
         Binding("q", "quit", "quit"),
@@ -301,6 +297,10 @@ class CollTraceApp(App[None]):
         Binding("right,l", "pan(0.25)", "pan", show=False),
         Binding("up,k", "rank(-1)", "rank", show=False),
         Binding("down,j", "rank(1)", "rank", show=False),
+        Binding("home", "edge(False)", "top", show=False),
+        Binding("end", "edge(True)", "bottom", show=False),
+        Binding("pageup", "page(-1)", "page up", show=False),
+        Binding("pagedown", "page(1)", "page down", show=False),
         Binding("n", "call(1)", "next collective"),
         Binding("p", "call(-1)", "previous", show=False),
         Binding("0", "whole", "whole run", show=False),
@@ -320,20 +320,27 @@ class CollTraceApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        with TabbedContent(initial="summary"):
-            with TabPane("Summary", id="summary"):
-                yield Markdown("loading…", id="report")
-            with TabPane("Timeline", id="timeline"):
+        yield Static(_tab_bar("summary"), id="views")
+        # the views, one shown at a time; switching is one change of `current` and one repaint
+        with ContentSwitcher(initial="summary", id="panes"):
+            with VerticalScroll(id="summary", can_focus=False):
+                yield Static("loading…", id="report")
+            with Vertical(id="timeline"):
                 yield Static("", id="legend")
                 yield self.timeline
-            with TabPane("Aligned", id="aligned"):
-                yield DataTable(id="aligned-table", zebra_stripes=True)
-            with TabPane("Stats", id="stats"):
-                yield DataTable(id="stats-table", zebra_stripes=True)
-                yield DataTable(id="stragglers-table", zebra_stripes=True)
-            with TabPane("Detail", id="detail-pane"):
-                yield Static("select a collective on the timeline (n / p)", id="detail")
+            with Vertical(id="aligned"):
+                yield _table("aligned-table")
+            with Vertical(id="stats"):
+                yield _table("stats-table")
+                yield _table("stragglers-table")
+            with VerticalScroll(id="detail", can_focus=False):
+                yield Static("select a collective on the timeline (n / p)", id="detail-text")
         yield Footer()
+
+    @property
+    def view(self) -> str:
+        """The view shown: one of VIEWS."""
+        return self.query_one(ContentSwitcher).current or "summary"
 
     def on_mount(self) -> None:
         self.sub_title = self.run_dir
@@ -369,9 +376,12 @@ class CollTraceApp(App[None]):
 
     def show(self, model: m.Model) -> None:
         first = self.model is None
+        gc.unfreeze()
         self.model = model
+        gc.collect()  # the run shown before, once, now
+        gc.freeze()  # and never again the million objects of this one: no full collection under a key press
         self.title = f"colltrace: {model.report['headline']}"
-        self.query_one("#report", Markdown).update(model.markdown)
+        self.query_one("#report", Static).update(RichMarkdown(model.markdown))  # one widget, not one per block
         self.timeline.show(model, keep_window=not first)
         self.query_one("#legend", Static).update(_legend())
         self._aligned(model)
@@ -404,8 +414,8 @@ class CollTraceApp(App[None]):
         table = self.query_one("#stats-table", DataTable)
         table.clear(columns=True)
         cats = list(words.CATEGORY)
-        table.add_columns("rank", "steps", "p50", "p99", "overlap", "exposed comm", "AG in flight",
-                          *[words.CATEGORY[c] for c in cats])  # fmt: skip
+        table.add_columns("rank", "steps", "p50", "p99", "overlap", "exposed", "AG in flight",
+                          *[words.CATEGORY_SHORT[c] for c in cats])  # fmt: skip
         for r, st in (rep["steps"] or {}).items():
             mean = st["mean_ms"] or {}
             ov = (rep["overlap"] or {}).get(r, {})
@@ -428,9 +438,25 @@ class CollTraceApp(App[None]):
     # -- actions -------------------------------------------------------------------------------------------
 
     def action_view(self, name: str) -> None:
-        self.query_one(TabbedContent).active = "detail-pane" if name == "detail" else name
-        if name == "timeline":
-            self.timeline.focus()
+        self.query_one(ContentSwitcher).current = name
+        self.query_one("#views", Static).update(_tab_bar(name))
+
+    def _scroller(self) -> ScrollView | VerticalScroll | Timeline:
+        """What the scrolling keys move in the view shown."""
+        ids = {"summary": "#summary", "aligned": "#aligned-table", "stats": "#stats-table", "detail": "#detail"}
+        view = self.view
+        return self.timeline if view not in ids else self.query_one(ids[view])  # type: ignore[return-value]
+
+    def _on_timeline(self) -> bool:
+        return self.view == "timeline"
+
+    def action_edge(self, end: bool) -> None:
+        w = self._scroller()
+        w.scroll_to(y=w.max_scroll_y if end else 0, animate=False)
+
+    def action_page(self, direction: int) -> None:
+        w = self._scroller()
+        w.scroll_to(y=w.scroll_offset.y + direction * max(1, w.size.height - 2), animate=False)
 
     def action_divergence(self) -> None:
         if self.model is None:
@@ -449,25 +475,33 @@ class CollTraceApp(App[None]):
             if at is not None:
                 self.timeline.select_rank(at - self.timeline.selected)
             self.timeline.call = c
-            self.query_one("#detail", Static).update(self.detail(c))
+            self.query_one("#detail-text", Static).update(self.detail(c))
 
     def action_zoom(self, factor: float) -> None:
         self.timeline.zoom(factor)
 
     def action_pan(self, fraction: float) -> None:
-        self.timeline.pan(fraction)
+        if self._on_timeline():
+            self.timeline.pan(fraction)
+        else:  # a wide table or text: sideways
+            w = self._scroller()
+            w.scroll_to(x=w.scroll_offset.x + (8 if fraction > 0 else -8), animate=False)
 
     def action_whole(self) -> None:
         if self.model is not None:
             self.timeline.set_window(self.model.t_min, self.model.t_max)
 
     def action_rank(self, delta: int) -> None:
-        self.timeline.select_rank(delta)
+        if self._on_timeline():
+            self.timeline.select_rank(delta)
+        else:
+            w = self._scroller()
+            w.scroll_to(y=w.scroll_offset.y + delta, animate=False)
 
     def action_call(self, step: int) -> None:
         c = self.timeline.select_call(step)
         if c is not None:
-            self.query_one("#detail", Static).update(self.detail(c))
+            self.query_one("#detail-text", Static).update(self.detail(c))
 
     def goto_rank(self, rank: int) -> None:
         at = self.model.row_of(rank) if self.model is not None else None
@@ -510,7 +544,7 @@ class CollTraceApp(App[None]):
         rows = []
         issued = []
         for r in model.ranks:
-            same = next((x for x in model.lines[r].calls if x.group == c.group and x.seq == c.seq), None)
+            same = model.call_at(r, c.group, c.seq)
             if same is None:
                 rows.append(f"  r{r:<5} never issued it")
                 continue
@@ -522,6 +556,21 @@ class CollTraceApp(App[None]):
         label = model.run.group_labels().get(c.group, c.group)
         head = f"{c.op} on {label} seq {c.seq}: {c.nbytes or 0} bytes, arrival skew {skew}"
         return head + "\n\n" + "\n".join(rows)
+
+
+def _tab_bar(active: str) -> str:
+    """The views' names, the one shown highlighted; each a link to its view (the mouse), with its key."""
+    cells = []
+    for i, (name, title) in enumerate(VIEWS.items(), 1):
+        look = "reverse bold" if name == active else "dim"
+        cells.append(f"[@click=app.view('{name}')][{look}] {i} {title} [/][/]")
+    return " ".join(cells)
+
+
+def _table(id_: str) -> DataTable[str]:
+    table: DataTable[str] = DataTable(id=id_, zebra_stripes=True, show_cursor=False)
+    table.can_focus = False
+    return table
 
 
 def _ms(v: float | None) -> str:

@@ -64,6 +64,20 @@ class Model:
     loaded_at: float = field(default_factory=time.time)
     rows: list[Row] = field(default_factory=list)  # the timeline's lanes, top to bottom
     live: bool = False  # a rank's process still runs: the run can change without its files changing
+    _calls: dict[int, dict[tuple[str, int], Call]] = field(default_factory=dict, repr=False)  # call_at's index
+
+    def call_at(self, rank: int, group: str, seq: int) -> Call | None:
+        """The rank's (first) call at (group, seq), by an index built on first use."""
+        index = self._calls.get(rank)
+        if index is None:
+            tl = self.lines.get(rank)
+            if tl is None:
+                return None
+            index = {}
+            for c in tl.calls:
+                index.setdefault((c.group, c.seq), c)
+            self._calls[rank] = index
+        return index.get((group, seq))
 
     def __post_init__(self) -> None:
         self.live = any(e.alive for e in self.dx.ranks.values())  # once: every drawn line asks
@@ -83,13 +97,14 @@ class Model:
             return None
         order = [r for r in self.dx.culprits if r in self.lines] + [r for r in self.ranks if r not in self.dx.culprits]
         for r in order:
-            c = next((c for c in self.lines[r].calls if c.group == d.group and c.seq == d.seq), None)
+            c = self.call_at(r, d.group, d.seq)
             if c is not None:
                 return c
         return None
 
     def rank_of(self, call: Call) -> int | None:
-        return next((r for r, tl in self.lines.items() if call in tl.calls), None)
+        found = next((r for r in self.lines if self.call_at(r, call.group, call.seq) is call), None)
+        return found if found is not None else next((r for r, tl in self.lines.items() if call in tl.calls), None)
 
     def last_progress_ns(self, rank: int) -> int:
         tl = self.lines.get(rank)
@@ -129,13 +144,12 @@ def load(run_dir: str) -> Model:
     ]
     t_min = min(times, default=0)
     t_max = max((tl.end_ns for tl in lines.values()), default=t_min + 1)
-    div = None
-    d = dx.divergence
-    if d is not None and d.seq is not None:
-        at = [c.t0 for tl in lines.values() for c in tl.calls if c.group == d.group and c.seq == d.seq]
-        div = min(at, default=None)
-    model = Model(run_dir, run, dx, report, markdown.render(report, dx), lines, t_min, max(t_max, t_min + 1), div,
+    model = Model(run_dir, run, dx, report, markdown.render(report, dx), lines, t_min, max(t_max, t_min + 1), None,
                   stamp)  # fmt: skip
+    d = dx.divergence
+    if d is not None and d.seq is not None:  # (this builds call_at's index here, in the loader, not under a key)
+        at = [c.t0 for c in (model.call_at(r, d.group, d.seq) for r in lines) if c is not None]
+        model.divergence_ns = min(at, default=None)
     model.rows = rows(model)
     return model
 
