@@ -280,7 +280,7 @@ class CollTraceApp(App[None]):
     Timeline { height: 1fr; }
     #legend { height: 1; }
     #detail-text { padding: 1 2; }
-    #views { height: 1; margin: 0 0 1 0; }
+    #views { height: 1; margin: 0 0 1 0; link-style: none; link-style-hover: bold; }
     #panes { height: 1fr; }
     """
     BINDINGS = [
