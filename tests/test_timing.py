@@ -333,3 +333,21 @@ def test_arrivals_from_the_streams_equal_those_from_the_timelines() -> None:
 
     assert plain(a) == plain(b)
     assert len(a[0].seqs) == 66
+
+
+def test_columns_read_from_the_slots_equal_those_of_the_calls() -> None:
+    """A trace's timeline carries its calls as columns read straight from the slots; they say what the
+    calls say, row by row (a fixture with p2p, async, polled and failed calls)."""
+    from colltrace.analysis.timeline import Columns, columns, timeline
+
+    run = read_run(os.path.join(FIXTURES, "cross_group_deadlock"))
+    for rt in run.ranks.values():
+        tl = timeline(rt, 0, None, shift=123)
+        assert tl.columns is not None
+        a, b = tl.columns, Columns.of(tl.calls)
+        for name in ("t0", "t1", "done", "wait", "sync", "polled", "device", "error", "p2p", "seq", "exact"):
+            assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+        assert [a.groups[g] for g in a.group] == [b.groups[g] for g in b.group]
+        assert [a.ops[o] for o in a.op] == [b.ops[o] for o in b.op]
+        assert columns(rt, None, 123).t0.tolist() == a.t0.tolist()
+        assert a.exact.tolist() == [c.exact_end for c in tl.calls]

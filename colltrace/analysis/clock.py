@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from colltrace.analysis.timeline import Call
+from colltrace.analysis.timeline import Call, Columns
 
 MIN_SAMPLES = 3  # shared completions before an offset is trusted
 
@@ -41,7 +41,7 @@ class ClockFit:
         return {r: self.hosts[h].offset_ns for r, h in self.rank_hosts.items() if h in self.hosts}
 
 
-def fit(calls: dict[int, list[Call]], rank_hosts: dict[int, str]) -> ClockFit:
+def fit(calls: dict[int, Columns | list[Call]], rank_hosts: dict[int, str]) -> ClockFit:
     """Estimate each host's clock offset from the ranks' calls (times as recorded, unshifted).
 
     In passes: a host's samples are its median completion at a collective minus the median of the
@@ -79,39 +79,41 @@ def fit(calls: dict[int, list[Call]], rank_hosts: dict[int, str]) -> ClockFit:
     return ClockFit(ref, {h: clocks[h] for h in hosts if h in clocks}, unaligned, rank_hosts)
 
 
-def _completions(calls: dict[int, list[Call]], rank_hosts: dict[int, str], hosts: list[str]) -> tuple[Any, Any]:
+def _completions(
+    calls: dict[int, Columns | list[Call]], rank_hosts: dict[int, str], hosts: list[str]
+) -> tuple[Any, Any]:
     """Per collective that two hosts or more waited for to the end, each host's ranks' median completion:
     (collectives x hosts) times, and which of them exist."""
     column = {h: i for i, h in enumerate(hosts)}
-    keys: dict[tuple[str, int], int] = {}
-    rows: list[int] = []
-    cols: list[int] = []
-    times: list[int] = []
+    names: dict[str, int] = {}  # group name -> number, over all ranks
+    keys, cols, times = [], [], []
     for rank, cs in calls.items():
         h = column.get(rank_hosts.get(rank, ""))
         if h is None:
             continue
-        seen: dict[int, int] = {}  # row -> position in times: a rank's one completion per collective
-        for c in cs:
-            if not c.p2p and c.exact_end and c.t1 is not None:
-                k = keys.setdefault((c.group, c.seq), len(keys))
-                if k in seen:
-                    times[seen[k]] = c.t1
-                    continue
-                seen[k] = len(times)
-                rows.append(k)
-                cols.append(h)
-                times.append(c.t1)
-    cell = np.array(rows, dtype=np.int64) * len(hosts) + np.array(cols, dtype=np.int64)
-    t = np.array(times, dtype=np.int64)
-    flat = np.zeros(len(keys) * len(hosts), dtype=np.int64)
-    have = np.zeros(len(keys) * len(hosts), dtype=bool)
+        c = cs if isinstance(cs, Columns) else Columns.of(cs)
+        sel = np.flatnonzero(~c.p2p & c.exact)
+        if not len(sel):
+            continue
+        number = np.array([names.setdefault(g, len(names)) for g in c.groups], dtype=np.int64)
+        key = (number[c.group[sel]] << 40) | c.seq[sel]  # (group, seq) as one number
+        _, last = np.unique(key[::-1], return_index=True)  # a rank's one completion per collective: its last
+        keep = len(key) - 1 - last
+        keys.append(key[keep])
+        times.append(c.t1[sel][keep])
+        cols.append(np.full(len(keep), h, dtype=np.int64))
+    if not keys:
+        return np.zeros((0, len(hosts)), dtype=np.int64), np.zeros((0, len(hosts)), dtype=bool)
+    distinct, row = np.unique(np.concatenate(keys), return_inverse=True)
+    cell = row.ravel() * len(hosts) + np.concatenate(cols)
+    t = np.concatenate(times)
+    flat = np.zeros(len(distinct) * len(hosts), dtype=np.int64)
+    have = np.zeros(len(distinct) * len(hosts), dtype=bool)
     order = np.lexsort((t, cell))
-    cell_sorted, t_sorted = cell[order], t[order]
-    cells, start, count = np.unique(cell_sorted, return_index=True, return_counts=True)
-    flat[cells] = _pick_median(t_sorted, start, count)
+    cells, start, count = np.unique(cell[order], return_index=True, return_counts=True)
+    flat[cells] = _pick_median(t[order], start, count)
     have[cells] = True
-    done, present = flat.reshape(len(keys), len(hosts)), have.reshape(len(keys), len(hosts))
+    done, present = flat.reshape(len(distinct), len(hosts)), have.reshape(len(distinct), len(hosts))
     shared = present.sum(axis=1) >= 2
     return done[shared], present[shared]
 

@@ -96,3 +96,14 @@ def depth(ivs: Iterable[Iv] | Ivs) -> list[tuple[int, int]]:
     t, n = t[order], np.cumsum(d[order])
     last = np.append(t[1:] != t[:-1], True) if len(t) else np.zeros(0, dtype=bool)
     return list(zip(t[last].tolist(), n[last].tolist()))
+
+
+def max_depth(ivs: Iterable[Iv] | Ivs) -> int:
+    """The most intervals open at once (max of depth()'s counts)."""
+    a = of(ivs)
+    a = a[a[:, 1] > a[:, 0]]
+    if not len(a):
+        return 0
+    t = np.concatenate((a[:, 0], a[:, 1]))
+    d = np.concatenate((np.ones(len(a), dtype=np.int64), -np.ones(len(a), dtype=np.int64)))
+    return int(np.cumsum(d[np.lexsort((d, t))]).max())  # an end before a start at the same t

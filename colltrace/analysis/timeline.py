@@ -6,9 +6,10 @@ trace files. A Timeline can be built by hand, which is how the timing tests chec
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -44,23 +45,68 @@ class Call(NamedTuple):
     device: bool  # on a device stream: t1 is when the host saw it done
     error: bool = False  # the call raised or its Work failed: t1 is when it failed
 
-    def blocked(self, end_ns: int) -> tuple[int, int] | None:
-        """When the host was stopped waiting for this call: all of a blocking call (to `end_ns` if it never
-        returned), the wait() of an async one."""
-        if self.sync:
-            return (self.t0, max(self.t0, end_ns if self.t1 is None else self.t1))
-        if self.t1 is not None and self.wait_ns > 0:
-            return (max(self.t0, self.t1 - self.wait_ns), self.t1)
-        return None
-
     @property
     def exact_end(self) -> bool:
-        """t1 is the collective's completion (the clock fit and bandwidth use these): the host blocked until
-        it (a blocking call, or a wait() that took a millisecond or more), or a callback saw it (an async call
-        never waited on, not polled: DDP's buckets through colltrace's hook)."""
-        if self.t1 is None or self.device or self.polled or self.error:
-            return False
-        return self.sync or self.wait_ns == 0 or self.wait_ns >= 1_000_000
+        return bool(exact_end(self.t1 is not None, self.sync, self.wait_ns, self.device, self.polled, self.error))
+
+
+def exact_end(done: Any, sync: Any, wait_ns: Any, device: Any, polled: Any, error: Any) -> Any:
+    """t1 is the collective's completion (the clock fit and bandwidth use these): the host blocked until
+    it (a blocking call, or a wait() that took a millisecond or more), or a callback saw it (an async call
+    never waited on, not polled: DDP's buckets through colltrace's hook). Of one call (bools) or of
+    columns of them (numpy arrays) alike."""
+    return done & ((device | polled | error) == 0) & (sync | (wait_ns == 0) | (wait_ns >= 1_000_000))
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """A timeline's calls as numpy columns, row i being calls[i]: what the timing figures and the clock fit
+    compute on, with no Python object per call. t1 is 0 where `done` is false."""
+
+    t0: Any
+    t1: Any
+    done: Any
+    wait: Any
+    sync: Any
+    polled: Any
+    device: Any
+    error: Any
+    p2p: Any
+    seq: Any
+    group: Any  # codes into `groups`
+    groups: tuple[str, ...]
+    op: Any  # codes into `ops`
+    ops: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.t0)
+
+    @property
+    def exact(self) -> Any:
+        return exact_end(self.done, self.sync, self.wait, self.device, self.polled, self.error)
+
+    @staticmethod
+    def of(calls: Sequence[Call]) -> Columns:
+        """The columns of calls built by hand (a trace's own come straight from its slots)."""
+        n = len(calls)
+        groups = tuple(dict.fromkeys(c.group for c in calls))
+        ops = tuple(dict.fromkeys(c.op for c in calls))
+        gi, oi = {g: i for i, g in enumerate(groups)}, {o: i for i, o in enumerate(ops)}
+
+        def col(values: Iterable[Any], dtype: Any) -> Any:
+            return np.fromiter(values, dtype, n)
+
+        return Columns(
+            col((c.t0 for c in calls), np.int64), col((c.t1 or 0 for c in calls), np.int64),
+            col((c.t1 is not None for c in calls), bool), col((c.wait_ns for c in calls), np.int64),
+            col((c.sync for c in calls), bool), col((c.polled for c in calls), bool),
+            col((c.device for c in calls), bool), col((c.error for c in calls), bool), col((c.p2p for c in calls), bool),
+            col((c.seq for c in calls), np.int64), col((gi[c.group] for c in calls), np.int64), groups,
+            col((oi[c.op] for c in calls), np.int64), ops,
+        )  # fmt: skip
+
+    def shifted(self, ns: int) -> Columns:
+        return dataclasses.replace(self, t0=self.t0 - ns, t1=np.where(self.done, self.t1 - ns, 0))
 
 
 class Span(NamedTuple):
@@ -84,15 +130,22 @@ class Timeline:
     calls: list[Call] = field(default_factory=list)  # in issue order
     spans: list[Span] = field(default_factory=list)  # in start order
     end_ns: int = 0  # the rank's last sign of life: open calls and spans end here
+    columns: Columns | None = None  # its calls as columns (cols() builds them when not given)
 
     def end(self, t1: int | None) -> int:
         return self.end_ns if t1 is None else t1
+
+    def cols(self) -> Columns:
+        if self.columns is None or len(self.columns) != len(self.calls):
+            self.columns = Columns.of(self.calls)
+        return self.columns
 
     def shifted(self, ns: int) -> Timeline:
         """The same timeline with `ns` subtracted from every time (its host's clock offset)."""
         if not ns:
             return self
-        return Timeline(self.rank, self.host, _shift(self.calls, ns), _shift(self.spans, ns), self.end_ns - ns)
+        cols = self.columns.shifted(ns) if self.columns is not None else None
+        return Timeline(self.rank, self.host, _shift(self.calls, ns), _shift(self.spans, ns), self.end_ns - ns, cols)
 
 
 def _nbytes(c: Collective) -> int | None:
@@ -119,36 +172,63 @@ _CALL_COLUMNS = slots.columns("marker", "kind", "flags", "group", "op", "dtype",
                               "numel_in", "numel_out", "step", "t_issue_ns", "t_done_ns", "wait_ns")  # fmt: skip
 
 
-def _calls(recs: Sequence[Collective], shift: int = 0) -> list[Call]:
-    if not isinstance(recs, RecordView):
-        return _shift([call_of(c) for c in _records(recs, ("collective", "p2p"))], shift)
+def _slots(recs: RecordView) -> Any:
+    """The rank's collective and p2p slots, as numpy records (torn ones left out)."""
     blocks = [cols[(cols["kind"] == schema.KIND_COLLECTIVE) | (cols["kind"] == schema.KIND_P2P)]
               for _, cols in slots.good(recs.chunks(), _CALL_COLUMNS)]  # fmt: skip
-    if not blocks:
-        return []
-    cols = np.concatenate(blocks)  # straight from the slots, column by column: the timing's hot path
+    return np.concatenate(blocks) if blocks else np.zeros(0, dtype=_CALL_COLUMNS)
+
+
+def _coded(cols: Any, field: str, strings: dict[int, str], default: str) -> tuple[Any, tuple[str, ...]]:
+    """A string column as (codes, names): the names of its distinct ids, each row's index among them."""
+    ids, inverse = np.unique(cols[field], return_inverse=True)
+    return inverse.ravel(), tuple(strings.get(i, default) for i in ids.tolist())
+
+
+def _columns_of(cols: Any, strings: dict[int, str], off: int) -> Columns:
+    flags = cols["flags"]
+    done = cols["t_done_ns"] != 0
+    group, groups = _coded(cols, "group", strings, "?")
+    op, ops = _coded(cols, "op", strings, "?")
+    return Columns(
+        cols["t_issue_ns"] + off, np.where(done, cols["t_done_ns"] + off, 0), done, cols["wait_ns"].astype(np.int64),
+        flags & schema.FLAG_ASYNC == 0, flags & schema.FLAG_POLLED != 0, flags & schema.FLAG_DEVICE != 0,
+        flags & schema.FLAG_ERROR != 0, cols["kind"] == schema.KIND_P2P, cols["seq"].astype(np.int64), group, groups,
+        op, ops,
+    )  # fmt: skip
+
+
+def columns(rt: RankTrace, tail: int | None = None, shift: int = 0) -> Columns:
+    """A rank's calls as columns only (the clock fit's probe: no Call built), times less `shift`."""
+    recs = _tail(rt.records, tail)
+    if not isinstance(recs, RecordView):
+        return Columns.of(_shift([call_of(c) for c in _records(recs, ("collective", "p2p"))], shift))
+    return _columns_of(_slots(recs), recs.strings, recs.offset - shift)
+
+
+def _calls(recs: Sequence[Collective], shift: int = 0) -> tuple[list[Call], Columns | None]:
+    if not isinstance(recs, RecordView):
+        return _shift([call_of(c) for c in _records(recs, ("collective", "p2p"))], shift), None
+    cols = _slots(recs)  # straight from the slots, column by column: the timing's hot path
     strings, off = recs.strings, recs.offset - shift
+    c = _columns_of(cols, strings, off)
 
     def text(field: str, default: str) -> list[str]:
-        ids, inverse = np.unique(cols[field], return_inverse=True)
-        names = np.array([strings.get(i, default) for i in ids.tolist()], dtype=object)
-        return names[inverse.ravel()].tolist()  # type: ignore[no-any-return]
+        codes, names = _coded(cols, field, strings, default)
+        return np.array(names, dtype=object)[codes].tolist()  # type: ignore[no-any-return]
 
     dtypes, inverse = np.unique(cols["dtype"], return_inverse=True)
     size = np.array([ITEMSIZE.get(strings.get(i, ""), 0) for i in dtypes.tolist()], dtype=np.int64)[inverse.ravel()]
     nbytes = (np.maximum(np.maximum(cols["numel_in"], cols["numel_out"]), 0) * size).astype(object)
     nbytes[size == 0] = None  # a dtype of unknown size
-    done = cols["t_done_ns"]
-    t1 = (done + off).astype(object)
-    t1[done == 0] = None
-    flags = cols["flags"]
-    return list(map(Call._make, zip(
-        text("group", "?"), cols["seq"].tolist(), text("op", "?"), (cols["kind"] == schema.KIND_P2P).tolist(),
-        nbytes.tolist(), cols["step"].tolist(), text("phase", ""), text("module", ""),
-        (cols["t_issue_ns"] + off).tolist(), t1.tolist(), cols["wait_ns"].tolist(),
-        (flags & schema.FLAG_ASYNC == 0).tolist(), (flags & schema.FLAG_POLLED != 0).tolist(),
-        (flags & schema.FLAG_DEVICE != 0).tolist(), (flags & schema.FLAG_ERROR != 0).tolist(),
+    t1 = c.t1.astype(object)
+    t1[~c.done] = None
+    calls = list(map(Call._make, zip(
+        np.array(c.groups, dtype=object)[c.group].tolist(), c.seq.tolist(), np.array(c.ops, dtype=object)[c.op].tolist(),
+        c.p2p.tolist(), nbytes.tolist(), cols["step"].tolist(), text("phase", ""), text("module", ""), c.t0.tolist(),
+        t1.tolist(), c.wait.tolist(), c.sync.tolist(), c.polled.tolist(), c.device.tolist(), c.error.tolist(),
     )))  # fmt: skip
+    return calls, c
 
 
 def _tail(recs: Sequence[Collective], n: int | None) -> Sequence[Collective]:
@@ -168,8 +248,8 @@ def timeline(rt: RankTrace, end_ns: int = 0, tail: int | None = None, spans: boo
     """One rank's timeline, times as recorded less `shift` (its host's clock offset: the same as
     .shifted(shift), without a second copy); open calls and spans end at `end_ns` (the run's end, as
     recorded) or at the rank's own last record. `tail`: its last `tail` collectives and spans only."""
-    calls = _calls(_tail(rt.records, tail), shift)
+    calls, cols = _calls(_tail(rt.records, tail), shift)
     spans_ = _shift([span_of(s) for s in _records(_tail(rt.spans, tail), ("span",))], shift) if spans else []
     spans_.sort(key=lambda s: s.t0)
     last = max([c.t1 or c.t0 for c in calls[-64:]] + [s.t1 or s.t0 for s in spans_[-64:]] + [-shift])
-    return Timeline(rt.rank, rt.host, calls, spans_, max(end_ns - shift, last))
+    return Timeline(rt.rank, rt.host, calls, spans_, max(end_ns - shift, last), cols)

@@ -19,7 +19,7 @@ import numpy as np
 
 from colltrace.analysis import clock, intervals
 from colltrace.analysis.streams import RankStreams
-from colltrace.analysis.timeline import Call, Timeline, timeline
+from colltrace.analysis.timeline import Call, Timeline, columns, timeline
 from colltrace.trace.records import Run
 
 # -- the breakdown's categories --------------------------------------------------------------------
@@ -130,17 +130,9 @@ class RankTiming:
     steps: tuple[StepTime, ...]  # completed steps (a step whose successor began), oldest first
     overlap: Overlap  # over the whole trace
     groups: dict[str, Overlap]  # by group name
-    inflight_allgathers: tuple[tuple[int, int], ...]  # (t, all-gathers in flight from t on)
-    inflight_reduce_scatters: tuple[tuple[int, int], ...]
+    max_inflight_allgathers: int  # the most all-gathers in flight at once
+    max_inflight_reduce_scatters: int
     has_spans: bool
-
-    @property
-    def max_inflight_allgathers(self) -> int:
-        return max((n for _, n in self.inflight_allgathers), default=0)
-
-    @property
-    def max_inflight_reduce_scatters(self) -> int:
-        return max((n for _, n in self.inflight_reduce_scatters), default=0)
 
     def step_pct_ns(self, q: float) -> int | None:
         return percentile([s.total_ns for s in self.steps], q)
@@ -223,24 +215,22 @@ def percentile(values: list[int], q: float) -> int | None:
 
 
 class _Calls:
-    """A timeline's calls as columns, for the per-rank figures."""
+    """A timeline's calls as the per-rank figures need them (from its columns)."""
 
     def __init__(self, tl: Timeline) -> None:
-        calls = tl.calls
-        n = len(calls)
-        self.t0 = np.fromiter((c.t0 for c in calls), np.int64, n)
-        raw = [c.t1 for c in calls]
-        self.done = np.fromiter((t is not None for t in raw), bool, n)
-        self.t1_raw = np.fromiter((tl.end_ns if t is None else t for t in raw), np.int64, n)
-        self.t1 = np.maximum(self.t0, self.t1_raw)  # open calls end at the rank's end
-        self.sync = np.fromiter((c.sync for c in calls), bool, n)
-        self.wait = np.fromiter((c.wait_ns for c in calls), np.int64, n)
-        self.error = np.fromiter((c.error for c in calls), bool, n)
-        families = {op: op_family(op) for op in {c.op for c in calls}}
-        self.family = [families[c.op] for c in calls]
-        rank_of = {c: i for i, c in enumerate(_PRIORITY)}
-        cats = {op: rank_of[wait_category(op)] for op in families}
-        self.category = np.fromiter((cats[c.op] for c in calls), np.int64, n)
+        c = tl.cols()
+        self.t0 = c.t0
+        self.done = c.done
+        self.t1_raw = np.where(c.done, c.t1, tl.end_ns)  # open calls end at the rank's end
+        self.t1 = np.maximum(self.t0, self.t1_raw)
+        self.sync = c.sync
+        self.wait = c.wait
+        self.error = c.error
+        self.group, self.groups = c.group, c.groups
+        families = [op_family(op) for op in c.ops]
+        self._family, self._families = c.op, families
+        rank_of = {cat: i for i, cat in enumerate(_PRIORITY)}
+        self.category = np.array([rank_of[wait_category(op)] for op in c.ops], dtype=np.int64)[c.op] if c.ops else c.op
 
     def ivs(self, sel: Any = None) -> intervals.Ivs:
         if sel is None:
@@ -248,7 +238,7 @@ class _Calls:
         return np.stack((self.t0[sel], self.t1[sel]), axis=1)
 
     def of_family(self, family: str) -> Any:
-        return np.fromiter((f == family for f in self.family), bool, len(self.family))
+        return np.isin(self._family, [i for i, f in enumerate(self._families) if f == family])
 
 
 _OTHER_INDEX = len(_PRIORITY)  # a moment inside no activity
@@ -366,16 +356,14 @@ def rank_timing(tl: Timeline) -> RankTiming:
                                             intervals.totals_in(both, bounds))
     ]  # fmt: skip
     whole = Overlap(intervals.total(comm), intervals.total(both), spans)
-    names = [c.group for c in tl.calls]
     groups = {}
-    for g in sorted(set(names)):
-        gc = intervals.merge(calls.ivs(np.fromiter((n == g for n in names), bool, len(names))))
+    for code, g in sorted(enumerate(calls.groups), key=lambda x: x[1]):
+        gc = intervals.merge(calls.ivs(calls.group == code))
         groups[g] = Overlap(intervals.total(gc), intervals.total(intervals.intersect(gc, compute)), spans)
     ag = calls.ivs(calls.of_family("all_gather"))
     rs = calls.ivs(calls.of_family("reduce_scatter"))
-    return RankTiming(
-        tl.rank, tl.host, tuple(steps), whole, groups, tuple(intervals.depth(ag)), tuple(intervals.depth(rs)), spans
-    )
+    return RankTiming(tl.rank, tl.host, tuple(steps), whole, groups, intervals.max_depth(ag), intervals.max_depth(rs),
+                      spans)  # fmt: skip
 
 
 # -- across ranks ------------------------------------------------------------------------------------
@@ -630,7 +618,7 @@ def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = 
     big = streams is not None and len(ranks) > FULL_RANKS
     if not big:
         raw = {r: timeline(run.ranks[r], end_ns, TAIL) for r in ranks}
-        fit = clock.fit({r: tl.calls for r, tl in raw.items()}, hosts)
+        fit = clock.fit({r: tl.cols() for r, tl in raw.items()}, hosts)
         shifts = fit.shifts()
         tls = {r: tl.shifted(shifts[r]) for r, tl in raw.items() if r in shifts}
         arr = arrivals(timeline_items(tls), sizes)
@@ -640,8 +628,7 @@ def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = 
         for r in ranks:
             one_per_host.setdefault(hosts[r], r)
         tail = CLOCK_TAIL if len(one_per_host) <= 256 else CLOCK_TAIL // 4  # thousands of hosts: fewer each
-        probe = {r: timeline(run.ranks[r], end_ns, tail, spans=False) for r in one_per_host.values()}
-        fit = clock.fit({r: tl.calls for r, tl in probe.items()}, hosts)
+        fit = clock.fit({r: columns(run.ranks[r], tail) for r in one_per_host.values()}, hosts)
         shifts = fit.shifts()
         arr = stream_arrivals(streams, shifts, sizes)
         ranked, skew = stragglers(arr)
