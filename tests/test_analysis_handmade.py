@@ -413,3 +413,13 @@ def test_wait_for_graph_components_and_reach() -> None:
     assert waitfor.reach(g, (3,)) == {0, 1, 2}
     assert waitfor.reach(g, (4,)) == {5}
     assert waitfor.edges(g) == 5
+
+
+def test_last_known_activity_is_the_users_frame_and_where_in_the_library() -> None:
+    from colltrace.analysis.states import activity_of
+
+    stack = ["/home/u/train.py:40 in main: loss = step(batch)", "/home/u/model.py:82 in loss_fn: return F.ce(x)", "...",
+             "/venv/lib/python3.11/site-packages/torch/_ops.py:1279 in __call__: return self._op(*args)"]  # fmt: skip
+    assert activity_of(stack) == "/home/u/model.py:82 in loss_fn: return F.ce(x) (in torch/_ops.py:1279 in __call__)"
+    assert activity_of(stack[:2]) == "/home/u/model.py:82 in loss_fn: return F.ce(x)"  # the user's innermost
+    assert activity_of(stack[3:]) == stack[3]  # only library frames: the innermost as it is

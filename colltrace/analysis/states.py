@@ -97,7 +97,7 @@ def _tb_frames(tb: str) -> list[str]:
 
 # colltrace's own frames: the recorder's modules, its generated wrappers, the watchdog's thread
 _OWN_FRAME = re.compile(r"[/\\]colltrace[/\\](record|trace)[/\\]|^<colltrace |[/\\]threading\.py:")
-_LIBRARY_FRAME = re.compile(r"[/\\](site|dist)-packages[/\\]|<frozen |[/\\]lib[/\\]python3")
+_LIBRARY_FRAME = re.compile(r"[/\\](?:site|dist)-packages(?=[/\\])|<frozen |[/\\]lib[/\\]python3(?:\.\d+)?(?=[/\\])")
 
 
 def excerpt(frames: list[str]) -> list[str]:
@@ -151,6 +151,17 @@ def run_end_ns(run: Run, streams: dict[int, RankStreams]) -> int:
     return latest
 
 
+def activity_of(stack: list[str]) -> str:
+    """What a stack says the rank was doing: its innermost frame of the user's code, and the innermost
+    frame of all when that is a library's ("model.py:82 in loss_fn: ... (in torch/_ops.py:1279 in __call__)")."""
+    inner = stack[-1]
+    user = next((f for f in reversed(stack) if f != "..." and not _LIBRARY_FRAME.search(f)), None)
+    if user is None or user == inner:
+        return inner
+    where = _LIBRARY_FRAME.split(inner.split(": ", 1)[0])[-1].lstrip("/\\")  # its path inside the library dir
+    return f"{user} (in {where})"
+
+
 def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     last = record(rt, rs.last_idx) if rs.last_idx >= 0 else None
     blocked = None
@@ -195,7 +206,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     elif span is not None:
         activity = f"in {span_text(span)}" + (f" for {open_for:.1f} s" if open_for is not None else "")
     elif stack:
-        activity = stack[-1]
+        activity = activity_of(stack)
     elif last is not None:
         activity = f"after {last.op} (seq {last.seq})"
     else:
