@@ -293,11 +293,15 @@ def test_the_end_of_backward_waits_for_ddps_buckets() -> None:
     assert (rt.overlap.comm_ns, rt.overlap.overlapped_ns) == (55 * MS, 40 * MS)
 
 
-def test_a_hung_blocking_call_is_a_wait_not_overlap() -> None:
-    """Stopped in a blocking all-gather inside an open forward span: the hang is exposed communication."""
-    tl = Timeline(0, "n", [call("all_gather_into_tensor", 1, 10, None)], [span("forward", 0, None)], 100 * MS)
+def test_a_hung_blocking_call_is_a_wait_not_overlap_nor_communication_time() -> None:
+    """Stopped in a blocking all-gather inside an open forward span: the hang is neither overlap nor
+    communication time (a hung job's figures would be its timeout), but the host was blocked in it."""
+    calls = [call("all_gather_into_tensor", 1, 2, 5), call("all_gather_into_tensor", 2, 10, None)]
+    tl = Timeline(0, "n", calls, [span("forward", 0, None)], 100 * MS)
     rt = rank_timing(tl)
-    assert rt.overlap.comm_ns == 90 * MS and rt.overlap.overlapped_ns == 0
+    assert rt.overlap.comm_ns == 3 * MS and rt.overlap.overlapped_ns == 0
+    blocked, _ = timing.waits(tl)
+    assert blocked.tolist() == [[2 * MS, 5 * MS], [10 * MS, 100 * MS]]
 
 
 def test_arrival_counts_only_collectives_every_member_issued() -> None:

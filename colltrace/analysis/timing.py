@@ -347,7 +347,7 @@ def rank_timing(tl: Timeline) -> RankTiming:
     per = breakdown(tl, windows, blocked)
     compute = _compute(tl, blocked)
     spans = bool(tl.spans)
-    comm = intervals.merge(calls.ivs())
+    comm = intervals.merge(calls.ivs(calls.done))  # one still in flight when the trace stopped is the hang
     both = intervals.intersect(comm, compute)
     bounds = [(lo, hi) for _, lo, hi in windows]
     steps = [
@@ -358,7 +358,7 @@ def rank_timing(tl: Timeline) -> RankTiming:
     whole = Overlap(intervals.total(comm), intervals.total(both), spans)
     groups = {}
     for code, g in sorted(enumerate(calls.groups), key=lambda x: x[1]):
-        gc = intervals.merge(calls.ivs(calls.group == code))
+        gc = intervals.merge(calls.ivs((calls.group == code) & calls.done))
         groups[g] = Overlap(intervals.total(gc), intervals.total(intervals.intersect(gc, compute)), spans)
     ag = calls.ivs(calls.of_family("all_gather"))
     rs = calls.ivs(calls.of_family("reduce_scatter"))
