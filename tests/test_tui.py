@@ -235,6 +235,34 @@ def test_a_big_world_is_drawn_one_lane_per_class(tmp_path: Path) -> None:
     assert got.row_of(40) == 1 and got.row_of(79) == 0
 
 
+def test_a_class_lane_expands_rank_by_rank_and_folds_back(tmp_path: Path) -> None:
+    """`e` on the 79 ranks' lane: their first 32 get lanes of their own (their timelines read then), the
+    other 47 one lane; `e` on any of those lanes folds the class back into one."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from handmade import ranks
+
+    rs = ranks(str(tmp_path), 80)
+    for r in rs:
+        r.fsdp_step()
+        r.fsdp_step(skip={2} if r.rank == 79 else set())
+        r.footer()
+
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        assert app.model is not None
+        await pilot.press("2", "down", "e")
+        await until(pilot, lambda: app.model is not None and len(app.model.rows) > 2)
+        labels = [row.label for row in app.model.rows]
+        assert labels == ["r79", *[f"r{r}" for r in range(32)], "47×r32"]
+        assert app.model.rows[app.timeline.selected].rank == 0  # the selection stays on the rank it was on
+        text = "\n".join(lines(app))
+        assert " r1 done" in text and " r2 done" in text  # drawn on lanes of their own
+        await pilot.press("down", "down", "e")
+        await until(pilot, lambda: app.model is not None and len(app.model.rows) == 2)
+        assert [row.label for row in app.model.rows] == ["r79", "79×r0"]
+
+    drive(tmp_path, script)
+
+
 def test_opens_a_folder_of_flight_recorder_dumps() -> None:
     async def script(app: tui.CollTraceApp, pilot: Any) -> None:
         assert app.title == "colltrace: Divergence at default_pg seq 23 (op): culprit rank 2, likely control_flow"

@@ -222,6 +222,7 @@ HELP = """\
 | `↑` `↓` or `k` `j` | select a rank on the timeline; scroll the other views |
 | `n` / `p` | the selected rank's next / previous collective (see Detail) |
 | `0` | the whole run |
+| `e` | show the selected class of ranks (`79×r0`) rank by rank, its first 32 on lanes of their own; again: fold it |
 | `home` `end` `pgup` `pgdn` | scroll the view (on the timeline: its lanes) |
 | `ctrl+p` | command palette: go to a rank or a step, the divergence, write the report |
 | `w` | write the report (Markdown) to ./colltrace-report-RUN.md |
@@ -304,6 +305,7 @@ class CollTraceApp(App[None]):
         Binding("n", "call(1)", "next collective"),
         Binding("p", "call(-1)", "previous", show=False),
         Binding("0", "whole", "whole run", show=False),
+        Binding("e", "expand", "expand class", show=False),
         Binding("w", "write", "write report"),
         Binding("r", "reload", "reload", show=False),
         Binding("question_mark", "help", "help"),
@@ -490,6 +492,30 @@ class CollTraceApp(App[None]):
     def action_whole(self) -> None:
         if self.model is not None:
             self.timeline.set_window(self.model.t_min, self.model.t_max)
+
+    def action_expand(self) -> None:
+        """Show the selected lane's class of ranks rank by rank, or fold it back (beyond 64 ranks)."""
+        if self.model is None or not self._on_timeline() or not self.model.rows:
+            return
+        if all(len(row.ranks) == 1 and not row.of for row in self.model.rows):
+            self.notify("every rank has its own lane already")
+            return
+        self._expand(self.model, self.timeline.selected)
+
+    @work(thread=True, exclusive=True, group="expand")
+    def _expand(self, model: m.Model, row: int) -> None:
+        lanes = m.toggled(model, row)  # reads the ranks' timelines: off the UI thread
+        if lanes is not None:
+            self.call_from_thread(self._show_lanes, model, lanes, model.rows[row].rank)
+
+    def _show_lanes(self, model: m.Model, lanes: list[m.Row], rank: int) -> None:
+        if model is not self.model:
+            return  # re-read meanwhile
+        model.rows = lanes
+        self.timeline.show(model, keep_window=True)
+        at = model.row_of(rank)
+        if at is not None:
+            self.timeline.select_rank(at - self.timeline.selected)
 
     def action_rank(self, delta: int) -> None:
         if self._on_timeline():

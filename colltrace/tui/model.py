@@ -40,6 +40,7 @@ class Row:
 
     rank: int
     ranks: tuple[int, ...]
+    of: tuple[int, ...] = ()  # the expanded class this lane is part of (every rank of it), if any
 
     @property
     def label(self) -> str:
@@ -47,6 +48,7 @@ class Row:
 
 
 LANES_ONE_PER_RANK = 64  # up to this many ranks, one lane each; beyond, one per class of ranks
+EXPAND = 32  # an expanded class: lanes of their own for this many of its ranks, one lane for the rest
 
 
 @dataclass(slots=True)
@@ -64,6 +66,7 @@ class Model:
     loaded_at: float = field(default_factory=time.time)
     rows: list[Row] = field(default_factory=list)  # the timeline's lanes, top to bottom
     live: bool = False  # a rank's process still runs: the run can change without its files changing
+    expanded: set[tuple[int, ...]] = field(default_factory=set)  # classes shown rank by rank (rows())
     _calls: dict[int, dict[tuple[str, int], Call]] = field(default_factory=dict, repr=False)  # call_at's index
 
     def call_at(self, rank: int, group: str, seq: int) -> Call | None:
@@ -169,11 +172,16 @@ def rows(model: Model) -> list[Row]:
     out = [Row(r, (r,)) for r in alone]
     for cls in classes:
         rest = tuple(r for r in cls if r not in alone)
+        if rest in model.expanded:
+            out += [Row(r, (r,), rest) for r in rest[:EXPAND] if _ensure_line(model, r)]
+            rest, of = rest[EXPAND:], rest
+        else:
+            of = ()
         shown = next((r for r in rest if r in model.lines), None)
         if shown is None and rest and _ensure_line(model, rest[0]):
             shown = rest[0]
         if rest and shown is not None:
-            out.append(Row(shown, rest))
+            out.append(Row(shown, rest, of))
     covered = {r for row in out for r in row.ranks}
     left = tuple(r for r in everyone if r not in covered)  # outside the divergent group
     shown = next((r for r in left if r in model.lines), None)
@@ -319,5 +327,20 @@ def _ensure_line(model: Model, rank: int) -> bool:
     shift = tm.clock.shifts().get(rank)
     if shift is None:
         return False
-    model.lines[rank] = timeline(rt, model.t_max, TAIL).shifted(shift)
+    model.lines[rank] = timeline(rt, model.t_max, TAIL, shift=shift)
     return True
+
+
+def toggled(model: Model, row: int) -> list[Row] | None:
+    """The lanes with the class on lane `row` expanded (its first EXPAND ranks on lanes of their own,
+    their timelines read now: call it off the UI thread), or folded back if it was; None when the lane
+    stands for one rank of no expanded class."""
+    lane = model.rows[row]
+    cls = lane.of or (lane.ranks if len(lane.ranks) > 1 else None)
+    if cls is None:
+        return None
+    if cls in model.expanded:
+        model.expanded.discard(cls)
+    else:
+        model.expanded.add(cls)
+    return rows(model)
