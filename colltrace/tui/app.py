@@ -564,24 +564,31 @@ class CollTraceApp(App[None]):
         self.push_screen(Help())
 
     def detail(self, c: m.Call) -> str:
-        """The selected collective on every rank: issue, completion, skew, wait, module, phase, step."""
+        """The selected collective on every rank of its group: what each issued at that seq, when, how long
+        it took and blocked the host, its module, phase and step."""
         model = self.model
         assert model is not None
+        dt = m.detail(model, c)
+        skew = _ms(dt.skew_ns / 1e6) if dt.skew_ns is not None else "—"
+        head = f"{c.op} on {dt.group} seq {c.seq}: {c.nbytes or 0} bytes, arrival skew {skew}"
+        if dt.divergent:
+            head += "  ◀ the first divergence"
         rows = []
-        issued = []
-        for r in model.ranks:
-            same = model.call_at(r, c.group, c.seq)
-            if same is None:
-                rows.append(f"  r{r:<5} never issued it")
+        for row in dt.rows:
+            who = ("!" if row.rank in model.dx.culprits else " ") + f"r{row.rank:<5}"
+            x = row.call
+            if x is None:
+                rows.append(f"{who} ≠ never issued it")
                 continue
-            issued.append(same.t0)
-            done = "in flight" if same.t1 is None else ("failed" if same.error else _ms((same.t1 - same.t0) / 1e6))
-            rows.append(f"  r{r:<5} issued +{_ms((same.t0 - model.t_min) / 1e6):>9}  took {done:>9}  "
-                        f"waited {_ms(same.wait_ns / 1e6):>8}  {same.module or '-'} {same.phase or '-'} step {same.step}")  # fmt: skip
-        skew = _ms((max(issued) - min(issued)) / 1e6) if len(issued) > 1 else "—"
-        label = model.run.group_labels().get(c.group, c.group)
-        head = f"{c.op} on {label} seq {c.seq}: {c.nbytes or 0} bytes, arrival skew {skew}"
-        return head + "\n\n" + "\n".join(rows)
+            took = "in flight" if x.t1 is None else ("failed" if x.error else _ms((x.t1 - x.t0) / 1e6))
+            blocked = "—" if row.blocked_ns is None else _ms(row.blocked_ns / 1e6)
+            rows.append(f"{who} {'≠' if row.differs else ' '} {x.op:<24} issued +{_ms((x.t0 - model.t_min) / 1e6):>9}  "
+                        f"took {took:>9}  blocked {blocked:>8}  {x.module or '-'} {x.phase or '-'} step {x.step}")  # fmt: skip
+        if dt.unread:
+            rows.append(f"  … {dt.unread} more ranks of the group not read here (a sample of a big world; "
+                        "`e` on the timeline shows a class rank by rank)")  # fmt: skip
+        legend = "! culprit   ≠ issued something else at this seq than most ranks of the group"
+        return head + "\n\n" + "\n".join(rows) + "\n\n" + legend
 
 
 def _tab_bar(active: str) -> str:

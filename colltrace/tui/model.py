@@ -16,6 +16,7 @@ from colltrace.analysis.results import Diagnosis
 from colltrace.analysis.timeline import Call, Span, Timeline, timeline
 from colltrace.analysis.timing import TAIL, op_family
 from colltrace.report import jsonreport, markdown
+from colltrace.report.words import ranks_text
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import Run
 
@@ -121,6 +122,56 @@ class Model:
         starts = [c.t0 for tl in self.lines.values() for c in tl.calls if c.step == step]
         starts += [s.t0 for tl in self.lines.values() for s in tl.spans if s.step == step]
         return min(starts, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class DetailRow:
+    rank: int
+    call: Call | None  # None: a member that never issued it
+    differs: bool  # issued something else at this seq (op, size, module or phase) than most members did
+    blocked_ns: int | None  # how long the host was blocked in it (a blocking call to the rank's end if it
+    # never returned; an async one, its wait()); None: not known (an async call still in flight)
+
+
+@dataclass(frozen=True, slots=True)
+class Detail:
+    """The selected collective on every member of its group whose timeline was read."""
+
+    call: Call
+    group: str  # its label, and its name and members when another group has the same label
+    rows: tuple[DetailRow, ...]
+    unread: int  # members whose timelines were not read (beyond 64 ranks, a sample is)
+    divergent: bool  # it is the run's first divergence
+    skew_ns: int | None  # last issue minus first, over the members that issued it
+
+
+def detail(model: Model, c: Call) -> Detail:
+    run = model.run
+    info = next((rt.groups[c.group] for rt in run.ranks.values() if c.group in rt.groups), None)
+    members = tuple(info.ranks) if info is not None and info.ranks else tuple(model.ranks)
+    labels = run.group_labels()
+    label = labels.get(c.group, c.group)
+    if sum(v == label for v in labels.values()) > 1:
+        label += f" (group {c.group}, {ranks_text(members)})"
+    calls = {r: model.call_at(r, c.group, c.seq) for r in members if r in model.lines}
+    kinds = [(x.op, x.nbytes, x.module, x.phase) for x in calls.values() if x is not None]
+    usual = max(dict.fromkeys(kinds), key=kinds.count) if kinds else None  # what most members issued (ties: the first)
+    rows = []
+    for r, same in calls.items():
+        if same is None:
+            rows.append(DetailRow(r, None, True, None))
+            continue
+        differs = (same.op, same.nbytes, same.module, same.phase) != usual
+        if same.sync:
+            blocked: int | None = (same.t1 if same.t1 is not None else model.lines[r].end_ns) - same.t0
+        else:
+            blocked = same.wait_ns if same.t1 is not None else None
+        rows.append(DetailRow(r, same, differs, blocked))
+    issued = [row.call.t0 for row in rows if row.call is not None]
+    d = model.dx.divergence
+    return Detail(c, label, tuple(rows), sum(r not in model.lines for r in members),
+                  d is not None and (d.group, d.seq) == (c.group, c.seq),
+                  max(issued) - min(issued) if len(issued) > 1 else None)  # fmt: skip
 
 
 def fingerprint(run_dir: str) -> tuple[tuple[str, int, int], ...]:
