@@ -263,6 +263,40 @@ def test_a_class_lane_expands_rank_by_rank_and_folds_back(tmp_path: Path) -> Non
     drive(tmp_path, script)
 
 
+def test_the_palette_goes_to_any_rank_of_a_big_world_and_to_a_step(tmp_path: Path) -> None:
+    """80 ranks: typing 61 goes to rank 61, drawn on its class's lane; `step 1` shows step 1's window, not
+    the whole run's."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from handmade import ranks
+
+    rs = ranks(str(tmp_path), 80)
+    for r in rs:
+        r.fsdp_step()
+        r.fsdp_step(skip={2} if r.rank == 79 else set())
+        r.footer()
+
+    async def type_in(pilot: Any, text: str) -> None:
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.2)
+        for ch in text:
+            await pilot.press("space" if ch == " " else ch)
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        assert app.model is not None
+        await type_in(pilot, "61")
+        await until(pilot, lambda: app.view == "timeline" and app.timeline.selected == 1)
+        assert app.model.rows[1].label == "79×r0"  # rank 61's lane: its class's
+        whole = app.model.t_max - app.model.t_min
+        await type_in(pilot, "step 1")
+        await until(pilot, lambda: app.timeline.t1 - app.timeline.t0 < whole)
+        t = app.model.step_start_ns(1)
+        assert t is not None and app.timeline.t0 < t < app.timeline.t1
+
+    drive(tmp_path, script)
+
+
 def test_opens_a_folder_of_flight_recorder_dumps() -> None:
     async def script(app: tui.CollTraceApp, pilot: Any) -> None:
         assert app.title == "colltrace: Divergence at default_pg seq 23 (op): culprit rank 2, likely control_flow"

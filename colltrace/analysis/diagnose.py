@@ -72,7 +72,8 @@ def diagnose(run: Run) -> Diagnosis:
     ends = states.rank_ends(run, streams)
     wf = waitfor.build(run, streams, ends)
     d = found[0] if found else None
-    tm = timing.analyze(run, states.run_end_ns(run, streams), streams)
+    end_ns = states.run_end_ns(run, streams)
+    tm = timing.analyze(run, end_ns, streams)
     slow = tm.straggler()
     cycle = wf.cycle
     if d is None:
@@ -92,6 +93,7 @@ def diagnose(run: Run) -> Diagnosis:
         cycle = None
         culprits, victims = blame.culprits, blame.victims
     verdict = _verdict(d, culprits, ends, bool(cycle))
+    tm = timing.including(tm, run, culprits, end_ns)  # a big world's sample may have missed them
     finding: Finding | None = None
     if verdict is not Verdict.HEALTHY or slow is not None:
         deviates = any(e.clue is Clue.HISTORY_DEVIATES for e in blame.evidence)

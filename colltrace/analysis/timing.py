@@ -603,6 +603,21 @@ CLOCK_TAIL = 512  # records per host read for the clock fit in a big world
 BIG_TAIL = 2_500  # ... and per sampled rank for its figures (a few steps of a big model: enough to rank them)
 
 
+def including(tm: Timing, run: Run, ranks: Iterable[int], end_ns: int = 0) -> Timing:
+    """The timing with these ranks' own figures too (a big world's culprits the sample missed)."""
+    shifts = tm.clock.shifts()
+    new = [r for r in ranks if r not in tm.ranks and r in run.ranks and r in shifts]
+    if not new:
+        return tm
+    lines = dict(tm.lines)
+    timings = dict(tm.ranks)
+    for r in new:
+        lines[r] = timeline(run.ranks[r], end_ns, BIG_TAIL, shift=shifts[r])
+        timings[r] = rank_timing(lines[r])
+    order = sorted(timings)
+    return dataclasses.replace(tm, ranks={r: timings[r] for r in order}, lines={r: lines[r] for r in sorted(lines)})
+
+
 def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = None) -> Timing:
     """The timing of a run, over each rank's last TAIL collectives and spans. Up to FULL_RANKS ranks, from
     every rank's timeline. Beyond, arrivals come from

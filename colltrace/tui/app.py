@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import time
 from typing import Any
 
@@ -18,13 +19,13 @@ from rich.style import Style
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.command import Hit, Hits, Provider
+from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Vertical, VerticalScroll
 from textual.geometry import Size
 from textual.screen import ModalScreen
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Markdown, Static
+from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Static
 
 from colltrace.report import markdown, words
 from colltrace.tui import model as m
@@ -213,6 +214,8 @@ class Timeline(ScrollView):
 HELP = """\
 # colltrace tui: keys
 
+`escape`, `?` or `q` closes this; `↑` `↓` `pgup` `pgdn` scroll it.
+
 | key | does |
 |---|---|
 | `1` `2` `3` `4` `5` | Summary, Timeline, Aligned, Stats, Detail |
@@ -236,35 +239,54 @@ wait, `comm wait` other collectives, `optim` optimizer, `ckpt` checkpoint I/O, `
 Timeline rows: spans `D` data, `F` forward, `B` backward, `R` recompute, `O` optimizer, `C` checkpoint,
 `P` phase; collectives `G` all-gather, `S` reduce-scatter, `A` all-reduce, `b` broadcast, `X` all-to-all.
 Red: in flight, or open when the rank stopped. `▼` on the time axis: the divergence.
-
-Press `escape` or `?` to close.
 """
 
 
 class Help(ModalScreen[None]):
     BINDINGS = [Binding("escape,question_mark,q", "dismiss", "close")]
-    CSS = "Help { align: center middle; } Help > Markdown { width: 90%; height: 90%; border: round $accent; }"
+    CSS = "Help { align: center middle; } Help > VerticalScroll { width: 90%; height: 90%; border: round $accent; }"
 
     def compose(self) -> ComposeResult:
-        yield Markdown(HELP)
+        with VerticalScroll():  # focused: the arrows scroll the help, not the view behind it
+            yield Static(RichMarkdown(HELP))
+
+    def on_mount(self) -> None:
+        self.query_one(VerticalScroll).focus()
 
 
 class Jump(Provider):
-    """The command palette: jump to a rank, a step, the divergence; write the report."""
+    """The command palette: jump to a rank, a step, the divergence; write the report. Typing a number
+    offers that rank and that step at once, whatever the size of the world."""
 
-    async def search(self, query: str) -> Hits:
+    def _commands(self, query: str = "") -> list[tuple[str, Any]]:
         app = self.app
         assert isinstance(app, CollTraceApp)
-        if app.model is None:
-            return
+        model = app.model
+        if model is None:
+            return []
+        out: list[tuple[str, Any]] = [("Jump to the divergence", app.action_divergence),
+                                      ("Write the report (Markdown)", app.action_write)]  # fmt: skip
+        out += [(f"Go to rank {r} (culprit)", lambda r=r: app.goto_rank(r)) for r in model.dx.culprits]
+        wanted = [int(w) for w in re.findall(r"\d+", query)]
+        for n in wanted:
+            if n in model.run.ranks:
+                out.append((f"Go to rank {n}", lambda n=n: app.goto_rank(n)))
+            if model.step_start_ns(n) is not None:
+                out.append((f"Go to step {n}", lambda n=n: app.goto_step(n)))
+        if not wanted and len(model.run.ranks) <= 64:
+            out += [(f"Go to rank {r}", lambda r=r: app.goto_rank(r)) for r in model.ranks]
+        return out
+
+    async def discover(self) -> Hits:
+        for text, fn in self._commands():
+            yield DiscoveryHit(text, fn, help="or type a rank or a step number")
+
+    async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        commands: list[tuple[str, Any]] = [("Jump to the divergence", app.action_divergence),
-                                           ("Write the report (Markdown)", app.action_write)]  # fmt: skip
-        commands += [(f"Go to rank {r}", lambda r=r: app.goto_rank(r)) for r in app.model.ranks]
-        steps = sorted({c.step for tl in app.model.lines.values() for c in tl.calls})
-        commands += [(f"Go to step {s}", lambda s=s: app.goto_step(s)) for s in steps]
-        for text, fn in commands:
+        for text, fn in self._commands(query):
             score = matcher.match(text)
+            if re.search(r"\d", query) and any(w in text.split() for w in re.findall(r"\d+", query)):
+                score = max(score, 1.0)  # the number asked for, even where the fuzzy match is weak
             if score > 0:
                 yield Hit(score, matcher.highlight(text), fn, help=None)
 
@@ -286,6 +308,7 @@ class CollTraceApp(App[None]):
     """
     BINDINGS = [
         Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help"),
         Binding("1", "view('summary')", "summary"),
         Binding("2", "view('timeline')", "timeline"),
         Binding("3", "view('aligned')", "aligned"),
@@ -308,7 +331,6 @@ class CollTraceApp(App[None]):
         Binding("e", "expand", "expand class", show=False),
         Binding("w", "write", "write report"),
         Binding("r", "reload", "reload", show=False),
-        Binding("question_mark", "help", "help"),
     ]
 
     def __init__(self, run_dir: str, live: bool = True) -> None:
@@ -530,19 +552,30 @@ class CollTraceApp(App[None]):
             self.query_one("#detail-text", Static).update(self.detail(c))
 
     def goto_rank(self, rank: int) -> None:
-        at = self.model.row_of(rank) if self.model is not None else None
-        if at is not None:
-            self.action_view("timeline")
-            self.timeline.select_rank(at - self.timeline.selected)
+        model = self.model
+        at = model.row_of(rank) if model is not None else None
+        if model is None or at is None:
+            self.notify(f"rank {rank} is on no lane (no trace of it was read)")
+            return
+        self.action_view("timeline")
+        self.timeline.select_rank(at - self.timeline.selected)
+        row = model.rows[at]
+        if row.rank != rank:
+            self.notify(f"rank {rank} is in the lane {row.label} (drawn from rank {row.rank}); e shows it rank by rank")
 
     def goto_step(self, step: int) -> None:
-        if self.model is not None:
-            t = self.model.step_start_ns(step)
-            if t is not None:
-                self.action_view("timeline")
-                self.timeline.set_window(t, t + (self.timeline.t1 - self.timeline.t0))
+        """The window of that step: from its first issue or span on any rank to the next step's."""
+        model = self.model
+        t = model.step_start_ns(step) if model is not None else None
+        if model is None or t is None:
+            return
+        end = model.step_start_ns(step + 1) or model.t_max
+        margin = max(1000, (end - t) // 20)
+        self.action_view("timeline")
+        self.timeline.set_window(t - margin, end + margin)
 
     def action_reload(self) -> None:
+        self.notify("re-reading the run…", timeout=1.5)
         self.load()
 
     def action_write(self) -> None:
