@@ -60,7 +60,7 @@ def test_each_view_matches_its_snapshot(monkeypatch: pytest.MonkeyPatch) -> None
         assert text == path.read_text(), f"{name} view changed (UPDATE_SNAPSHOTS=1 to accept it)"
     # what each view is for, so a snapshot rewritten by mistake still fails here
     assert "culprit rank 2, likely control_flow" in got["summary"]
-    assert "▶r2 crash" in got["timeline"] and "▼" in got["timeline"]
+    assert "▶r2! crash" in got["timeline"] and "▼" in got["timeline"]
     assert "14" in got["aligned"] and "blocks.2" in got["aligned"]
     assert "step" in got["stats"].lower()
     assert "seq" in got["detail"]

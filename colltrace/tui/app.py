@@ -135,7 +135,7 @@ class Timeline(ScrollView):
         mid = self.call.t0 if self.call is not None else (self.t0 + self.t1) // 2
         calls = [c for c in tl.calls if (c.t0 > mid if step > 0 else c.t0 < mid)]
         if not calls:
-            return self.call
+            return None
         self.call = min(calls, key=lambda c: c.t0) if step > 0 else max(calls, key=lambda c: c.t0)
         if not self.t0 <= self.call.t0 <= self.t1:
             self.center(self.call.t0)
@@ -175,8 +175,8 @@ class Timeline(ScrollView):
         end = model.dx.ranks.get(rank)
         if which == 0:
             state = m.STATE_WORD.get(end.state.value, end.state.value) if end else ""
-            label = f"{'▶' if i == self.selected else ' '}{lane.label} {state}"
             culprit = bool(set(lane.ranks) & set(model.dx.culprits))
+            label = f"{'▶' if i == self.selected else ' '}{lane.label}{'!' if culprit else ''} {state}"
             lstyle = Style(bold=True, color="bright_red" if culprit else None, reverse=i == self.selected)
             row_cells = m.span_cells(ln, self.t0, self.t1, cells)
         else:
@@ -353,9 +353,9 @@ class CollTraceApp(App[None]):
                 yield Static("", id="legend")
                 yield self.timeline
             with Vertical(id="aligned"):
-                yield _table("aligned-table")
+                yield _table("aligned-table", fixed_columns=1)  # the seq stays when scrolled sideways
             with Vertical(id="stats"):
-                yield _table("stats-table")
+                yield _table("stats-table", fixed_columns=1)
                 yield _table("stragglers-table")
             with VerticalScroll(id="detail", can_focus=False):
                 yield Static("select a collective on the timeline (n / p)", id="detail-text")
@@ -550,6 +550,9 @@ class CollTraceApp(App[None]):
         c = self.timeline.select_call(step)
         if c is not None:
             self.query_one("#detail-text", Static).update(self.detail(c))
+        elif self.model is not None and self.model.rows:
+            row = self.model.rows[self.timeline.selected]
+            self.notify(f"{row.label}: no {'later' if step > 0 else 'earlier'} collective", timeout=2)
 
     def goto_rank(self, rank: int) -> None:
         model = self.model
@@ -633,8 +636,8 @@ def _tab_bar(active: str) -> str:
     return " ".join(cells)
 
 
-def _table(id_: str) -> DataTable[str]:
-    table: DataTable[str] = DataTable(id=id_, zebra_stripes=True, show_cursor=False)
+def _table(id_: str, fixed_columns: int = 0) -> DataTable[str]:
+    table: DataTable[str] = DataTable(id=id_, zebra_stripes=True, show_cursor=False, fixed_columns=fixed_columns)
     table.can_focus = False
     return table
 
@@ -644,7 +647,8 @@ def _ms(v: float | None) -> str:
 
 
 def _legend() -> str:
-    return "D data F fwd B bwd R recomp O opt C ckpt | G AG S RS A AR b bcast X a2a | red: open | ▼ divergence | ? keys"
+    return ("D data F fwd B bwd R recomp O opt C ckpt | G AG S RS A AR b bcast X a2a | ! culprit | red: in flight, "
+            "· open span | ▼ divergence | ? keys")  # fmt: skip
 
 
 def run(run_dir: str) -> None:
