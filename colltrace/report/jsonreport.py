@@ -30,12 +30,15 @@ def _sig(sig: Signature | None, step: int | None) -> dict[str, Any] | None:
     }
 
 
-def _collective(c: Collective | None, flight: dict[int, Collective] | None = None) -> dict[str, Any] | None:
+def _collective(
+    c: Collective | None, flight: dict[int, Collective] | None = None, labels: dict[str, str] | None = None
+) -> dict[str, Any] | None:
     if c is None:
         return None
     fr = (flight or {}).get(c.idx)
     return {
         "group": c.group,
+        "group_label": (labels or {}).get(c.group, c.group),
         "seq": c.seq,
         "op": c.op,
         "numel": c.numel_in,
@@ -51,11 +54,11 @@ def _collective(c: Collective | None, flight: dict[int, Collective] | None = Non
     }
 
 
-def _rank(e: RankEnd, flight: dict[int, Collective]) -> dict[str, Any]:
+def _rank(e: RankEnd, flight: dict[int, Collective], labels: dict[str, str]) -> dict[str, Any]:
     return {
         "state": e.state.value,
-        "last_collective": _collective(e.last, flight),
-        "blocked_in": _collective(e.blocked, flight),
+        "last_collective": _collective(e.last, flight, labels),
+        "blocked_in": _collective(e.blocked, flight, labels),
         "last_activity": e.activity,
         "open_span": _span(e),
         "out_of_data": e.out_of_data,
@@ -124,6 +127,7 @@ def environment(run: Run) -> dict[str, Any]:
 
 
 def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
+    labels = run.group_labels()
     d = dx.divergence
     first = None
     if d is not None:
@@ -163,7 +167,9 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
         "first_divergence": first,
         "deadlock_cycle": list(dx.cycle) if dx.cycle else None,
         "cause": cause,
-        "ranks": {str(r): _rank(e, run.ranks[r].flight if r in run.ranks else {}) for r, e in dx.ranks.items()},
+        "ranks": {
+            str(r): _rank(e, run.ranks[r].flight if r in run.ranks else {}, labels) for r, e in dx.ranks.items()
+        },  # fmt: skip
         "flight_recorder": flight_recorder(run),
         "environment": environment(run),
         "unseen": list(dx.unseen) + _clock_unseen(run, dx.timing),

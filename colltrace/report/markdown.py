@@ -64,9 +64,18 @@ def _ranks(report: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|",
     ]
     rows = []
+    names: dict[str, set[str]] = {}  # a label several groups share (a mesh dimension's) names each group too
+    for info in report["ranks"].values():
+        if info["last_collective"]:
+            names.setdefault(info["last_collective"]["group_label"], set()).add(info["last_collective"]["group"])
     for r, info in report["ranks"].items():
         last = info["last_collective"]
-        last_text = f"{last['op']} seq {last['seq']} ({last['status']})" if last else "—"
+        if last:
+            label = last["group_label"]
+            where = label if len(names[label]) == 1 else f"{label} (group {last['group']})"
+            last_text = f"{last['op']} on {where} seq {last['seq']} ({last['status']})"
+        else:
+            last_text = "—"
         err = info["error"]
         message = (err["message"] or "").strip().splitlines()[0][:300] if err and err["message"] else ""
         err_text = f"{err['type']}: {message}" if err else (f"signal {info['signal']}" if info["signal"] else "")
