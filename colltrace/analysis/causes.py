@@ -282,7 +282,7 @@ def find(f: Facts) -> Finding:
 
 def straggler_evidence(s: Straggler) -> tuple[Evidence, ...]:
     """How late the rank was, where its time went (from its spans), and since when."""
-    out = [Evidence(Clue.LAST_ARRIVER, (s.rank,), f"{s.waited_s:.3f},{s.last_arrivals},{s.collectives}")]
+    out = [Evidence(Clue.LAST_ARRIVER, (s.rank,), f"{s.waited_s:.6f},{s.last_arrivals},{s.collectives}")]
     if s.where is not None:
         out.append(Evidence(Clue.SLOW_IN, (s.rank,), f"{s.where},{s.where_ns / 1e6:.0f}"))
     if s.since_step is not None:
