@@ -146,7 +146,7 @@ class Timeline(ScrollView):
     # -- drawing --------------------------------------------------------------------------------------
 
     def render_line(self, y: int) -> Strip:
-        row = y + int(self.scroll_offset.y)
+        row = 0 if y == 0 else y + int(self.scroll_offset.y)  # the time axis stays on top when scrolled
         width = self.size.width
         model = self.model
         if model is None:
