@@ -217,19 +217,23 @@ def test_in_a_real_terminal(tmp_path: Path) -> None:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
-def test_a_big_world_is_drawn_one_lane_per_class(tmp_path: Path) -> None:
-    """80 ranks, rank 79 skips a block in its second step: the culprit gets its own lane, the 79 ranks that
-    behaved alike share one (drawn from one of them), instead of 80 lanes."""
+def _big_world(run_dir: Path) -> None:
+    """80 ranks (handmade traces), rank 79 skips a block in its second step."""
     sys.path.insert(0, str(Path(__file__).parent))
     from handmade import ranks
 
-    from colltrace.tui import model as m
-
-    rs = ranks(str(tmp_path), 80)
-    for r in rs:
+    for r in ranks(str(run_dir), 80):
         r.fsdp_step()
         r.fsdp_step(skip={2} if r.rank == 79 else set())
         r.footer()
+
+
+def test_a_big_world_is_drawn_one_lane_per_class(tmp_path: Path) -> None:
+    """80 ranks, rank 79 skips a block in its second step: the culprit gets its own lane, the 79 ranks that
+    behaved alike share one (drawn from one of them), instead of 80 lanes."""
+    from colltrace.tui import model as m
+
+    _big_world(tmp_path)
     got = m.load(str(tmp_path))
     assert got.dx.culprits == (79,)
     assert [(row.rank, row.ranks) for row in got.rows] == [(79, (79,)), (0, tuple(range(79)))]
@@ -240,14 +244,7 @@ def test_a_big_world_is_drawn_one_lane_per_class(tmp_path: Path) -> None:
 def test_a_class_lane_expands_rank_by_rank_and_folds_back(tmp_path: Path) -> None:
     """`e` on the 79 ranks' lane: their first 32 get lanes of their own (their timelines read then), the
     other 47 one lane; `e` on any of those lanes folds the class back into one."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from handmade import ranks
-
-    rs = ranks(str(tmp_path), 80)
-    for r in rs:
-        r.fsdp_step()
-        r.fsdp_step(skip={2} if r.rank == 79 else set())
-        r.footer()
+    _big_world(tmp_path)
 
     async def script(app: tui.CollTraceApp, pilot: Any) -> None:
         assert app.model is not None
@@ -268,14 +265,7 @@ def test_a_class_lane_expands_rank_by_rank_and_folds_back(tmp_path: Path) -> Non
 def test_the_palette_goes_to_any_rank_of_a_big_world_and_to_a_step(tmp_path: Path) -> None:
     """80 ranks: typing 61 goes to rank 61, drawn on its class's lane; `step 1` shows step 1's window, not
     the whole run's."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from handmade import ranks
-
-    rs = ranks(str(tmp_path), 80)
-    for r in rs:
-        r.fsdp_step()
-        r.fsdp_step(skip={2} if r.rank == 79 else set())
-        r.footer()
+    _big_world(tmp_path)
 
     async def type_in(pilot: Any, text: str) -> None:
         await pilot.press("ctrl+p")

@@ -13,12 +13,16 @@ _NUMPY = {"Q": "<u8", "q": "<i8", "I": "<u4", "i": "<i4", "H": "<u2", "B": "u1"}
 _CODES = dict(schema.SLOT_FIELDS)
 
 
-def columns(*fields: str) -> np.dtype[Any]:
-    """A numpy record type over one whole slot that reads only `fields` (schema names)."""
+def columns(*fields: str, words: dict[str, tuple[str, str]] | None = None) -> np.dtype[Any]:
+    """A numpy record type over one whole slot that reads only `fields` (schema names), and for each
+    name in `words` the consecutive fields first..last as one row of 32-bit words (a hashable key)."""
+    runs = words or {}
+    sizes = {name: schema.run_struct(*run).size for name, run in runs.items()}
+    assert all(size % 4 == 0 for size in sizes.values()), sizes
     return np.dtype({
-        "names": list(fields),
-        "formats": [_NUMPY[_CODES[f]] for f in fields],
-        "offsets": [schema.field_offset(f) for f in fields],
+        "names": [*fields, *runs],
+        "formats": [_NUMPY[_CODES[f]] for f in fields] + [("<u4", (sizes[name] // 4,)) for name in runs],
+        "offsets": [schema.field_offset(f) for f in fields] + [schema.field_offset(first) for first, _ in runs.values()],
         "itemsize": schema.SLOT_SIZE,
     })  # fmt: skip
 

@@ -183,21 +183,8 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         if kind == schema.KIND_COLLECTIVE:
             decoded[(tid, a, b)] = (stream, sig_of[key])
 
-    for idx0, chunk in chunks:
-        n = len(chunk) // schema.SLOT_SIZE
-        if not n:
-            continue
-        cols = np.frombuffer(chunk, dtype=_SLOT_COLUMNS, count=n)
-        idxs = np.arange(idx0, idx0 + n, dtype=np.int64)
-        good = cols["marker"] == (idxs + 1).astype(np.uint64)
-        if not good.all():  # torn or stale slots (the last one, never committed, most often): keep the good ones
-            cols, idxs = cols[good], idxs[good]
-            if not len(idxs):
-                continue
-        words = np.frombuffer(chunk, dtype="<u4", count=n * _WORDS).reshape(n, _WORDS)
-        if len(idxs) < n:
-            words = words[good]
-        rows = np.concatenate((words[:, _KEY_A_WORDS], words[:, _KEY_B_WORDS]), axis=1)
+    for idxs, cols in slots.good(chunks, _SLOT_COLUMNS):  # torn or stale slots left out
+        rows = np.concatenate((cols["key_a"], cols["key_b"]), axis=1)
         kinds = cols["kind"]
         # ranks of one class: the same block of keys (a block found by its ends, then compared whole)
         shared = (tid, len(rows), rows[0].tobytes(), rows[-1].tobytes())
@@ -234,13 +221,11 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
     )
 
 
-# the slot's fields the streams read, as one numpy record type over the raw slots
-_SLOT_COLUMNS = slots.columns("marker", "kind", "flags", "seq", "step", "t_issue_ns", "t_done_ns")
+# the slot's fields the streams read, as one numpy record type over the raw slots; the keys as words
+_SLOT_COLUMNS = slots.columns("marker", "kind", "flags", "seq", "step", "t_issue_ns", "t_done_ns",
+                              words={"key_a": ("group", "phase"), "key_b": ("numel_in", "peer")})  # fmt: skip
 
 
-_WORDS = schema.SLOT_SIZE // 4
-_KEY_A_WORDS = slice(schema.field_offset("group") // 4, (schema.field_offset("group") + _KEY_A.size) // 4)
-_KEY_B_WORDS = slice(schema.field_offset("numel_in") // 4, (schema.field_offset("numel_in") + _KEY_B.size) // 4)
 _MIX = np.array([0x9E3779B97F4A7C15 * (2 * i + 1) % 2**64 for i in range(16)], dtype=np.uint64)
 
 
