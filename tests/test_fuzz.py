@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from colltrace.report.build import run_report
@@ -131,6 +131,8 @@ def test_a_huge_line() -> None:
        json_values | st.lists(st.dictionaries(st.sampled_from(["collective_seq_id", "process_group", "input_sizes",
        "input_dtypes", "profiling_name", "state", "retired", "frames", "time_created_ns", "is_p2p"]), json_values,
        max_size=10), max_size=5), max_size=4))  # fmt: skip
+@example(dump={"version": [], "entries": [{"collective_seq_id": -1}]})  # found in CI: a negative seq
+@example(dump={"entries": [{"record_id": -5}, {"is_p2p": True, "profiling_name": "nccl:send 0->4294967296"}]})
 def test_any_flight_recorder_dump_of_plain_data(dump: dict[str, Any]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="colltrace-fuzz-"))
     try:

@@ -199,6 +199,10 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
             peer = int(m.group(2))
         # FR 2.x before 2.3 (torch 2.4) numbered both kinds in one seq_id
         seq = _int(e.get("p2p_seq_id" if p2p else "collective_seq_id", e.get("seq_id")))
+        idx = _int(e.get("record_id", i), i)
+        if seq < 0 or idx < 0 or peer >= 2**31:  # no number FR gives: left out, as a record's slot holds none
+            skipped += 1
+            continue
         op = str(e.get("profiling_name") or "?").split(":", 1)[-1].split(" ")[0]
         dtypes = e.get("input_dtypes") or e.get("output_dtypes") or ()
         dtype = _DTYPES.get(str(dtypes[0]), str(dtypes[0]).lower()) if dtypes else ""
@@ -220,7 +224,7 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
                 stuck_frames = frames  # ... and the last one it is blocked in
         flags = schema.FLAG_FLIGHT | (schema.FLAG_DONE if done else 0)
         records.append(Collective(
-            rank, _int(e.get("record_id", i), i), "p2p" if p2p else "collective", name, seq, seq, op,
+            rank, idx, "p2p" if p2p else "collective", name, seq, seq, op,
             _numel(e.get("input_sizes")), _numel(e.get("output_sizes")), str(e.get("input_sizes") or ""), dtype,
             "", peer, "", "", state, 0, 0, t0, t_done if done else None, 0, flags, 0, site,
         ))  # fmt: skip
