@@ -72,6 +72,7 @@ def test_a_truncated_file(rank: int, suffix: str, cut: float) -> None:
 @FUZZ
 @given(rank=st.integers(0, 2), suffix=st.sampled_from([".jsonl", ".ring", ".spans"]),
        at=st.floats(0, 1), junk=st.binary(min_size=1, max_size=300))  # fmt: skip
+@example(rank=0, suffix=".spans", at=0.2177205340054989, junk=b"\x00h")  # a span's time beyond int64 (found)
 def test_random_bytes_written_into_a_file(rank: int, suffix: str, at: float, junk: bytes) -> None:
     with run_copy() as run:
         path = run / f"rank{rank:05d}{suffix}"

@@ -8,6 +8,7 @@ import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -355,3 +356,34 @@ def test_columns_read_from_the_slots_equal_those_of_the_calls() -> None:
         assert [a.ops[o] for o in a.op] == [b.ops[o] for o in b.op]
         assert columns(rt, None, 123).t0.tolist() == a.t0.tolist()
         assert a.exact.tolist() == [c.exact_end for c in tl.calls]
+
+
+def test_breakdown_of_steps_with_nothing_under_way_is_all_other() -> None:
+    """Async collectives nobody waits on (DDP's buckets), no spans: nothing blocks or computes, and each
+    step is `other` to its length (found in review: the sweep had nothing to index)."""
+    calls = [call("all_reduce", s + 1, s * 100, s * 100 + 5, sync=False, step=s) for s in range(3)]
+    tl = Timeline(0, "n", calls, [], 300 * MS)
+    assert [(s.step, s.ns[timing.OTHER], sum(s.ns.values())) for s in rank_timing(tl).steps] == [
+        (0, 100 * MS, 100 * MS), (1, 100 * MS, 100 * MS)]  # fmt: skip
+
+
+def test_breakdown_adds_up_to_each_window_even_when_windows_overlap() -> None:
+    """Steps whose starts are not in step order make windows that overlap: each still adds up."""
+    calls = [call("all_reduce", 1, 10, 40, step=0), call("all_reduce", 2, 60, 70, step=2)]
+    tl = Timeline(0, "n", calls, [span("forward", 0, 100)], 100 * MS)
+    windows = [(0, 0, 100 * MS), (1, 50 * MS, 80 * MS)]
+    got = breakdown(tl, windows)
+    assert [sum(w.values()) for w in got] == [100 * MS, 30 * MS]
+    assert got[0][timing.REDUCE_WAIT] == 40 * MS and got[1][timing.REDUCE_WAIT] == 10 * MS
+
+
+def test_groups_of_one_name_are_one_in_the_overlap() -> None:
+    """Two group ids the string table lacks both read "?": their collectives count together."""
+    from colltrace.analysis.timeline import Columns
+
+    calls = [call("all_reduce", 1, 0, 50, group="?"), call("all_reduce", 1, 100, 160, group="?")]
+    cols = Columns.of(calls)
+    cols = Columns(cols.t0, cols.t1, cols.done, cols.wait, cols.sync, cols.polled, cols.device, cols.error, cols.p2p,
+                   cols.seq, np.array([0, 1]), ("?", "?"), cols.op, cols.ops)  # fmt: skip
+    tl = Timeline(0, "n", calls, [], 200 * MS, cols)
+    assert rank_timing(tl).groups["?"].comm_ns == 110 * MS

@@ -92,7 +92,7 @@ def _completions(
         if h is None:
             continue
         c = cs if isinstance(cs, Columns) else Columns.of(cs)
-        sel = np.flatnonzero(~c.p2p & c.exact)
+        sel = np.flatnonzero(~c.p2p & c.exact & (c.seq < 1 << 40))  # (seqs no run reaches: no key for them)
         if not len(sel):
             continue
         number = np.array([names.setdefault(g, len(names)) for g in c.groups], dtype=np.int64)

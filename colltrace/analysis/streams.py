@@ -194,7 +194,8 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
             table.block_hits += 1
         else:
             split = _split(rows, kinds, stream_of, sig_of, resolve)
-            if not any(name.startswith("p2p:") for name, _, _ in split.streams) and len(table.blocks) < _BLOCKS:
+            if (len(rows) <= _BLOCK_ROWS and len(table.blocks) < _BLOCKS
+                    and not any(name.startswith("p2p:") for name, _, _ in split.streams)):  # fmt: skip
                 table.blocks[shared] = split  # (a p2p stream's name is the rank's own)
         known = {name: i for i, name in enumerate(groups)}  # streams in the order they began on this rank
         ordered = sorted(range(len(split.streams)), key=lambda i: known.get(split.streams[i][0], len(known) + i))
@@ -229,7 +230,8 @@ _SLOT_COLUMNS = slots.columns("marker", "kind", "flags", "seq", "step", "t_issue
 _MIX = np.array([0x9E3779B97F4A7C15 * (2 * i + 1) % 2**64 for i in range(16)], dtype=np.uint64)
 
 
-_BLOCKS = 256  # blocks of keys kept per SigTable for the ranks of a class to share
+_BLOCKS = 256  # blocks of keys kept per SigTable for the ranks of a class to share ...
+_BLOCK_ROWS = 8192  # ... each of at most this many slots (a tail window's): at most 100 MB held
 
 
 class _Split(NamedTuple):
@@ -263,7 +265,7 @@ def _split(
     for name, i in number.items():
         sel = stream_col == i
         out.append((name, None, sids) if sel.all() else (name, np.flatnonzero(sel), sids[sel]))
-    return _Split(rows, kinds, out)
+    return _Split(rows, kinds.copy(), out)  # (a view of `kinds` would keep its whole chunk of slots)
 
 
 def _row_hashes(rows: Any) -> Any:

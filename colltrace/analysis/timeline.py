@@ -164,8 +164,11 @@ def span_of(s: Collective) -> Span:
     return Span(s.op, s.module, s.flavour, s.step, s.t_issue_ns, s.t_done_ns)
 
 
+MAX_NS = 2**62  # a time (clock offset added) at or beyond this, or before 0, is a damaged slot's: left out
+
+
 def _records(seq: Iterable[Collective], kinds: tuple[str, ...]) -> Iterable[Collective]:
-    return (c for c in seq if c.kind in kinds)
+    return (c for c in seq if c.kind in kinds and 0 <= c.t_issue_ns < MAX_NS and 0 <= (c.t_done_ns or 0) < MAX_NS)
 
 
 _CALL_COLUMNS = slots.columns("marker", "kind", "flags", "group", "op", "dtype", "module", "phase", "seq",
@@ -173,9 +176,15 @@ _CALL_COLUMNS = slots.columns("marker", "kind", "flags", "group", "op", "dtype",
 
 
 def _slots(recs: RecordView) -> Any:
-    """The rank's collective and p2p slots, as numpy records (torn ones left out)."""
-    blocks = [cols[(cols["kind"] == schema.KIND_COLLECTIVE) | (cols["kind"] == schema.KIND_P2P)]
-              for _, cols in slots.good(recs.chunks(), _CALL_COLUMNS)]  # fmt: skip
+    """The rank's collective and p2p slots, as numpy records (torn and damaged ones left out: MAX_NS)."""
+    top = MAX_NS - recs.offset  # compared before the offset is added: no int64 overflow
+
+    def kept(cols: Any) -> Any:
+        t0, t1 = cols["t_issue_ns"], cols["t_done_ns"]
+        calls = (cols["kind"] == schema.KIND_COLLECTIVE) | (cols["kind"] == schema.KIND_P2P)
+        return cols[calls & (t0 >= -recs.offset) & (t0 < top) & ((t1 == 0) | (t1 >= -recs.offset) & (t1 < top))]
+
+    blocks = [kept(cols) for _, cols in slots.good(recs.chunks(), _CALL_COLUMNS)]
     return np.concatenate(blocks) if blocks else np.zeros(0, dtype=_CALL_COLUMNS)
 
 

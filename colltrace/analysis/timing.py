@@ -316,22 +316,33 @@ def breakdown(
         return out
     bounds = np.array([(lo, hi) for _, lo, hi in windows], dtype=np.int64)
     n_cat = _OTHER_INDEX + 1
+    if not len(ivs):  # nothing under way at any moment: each window is all `other`
+        for (_, lo, hi), row in zip(windows, out):
+            row[OTHER] += hi - lo
+        return out
     u, inv = np.unique(np.concatenate((ivs[:, 0], ivs[:, 1])), return_inverse=True)
     delta = np.concatenate((np.ones(len(ivs)), -np.ones(len(ivs))))
     changes = np.bincount(inv * n_cat + np.concatenate((cats, cats)), delta, len(u) * n_cat)
     active = np.cumsum(changes.reshape(len(u), n_cat), axis=0) > 0.5  # from u[i] on: which categories run
     top = np.where(active.any(axis=1), active.argmax(axis=1), _OTHER_INDEX)  # the first in priority order
-    cuts = np.unique(np.concatenate((u, bounds.ravel())))
-    lo, hi = cuts[:-1], cuts[1:]
-    at = np.searchsorted(u, lo, "right") - 1
-    cat = np.where(at >= 0, top[np.maximum(at, 0)], _OTHER_INDEX)
-    w = np.searchsorted(bounds[:, 0], lo, "right") - 1
-    inside = (w >= 0) & (hi <= bounds[np.maximum(w, 0), 1])
-    sums = np.bincount(w[inside] * n_cat + cat[inside], (hi - lo)[inside], len(windows) * n_cat)
-    for i, row in enumerate(sums.reshape(len(windows), n_cat).tolist()):
+    # cum[j]: each category's time in [u[0], u[j]); then any window is a difference of two such sums
+    cum = np.zeros((len(u), n_cat), dtype=np.int64)
+    cum[np.arange(1, len(u)), top[:-1]] = np.diff(u)
+    cum = np.cumsum(cum, axis=0)
+
+    def before(t: Any) -> Any:
+        """Each category's time in [u[0], t) (t before u[0]: minus the `other` time from t to u[0])."""
+        j = np.searchsorted(u, t, "right") - 1
+        jc = np.maximum(j, 0)
+        got = cum[jc].copy()
+        got[np.arange(len(t)), np.where(j >= 0, top[jc], _OTHER_INDEX)] += t - u[jc]
+        return got
+
+    sums = before(bounds[:, 1]) - before(bounds[:, 0])
+    for i, row in enumerate(sums.tolist()):
         for k, ns in enumerate(row):
             if ns:
-                out[i][_NAMES[k]] += round(ns)
+                out[i][_NAMES[k]] += ns
     return out
 
 
@@ -357,8 +368,9 @@ def rank_timing(tl: Timeline) -> RankTiming:
     ]  # fmt: skip
     whole = Overlap(intervals.total(comm), intervals.total(both), spans)
     groups = {}
-    for code, g in sorted(enumerate(calls.groups), key=lambda x: x[1]):
-        gc = intervals.merge(calls.ivs((calls.group == code) & calls.done))
+    for g in sorted(set(calls.groups)):  # (two ids of one name, "?" for ids the string table lacks, are one)
+        codes = [i for i, name in enumerate(calls.groups) if name == g]
+        gc = intervals.merge(calls.ivs(np.isin(calls.group, codes) & calls.done))
         groups[g] = Overlap(intervals.total(gc), intervals.total(intervals.intersect(gc, compute)), spans)
     ag = calls.ivs(calls.of_family("all_gather"))
     rs = calls.ivs(calls.of_family("reduce_scatter"))
