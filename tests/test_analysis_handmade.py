@@ -423,3 +423,19 @@ def test_last_known_activity_is_the_users_frame_and_where_in_the_library() -> No
     assert activity_of(stack) == "/home/u/model.py:82 in loss_fn: return F.ce(x) (in torch/_ops.py:1279 in __call__)"
     assert activity_of(stack[:2]) == "/home/u/model.py:82 in loss_fn: return F.ce(x)"  # the user's innermost
     assert activity_of(stack[3:]) == stack[3]  # only library frames: the innermost as it is
+
+
+def test_a_timeout_in_a_collective_the_trace_never_saw_is_a_victims_error(tmp_path: Path) -> None:
+    """DDP rebuilds its buckets at its second step with a broadcast from C++ that no hook sees: ranks 0-1
+    time out in it, every collective they were seen in having completed, while rank 2 stopped elsewhere.
+    Their errors are a victim's (found by a new-user trial: ranks 0-1 were blamed for rank_exception)."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+    for r, direction in ((0, "send"), (1, "recv")):
+        rs[r].error("RuntimeError", f"[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 30000ms for "
+                                    f"{direction} operation to complete")  # fmt: skip
+    rs[2].hang_stacks()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert all(dx.ranks[r].collective_failure for r in (0, 1))
+    assert dx.culprits == (2,) and dx.victims == (0, 1)

@@ -18,6 +18,8 @@ _COMM_FAILURE = re.compile(
     r"ProcessGroup|socket|watchdog|Aborted",
     re.I,
 )
+_WAITED_FOR_PEERS = re.compile(r"timed? ?out waiting|timeout|connection (closed|reset|refused)|closed by peer|broken pipe",
+                               re.I)  # fmt: skip
 _FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 _MAX_FRAMES = 6
 
@@ -195,6 +197,10 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     )
     if err.get("in_collective") is not None and not oom:
         # the recorder saw this exception come out of a collective: a victim's error, whatever it says
+        collective_failure = True
+    if etype and not oom and not in_collective and _WAITED_FOR_PEERS.search(text):
+        # timed out waiting for its peers in a collective the trace did not see (one torch issues from C++,
+        # such as DDP's bucket rebuild at its second step): a victim too
         collective_failure = True
     open_spans = _open_at_stop(rt) if rt.state is not RankState.FINISHED else []
     span = max(open_spans, key=lambda s: s.t_issue_ns) if open_spans else None
