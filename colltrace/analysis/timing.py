@@ -134,6 +134,10 @@ class RankTiming:
     max_inflight_reduce_scatters: int
     has_spans: bool
 
+    def exposed_per_step_ns(self) -> float | None:
+        """Exposed communication per completed step, on average."""
+        return sum(s.overlap.exposed_ns for s in self.steps) / len(self.steps) if self.steps else None
+
     def step_pct_ns(self, q: float) -> int | None:
         return percentile([s.total_ns for s in self.steps], q)
 
@@ -259,10 +263,14 @@ def _span_ivs(tl: Timeline, kinds: Iterable[str]) -> tuple[intervals.Ivs, Any]:
 def step_windows(tl: Timeline) -> list[tuple[int, int, int]]:
     """(step, start, end) of each completed step: a step runs from its first issue or span to the next's."""
     starts: dict[int, int] = {}
-    items: list[tuple[int, int]] = [(c.step, c.t0) for c in tl.calls] + [(s.step, s.t0) for s in tl.spans]
-    for step, t0 in items:
-        if step >= 0 and (step not in starts or t0 < starts[step]):
-            starts[step] = t0
+    setup: dict[int, int] = {}  # the job's setup (phase init: DDP's parameter check) is no step's time ...
+    items = [(c.step, c.t0, c.phase == "init") for c in tl.calls] + [(s.step, s.t0, False) for s in tl.spans]
+    for step, t0, init in items:
+        into = setup if init else starts
+        if step >= 0 and (step not in into or t0 < into[step]):
+            into[step] = t0
+    for step, t0 in setup.items():
+        starts.setdefault(step, t0)  # ... unless a step has nothing else (collectives outside any module)
     order = sorted(starts)
     return [(s, starts[s], starts[n]) for s, n in zip(order, order[1:]) if starts[n] > starts[s]]
 

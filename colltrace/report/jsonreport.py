@@ -225,6 +225,7 @@ def timing(run: Run, tm: tmg.Timing | None) -> dict[str, Any]:
         }
         overlap[str(r)] = {
             **_overlap(rt.overlap),
+            "exposed_comm_ms_per_step": _ms(rt.exposed_per_step_ns()),
             "max_inflight_allgathers": rt.max_inflight_allgathers,
             "max_inflight_reduce_scatters": rt.max_inflight_reduce_scatters,
             "groups": {labels.get(g, g): _overlap(o) for g, o in rt.groups.items()},

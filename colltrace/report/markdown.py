@@ -165,7 +165,7 @@ def timing_section(report: dict[str, Any]) -> list[str]:
         out.append(line)
     o = overlap.get(med or "", {}) if overlap else {}
     if o.get("ratio") is not None:
-        per_step = o["exposed_comm_ms"] / max(1, steps[med]["completed"]) if med else None  # type: ignore[index]
+        per_step = o["exposed_comm_ms_per_step"]
         out.append(f"- **Communication:** {o['ratio'] * 100:.0f} % overlapped with compute; exposed "
                    f"{_d(o['exposed_comm_ms'])} in all ({_d(per_step)} per step) on rank {med}" + _inflight(o))  # fmt: skip
     elif o:
