@@ -366,7 +366,8 @@ def rank_timing(tl: Timeline) -> RankTiming:
     per = breakdown(tl, windows, blocked)
     compute = _compute(tl, blocked)
     spans = bool(tl.spans)
-    comm = intervals.merge(calls.ivs(calls.done))  # one still in flight when the trace stopped is the hang
+    ended = calls.done & ~calls.error  # one still in flight when the trace stopped, or that failed, is the hang
+    comm = intervals.merge(calls.ivs(ended))
     both = intervals.intersect(comm, compute)
     bounds = [(lo, hi) for _, lo, hi in windows]
     steps = [
@@ -378,7 +379,7 @@ def rank_timing(tl: Timeline) -> RankTiming:
     groups = {}
     for g in sorted(set(calls.groups)):  # (two ids of one name, "?" for ids the string table lacks, are one)
         codes = [i for i, name in enumerate(calls.groups) if name == g]
-        gc = intervals.merge(calls.ivs(np.isin(calls.group, codes) & calls.done))
+        gc = intervals.merge(calls.ivs(np.isin(calls.group, codes) & ended))
         groups[g] = Overlap(intervals.total(gc), intervals.total(intervals.intersect(gc, compute)), spans)
     ag = calls.ivs(calls.of_family("all_gather"))
     rs = calls.ivs(calls.of_family("reduce_scatter"))

@@ -232,7 +232,7 @@ HELP = """\
 | `r` | re-read the run now (a live run is re-read every 2 s) |
 | `q` | quit |
 
-Stats columns: `exposed` communication not overlapped by compute; per step `data` loading, `fwd` forward,
+Stats columns, per step: `exposed` communication not overlapped by compute, `data` loading, `fwd` forward,
 `AG wait` all-gather wait, `recomp` recompute, `bwd` backward, `RS/AR wait` reduce-scatter and all-reduce
 wait, `comm wait` other collectives, `optim` optimizer, `ckpt` checkpoint I/O, `other` outside any span.
 
@@ -266,20 +266,23 @@ class Jump(Provider):
             return []
         out: list[tuple[str, Any]] = [("Jump to the divergence", app.action_divergence),
                                       ("Write the report (Markdown)", app.action_write)]  # fmt: skip
+        culprits = set(model.dx.culprits)
         out += [(f"Go to rank {r} (culprit)", lambda r=r: app.goto_rank(r)) for r in model.dx.culprits]
         wanted = [int(w) for w in re.findall(r"\d+", query)]
+        ranks_asked = "step" not in query.lower()
+        steps_asked = "rank" not in query.lower()
         for n in wanted:
-            if n in model.run.ranks:
+            if ranks_asked and n in model.run.ranks and n not in culprits:
                 out.append((f"Go to rank {n}", lambda n=n: app.goto_rank(n)))
-            if model.step_start_ns(n) is not None:
+            if steps_asked and model.step_start_ns(n) is not None:
                 out.append((f"Go to step {n}", lambda n=n: app.goto_step(n)))
         if not wanted and len(model.run.ranks) <= 64:
-            out += [(f"Go to rank {r}", lambda r=r: app.goto_rank(r)) for r in model.ranks]
+            out += [(f"Go to rank {r}", lambda r=r: app.goto_rank(r)) for r in model.ranks if r not in culprits]
         return out
 
     async def discover(self) -> Hits:
-        for text, fn in self._commands():
-            yield DiscoveryHit(text, fn, help="or type a rank or a step number")
+        for i, (text, fn) in enumerate(self._commands()):
+            yield DiscoveryHit(text, fn, help="or type a rank or a step number" if i == 0 else None)
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
@@ -356,6 +359,7 @@ class CollTraceApp(App[None]):
                 yield _table("aligned-table", fixed_columns=1)  # the seq stays when scrolled sideways
             with Vertical(id="stats"):
                 yield _table("stats-table", fixed_columns=1)
+                yield Static("", id="stragglers-note")
                 yield _table("stragglers-table")
             with VerticalScroll(id="detail", can_focus=False):
                 yield Static("select a collective on the timeline (n / p)", id="detail-text")
@@ -446,12 +450,17 @@ class CollTraceApp(App[None]):
             ratio = ov.get("ratio")
             table.add_row(
                 r, str(st["completed"]), _ms(st["p50_ms"]), _ms(st["p99_ms"]),
-                "—" if ratio is None else f"{ratio * 100:.0f} %", _ms(ov.get("exposed_comm_ms")),
+                "—" if ratio is None else f"{ratio * 100:.0f} %", _ms(ov.get("exposed_comm_ms_per_step")),
                 str(ov.get("max_inflight_allgathers", "")), *[_ms(mean.get(c)) for c in cats],
             )  # fmt: skip
+        flagged = rep["straggler"]
+        note = (f"rank {flagged} is the run's straggler (the report names it)" if flagged is not None else
+                "no straggler: no rank kept the others waiting long enough (at least 1 s and 60 % of all such "
+                "waits); the ranks below, ranked by that wait, are for comparison")  # fmt: skip
+        self.query_one("#stragglers-note", Static).update(note if rep["stragglers"] else "")
         slow = self.query_one("#stragglers-table", DataTable)
         slow.clear(columns=True)
-        slow.add_columns("straggler", "last arrivals", "waited", "mean lateness", "since step", "where", "evidence")
+        slow.add_columns("rank", "last arrivals", "waited", "mean lateness", "since step", "where", "evidence")
         for s in rep["stragglers"]:
             slow.add_row(
                 str(s["rank"]), f"{s['last_arrivals']}/{s['collectives']}", _ms(s["waited_ms"]),
@@ -618,8 +627,10 @@ class CollTraceApp(App[None]):
                 continue
             took = "in flight" if x.t1 is None else ("failed" if x.error else _ms((x.t1 - x.t0) / 1e6))
             blocked = "—" if row.blocked_ns is None else _ms(row.blocked_ns / 1e6)
-            rows.append(f"{who} {'≠' if row.differs else ' '} {x.op:<24} issued +{_ms((x.t0 - model.t_min) / 1e6):>9}  "
-                        f"took {took:>9}  blocked {blocked:>8}  {x.module or '-'} {x.phase or '-'} step {x.step}")  # fmt: skip
+            size = "?" if x.nbytes is None else f"{x.nbytes} B"
+            rows.append(f"{who} {'≠' if row.differs else ' '} {x.op:<24} {size:>10}  "
+                        f"issued +{_ms((x.t0 - model.t_min) / 1e6):>9}  took {took:>9}  blocked {blocked:>8}  "
+                        f"{x.module or '-'} {x.phase or '-'} step {x.step}")  # fmt: skip
         if dt.unread:
             rows.append(f"  … {dt.unread} more ranks of the group not read here (a sample of a big world; "
                         "`e` on the timeline shows a class rank by rank)")  # fmt: skip
