@@ -439,3 +439,23 @@ def test_a_timeout_in_a_collective_the_trace_never_saw_is_a_victims_error(tmp_pa
     dx = diagnose(read_run(str(tmp_path)))
     assert all(dx.ranks[r].collective_failure for r in (0, 1))
     assert dx.culprits == (2,) and dx.victims == (0, 1)
+
+
+def test_two_ranks_that_crashed_on_their_own_are_said_once_each(tmp_path: Path) -> None:
+    """Ranks 0 and 1 raise on their own while rank 2 waits: each crash is said once, not again for both."""
+    from colltrace.analysis.results import Clue
+
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+    for r in (0, 1):
+        rs[r].fsdp_step(stop_after=2)
+        rs[r].error("ValueError", "bad sample")
+    rs[2].fsdp_step(stop_after=3)
+    rs[2].coll("all_gather_single", 136, "layers.2", "forward", done=False, error=True)
+    rs[2].error("RuntimeError", "[gloo] Connection closed by peer")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (0, 1)
+    assert dx.finding is not None
+    crashed = [e.ranks for e in dx.finding.evidence if e.clue is Clue.CRASHED]
+    assert sorted(r for ranks_ in crashed for r in ranks_) == [0, 1]  # each once

@@ -101,7 +101,9 @@ def diagnose(run: Run) -> Diagnosis:
         f = causes.find(facts)
         spanned = {r for e in f.evidence if e.clue is Clue.IN_SPAN for r in e.ranks}
         said = tuple(e for e in blame.evidence if not (e.clue is Clue.STUCK_OUTSIDE and set(e.ranks) <= spanned))
-        evidence = tuple(dict.fromkeys(said + f.evidence))  # the same fact once
+        told = {(e.clue, r, e.detail) for e in said for r in e.ranks}  # the blame's facts, rank by rank
+        more = tuple(e for e in f.evidence if not (e.ranks and all((e.clue, r, e.detail) in told for r in e.ranks)))
+        evidence = tuple(dict.fromkeys(said + more))  # the same fact once (ranks 0 and 1, then ranks 0-1: once)
         sure = _confidence(blame.confidence, f.confidence)
         if any(run.ranks[c].ring_cut for c in culprits if c in run.ranks):
             sure = Confidence.LOW  # a culprit whose ring file was cut: what it did last is not all there
