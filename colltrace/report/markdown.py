@@ -56,6 +56,14 @@ def _context(dx: Diagnosis) -> list[str]:
     return out
 
 
+def _clip(text: str, n: int) -> str:
+    """At most n characters, cut at a word with an ellipsis (the JSON has the whole message)."""
+    if len(text) <= n:
+        return text
+    cut = text[:n].rsplit(" ", 1)[0] if " " in text[:n] else text[:n]
+    return cut.rstrip(" ,;:") + " …"
+
+
 def _ranks(report: dict[str, Any]) -> list[str]:
     out = [
         "#### Ranks",
@@ -77,7 +85,7 @@ def _ranks(report: dict[str, Any]) -> list[str]:
         else:
             last_text = "—"
         err = info["error"]
-        message = (err["message"] or "").strip().splitlines()[0][:300] if err and err["message"] else ""
+        message = _clip((err["message"] or "").strip().splitlines()[0], 300) if err and err["message"] else ""
         err_text = f"{err['type']}: {message}" if err else (f"signal {info['signal']}" if info["signal"] else "")
         rows.append((r, info["state"], esc(last_text), esc(info["last_activity"]), esc(err_text.replace("|", "\\|"))))
     if len(rows) > _MAX_RANK_ROWS:
