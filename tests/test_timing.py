@@ -325,12 +325,13 @@ def test_arrivals_from_the_streams_equal_those_from_the_timelines() -> None:
     from colltrace.trace.reader import read_run
 
     run = read_run(str(Path(__file__).resolve().parent.parent / "fixtures" / "straggler_noisy"))
-    streams = build_all(run, SigTable())
+    table = SigTable()
+    streams = build_all(run, table)
     end = states.run_end_ns(run, streams)
     raw = {r: timeline(run.ranks[r], end, tm.TAIL) for r in run.ranks}
     shifts = clock.fit({r: t.calls for r, t in raw.items()}, {r: rt.host for r, rt in run.ranks.items()}).shifts()
     sizes = {n: len(g.ranks) for rt in run.ranks.values() for n, g in rt.groups.items()}
-    a = tm.stream_arrivals(streams, shifts, sizes)
+    a = tm.stream_arrivals(streams, shifts, sizes, table)
     b = tm.arrivals(tm.timeline_items({r: t.shifted(shifts[r]) for r, t in raw.items()}), sizes)
 
     def plain(arr: tm.Arrivals) -> list[tuple[object, ...]]:
@@ -398,3 +399,29 @@ def test_the_jobs_setup_is_no_steps_time() -> None:
     assert step_windows(tl) == [(0, 100 * MS, 110 * MS), (1, 110 * MS, 120 * MS)]
     only_setup = Timeline(0, "n", [setup._replace(step=s, t0=s * 10 * MS) for s in range(3)], [], 100 * MS)
     assert [w[0] for w in step_windows(only_setup)] == [0, 1]  # collectives outside any module: still steps
+
+
+def test_setup_collectives_say_nothing_about_arrival(tmp_path: Path) -> None:
+    """The job's setup (phase init) is left out of the arrivals, from the streams as from the timelines."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from handmade import ranks
+
+    from colltrace.analysis import states
+    from colltrace.analysis.streams import SigTable, build_all
+    from colltrace.analysis.timeline import timeline
+
+    rs = ranks(str(tmp_path), 2)
+    for r in rs:
+        r.coll("allgather", 8, phase="init", delay_ns=(1 + 70 * r.rank) * MS)  # rank 1 is late to its setup
+        r.fsdp_step()
+        r.footer()
+    run = read_run(str(tmp_path))
+    table = SigTable()
+    streams = build_all(run, table)
+    end = states.run_end_ns(run, streams)
+    tls = {r: timeline(run.ranks[r], end) for r in run.ranks}
+    a = timing.stream_arrivals(streams, {0: 0, 1: 0}, {"0": 2}, table)
+    b = timing.arrivals(timing.timeline_items(tls), {"0": 2})
+    assert [ga.seqs.tolist() for ga in a] == [ga.seqs.tolist() for ga in b] == [list(range(2, 13))]  # seq 1 left out

@@ -73,7 +73,7 @@ def diagnose(run: Run) -> Diagnosis:
     wf = waitfor.build(run, streams, ends)
     d = found[0] if found else None
     end_ns = states.run_end_ns(run, streams)
-    tm = timing.analyze(run, end_ns, streams)
+    tm = timing.analyze(run, end_ns, streams, table)
     slow = tm.straggler()
     cycle = wf.cycle
     if d is None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from colltrace.analysis import clock, intervals
-from colltrace.analysis.streams import RankStreams
+from colltrace.analysis.streams import RankStreams, SigTable
 from colltrace.analysis.timeline import Call, Timeline, columns, timeline
 from colltrace.trace.records import Run
 
@@ -428,16 +428,22 @@ def arrivals(items: Iterable[tuple[str, int, int, int, int]], group_sizes: dict[
     return out
 
 
+SETUP = "init"  # the phase of the job's setup (DDP's parameter check): no arrival says who is slow per step
+
+
 def timeline_items(tls: dict[int, Timeline]) -> Iterator[tuple[str, int, int, int, int]]:
-    """Every rank's issued collectives (not p2p), for arrivals()."""
+    """Every rank's issued collectives (not p2p, not setup), for arrivals()."""
     for r, tl in tls.items():
         for c in tl.calls:
-            if not c.p2p:
+            if not c.p2p and c.phase != SETUP:
                 yield c.group, c.seq, c.t0, r, c.step
 
 
-def stream_arrivals(streams: dict[int, RankStreams], shifts: dict[int, int], group_sizes: dict[str, int]) -> Arrivals:
+def stream_arrivals(
+    streams: dict[int, RankStreams], shifts: dict[int, int], group_sizes: dict[str, int], table: SigTable
+) -> Arrivals:
     """arrivals() from the aligner's per-group streams, column by column (every rank, no record decoded)."""
+    setup = [i for i, sig in enumerate(table.sigs) if sig is not None and sig.phase == SETUP]
     members: dict[str, list[int]] = defaultdict(list)
     for r, rs in streams.items():
         if r in shifts:
@@ -455,6 +461,9 @@ def stream_arrivals(streams: dict[int, RankStreams], shifts: dict[int, int], gro
         times = np.stack([np.frombuffer(st.t_issue, dtype=np.int64)[lo - st.seq0 : hi - st.seq0 + 1] for st in sts])
         steps = np.stack([_steps_of(st, lo, hi) for st in sts])
         whole = (times != 0).all(axis=0)  # not a torn slot on any rank
+        if setup:
+            sigs = np.stack([np.frombuffer(st.sigs, dtype=np.uint32)[lo - st.seq0 : hi - st.seq0 + 1] for st in sts])
+            whole &= ~np.isin(sigs, setup).any(axis=0)  # nor setup on any rank
         times -= np.array([shifts[r] for r in ranks], dtype=np.int64)[:, None]
         out.append(GroupArrivals(g, tuple(ranks), np.flatnonzero(whole) + lo, np.ascontiguousarray(times.T[whole]),
                                  np.ascontiguousarray(steps.T[whole])))  # fmt: skip
@@ -639,7 +648,9 @@ def including(tm: Timing, run: Run, ranks: Iterable[int], end_ns: int = 0) -> Ti
     return dataclasses.replace(tm, ranks={r: timings[r] for r in order}, lines={r: lines[r] for r in sorted(lines)})
 
 
-def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = None) -> Timing:
+def analyze(
+    run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = None, table: SigTable | None = None
+) -> Timing:
     """The timing of a run, over each rank's last TAIL collectives and spans. Up to FULL_RANKS ranks, from
     every rank's timeline. Beyond, arrivals come from
     every rank's streams, the clock fit from one rank per host (its last CLOCK_TAIL collectives), and the
@@ -666,7 +677,7 @@ def analyze(run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = 
         tail = CLOCK_TAIL if len(one_per_host) <= 256 else CLOCK_TAIL // 4  # thousands of hosts: fewer each
         fit = clock.fit({r: columns(run.ranks[r], tail) for r in one_per_host.values()}, hosts)
         shifts = fit.shifts()
-        arr = stream_arrivals(streams, shifts, sizes)
+        arr = stream_arrivals(streams, shifts, sizes, table or SigTable())
         ranked, skew = stragglers(arr)
         sample = [s.rank for s in ranked]
         step = max(1, len(ranks) // SAMPLE_RANKS)
