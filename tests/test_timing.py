@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from colltrace.analysis import clock, intervals, timing
 from colltrace.analysis.intervals import Iv
-from colltrace.analysis.timeline import Call, Span, Timeline
+from colltrace.analysis.timeline import Call, Span, Timeline, timeline
 from colltrace.analysis.timing import analyze, breakdown, rank_timing, step_windows, stragglers
 from colltrace.trace.reader import read_run
 
@@ -425,3 +425,26 @@ def test_setup_collectives_say_nothing_about_arrival(tmp_path: Path) -> None:
     a = timing.stream_arrivals(streams, {0: 0, 1: 0}, {"0": 2}, table)
     b = timing.arrivals(timing.timeline_items(tls), {"0": 2})
     assert [ga.seqs.tolist() for ga in a] == [ga.seqs.tolist() for ga in b] == [list(range(2, 13))]  # seq 1 left out
+
+
+def test_a_job_of_collectives_alone_keeps_its_arrivals(tmp_path: Path) -> None:
+    """A job that runs no module issues every collective in phase init: those are its training, and a
+    rank late to each is still ranked."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from handmade import ranks
+
+    rs = ranks(str(tmp_path), 2)
+    for _ in range(6):
+        for r in rs:
+            r.coll("all_reduce", 8, phase="init", delay_ns=(1 + 50 * r.rank) * MS)
+    for r in rs:
+        r.footer()
+    run = read_run(str(tmp_path))
+    (ga,) = timing.arrivals(timing.timeline_items({r: timeline(rt) for r, rt in run.ranks.items()}), {"0": 2})
+    assert ga.seqs.tolist() == [1, 2, 3, 4, 5, 6]
+    from colltrace.analysis.diagnose import diagnose
+
+    tm = diagnose(run).timing
+    assert tm is not None and tm.stragglers[0].rank == 1

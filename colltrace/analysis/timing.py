@@ -428,14 +428,18 @@ def arrivals(items: Iterable[tuple[str, int, int, int, int]], group_sizes: dict[
     return out
 
 
-SETUP = "init"  # the phase of the job's setup (DDP's parameter check): no arrival says who is slow per step
+# The phase of the job's setup (DDP's parameter check): no arrival there says who is slow per step. Setup
+# is a group's collectives of this phase on a rank that issued others in it later; a job that never runs
+# a module (collectives alone) issues all of them in this phase, and then they are its training.
+SETUP = "init"
 
 
 def timeline_items(tls: dict[int, Timeline]) -> Iterator[tuple[str, int, int, int, int]]:
     """Every rank's issued collectives (not p2p, not setup), for arrivals()."""
     for r, tl in tls.items():
+        trained = {c.group for c in tl.calls if c.phase != SETUP}
         for c in tl.calls:
-            if not c.p2p and c.phase != SETUP:
+            if not c.p2p and not (c.phase == SETUP and c.group in trained):
                 yield c.group, c.seq, c.t0, r, c.step
 
 
@@ -463,7 +467,9 @@ def stream_arrivals(
         whole = (times != 0).all(axis=0)  # not a torn slot on any rank
         if setup:
             sigs = np.stack([np.frombuffer(st.sigs, dtype=np.uint32)[lo - st.seq0 : hi - st.seq0 + 1] for st in sts])
-            whole &= ~np.isin(sigs, setup).any(axis=0)  # nor setup on any rank
+            init = np.isin(sigs, setup)
+            trained = np.array([not np.isin(np.frombuffer(st.sigs, dtype=np.uint32), setup).all() for st in sts])
+            whole &= ~(init & trained[:, None]).any(axis=0)  # nor setup on any rank
         times -= np.array([shifts[r] for r in ranks], dtype=np.int64)[:, None]
         out.append(GroupArrivals(g, tuple(ranks), np.flatnonzero(whole) + lo, np.ascontiguousarray(times.T[whole]),
                                  np.ascontiguousarray(steps.T[whole])))  # fmt: skip
