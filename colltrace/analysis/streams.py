@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -146,8 +146,7 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
     chunks, strings, offset = _chunks(rt)
     rank = rt.rank
     groups: dict[str, GroupStream] = {}
-    stream_of: dict[tuple[bytes, bytes], str | None] = {}  # None: not aligned (a compute span)
-    sig_of: dict[tuple[bytes, bytes], int] = {}
+    resolved: dict[tuple[bytes, bytes], tuple[str | None, int]] = {}  # key -> (stream or None: not aligned, sig)
     open_: list[tuple[str, int, int]] = []
     failed: list[tuple[str, int, int]] = []
     first_idx = -1
@@ -157,31 +156,30 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
     tid = table.table_id(strings)
     decoded = table.decoded
 
-    def resolve(key: tuple[bytes, bytes], kind: int) -> None:
+    def lookup(key: tuple[bytes, bytes], kind: int) -> tuple[str | None, int]:
+        """The stream and signature id of a slot key (decoded once per rank, once per run for collectives)."""
+        got = resolved.get(key)
+        if got is None:
+            got = resolved[key] = resolve(key, kind)
+        return got
+
+    def resolve(key: tuple[bytes, bytes], kind: int) -> tuple[str | None, int]:
         a, b = key
         if kind not in (schema.KIND_COLLECTIVE, schema.KIND_P2P):  # compute spans are not aligned
-            stream_of[key] = None
-            sig_of[key] = 0
-            return
+            return None, 0
         known = decoded.get((tid, a, b)) if kind == schema.KIND_COLLECTIVE else None
         if known is not None:
-            stream_of[key], sig_of[key] = known
-            return
+            return known
         g, op, dtype, redop, module, phase = (strings.get(x, "?") for x in _KEY_A.unpack(a))
         nin, nout, peer = _KEY_B.unpack(b)
         if kind == schema.KIND_P2P:
-            stream = p2p_key(g, rank, peer)
             # both sides of a pair share one signature: the direction of the transfer
             src, dst = (rank, peer) if op in _SEND else (peer, rank)
-            sig = Signature("p2p", f"{src}->{dst}", nin, dtype, "", -1, "", "")
-        else:
-            stream = g
-            numel = nout if op in _OUT_COUNTED else nin
-            sig = Signature("collective", op, numel, dtype, redop, peer, module, phase)
-        stream_of[key] = stream
-        sig_of[key] = table.intern(sig)
-        if kind == schema.KIND_COLLECTIVE:
-            decoded[(tid, a, b)] = (stream, sig_of[key])
+            return p2p_key(g, rank, peer), table.intern(Signature("p2p", f"{src}->{dst}", nin, dtype, "", -1, "", ""))
+        numel = nout if op in _OUT_COUNTED else nin
+        sid = table.intern(Signature("collective", op, numel, dtype, redop, peer, module, phase))
+        decoded[(tid, a, b)] = (g, sid)
+        return g, sid
 
     for idxs, cols in slots.good(chunks, _SLOT_COLUMNS):  # torn or stale slots left out
         rows = np.concatenate((cols["key_a"], cols["key_b"]), axis=1)
@@ -193,7 +191,7 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         if split is not None and np.array_equal(split.rows, rows) and np.array_equal(split.kinds, kinds):
             table.block_hits += 1
         else:
-            split = _split(rows, kinds, stream_of, sig_of, resolve)
+            split = _split(rows, kinds, lookup)
             if (len(rows) <= _BLOCK_ROWS and len(table.blocks) < _BLOCKS
                     and not any(name.startswith("p2p:") for name, _, _ in split.streams)):  # fmt: skip
                 table.blocks[shared] = split  # (a p2p stream's name is the rank's own)
@@ -243,21 +241,15 @@ class _Split(NamedTuple):
     streams: list[tuple[str, Any, Any]]
 
 
-def _split(
-    rows: Any, kinds: Any, stream_of: dict[tuple[bytes, bytes], str | None], sig_of: dict[tuple[bytes, bytes], int],
-    resolve: Any,
-) -> _Split:  # fmt: skip
-    first, inverse = _distinct(rows, _row_hashes(rows))
+def _split(rows: Any, kinds: Any, lookup: Callable[[tuple[bytes, bytes], int], tuple[str | None, int]]) -> _Split:
+    first, inverse = _distinct(rows)
     names: list[str | None] = []
     sids_of = np.empty(len(first), dtype=np.uint32)
     na = _KEY_A.size
     for u, f in enumerate(first.tolist()):
         raw = rows[f].tobytes()
-        key = (raw[:na], raw[na:])
-        if key not in stream_of:
-            resolve(key, int(kinds[f]))
-        names.append(stream_of[key])
-        sids_of[u] = sig_of[key]
+        name, sids_of[u] = lookup((raw[:na], raw[na:]), int(kinds[f]))
+        names.append(name)
     number = {name: i for i, name in enumerate(dict.fromkeys(n for n in names if n is not None))}
     stream_col = np.array([number.get(n, -1) if n is not None else -1 for n in names], dtype=np.int64)[inverse]
     sids = sids_of[inverse]
@@ -268,14 +260,10 @@ def _split(
     return _Split(rows, kinds.copy(), out)  # (a view of `kinds` would keep its whole chunk of slots)
 
 
-def _row_hashes(rows: Any) -> Any:
-    """A 64-bit mix of each row's words."""
-    return (rows.astype(np.uint64) * _MIX[: rows.shape[1]]).sum(axis=1, dtype=np.uint64)
-
-
-def _distinct(rows: Any, h: Any) -> tuple[Any, Any]:
+def _distinct(rows: Any) -> tuple[Any, Any]:
     """The distinct rows of a 2-D uint32 array: (index of each one's first row, each row's distinct number),
-    by their hashes `h` (_row_hashes), checked exactly (a collision falls back to a sort of the rows)."""
+    by a 64-bit mix of the words, checked exactly (a collision falls back to a sort of the rows)."""
+    h = (rows.astype(np.uint64) * _MIX[: rows.shape[1]]).sum(axis=1, dtype=np.uint64)
     order = np.argsort(h, kind="stable")  # equal hashes in row order: the first of each comes first
     ordered = h[order]
     starts = np.empty(len(h), dtype=bool)

@@ -222,8 +222,7 @@ def _calls(recs: Sequence[Collective], shift: int = 0) -> tuple[list[Call], Colu
     strings, off = recs.strings, recs.offset - shift
     c = _columns_of(cols, strings, off)
 
-    def text(field: str, default: str) -> list[str]:
-        codes, names = _coded(cols, field, strings, default)
+    def text(codes: Any, names: tuple[str, ...]) -> list[str]:
         return np.array(names, dtype=object)[codes].tolist()  # type: ignore[no-any-return]
 
     dtypes, inverse = np.unique(cols["dtype"], return_inverse=True)
@@ -233,8 +232,8 @@ def _calls(recs: Sequence[Collective], shift: int = 0) -> tuple[list[Call], Colu
     t1 = c.t1.astype(object)
     t1[~c.done] = None
     calls = list(map(Call._make, zip(
-        np.array(c.groups, dtype=object)[c.group].tolist(), c.seq.tolist(), np.array(c.ops, dtype=object)[c.op].tolist(),
-        c.p2p.tolist(), nbytes.tolist(), cols["step"].tolist(), text("phase", ""), text("module", ""), c.t0.tolist(),
+        text(c.group, c.groups), c.seq.tolist(), text(c.op, c.ops), c.p2p.tolist(), nbytes.tolist(), cols["step"].tolist(),
+        text(*_coded(cols, "phase", strings, "")), text(*_coded(cols, "module", strings, "")), c.t0.tolist(),
         t1.tolist(), c.wait.tolist(), c.sync.tolist(), c.polled.tolist(), c.device.tolist(), c.error.tolist(),
     )))  # fmt: skip
     return calls, c
@@ -253,12 +252,12 @@ def _shift(items: list[_T], ns: int) -> list[_T]:
     return [x._replace(t0=x.t0 - ns, t1=None if x.t1 is None else x.t1 - ns) for x in items]
 
 
-def timeline(rt: RankTrace, end_ns: int = 0, tail: int | None = None, spans: bool = True, shift: int = 0) -> Timeline:
+def timeline(rt: RankTrace, end_ns: int = 0, tail: int | None = None, shift: int = 0) -> Timeline:
     """One rank's timeline, times as recorded less `shift` (its host's clock offset: the same as
     .shifted(shift), without a second copy); open calls and spans end at `end_ns` (the run's end, as
     recorded) or at the rank's own last record. `tail`: its last `tail` collectives and spans only."""
     calls, cols = _calls(_tail(rt.records, tail), shift)
-    spans_ = _shift([span_of(s) for s in _records(_tail(rt.spans, tail), ("span",))], shift) if spans else []
+    spans_ = _shift([span_of(s) for s in _records(_tail(rt.spans, tail), ("span",))], shift)
     spans_.sort(key=lambda s: s.t0)
     last = max([c.t1 or c.t0 for c in calls[-64:]] + [s.t1 or s.t0 for s in spans_[-64:]] + [-shift])
     return Timeline(rt.rank, rt.host, calls, spans_, max(end_ns - shift, last), cols)

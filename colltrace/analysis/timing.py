@@ -218,6 +218,13 @@ def percentile(values: list[int], q: float) -> int | None:
 # -- per rank ----------------------------------------------------------------------------------------
 
 
+# The phase of the job's setup (DDP's parameter check): no arrival there says who is slow per step. Setup
+# is a group's collectives of this phase on a rank that issued others in it later; a job that never runs
+# a module (collectives alone) issues all of them in this phase, and then they are its training.
+SETUP = "init"
+_RANK = {c: i for i, c in enumerate(_PRIORITY)}  # a category's index: its priority
+
+
 class _Calls:
     """A timeline's calls as the per-rank figures need them (from its columns)."""
 
@@ -231,10 +238,8 @@ class _Calls:
         self.wait = c.wait
         self.error = c.error
         self.group, self.groups = c.group, c.groups
-        families = [op_family(op) for op in c.ops]
-        self._family, self._families = c.op, families
-        rank_of = {cat: i for i, cat in enumerate(_PRIORITY)}
-        self.category = np.array([rank_of[wait_category(op)] for op in c.ops], dtype=np.int64)[c.op] if c.ops else c.op
+        self.op, self.families = c.op, [op_family(op) for op in c.ops]  # op codes; each op's family
+        self.category = np.array([_RANK[wait_category(op)] for op in c.ops], dtype=np.int64)[c.op]
 
     def ivs(self, sel: Any = None) -> intervals.Ivs:
         if sel is None:
@@ -242,7 +247,7 @@ class _Calls:
         return np.stack((self.t0[sel], self.t1[sel]), axis=1)
 
     def of_family(self, family: str) -> Any:
-        return np.isin(self._family, [i for i, f in enumerate(self._families) if f == family])
+        return np.isin(self.op, [i for i, f in enumerate(self.families) if f == family])
 
 
 _OTHER_INDEX = len(_PRIORITY)  # a moment inside no activity
@@ -251,20 +256,19 @@ _NAMES = (*_PRIORITY, OTHER)
 
 def _span_ivs(tl: Timeline, kinds: Iterable[str]) -> tuple[intervals.Ivs, Any]:
     """The spans of these kinds as intervals (open ones end at the rank's end), with their kinds' index."""
-    rank_of = {c: i for i, c in enumerate(_PRIORITY)}
     rows, cats = [], []
     for s in tl.spans:
         if s.kind in kinds:
             rows.append((s.t0, max(s.t0, tl.end(s.t1))))
-            cats.append(rank_of.get(_SPAN_CATEGORY.get(s.kind, ""), _OTHER_INDEX))
+            cats.append(_RANK.get(_SPAN_CATEGORY.get(s.kind, ""), _OTHER_INDEX))
     return intervals.of(rows), np.array(cats, dtype=np.int64)
 
 
 def step_windows(tl: Timeline) -> list[tuple[int, int, int]]:
     """(step, start, end) of each completed step: a step runs from its first issue or span to the next's."""
     starts: dict[int, int] = {}
-    setup: dict[int, int] = {}  # the job's setup (phase init: DDP's parameter check) is no step's time ...
-    items = [(c.step, c.t0, c.phase == "init") for c in tl.calls] + [(s.step, s.t0, False) for s in tl.spans]
+    setup: dict[int, int] = {}  # the job's setup is no step's time ...
+    items = [(c.step, c.t0, c.phase == SETUP) for c in tl.calls] + [(s.step, s.t0, False) for s in tl.spans]
     for step, t0, init in items:
         into = setup if init else starts
         if step >= 0 and (step not in into or t0 < into[step]):
@@ -426,12 +430,6 @@ def arrivals(items: Iterable[tuple[str, int, int, int, int]], group_sizes: dict[
         out.append(GroupArrivals(g, ranks, np.array([q for q, _ in per_seq], dtype=np.int64), both[:, :, 0],
                                  both[:, :, 1]))  # fmt: skip
     return out
-
-
-# The phase of the job's setup (DDP's parameter check): no arrival there says who is slow per step. Setup
-# is a group's collectives of this phase on a rank that issued others in it later; a job that never runs
-# a module (collectives alone) issues all of them in this phase, and then they are its training.
-SETUP = "init"
 
 
 def timeline_items(tls: dict[int, Timeline]) -> Iterator[tuple[str, int, int, int, int]]:
@@ -639,19 +637,26 @@ CLOCK_TAIL = 512  # records per host read for the clock fit in a big world
 BIG_TAIL = 2_500  # ... and per sampled rank for its figures (a few steps of a big model: enough to rank them)
 
 
+def read_line(tm: Timing, run: Run, rank: int, end_ns: int = 0, tail: int = BIG_TAIL) -> Timeline | None:
+    """A rank's timeline on the aligned clock, as the timing reads a sampled rank's (for one it did not
+    read); None when the rank left no trace or its host's clock is not aligned."""
+    shift = tm.clock.shifts().get(rank)
+    if shift is None or rank not in run.ranks:
+        return None
+    return timeline(run.ranks[rank], end_ns, tail, shift=shift)
+
+
 def including(tm: Timing, run: Run, ranks: Iterable[int], end_ns: int = 0) -> Timing:
     """The timing with these ranks' own figures too (a big world's culprits the sample missed)."""
-    shifts = tm.clock.shifts()
-    new = [r for r in ranks if r not in tm.ranks and r in run.ranks and r in shifts]
-    if not new:
-        return tm
     lines = dict(tm.lines)
     timings = dict(tm.ranks)
-    for r in new:
-        lines[r] = timeline(run.ranks[r], end_ns, BIG_TAIL, shift=shifts[r])
-        timings[r] = rank_timing(lines[r])
-    order = sorted(timings)
-    return dataclasses.replace(tm, ranks={r: timings[r] for r in order}, lines={r: lines[r] for r in sorted(lines)})
+    for r in ranks:
+        line = read_line(tm, run, r, end_ns) if r not in timings else None
+        if line is not None:
+            lines[r], timings[r] = line, rank_timing(line)
+    if len(timings) == len(tm.ranks):
+        return tm
+    return dataclasses.replace(tm, ranks=dict(sorted(timings.items())), lines=dict(sorted(lines.items())))
 
 
 def analyze(

@@ -474,7 +474,7 @@ class CollTraceApp(App[None]):
         self.query_one(ContentSwitcher).current = name
         self.query_one("#views", Static).update(_tab_bar(name))
 
-    def _scroller(self) -> ScrollView | VerticalScroll | Timeline:
+    def _scroller(self) -> ScrollView | VerticalScroll:
         """What the scrolling keys move in the view shown."""
         ids = {"summary": "#summary", "aligned": "#aligned-table", "stats": "#stats-table", "detail": "#detail"}
         view = self.view

@@ -13,8 +13,8 @@ from typing import Any
 
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
-from colltrace.analysis.timeline import Call, Span, Timeline, timeline
-from colltrace.analysis.timing import TAIL, op_family
+from colltrace.analysis.timeline import Call, Span, Timeline
+from colltrace.analysis.timing import TAIL, op_family, read_line
 from colltrace.report import jsonreport, markdown
 from colltrace.report.words import ranks_text
 from colltrace.trace.reader import read_run
@@ -371,15 +371,11 @@ def _ensure_line(model: Model, rank: int) -> bool:
     """The rank's timeline, read now if the timing did not read it (a sample, in a big world)."""
     if rank in model.lines:
         return True
-    rt = model.run.ranks.get(rank)
     tm = model.dx.timing
-    if rt is None or tm is None:
-        return False
-    shift = tm.clock.shifts().get(rank)
-    if shift is None:
-        return False
-    model.lines[rank] = timeline(rt, model.t_max, TAIL, shift=shift)
-    return True
+    line = read_line(tm, model.run, rank, model.t_max, TAIL) if tm is not None else None
+    if line is not None:
+        model.lines[rank] = line
+    return line is not None
 
 
 def toggled(model: Model, row: int) -> list[Row] | None:
