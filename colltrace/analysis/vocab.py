@@ -25,6 +25,7 @@ class Kind(str, enum.Enum):
     MODULE = "module"  # same op and size, different module: the silent mispairing
     PHASE = "phase"
     MEMBERSHIP = "membership"  # the group itself differs across ranks
+    STEP = "step"  # the same collective, issued in another step or micro-step: one more or fewer before it
     MISSING = "missing"  # a rank never issued it
     EXTRA = "extra"  # a rank issued collectives the others did not
 
@@ -40,6 +41,7 @@ class Cause(str, enum.Enum):
     GROUP_MISCONFIG = "group_misconfig"  # a group or device mesh built differently
     DTYPE_MISMATCH = "dtype_mismatch"  # mixed-precision policy differs
     NUMEL_MISMATCH = "numel_mismatch"  # model config / shapes differ
+    SPLIT_MISMATCH = "split_mismatch"  # an all-to-all's split sizes disagree between ranks (MoE routing counts)
     CROSS_GROUP_DEADLOCK = "cross_group_deadlock"  # groups entered in opposite orders
     STRAGGLER = "straggler"  # a slow rank, no hang
     STUCK_DATA_LOADING = "stuck_data_loading"  # stopped outside any collective, waiting for its next batch

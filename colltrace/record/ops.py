@@ -76,6 +76,10 @@ _TABLE: dict[str, tuple[str | None, str | None, int, str | None, int]] = {
     "recv_object_list": (None, "object_list", P2P, "src", schema.FLAG_OBJECT),
 }
 
+# An all-to-all's split sizes (input, output): what its ranks must agree on, pair by pair (each rank sends and
+# receives its own sizes); recorded in the record's shape text, so such a call is packed afresh each time.
+_SPLITS: dict[str, tuple[str, str]] = {"all_to_all_single": ("input_split_sizes", "output_split_sizes")}
+
 # Functions found on torch.distributed only (not distributed_c10d)
 DIST_ONLY = frozenset({"_broadcast_coalesced", "_verify_params_across_processes"})
 
@@ -141,7 +145,8 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
     )
     cached = not flags & (schema.FLAG_OBJECT | schema.FLAG_COALESCED) and inp not in _LISTS and out not in _LISTS
     plan = key_plan(next(KEYS), params, fields) if cached else ()
-    source = _extract_source(params, fields, plan)
+    splits = tuple(p for p in _SPLITS.get(name, ()) if p in params)
+    source = _extract_source(params, fields, plan, splits if len(splits) == 2 else ())
     return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source), source=source)
 
 
@@ -179,11 +184,15 @@ def _compile(name: str, source: str) -> Extract:
     return fn
 
 
-def _extract_source(params: list[str], fields: tuple[tuple[str | None, Any], ...], plan: tuple[Any, ...]) -> str:
+def _extract_source(
+    params: list[str], fields: tuple[tuple[str | None, Any], ...], plan: tuple[Any, ...], splits: tuple[str, ...] = ()
+) -> str:
     """The body of `extract(args, kwargs)` for one signature, as source indented by 4, setting
     `key` and `call` (the EXTRACTED values but key): each value is args[i] when passed by
     position, else kwargs.get(name, default); a parameter the function lacks is its default. The
-    key holds the tensors' shape and dtype, never the tensors (see OpSpec)."""
+    key holds the tensors' shape and dtype, never the tensors (see OpSpec). With `splits` (an
+    all-to-all's input and output split-size parameters) call has an eighth value, the pair of
+    them or None, and a call that passes them has no key."""
     names = EXTRACTED[1:]
     lines = ["    n = len(args)"]
     for var, (param, default) in zip(names, fields):
@@ -207,6 +216,13 @@ def _extract_source(params: list[str], fields: tuple[tuple[str | None, Any], ...
         ]
     else:
         lines.append("    key = None")
+    if splits:
+        got = [f"args[{params.index(p)}] if n > {params.index(p)} else (kwargs.get({p!r}) if kwargs else None)"
+               for p in splits]  # fmt: skip
+        lines += [f"    split_in = {got[0]}", f"    split_out = {got[1]}",
+                  "    splits = None if split_in is None and split_out is None else (split_in, split_out)",
+                  "    if splits is not None:", "        key = None"]  # fmt: skip
+        names = (*names, "splits")
     lines.append(f"    call = ({', '.join(names)})")
     return "\n".join(lines) + "\n"
 

@@ -29,11 +29,13 @@ _STATIC_CACHE_MAX = 65536
 BSEQ_MASK = 31  # read the backend seq at every 32nd record of a group (and after multi-op calls)
 ANCHOR_FLAGS = schema.FLAG_OBJECT | schema.FLAG_COALESCED  # calls that run several backend collectives
 _OPEN_WINDOW = 256
+_SENDS = frozenset({"send", "isend", "send_object_list"})
 _PENDING_MAX = 8192
 
 
 class _Seq:
-    """A sequence counter: one per process group (collectives), one per (group, peer) (p2p)."""
+    """A sequence counter: one per process group (collectives), one per (group, peer, direction) (p2p: the
+    sends to a peer and the receives from it are numbered apart, as the other side numbers its own)."""
 
     __slots__ = ("pg", "sid", "ranks", "seq", "last_idx", "anchor_next")
 
@@ -57,7 +59,7 @@ class Recorder:
         self.backend_seq = backend_seq
         self.non_member: Any = None
         self._groups: dict[int, _Seq] = {}  # id(pg) -> its counter
-        self._p2p: dict[tuple[int, int], _Seq] = {}  # (id(pg), peer) -> its counter
+        self._p2p: dict[tuple[int, int, bool], _Seq] = {}  # (id(pg), peer, a send) -> its counter
         self._tids: dict[int, int] = {}
         self._dtypes: dict[Any, int] = {}
         self._redops: dict[Any, int] = {}
@@ -225,7 +227,7 @@ class Recorder:
     ) -> tuple[bytes, bytes, _Seq, int] | None:
         """Pack the static part of a call not seen before (and cache it when it has a key); None
         for a group this rank is not in."""
-        pg, async_op, inp, out, redop, root, groot = call
+        pg, async_op, inp, out, redop, root, groot = call[:7]
         if pg is None:
             pg = self.default_pg
         elif pg is self.non_member:
@@ -238,9 +240,12 @@ class Recorder:
             root = g.ranks[groot] if 0 <= groot < len(g.ranks) else groot
         site = self.writer.site(call_site())
         head, mid, peer = self._pack_static(spec, flags, site, g, inp, out, redop, root, *attribution)
+        if len(call) > 7 and call[7] is not None:  # an all-to-all's split sizes, after its shapes
+            head = self._with_splits(head, inp, out, call[7])
         counter = g
-        if spec.kind == schema.KIND_P2P:  # numbered per (group, peer); pg None: read the backend seq every time
-            counter = self._p2p.get((id(pg), peer)) or self._p2p.setdefault((id(pg), peer), _Seq(None, g.sid, ()))
+        if spec.kind == schema.KIND_P2P:  # numbered per (group, peer, direction); pg None: read the backend seq always
+            way = (id(pg), peer, spec.name in _SENDS)
+            counter = self._p2p.get(way) or self._p2p.setdefault(way, _Seq(None, g.sid, ()))
         static = (head, mid, counter, flags)
         if key is not None:
             cache = ts.static
@@ -269,6 +274,18 @@ class Recorder:
             self._redop(redop) if redop is not None else 0, sid(module), sid(phase), sid(flavour), shape,
         )  # fmt: skip
         return head, STATIC_MID.pack(-1, numel_in, numel_out, peer), peer
+
+    def _with_splits(self, head: bytes, inp: Any, out: Any, splits: tuple[Any, Any]) -> bytes:
+        """The static head with its shape text followed by the split sizes: "[8] -> [8] split 2,6 -> 4,4"
+        (an empty side: torch splits evenly)."""
+        try:
+            text = " -> ".join(",".join(str(int(n)) for n in s) if s is not None else "even" for s in splits)
+        except (TypeError, ValueError):
+            return head
+        fields = list(STATIC_HEAD.unpack(head))
+        base = f"{_shape_text(_shape_key(inp))} -> {_shape_text(_shape_key(out))}"
+        fields[-1] = self.sid(f"{base} split {text}")
+        return STATIC_HEAD.pack(*fields)
 
     def returned(self, idx: int, flags: int, anchor: Any, result: Any, t_issue: int) -> None:
         """The call returned: a sync op is done; an async one is done when its Work is seen

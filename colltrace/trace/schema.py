@@ -34,7 +34,7 @@ SLOT_FIELDS = (
     ("phase", "I"),  # str id: forward, backward, recompute, optimizer, ...
     ("flavour", "I"),  # str id: unshard, reduce_grad, prefetch, user label ...
     ("shape", "I"),  # str id: "[in shapes] -> [out shapes]"
-    ("seq", "Q"),  # per (group) sequence number, ours; p2p: per (group, peer)
+    ("seq", "Q"),  # per (group) sequence number, ours; p2p: per (group, peer, direction)
     ("backend_seq", "q"),  # pg._get_sequence_number_for_group() after issue, -1 unknown
     ("numel_in", "q"),
     ("numel_out", "q"),
