@@ -7,7 +7,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 
 from colltrace.analysis.results import AtSeq, Divergence
-from colltrace.analysis.streams import GroupStream, RankStreams, Signature, SigTable
+from colltrace.analysis.streams import GroupStream, RankStreams, Signature, SigTable, p2p_ends
 from colltrace.analysis.vocab import Kind
 from colltrace.trace.records import Run
 
@@ -42,11 +42,8 @@ def step_at(st: GroupStream, seq: int) -> int | None:
 def members(run: Run, key: str, streams: dict[int, RankStreams]) -> tuple[int, ...]:
     """Member ranks of a group: what the ranks' group records say, plus any rank that issued in it."""
     if key.startswith("p2p:"):
-        try:
-            lo, hi = key.rsplit(":", 1)[1].split("-")
-            return (int(lo), int(hi))
-        except ValueError:  # a peer that is no rank: nothing to align it with
-            return ()
+        ends = p2p_ends(key)  # None: a peer that is no rank, nothing to align it with
+        return tuple(sorted(set(ends))) if ends is not None else ()
     out: set[int] = set()
     seen: set[int] = set()  # the reader shares one tuple per distinct member list: each is added once
     for rt in run.ranks.values():
@@ -160,10 +157,21 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
             seq = lo + first
     if seq is None and top > hi:
         seq = hi + 1
+    matched = hi if seq is None else min(hi, seq - 1)  # the seqs whose records all ranks issued alike
+    skew = None if key.startswith("p2p:") else progress_skew(streams, list(spans), key, lo, matched, seq)
+    if skew is not None:
+        seq = skew
     if seq is None:
         return None
     at = tuple(_at(streams, r, key, seq, table) for r in group_ranks)
     classes: dict[Signature | None, list[int]] = {}
+    if skew is not None:  # the same records: the ranks are told apart by how far they had got
+        by_progress: dict[tuple[int, int] | None, list[int]] = {}
+        for a in at:
+            if a.visible and a.rank in spans:
+                by_progress.setdefault(streams[a.rank].groups[key].progress_at(seq), []).append(a.rank)
+        groups_ = sorted(by_progress.values(), key=lambda rs: (-len(rs), rs))
+        return Divergence(key, label(run, key), group_ranks, seq, Kind.STEP, at, tuple(tuple(rs) for rs in groups_))
     for a in at:
         if a.visible and a.rank in spans:
             classes.setdefault(a.sig, []).append(a.rank)
@@ -178,6 +186,45 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
         at=at,
         classes=tuple(tuple(rs) for rs in sorted(classes.values(), key=lambda rs: (-len(rs), rs))),
     )
+
+
+def progress_skew(
+    streams: dict[int, RankStreams], ranks: list[int], key: str, lo: int, hi: int, found: int | None
+) -> int | None:
+    """The first seq in lo..hi (where every rank issued the same records) that the ranks issued in different
+    steps or micro-steps, after one they issued in the same: a rank that issued one collective more or fewer
+    before it, which the backend paired silently with the others' next one (a gradient all-reduce outside
+    no_sync). Said only when it lasts: the steps differ later on, or the micro-steps still differ where the
+    group stops matching (`found`); a rank's extra forward that issues nothing (a logging pass) is no skew."""
+    if hi < lo or len(ranks) < 2:
+        return None
+    lists = {r: streams[r].groups[key] for r in ranks}
+    if any(not st.progress for st in lists.values()):
+        return None
+    ref = lists[ranks[0]]
+
+    def changes(st: GroupStream) -> list[int]:
+        return [st.seq0 + o for o, _, _ in st.progress if lo < st.seq0 + o <= hi]
+
+    if all(st.seq0 == ref.seq0 and st.progress == ref.progress for st in lists.values()):
+        return None  # the ranks of a class: the same steps at the same seqs
+    points = sorted({lo, *(q for st in lists.values() for q in changes(st))})
+    first: int | None = None
+    for q in points:
+        values = {st.progress_at(q) for st in lists.values()}
+        if len(values) == 1:
+            if first is not None:
+                first = None  # they agree again: it did not last
+            continue
+        if q == lo:
+            return None  # apart from the first seq compared on: counted from other starts, not a skew
+        if first is None:
+            first = q
+        if len({v[0] for v in values if v is not None}) > 1:
+            return first  # the steps differ: the skew lasted past a step boundary
+    if first is not None and found is not None:
+        return first  # still apart where the group stops matching
+    return None
 
 
 def _compare(x: Divergence, y: Divergence, streams: dict[int, RankStreams]) -> int:

@@ -34,8 +34,12 @@ class Facts:
         cycle: tuple[int, ...] | None,
         slow: Straggler | None,
         deviates: bool = False,
+        sites: tuple[tuple[tuple[int, ...], str], ...] = (),
+        found: tuple[Evidence, ...] = (),
     ) -> None:
         self.deviates = deviates  # the culprits broke their own earlier pattern (not a setting fixed from the start)
+        self.sites = sites  # (ranks, the user's line) that issued the divergent record, per class of ranks
+        self.found = found  # the blame's evidence
         self.run, self.d, self.culprits, self.victims = run, d, culprits, victims
         self.ends, self.streams, self.table, self.cycle, self.slow = ends, streams, table, cycle, slow
 
@@ -72,7 +76,7 @@ _STUCK_IN = {
 }
 
 
-def _stuck(f: Facts) -> Finding | None:
+def stuck_in_span(f: Facts) -> Finding | None:
     """Every culprit stopped outside any collective (hung, killed) inside a compute span that says where:
     the innermost span open at the stop names the cause. None when a culprit is in no such span."""
     if not f.culprits or (f.d is not None and f.d.kind is not Kind.MISSING):
@@ -175,109 +179,267 @@ def _module(f: Facts, sid: int) -> str:
     return sig.module if sig is not None and sig.phase in ("forward", "recompute") else ""
 
 
-def find(f: Facts) -> Finding:
-    d, ends = f.d, f.ends
-    ev: list[Evidence] = []
-    if f.cycle:
-        return Finding(Cause.CROSS_GROUP_DEADLOCK, Confidence.HIGH, (Evidence(Clue.CYCLE, f.cycle),))
+# -- the rules, in order: each a function of the facts returning a finding, or None to pass -----------
+
+
+def deadlock(f: Facts) -> Finding | None:
+    """A cycle in the wait-for graph."""
+    return Finding(Cause.CROSS_GROUP_DEADLOCK, Confidence.HIGH, (Evidence(Clue.CYCLE, f.cycle),)) if f.cycle else None
+
+
+def membership(f: Facts) -> Finding | None:
+    """The ranks disagree on a group's members."""
+    if f.d is None or f.d.kind is not Kind.MEMBERSHIP:
+        return None
+    ev = [Evidence(Clue.MEMBERSHIP, f.d.group_ranks, f.d.label)]
     odd = groups.odd_creators(f.run)
-    if d is not None and d.kind is Kind.MEMBERSHIP:
-        ev.append(Evidence(Clue.MEMBERSHIP, d.group_ranks, d.label))
-        if odd:
-            ev.append(Evidence(Clue.GROUP_CREATE, odd))
-        return Finding(Cause.GROUP_MISCONFIG, Confidence.HIGH, tuple(ev))
-    if odd and d is not None:
+    if odd:
+        ev.append(Evidence(Clue.GROUP_CREATE, odd))
+    return Finding(Cause.GROUP_MISCONFIG, Confidence.HIGH, tuple(ev))
+
+
+def groups_created_apart(f: Facts) -> Finding | None:
+    """Ranks whose k-th new_group/split_group call asked for other ranks than the rest's."""
+    odd = groups.odd_creators(f.run)
+    if odd and f.d is not None:
         return Finding(Cause.GROUP_MISCONFIG, Confidence.MEDIUM, (Evidence(Clue.GROUP_CREATE, odd),))
-    failed = [ends[r] for r in f.culprits if r in ends and states.self_failed(ends[r])]
-    if failed:
-        unreduced = [
-            (e.rank, _DDP_UNUSED.search(e.error_message)) for e in failed if _DDP_UNFINISHED in e.error_message
-        ]
-        if unreduced:
-            # DDP says it: parameters that got no gradient, so a bucket the others wait for was never reduced
-            said = tuple(Evidence(Clue.DDP_UNREDUCED, (r,), m.group(1).strip() if m else "") for r, m in unreduced)
-            return Finding(Cause.UNUSED_PARAMS, Confidence.HIGH, said)
-        oom = [e.rank for e in failed if e.oom]
-        if oom:
-            return Finding(Cause.OOM, Confidence.HIGH, (Evidence(Clue.OOM, tuple(oom), failed[0].error_type),))
-        return Finding(
-            Cause.RANK_EXCEPTION,
-            Confidence.HIGH,
-            (Evidence(Clue.CRASHED, tuple(e.rank for e in failed), failed[0].error_type),),
-        )
-    stuck = _stuck(f)
-    if stuck is not None:
-        return stuck
-    if d is None:
-        if f.slow is not None:
-            return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
-        return Finding(Cause.UNKNOWN, Confidence.LOW, ())
-    outside = [r for r in f.culprits if ends[r].blocked is None and ends[r].state in NOT_ENDED]
-    if outside and d.kind is Kind.MISSING and len(outside) == len(f.culprits):
-        # stopped outside any collective (hung, killed) in no span that says where: not a shape of
-        # collectives (it never got to them), so no rule below applies; its stack says where to look
-        if f.slow is not None and f.slow.rank in outside:
-            return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
-        return Finding(Cause.UNKNOWN, Confidence.LOW, ())
-    sigs = f.sigs(tuple(a.rank for a in d.at))
-    modules = {s.module for s in sigs}
-    same_module = len(modules) == 1 and len({s.op for s in sigs}) == 1
-    grad = bool(sigs) and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs)
-    if grad and d.kind is Kind.MISSING and f.culprits and all(_past(f, r) for r in f.culprits):
-        # it ran the backward of the step the others wait in, and its optimizer step, without their reduction
-        skipped = Evidence(Clue.GRAD_SKIPPED, f.culprits, str(_victim_step(f)))
-        return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (skipped, Evidence(Clue.GRAD_REDUCTION, f.culprits)))
-    if grad and f.deviates and d.kind in (Kind.NUMEL, Kind.MODULE, Kind.OP):
-        # gradient reductions that changed from the culprit's own earlier steps: parameters without gradients
-        return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
-    # the records say what they served (module, phase); Flight Recorder's do not: the same op, then, may be two
-    # different collectives paired by a shift, so a dtype or size difference on it is said with less
-    attributed = any(s.phase for s in sigs)
-    if d.kind in (Kind.DTYPE, Kind.NUMEL) and same_module:
-        cause = Cause.DTYPE_MISMATCH if d.kind is Kind.DTYPE else Cause.NUMEL_MISMATCH
-        if not attributed:
-            return Finding(cause, Confidence.MEDIUM, ())
-        return Finding(cause, Confidence.HIGH, (Evidence(Clue.SAME_MODULE, f.culprits, next(iter(modules))),))
-    phases = {s.phase for s in sigs}
-    if "recompute" in phases:
-        return Finding(Cause.RECOMPUTE_MISMATCH, Confidence.MEDIUM, (Evidence(Clue.RECOMPUTE, f.culprits),))
-    if (
-        d.seq is not None
-        and d.kind in (Kind.MISSING, Kind.EXTRA)
-        or any(s.phase not in TRAINING for s in f.sigs(f.culprits))
-    ):
-        starting = [v for v in f.victims if starts_step(f.stream(v), d.seq or 0)]
-        # it left the loop (exited cleanly, or went on to collectives outside training: a final barrier,
-        # eval) because its data ran out: its iterator ended, or it ran fewer steps than the others
-        left = all(_left_loop(f, r) for r in f.culprits)
-        ran_out = [r for r in f.culprits if _ran_out(f, r)]
-        if starting and left and f.culprits and len(ran_out) == len(f.culprits):
-            ev = [Evidence(Clue.STEP_BOUNDARY, tuple(starting)), Evidence(Clue.LEFT_LOOP, f.culprits)]
-            exhausted = tuple(r for r in f.culprits if ends[r].out_of_data)
-            if exhausted:
-                ev.append(Evidence(Clue.OUT_OF_DATA, exhausted))
-            return Finding(Cause.UNEVEN_DATA, Confidence.HIGH if exhausted else Confidence.MEDIUM, tuple(ev))
-    evaluating = _eval_forward(f)
-    if evaluating:
-        # a forward the others did not run, without gradients or in eval mode: rank-conditional evaluation
-        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.EVAL_FORWARD, f.culprits, evaluating),))
-    if d.seq is not None and f.culprits:
-        module = _repeated_module(f)
-        if module:
-            return Finding(
-                Cause.SHARED_MODULE_CALLS, Confidence.MEDIUM, (Evidence(Clue.REPEATED_MODULE, f.culprits, module),)
-            )
-    if sigs and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs):
-        return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
-    if d.kind in (Kind.MISSING, Kind.EXTRA) and not attributed:
-        # no phase to read (Flight Recorder dumps): a branch, data run out and a skipped gradient look alike
-        return Finding(Cause.UNKNOWN, Confidence.LOW, ())
-    if f.culprits and d.kind in (Kind.OP, Kind.NUMEL, Kind.MODULE, Kind.PHASE, Kind.MISSING, Kind.EXTRA, Kind.DTYPE):
-        # without module and phase (Flight Recorder) a shared module called twice or an evaluation pass look
-        # the same as any other branch: the same cause, said with less
-        sure = Confidence.MEDIUM if attributed else Confidence.LOW
-        return Finding(Cause.CONTROL_FLOW, sure, ())
+    return None
+
+
+def split_sizes(f: Facts) -> Finding | None:
+    """The culprit's all-to-all split sizes disagree with what its peers send it or expect from it."""
+    said = tuple(e for e in f.found if e.clue is Clue.SPLITS)
+    return Finding(Cause.SPLIT_MISMATCH, Confidence.HIGH, said) if said else None
+
+
+def failed(f: Facts) -> Finding | None:
+    """A culprit died of its own error: DDP's unfinished reduction, out of memory, any other exception."""
+    ends = f.ends
+    dead = [ends[r] for r in f.culprits if r in ends and states.self_failed(ends[r])]
+    if not dead:
+        return None
+    unreduced = [(e.rank, _DDP_UNUSED.search(e.error_message)) for e in dead if _DDP_UNFINISHED in e.error_message]
+    if unreduced:
+        # DDP says it: parameters that got no gradient, so a bucket the others wait for was never reduced
+        said = tuple(Evidence(Clue.DDP_UNREDUCED, (r,), m.group(1).strip() if m else "") for r, m in unreduced)
+        return Finding(Cause.UNUSED_PARAMS, Confidence.HIGH, said)
+    oom = [e.rank for e in dead if e.oom]
+    if oom:
+        return Finding(Cause.OOM, Confidence.HIGH, (Evidence(Clue.OOM, tuple(oom), dead[0].error_type),))
+    return Finding(
+        Cause.RANK_EXCEPTION,
+        Confidence.HIGH,
+        (Evidence(Clue.CRASHED, tuple(e.rank for e in dead), dead[0].error_type),),
+    )
+
+
+def no_divergence(f: Facts) -> Finding | None:
+    """Every collective matched: a straggler, or nothing to say."""
+    if f.d is not None:
+        return None
+    if f.slow is not None:
+        return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
+
+
+def stopped_outside(f: Facts) -> Finding | None:
+    """Every culprit stopped outside any collective in no span that says where: not a shape of collectives
+    (it never got to them), so no rule below applies; its stack says where to look."""
+    d, ends = f.d, f.ends
+    outside = [r for r in f.culprits if ends[r].blocked is None and ends[r].state in NOT_ENDED]
+    if d is None or not outside or d.kind is not Kind.MISSING or len(outside) != len(f.culprits):
+        return None
+    if f.slow is not None and f.slow.rank in outside:
+        return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
+    return Finding(Cause.UNKNOWN, Confidence.LOW, ())
+
+
+def step_skew(f: Facts) -> Finding | None:
+    """The same collectives, issued in other steps or micro-steps: the culprit issued one more or one fewer
+    before them (a reduction outside no_sync, a skipped one), on a branch the others did not take."""
+    if f.d is None or f.d.kind is not Kind.STEP or not f.culprits:
+        return None
+    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, ())
+
+
+def grad_skipped(f: Facts) -> Finding | None:
+    """The culprit ran the backward of the step the others wait in, and its optimizer step, without their
+    reduction: parameters that got no gradient there (not data that ran out)."""
+    if f.d is None or f.d.kind is not Kind.MISSING or not f.culprits or not _grad(f):
+        return None
+    if not all(_past(f, r) for r in f.culprits):
+        return None
+    skipped = Evidence(Clue.GRAD_SKIPPED, f.culprits, str(_victim_step(f)))
+    return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (skipped, Evidence(Clue.GRAD_REDUCTION, f.culprits)))
+
+
+def other_call(f: Facts) -> Finding | None:
+    """The culprit's record at the divergence came from another line of code, or reduces with another op, than
+    the others': another collective, not the same one with other tensors (a rank-only guard, a metric)."""
+    if f.d is None or f.d.kind not in (Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP) or not f.culprits:
+        return None
+    if not _other_call(f):
+        return None
+    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.OTHER_CALL, f.culprits),))
+
+
+def grad_changed(f: Facts) -> Finding | None:
+    """Gradient reductions that changed from the culprit's own earlier steps: parameters without gradients."""
+    if f.d is None or not (_grad(f) and f.deviates and f.d.kind in (Kind.NUMEL, Kind.MODULE, Kind.OP)):
+        return None
+    return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
+
+
+def same_collective(f: Facts) -> Finding | None:
+    """A dtype or size difference on one collective: the same op, reduce op, module and line on every rank.
+    High only when a module names it and the culprit kept to it from its earlier steps (a setting, not data)."""
+    d = f.d
+    if d is None or d.kind not in (Kind.DTYPE, Kind.NUMEL):
+        return None
+    sigs = f.sigs(tuple(a.rank for a in d.at))
+    if len({(s.op, s.reduce_op, s.module) for s in sigs}) != 1 or _other_call(f):
+        return None
+    cause = Cause.DTYPE_MISMATCH if d.kind is Kind.DTYPE else Cause.NUMEL_MISMATCH
+    module = sigs[0].module if sigs else ""
+    if not module or not any(s.phase for s in sigs):  # Flight Recorder's or unattributed: a shift looks the same
+        return Finding(cause, Confidence.MEDIUM, ())
+    sure = Confidence.MEDIUM if f.deviates else Confidence.HIGH
+    return Finding(cause, sure, (Evidence(Clue.SAME_MODULE, f.culprits, module),))
+
+
+def recompute(f: Facts) -> Finding | None:
+    """The divergent records are in activation-checkpoint recompute."""
+    if f.d is None or "recompute" not in {s.phase for s in f.sigs(tuple(a.rank for a in f.d.at))}:
+        return None
+    return Finding(Cause.RECOMPUTE_MISMATCH, Confidence.MEDIUM, (Evidence(Clue.RECOMPUTE, f.culprits),))
+
+
+def uneven_data(f: Facts) -> Finding | None:
+    """The culprit left the training loop while the others went on training: its data ran out first."""
+    d, ends = f.d, f.ends
+    if d is None or d.seq is None or not f.culprits:
+        return None
+    if d.kind not in (Kind.MISSING, Kind.EXTRA) and not any(s.phase not in TRAINING for s in f.sigs(f.culprits)):
+        return None
+    if not all(_left_loop(f, r) for r in f.culprits):
+        return None
+    starting = tuple(v for v in f.victims if starts_step(f.stream(v), d.seq))
+    exhausted = tuple(r for r in f.culprits if ends[r].out_of_data)
+    if starting and all(_ran_out(f, r) for r in f.culprits):
+        # it exited cleanly, or went on to collectives outside training, at a step the others were starting
+        ev = [Evidence(Clue.STEP_BOUNDARY, starting), Evidence(Clue.LEFT_LOOP, f.culprits)]
+        if exhausted:
+            ev.append(Evidence(Clue.OUT_OF_DATA, exhausted))
+        return Finding(Cause.UNEVEN_DATA, Confidence.HIGH if exhausted else Confidence.MEDIUM, tuple(ev))
+    victims = f.sigs(f.victims)
+    theirs = f.sigs(f.culprits)
+    if (theirs and all(s.op in _BARRIERS and s.phase not in TRAINING for s in theirs)
+            and victims and all(s.phase in TRAINING for s in victims)
+            and not any(_past(f, r) for r in f.culprits)):  # fmt: skip
+        # no DataLoader to say it ran out (a generator, a stream): it went from training to a barrier outside
+        # it while the others were still in a training step, without completing more steps than they had
+        return Finding(Cause.UNEVEN_DATA, Confidence.MEDIUM, (Evidence(Clue.LEFT_LOOP, f.culprits, "barrier"),))
+    return None
+
+
+def eval_forward(f: Facts) -> Finding | None:
+    """A forward the others did not run, without gradients or in eval mode: rank-conditional evaluation."""
+    evaluating = _eval_forward(f)
+    if not evaluating:
+        return None
+    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.EVAL_FORWARD, f.culprits, evaluating),))
+
+
+def shared_module(f: Facts) -> Finding | None:
+    """The culprit gathered a module more often in this step than in its step before."""
+    if f.d is None or f.d.seq is None or not f.culprits:
+        return None
+    module = _repeated_module(f)
+    if not module:
+        return None
+    return Finding(Cause.SHARED_MODULE_CALLS, Confidence.MEDIUM, (Evidence(Clue.REPEATED_MODULE, f.culprits, module),))
+
+
+def gradient_reduction(f: Facts) -> Finding | None:
+    """The divergent records are all gradient reductions in backward."""
+    if f.d is None or not _grad(f):
+        return None
+    return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
+
+
+def unattributed(f: Facts) -> Finding | None:
+    """No phase to read (Flight Recorder dumps): a branch, data run out and a skipped gradient look alike."""
+    if f.d is None or f.d.kind not in (Kind.MISSING, Kind.EXTRA) or _attributed(f):
+        return None
+    return Finding(Cause.UNKNOWN, Confidence.LOW, ())
+
+
+def control_flow(f: Facts) -> Finding | None:
+    """Any other divergence with a culprit: a data- or rank-dependent branch (said with less without module
+    and phase, where a shared module called twice or an evaluation pass look the same)."""
+    if f.d is None or not f.culprits or f.d.kind in (Kind.MEMBERSHIP,):
+        return None
+    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM if _attributed(f) else Confidence.LOW, ())
+
+
+RULES = (
+    deadlock,
+    membership,
+    groups_created_apart,
+    split_sizes,
+    failed,
+    stuck_in_span,
+    no_divergence,
+    stopped_outside,
+    step_skew,
+    grad_skipped,
+    recompute,
+    uneven_data,
+    other_call,
+    grad_changed,
+    same_collective,
+    eval_forward,
+    shared_module,
+    gradient_reduction,
+    unattributed,
+    control_flow,
+)  # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
+
+
+def find(f: Facts) -> Finding:
+    """The first rule that matches names the cause; none: unknown, low."""
+    for rule in RULES:
+        got = rule(f)
+        if got is not None:
+            return got
+    return Finding(Cause.UNKNOWN, Confidence.LOW, ())
+
+
+_BARRIERS = frozenset({"barrier", "monitored_barrier"})
+
+
+def _grad(f: Facts) -> bool:
+    sigs = f.sigs(tuple(a.rank for a in f.d.at)) if f.d is not None else []
+    return bool(sigs) and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs)
+
+
+def _attributed(f: Facts) -> bool:
+    """The records say what they served (module, phase); Flight Recorder's do not."""
+    return f.d is not None and any(s.phase for s in f.sigs(tuple(a.rank for a in f.d.at)))
+
+
+def _other_call(f: Facts) -> bool:
+    """The culprits issued the divergent record from other lines of code, or with another reduce op."""
+    d = f.d
+    if d is None:
+        return False
+    culprit_ops = {s.reduce_op for s in f.sigs(f.culprits)}
+    other_ops = {s.reduce_op for s in f.sigs(f.victims)}
+    if culprit_ops and other_ops and not culprit_ops & other_ops:
+        return True
+    theirs = {site for ranks, site in f.sites if set(ranks) & set(f.culprits)}
+    others = {site for ranks, site in f.sites if set(ranks) & set(f.victims)}
+    return bool(theirs and others) and not theirs & others
 
 
 def straggler_evidence(s: Straggler) -> tuple[Evidence, ...]:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from colltrace.analysis import groups, states, waitfor
 from colltrace.analysis.history import TRAINING, Habit, precedent, starts_step
 from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, RankEnd
-from colltrace.analysis.streams import RankStreams, SigTable
+from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
 from colltrace.trace.records import RankState, Run
@@ -106,6 +106,62 @@ def for_content(d: Divergence, streams: dict[int, RankStreams], table: SigTable,
     return Blame(culprits, _others(tuple(sorted(visible)), culprits), d.kind, confidence, tuple(evidence))
 
 
+def for_step(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame:
+    """The same records, issued at different steps or micro-steps: one rank issued one more (or one fewer)
+    before this seq. A minority of the group says who; so does the rank's own count of records in that
+    step against its step before (training is periodic); both, agreeing, are high confidence."""
+    assert d.seq is not None
+    visible = tuple(sorted(r for c in d.classes for r in c))
+    largest = max(len(c) for c in d.classes)
+    minority: set[int] = set()
+    if len(visible) >= 3 and sum(len(c) == largest for c in d.classes) == 1:
+        minority = {r for c in d.classes if len(c) < largest for r in c}
+    changed = {r for r in visible if step_count_changed(streams[r].groups.get(d.group), d.seq, table)}
+    steady = set(visible) - changed
+    evidence: list[Evidence] = []
+    if minority and changed and not changed <= minority:
+        culprits: tuple[int, ...] = ()  # the two disagree: say so, name nobody
+    elif minority:
+        culprits = tuple(sorted(minority))
+        evidence.append(Evidence(Clue.MAJORITY, culprits, str(largest)))
+    elif changed and steady:
+        culprits = tuple(sorted(changed))
+    else:
+        culprits = ()
+    if not culprits:
+        return Blame((), visible, Kind.STEP, Confidence.LOW, (Evidence(Clue.UNDECIDED, visible),))
+    if changed and set(changed) <= set(culprits):
+        evidence.append(Evidence(Clue.COUNT_CHANGED, tuple(sorted(changed))))
+    here = {r: streams[r].groups[d.group].progress_at(d.seq) for r in visible if d.group in streams[r].groups}
+    others = [p for r, p in here.items() if r not in culprits and p is not None]
+    theirs = [p for r, p in here.items() if r in culprits and p is not None]
+    if theirs and others:
+        detail = f"{theirs[0][0]},{theirs[0][1]},{others[0][0]},{others[0][1]}"
+        evidence.append(Evidence(Clue.STEP_SKEW, culprits, detail))
+    sure = Confidence.HIGH if len({e.clue for e in evidence} - {Clue.STEP_SKEW}) >= 2 else Confidence.MEDIUM
+    return Blame(culprits, _others(visible, culprits), Kind.STEP, sure, tuple(evidence))
+
+
+def step_count_changed(st: GroupStream | None, seq: int, table: SigTable) -> bool:
+    """The rank issued another number of records in this group in the step of `seq` than in its step
+    before (a step it went on from, or one that already holds more); the job's setup (phase init: DDP's
+    broadcasts at construction) is no step's."""
+    if st is None or len(st.step_starts) < 2:
+        return False
+    off = seq - st.seq0
+    starts = [o for o, _ in st.step_starts] + [len(st.sigs)]
+    k = max((i for i, o in enumerate(starts[:-1]) if o <= off), default=-1)
+    if k < 1 or (k == 1 and st.seq0 > 1):
+        return False  # no full step before it (or the ring dropped that step's start)
+
+    def count(a: int, b: int) -> int:
+        return sum(1 for sid in st.sigs[a:b] if (sig := table[sid]) is not None and sig.phase != "init")
+
+    now, before = count(starts[k], starts[k + 1]), count(starts[k - 1], starts[k])
+    complete = k + 1 < len(starts) - 1
+    return now != before and (complete or now > before)
+
+
 def for_missing(
     d: Divergence, streams: dict[int, RankStreams], table: SigTable, ends: dict[int, RankEnd], wf: WaitFor
 ) -> Blame:
@@ -116,11 +172,13 @@ def for_missing(
     evidence: list[Evidence] = []
     dev = tuple(r for r in issuers if hab.get(r) is Habit.DEVIATES)
     con = tuple(r for r in issuers if hab.get(r) is Habit.CONSISTENT)
-    against_absent = _state_clues(absent, ends)
-    failed_absent = [e for e in against_absent if e.clue in (Clue.CRASHED, Clue.OOM, Clue.FATAL_SIGNAL)]
     left = left_early(d, absent, streams, ends)
-    if dev and len(dev) * 2 > len(issuers) and not failed_absent and not left:
-        # the issuers left their own pattern: they issued something the others had no reason to
+    done = bool(absent) and all(ends[r].state is RankState.FINISHED for r in absent)
+    if done and not left and dev and len(dev) * 2 > len(issuers):
+        # the others exited cleanly, as far on as the issuers (none left the loop early), and the issuers left
+        # their own pattern: they issued something the others had no reason to. Only then: an absent rank
+        # stuck outside collectives, dead, or blocked elsewhere is what the issuers wait for, whatever
+        # their pattern says (a one-off barrier breaks every waiting rank's pattern)
         culprits = tuple(sorted(dev))
         evidence.append(Evidence(Clue.HISTORY_DEVIATES, culprits))
         victims = tuple(sorted(set(issuers) - set(culprits)))

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from colltrace.analysis import causes, culprit, states, timing, waitfor
+from colltrace.analysis import align, causes, culprit, splits, states, timing, waitfor
 from colltrace.analysis.align import divergences
-from colltrace.analysis.results import Clue, Confidence, ContextRow, Diagnosis, Divergence, Evidence, Finding, RankEnd
+from colltrace.analysis.results import (
+    AtSeq,
+    Clue,
+    Confidence,
+    ContextRow,
+    Diagnosis,
+    Divergence,
+    Evidence,
+    Finding,
+    RankEnd,
+)
 from colltrace.analysis.streams import RankStreams, SigTable, build_all, held
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.reader import RECORDING_FAILED
 from colltrace.trace.records import NOT_ENDED, RankState, Run
 
-_CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.PEER, Kind.MODULE, Kind.PHASE})
+_CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.PEER, Kind.MODULE, Kind.PHASE, Kind.STEP})
 
 
 def unseen(run: Run) -> tuple[str, ...]:
@@ -80,10 +90,25 @@ def diagnose(run: Run) -> Diagnosis:
         blame = _no_divergence(ends, slow)
     elif d.kind in (Kind.MISSING, Kind.EXTRA):
         blame = culprit.for_missing(d, streams, table, ends, wf)
+    elif d.kind is Kind.STEP:
+        blame = culprit.for_step(d, streams, table)
     elif d.kind is Kind.MEMBERSHIP:
         blame = culprit.for_membership(d, run) or culprit.for_content(d, streams, table, ends)
     else:
         blame = culprit.for_content(d, streams, table, ends)
+    split = splits.suspects(run, streams, ends, blame.culprits) if d is None or d.kind is Kind.MISSING else None
+    if split is not None:  # the sizes each pair of an all-to-all must agree on say who
+        (who,), peers = split
+        members = tuple(sorted(r for r, e in ends.items() if r != who))
+        ev = (Evidence(Clue.SPLITS, (who,), ",".join(map(str, peers))), *blame.evidence)
+        blame = culprit.Blame((who,), members, Kind.NUMEL, Confidence.HIGH if not blame.culprits or who in
+                              blame.culprits else Confidence.MEDIUM, ev)  # fmt: skip
+        e = ends[who]
+        b = e.blocked
+        if b is not None:
+            at = tuple(AtSeq(r, None, None, -1) for r in sorted(ends))
+            d = Divergence(b.group, align.label(run, b.group), align.members(run, b.group, streams), b.seq,
+                           Kind.NUMEL, at, ((who,), members))  # fmt: skip
     if d is not None and blame.kind is not d.kind:
         d = Divergence(d.group, d.label, d.group_ranks, d.seq, blame.kind, d.at, d.classes)
     if cycle and not (d is not None and d.kind in _CONTENT):
@@ -97,7 +122,9 @@ def diagnose(run: Run) -> Diagnosis:
     finding: Finding | None = None
     if verdict is not Verdict.HEALTHY or slow is not None:
         deviates = any(e.clue is Clue.HISTORY_DEVIATES for e in blame.evidence)
-        facts = causes.Facts(run, d, culprits, victims, ends, streams, table, cycle, slow, deviates)
+        sites = call_sites(run, d)
+        facts = causes.Facts(run, d, culprits, victims, ends, streams, table, cycle, slow, deviates, sites,
+                             blame.evidence)  # fmt: skip
         f = causes.find(facts)
         spanned = {r for e in f.evidence if e.clue is Clue.IN_SPAN for r in e.ranks}
         said = tuple(e for e in blame.evidence if not (e.clue is Clue.STUCK_OUTSIDE and set(e.ranks) <= spanned))

@@ -54,6 +54,11 @@ class Clue(str, enum.Enum):
     SLOW_IN = "slow_in"  # the rank spends more per step than the median rank in one category (detail: cat,ms)
     TURNED_SLOW = "turned_slow"  # the rank became late at a later step (detail: the step)
     STEP_BOUNDARY = "step_boundary"  # the victims were starting a new step the culprit never started
+    STEP_SKEW = "step_skew"  # the same collective issued in another step/micro-step (detail: step,micro,step,micro)
+    COUNT_CHANGED = "count_changed"  # the rank issued another number of collectives in this step than in the one before
+    SPLITS = "splits"  # the rank's all-to-all split sizes disagree with its peers' (detail: the peers)
+    FIRST_FAILED = "first_failed"  # the rank's collective failed first, with an error of its own (not a lost peer)
+    OTHER_CALL = "other_call"  # the ranks issued it from different lines or with different reduce ops
     UNDECIDED = "undecided"  # the evidence does not separate the ranks
 
 

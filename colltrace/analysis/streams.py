@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -17,7 +18,10 @@ from colltrace.trace.records import RankTrace, Run
 
 # ops whose receive-side count is the one all ranks agree on (non-root ranks pass no scatter list)
 _OUT_COUNTED = frozenset({"scatter", "scatter_object_list"})
-_SEND = frozenset({"send", "isend"})
+_SEND = frozenset({"send", "isend", "send_object_list"})
+# ops whose sizes differ from rank to rank in a healthy run (each rank sends and receives its own counts):
+# their split sizes are checked pair by pair instead (splits.py)
+_OWN_SIZES = frozenset({"all_to_all_single", "all_to_all"})
 
 
 class Signature(NamedTuple):
@@ -72,6 +76,18 @@ class GroupStream:
     t_issue: array[int] = field(default_factory=lambda: array("q"))
     step_starts: list[tuple[int, int]] = field(default_factory=list)  # (offset, step) where the step changes
     last_step: int = -(2**31)
+    # (offset, step, micro-step) where either changes: how far the rank had got when it issued each record
+    progress: list[tuple[int, int, int]] = field(default_factory=list)
+    last_progress: tuple[int, int] = (-(2**31), -(2**31))
+
+    def progress_at(self, seq: int) -> tuple[int, int] | None:
+        """(step, micro-step) the rank was in when it issued `seq`; None outside the stream."""
+        off = seq - self.seq0
+        if not 0 <= off < len(self.sigs) or not self.progress:
+            return None
+        k = bisect_right(self.progress, (off, 2**31, 2**31)) - 1
+        _, step, micro = self.progress[max(k, 0)]
+        return step, micro
 
     @property
     def last_seq(self) -> int:
@@ -101,9 +117,25 @@ class RankStreams:
     tail_lost: bool = False  # the ring file was cut short: what the rank issued after its last record is unknown
 
 
-def p2p_key(group: str, a: int, b: int) -> str:
-    lo, hi = (a, b) if a <= b else (b, a)
-    return f"p2p:{group}:{lo}-{hi}"
+def p2p_key(group: str, src: int, dst: int) -> str:
+    """The stream of one direction of a pair: src's sends to dst, matched in order with dst's receives
+    from src (each side numbers its own, per group, peer and direction)."""
+    return f"p2p:{group}:{src}->{dst}"
+
+
+def p2p_ends(key: str) -> tuple[int, int] | None:
+    """(src, dst) of a p2p stream's key; None for a collective group's or a peer that is no rank."""
+    if not key.startswith("p2p:"):
+        return None
+    try:
+        src, dst = key.rsplit(":", 1)[1].split("->")
+        return int(src), int(dst)
+    except ValueError:
+        return None
+
+
+def is_send(op: str) -> bool:
+    return op in _SEND
 
 
 # The signature's fields, as two raw byte strings per slot (a hashable key, decoded once per distinct value):
@@ -173,10 +205,12 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         g, op, dtype, redop, module, phase = (strings.get(x, "?") for x in _KEY_A.unpack(a))
         nin, nout, peer = _KEY_B.unpack(b)
         if kind == schema.KIND_P2P:
-            # both sides of a pair share one signature: the direction of the transfer
+            # both sides of a transfer share one signature: its direction and the size sent, the size the
+            # receiver posted (a receive's tensor is its output)
             src, dst = (rank, peer) if op in _SEND else (peer, rank)
-            return p2p_key(g, rank, peer), table.intern(Signature("p2p", f"{src}->{dst}", nin, dtype, "", -1, "", ""))
-        numel = nout if op in _OUT_COUNTED else nin
+            size = nin if op in _SEND else nout
+            return p2p_key(g, src, dst), table.intern(Signature("p2p", f"{src}->{dst}", size, dtype, "", -1, "", ""))
+        numel = 0 if op in _OWN_SIZES else nout if op in _OUT_COUNTED else nin
         sid = table.intern(Signature("collective", op, numel, dtype, redop, peer, module, phase))
         decoded[(tid, a, b)] = (g, sid)
         return g, sid
@@ -221,7 +255,7 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
 
 
 # the slot's fields the streams read, as one numpy record type over the raw slots; the keys as words
-_SLOT_COLUMNS = slots.columns("marker", "kind", "flags", "seq", "step", "t_issue_ns", "t_done_ns",
+_SLOT_COLUMNS = slots.columns("marker", "kind", "flags", "seq", "step", "micro_step", "t_issue_ns", "t_done_ns",
                               words={"key_a": ("group", "phase"), "key_b": ("numel_in", "peer")})  # fmt: skip
 
 
@@ -285,6 +319,7 @@ def _extend(
     """Append one block of one stream's records (numpy columns): in bulk when its seqs run on consecutively."""
     seqs = cols["seq"]
     steps = cols["step"]
+    micros = cols["micro_step"]
     n = len(seqs)
     if not st.sigs:
         st.seq0 = int(seqs[0])
@@ -298,12 +333,18 @@ def _extend(
         for pos in ([0] if int(steps[0]) != st.last_step else []) + changes.tolist():
             st.step_starts.append((base + pos, int(steps[pos])))
         st.last_step = int(steps[-1])
+        both = (steps.astype(np.int64) << 32) + micros.astype(np.int64)
+        moved = np.flatnonzero(np.diff(both)) + 1
+        for pos in ([0] if (int(steps[0]), int(micros[0])) != st.last_progress else []) + moved.tolist():
+            st.progress.append((base + pos, int(steps[pos]), int(micros[pos])))
+        st.last_progress = (int(steps[-1]), int(micros[-1]))
         t_done, flags = cols["t_done_ns"], cols["flags"]
         opened, errs = np.flatnonzero(t_done == 0), np.flatnonzero(flags & schema.FLAG_ERROR)
     else:  # holes (torn slots) or a repeated seq: one record at a time
         kept = []
         seq_l, step_l, t_l, sid_l, idx_l = (seqs.tolist(), steps.tolist(), cols["t_issue_ns"].tolist(), sids.tolist(),
                                             idxs.tolist())  # fmt: skip
+        micro_l = micros.tolist()
         for i in range(n):
             gap = seq_l[i] - st.seq0 - len(st.sigs)
             if gap < 0:
@@ -315,6 +356,9 @@ def _extend(
             if step_l[i] != st.last_step:
                 st.step_starts.append((len(st.sigs), step_l[i]))
                 st.last_step = step_l[i]
+            if (step_l[i], micro_l[i]) != st.last_progress:
+                st.progress.append((len(st.sigs), step_l[i], micro_l[i]))
+                st.last_progress = (step_l[i], micro_l[i])
             st.sigs.append(sid_l[i])
             st.idxs.append(idx_l[i])
             st.t_issue.append(t_l[i] + offset)

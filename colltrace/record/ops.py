@@ -222,8 +222,7 @@ def _extract_source(
         lines += [f"    split_in = {got[0]}", f"    split_out = {got[1]}",
                   "    splits = None if split_in is None and split_out is None else (split_in, split_out)",
                   "    if splits is not None:", "        key = None"]  # fmt: skip
-        names = (*names, "splits")
-    lines.append(f"    call = ({', '.join(names)})")
+    lines.append(f"    call = ({', '.join((*names, 'splits') if splits else names)})")
     return "\n".join(lines) + "\n"
 
 

@@ -111,6 +111,13 @@ def evidence_text(e: Evidence) -> str:
         Clue.STEP_BOUNDARY: f"{who} were starting a new step",
         Clue.TIMED_OUT: f"{who} failed in the collective they waited in (timeout or peer gone): victims",
         Clue.TURNED_SLOW: f"{who} turned slow at step {detail}: it was on time before",
+        Clue.STEP_SKEW: _step_skew(who, detail),
+        Clue.COUNT_CHANGED: f"{who} issued another number of collectives in this group in this step than in {its} step before",
+        Clue.SPLITS: f"{who}'s all-to-all split sizes disagree with what {_ranks_detail(detail).rsplit(' ', 1)[0]} "
+        "send to it or expect from it (each pair's sizes must match)",
+        Clue.FIRST_FAILED: f"{who} failed first, with an error of {its} own ({detail}), not a timeout or a lost peer",
+        Clue.OTHER_CALL: f"{who} issued it from another line of code or with another reduce op than the others: "
+        "a different collective, not the same one with other tensors",
         Clue.UNDECIDED: f"{who} each kept to their own earlier pattern: the traces alone cannot say which is wrong",
     }[e.clue]
     return text
@@ -152,6 +159,16 @@ def _ranks_detail(detail: str) -> str:
     except ValueError:
         return f"ranks {detail} were"
     return ranks_text(rs) + (" was" if len(rs) == 1 else " were")
+
+
+def _step_skew(who: str, detail: str) -> str:
+    try:
+        step, micro, o_step, o_micro = (int(x) for x in detail.split(","))
+    except ValueError:
+        return f"{who} issued the same collective in another step or micro-step than the others"
+    return (f"{who} issued it in step {step}, micro-step {micro}, where the others were in step {o_step}, "
+            f"micro-step {o_micro}: {who} issued one collective more or fewer before it, and the backend "
+            "paired the rest silently")  # fmt: skip
 
 
 def _last_arriver(who: str, detail: str) -> str:
@@ -202,6 +219,9 @@ CHECK: dict[Cause, str] = {
     "in the same order with the same rank lists",
     Cause.DTYPE_MISMATCH: "the mixed-precision policy (MixedPrecisionPolicy, autocast, param dtype) on each rank",
     Cause.NUMEL_MISMATCH: "model config and tensor shapes on each rank (hidden sizes, padding, vocab size)",
+    Cause.SPLIT_MISMATCH: "the all-to-all's split sizes on the culprit: they must match, pair by pair, what its peers "
+    "send it and expect from it (token counts exchanged before the dispatch, then changed: capacity dropping, "
+    "padding)",
     Cause.CROSS_GROUP_DEADLOCK: "the order in which ranks enter collectives of different groups: it must be the same "
     "on every rank that shares the groups",
     Cause.STRAGGLER: "what the slow rank does between collectives (data loading, host work, a slow device or node)",

@@ -229,6 +229,7 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
             "", peer, "", "", state, 0, 0, t0, t_done if done else None, 0, flags, 0, site,
         ))  # fmt: skip
     records.sort(key=lambda c: c.idx)
+    records = _p2p_by_direction(records)
     header = {
         "ev": schema.EV_HEADER, "rank": rank, "world_size": world, "source": "flight_recorder",
         "fr_version": str(dump.get("version", "")), "comm_lib_version": str(dump.get("comm_lib_version", "")),
@@ -376,3 +377,17 @@ def _align_with_flight(
         out.append(c._replace(idx=base + n))
     rt.records = out
     rt.flight = {renumbered[k]: v for k, v in rt.flight.items() if k in renumbered}
+
+
+def _p2p_by_direction(records: list[Collective]) -> list[Collective]:
+    """p2p records numbered per (group, peer, direction), as colltrace numbers them: the sends to a peer
+    1, 2, ... as that peer numbers its receives (Flight Recorder counts a group's p2p calls in one seq)."""
+    counters: dict[tuple[str, int, bool], int] = {}
+    out = []
+    for c in records:
+        if c.kind == "p2p":
+            way = (c.group, c.peer, c.op in ("send", "isend"))
+            n = counters[way] = counters.get(way, 0) + 1
+            c = c._replace(seq=n)
+        out.append(c)
+    return out

@@ -33,7 +33,7 @@ class Collective(NamedTuple):
     idx: int  # position in this rank's record stream (0 = first record ever written)
     kind: str  # collective | p2p | span
     group: str  # process group name (pg.group_name)
-    seq: int  # ours, per group (p2p: per group and peer), starting at 1
+    seq: int  # ours, per group (p2p: per group, peer and direction), starting at 1
     backend_seq: int  # the backend's own sequence number, -1 if unknown
     op: str
     numel_in: int

@@ -1,0 +1,90 @@
+"""An all-to-all's split sizes, checked pair by pair: what rank a sends to b must be what b expects from a."""
+
+from __future__ import annotations
+
+from colltrace.analysis import states
+from colltrace.analysis.results import RankEnd
+from colltrace.analysis.streams import RankStreams
+from colltrace.trace.records import Run
+
+_SPLIT_OPS = frozenset({"all_to_all_single"})
+
+
+def parse(shape: str, numel_in: int, numel_out: int, n: int) -> tuple[list[int], list[int]] | None:
+    """The (input, output) split sizes of a record's shape text ("[8,4] -> [8,4] split 2,6 -> 4,4"), in rows;
+    an even side is its rows over n. None without split sizes."""
+    head, sep, tail = shape.partition(" split ")
+    if not sep or n <= 0:
+        return None
+    rows = [_rows(side) for side in head.split(" -> ")]
+    out: list[list[int]] = []
+    for i, side in enumerate(tail.split(" -> ")[:2]):
+        if side == "even":
+            total = rows[i] if i < len(rows) and rows[i] is not None else None
+            if total is None or total % n:
+                return None
+            out.append([total // n] * n)
+        else:
+            try:
+                out.append([int(x) for x in side.split(",")])
+            except ValueError:
+                return None
+    if len(out) != 2 or any(len(s) != n for s in out):
+        return None
+    return out[0], out[1]
+
+
+def _rows(text: str) -> int | None:
+    dims = text.strip().strip("[]").split(",")
+    try:
+        return int(dims[0])
+    except ValueError:
+        return None
+
+
+def bad_pairs(run: Run, streams: dict[int, RankStreams], group: str, seq: int) -> list[tuple[int, int]] | None:
+    """The (sender, receiver) pairs of the all-to-all at (group, seq) whose sizes disagree; None when some
+    member's split sizes cannot be read there."""
+    order: tuple[int, ...] = ()
+    for trace in run.ranks.values():
+        g = trace.groups.get(group)
+        if g is not None and g.ranks:
+            order = tuple(g.ranks)
+            break
+    n = len(order)
+    got: dict[int, tuple[list[int], list[int]]] = {}
+    for r in order:
+        rs, rt = streams.get(r), run.ranks.get(r)
+        st = rs.groups.get(group) if rs is not None else None
+        if st is None or rt is None:
+            return None
+        rec = states.record(rt, st.idx_at(seq))
+        if rec is None or rec.op not in _SPLIT_OPS:
+            return None
+        sizes = parse(rec.shape, rec.numel_in, rec.numel_out, n)
+        if sizes is None:
+            return None
+        got[r] = sizes
+    return [(a, b) for i, a in enumerate(order) for j, b in enumerate(order) if got[a][0][j] != got[b][1][i]]
+
+
+def suspects(
+    run: Run, streams: dict[int, RankStreams], ends: dict[int, RankEnd], among: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(culprits, their peers in the pairs that disagree) at the all-to-all the ranks stopped in, or None when
+    they stopped in none whose split sizes were recorded or all pairs agree. A culprit is in every pair that
+    disagrees; among several such (one pair: either side), those in `among` (the wait-for graph's)."""
+    spots = {(e.blocked.group, e.blocked.seq) for e in ends.values()
+             if e.blocked is not None and e.blocked.op in _SPLIT_OPS}  # fmt: skip
+    for group, seq in sorted(spots):
+        pairs = bad_pairs(run, streams, group, seq)
+        if not pairs:
+            continue
+        every = set.intersection(*({a, b} for a, b in pairs))
+        narrowed = every & set(among) if len(every) > 1 and set(among) & every else every
+        if len(narrowed) != 1:
+            continue
+        (culprit,) = narrowed
+        peers = tuple(sorted({b if a == culprit else a for a, b in pairs} - {culprit}))
+        return (culprit,), peers
+    return None
