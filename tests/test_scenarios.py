@@ -16,7 +16,7 @@ from colltrace.scenarios import schedule as sch
 from colltrace.scenarios.base import EXPECTED_KEYS
 from colltrace.scenarios.catalog import DEFAULT, REGISTRY, get, names
 from colltrace.scenarios.regenerate import TWO_RANK_VARIANTS, variant_dir
-from colltrace.trace.reader import read_run
+from colltrace.trace.reader import find_rank_files, read_rank, read_run
 from colltrace.trace.records import Collective, RankState, Run
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -25,6 +25,7 @@ REQUIRED = {
     "healthy", "healthy_accum", "control_flow", "uneven_data", "rank_exception", "oom", "recompute_mismatch",
     "unused_params", "shared_module_calls", "group_misconfig", "dtype_mismatch", "numel_mismatch",
     "cross_group_deadlock", "killed", "straggler", "deepspeed_zero3", "fsdp1",
+    "oneoff_barrier", "accum_extra_sync", "a2a_splits", "nan_guard", "p2p_pipeline", "p2p_batched", "generator_uneven",
 }  # fmt: skip
 
 
@@ -34,6 +35,11 @@ def _expected(name: str) -> dict[str, Any]:
 
 def _run(name: str) -> Run:
     return read_run(str(FIXTURES / name))
+
+
+def _recorded(name: str) -> dict[int, list[Collective]]:
+    """rank -> its records as colltrace wrote them (no Flight Recorder join, which may renumber a group)."""
+    return {rank: list(read_rank(rank, path).records) for rank, path in find_rank_files(str(FIXTURES / name)).items()}
 
 
 def _by_seq(run: Run, label: str, member: int) -> dict[int, dict[int, Collective]]:
@@ -273,6 +279,114 @@ def test_deepspeed_culprit_finished_while_the_others_wait_in_the_next_step() -> 
     for rank, rt in run.ranks.items():
         if rank != culprit.rank:
             assert rt.last is not None and rt.last.step == short and (rt.last.in_flight or rt.last.error)
+
+
+STEP_CASES = [n for n in NAMES if _expected(n)["kind"] == "step"]
+
+
+@pytest.mark.parametrize("name", STEP_CASES)
+def test_step_kind_is_the_same_collective_from_another_micro_step(name: str) -> None:
+    exp = _expected(name)
+    culprit, seq = exp["culprit_ranks"][0], exp["seq"]
+    per_rank = _by_seq(_run(name), exp["group"], culprit)
+    at = {rank: recs[seq] for rank, recs in per_rank.items()}
+    assert len(at) == len(per_rank)
+    for field, _ in _FIELDS:  # nothing the oracle compares differs there: gloo pairs them silently
+        values = {_numel(r) if field == "numel" else getattr(r, field) for r in at.values()}
+        assert len(values) == 1, (field, values)
+    others = {(r.step, r.micro_step) for rank, r in at.items() if rank != culprit}
+    assert len(others) == 1 and (at[culprit].step, at[culprit].micro_step) not in others
+    # from the next seq on the culprit is a step behind
+    later = {rank: recs[seq + 1].step for rank, recs in per_rank.items()}
+    assert all(later[culprit] < step for rank, step in later.items() if rank != culprit)
+    first, _, _ = first_disagreement(_run(name), exp["group"], culprit)
+    assert first > seq
+
+
+def _splits(r: Collective) -> tuple[list[int], list[int]]:
+    """An all_to_all_single's (input, output) split sizes from its shape text: "[8] -> [8] split 2,6 -> 4,4"."""
+    _, text = r.shape.split(" split ")
+    sides = text.split(" -> ")
+    return [int(n) for n in sides[0].split(",")], [int(n) for n in sides[1].split(",")]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if _expected(n)["cause"] == "split_mismatch"])
+def test_split_mismatch_culprit_sends_what_its_peers_do_not_expect(name: str) -> None:
+    exp = _expected(name)
+    culprit, seq = exp["culprit_ranks"][0], exp["seq"]
+    at = {rank: recs[seq] for rank, recs in _by_seq(_run(name), exp["group"], culprit).items()}
+    assert {r.op for r in at.values()} == {"all_to_all_single"}
+    splits = {rank: _splits(r) for rank, r in at.items()}
+    # a sends splits[a].in[b] rows to b, which expects splits[b].out[a] from a
+    wrong = {(a, b) for a in splits for b in splits if splits[a][0][b] != splits[b][1][a]}
+    assert wrong and {a for a, _ in wrong} == {culprit}
+    # one seq earlier every rank told the others its counts: an all_to_all_single of one count per rank
+    before = {rank: recs[seq - 1] for rank, recs in _by_seq(_run(name), exp["group"], culprit).items()}
+    assert {(r.op, r.numel_in) for r in before.values()} == {("all_to_all_single", exp["ranks"])}
+
+
+def test_oneoff_barrier_culprit_polls_outside_collectives_and_spans() -> None:
+    exp = _expected("oneoff_barrier")
+    run = _run("oneoff_barrier")
+    culprit, seq = exp["culprit_ranks"][0], exp["seq"]
+    for rank, rt in run.ranks.items():
+        assert rt.last is not None
+        if rank == culprit:
+            # stopped from outside (torchrun's SIGTERM once the others failed), in no collective, in no span
+            assert rt.state is RankState.HUNG and rt.signal and rt.signal["signal"] == "SIGTERM"
+            assert not rt.in_flight and not rt.open_spans and rt.last.seq == seq - 1
+        else:  # timed out in the barrier
+            assert (rt.last.op, rt.last.seq, rt.last.error) == ("barrier", seq, True)
+            assert rt.state is RankState.CRASHED
+
+
+def test_nan_guard_culprit_reduces_a_flag_from_its_own_line() -> None:
+    exp = _expected("nan_guard")
+    culprit, seq = exp["culprit_ranks"][0], exp["seq"]
+    at = {rank: recs[seq] for rank, recs in _by_seq(_run("nan_guard"), exp["group"], culprit).items()}
+    mine = at.pop(culprit)
+    assert (mine.op, mine.numel_in, mine.reduce_op) == ("all_reduce", 1, "MAX") and mine.phase != "backward"
+    for r in at.values():
+        assert (r.op, r.reduce_op, r.phase, r.flavour) == ("all_reduce", "SUM", "backward", "reduce_grad")
+        assert r.numel_in > 1 and r.site != mine.site
+
+
+def test_generator_uneven_short_rank_reaches_the_final_barrier_a_step_early() -> None:
+    exp = _expected("generator_uneven")
+    run = _run("generator_uneven")
+    culprit, seq = exp["culprit_ranks"][0], exp["seq"]
+    at = {rank: recs[seq] for rank, recs in _by_seq(run, exp["group"], culprit).items()}
+    assert at[culprit].op == "barrier" and at[culprit].step == run.ranks[culprit].steps
+    assert all(r.op == "all_reduce" and r.step == at[culprit].step for rank, r in at.items() if rank != culprit)
+
+
+@pytest.mark.parametrize("name", ["p2p_pipeline", "p2p_batched"])
+def test_healthy_p2p_every_send_meets_its_receive(name: str) -> None:
+    run = _run(name)
+    assert all(rt.state is RankState.FINISHED for rt in run.ranks.values())
+    recorded = _recorded(name)
+    sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    recvs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for rank, recs in recorded.items():
+        for r in recs:
+            if r.kind == "p2p":
+                assert not r.in_flight and not r.error
+                if r.op in ("send", "isend"):
+                    sends.setdefault((rank, r.peer), []).append((r.seq, r.numel_in))
+                else:
+                    recvs.setdefault((r.peer, rank), []).append((r.seq, r.numel_out))
+    assert sends and sends == recvs
+    for pairs in sends.values():  # numbered 1, 2, ... per (peer, direction)
+        assert [s for s, _ in pairs] == list(range(1, len(pairs) + 1))
+    collectives = {rank: [(r.seq, r.op, r.numel_in) for r in recs if r.kind == "collective"]
+                   for rank, recs in recorded.items()}  # fmt: skip
+    assert len({tuple(c) for c in collectives.values()}) == 1 and collectives[0] == [(1, "all_reduce", 1)]
+
+
+def test_p2p_pipeline_stage_0_sends_activations_before_its_first_gradient() -> None:
+    first = _recorded("p2p_pipeline")[0]
+    ops = [r.op for r in first if r.kind == "p2p"]
+    assert ops.index("recv") >= 2
 
 
 # -- two-rank variants: no majority to vote with ------------------------------------------------
