@@ -79,7 +79,7 @@ def membership(run: Run, streams: dict[int, RankStreams]) -> list[Divergence]:
             continue
         seqs = [s.groups[name].seq0 for s in streams.values() if name in s.groups]
         seq = min(seqs) if seqs else None
-        at = tuple(_at(streams, r, name, seq) for r in sorted({r for rs in views.values() for r in rs}))
+        at = tuple(at_seq(streams, r, name, seq) for r in sorted({r for rs in views.values() for r in rs}))
         out.append(
             Divergence(
                 group=name,
@@ -94,7 +94,9 @@ def membership(run: Run, streams: dict[int, RankStreams]) -> list[Divergence]:
     return out
 
 
-def _at(streams: dict[int, RankStreams], rank: int, key: str, seq: int | None, table: SigTable | None = None) -> AtSeq:
+def at_seq(
+    streams: dict[int, RankStreams], rank: int, key: str, seq: int | None, table: SigTable | None = None
+) -> AtSeq:
     rs = streams.get(rank)
     if rs is None:
         return AtSeq(rank, None, None, -1, visible=False)
@@ -163,7 +165,7 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
         seq = skew
     if seq is None:
         return None
-    at = tuple(_at(streams, r, key, seq, table) for r in group_ranks)
+    at = tuple(at_seq(streams, r, key, seq, table) for r in group_ranks)
     classes: dict[Signature | None, list[int]] = {}
     if skew is not None:  # the same records: the ranks are told apart by how far they had got
         by_progress: dict[tuple[int, int] | None, list[int]] = {}

@@ -368,8 +368,12 @@ def gradient_reduction(f: Facts) -> Finding | None:
 
 
 def unattributed(f: Facts) -> Finding | None:
-    """No phase to read (Flight Recorder dumps): a branch, data run out and a skipped gradient look alike."""
-    if f.d is None or f.d.kind not in (Kind.MISSING, Kind.EXTRA) or _attributed(f):
+    """No phase to read (Flight Recorder dumps): a branch, data run out and a skipped gradient look alike, and
+    so do a rank-only collective and a barrier after a loop left early."""
+    if f.d is None or _attributed(f):
+        return None
+    barrier = bool(f.sigs(f.culprits)) and all(s.op in _BARRIERS for s in f.sigs(f.culprits))
+    if f.d.kind not in (Kind.MISSING, Kind.EXTRA) and not barrier:
         return None
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
 
@@ -382,28 +386,12 @@ def control_flow(f: Facts) -> Finding | None:
     return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM if _attributed(f) else Confidence.LOW, ())
 
 
+# the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
-    deadlock,
-    membership,
-    groups_created_apart,
-    split_sizes,
-    failed,
-    stuck_in_span,
-    no_divergence,
-    stopped_outside,
-    step_skew,
-    grad_skipped,
-    recompute,
-    uneven_data,
-    other_call,
-    grad_changed,
-    same_collective,
-    eval_forward,
-    shared_module,
-    gradient_reduction,
-    unattributed,
-    control_flow,
-)  # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
+    deadlock, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
+    step_skew, grad_skipped, recompute, uneven_data, unattributed, other_call, grad_changed, same_collective,
+    eval_forward, shared_module, gradient_reduction, control_flow,
+)  # fmt: skip
 
 
 def find(f: Facts) -> Finding:

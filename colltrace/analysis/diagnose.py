@@ -5,7 +5,6 @@ from __future__ import annotations
 from colltrace.analysis import align, causes, culprit, splits, states, timing, waitfor
 from colltrace.analysis.align import divergences
 from colltrace.analysis.results import (
-    AtSeq,
     Clue,
     Confidence,
     ContextRow,
@@ -62,7 +61,8 @@ def _verdict(d: Divergence | None, culprits: tuple[int, ...], ends: dict[int, Ra
         return Verdict.DEADLOCK
     if d is not None and (d.kind in _CONTENT or d.kind is Kind.MEMBERSHIP):
         return Verdict.DIVERGENCE
-    dead = [r for r in culprits if states.self_failed(ends[r]) or states.died_unseen(ends[r])]
+    dead = [r for r in culprits if states.self_failed(ends[r]) or states.died_unseen(ends[r])
+            or ends[r].state is RankState.CRASHED and not ends[r].lost_peer]  # fmt: skip
     if dead:
         return Verdict.CRASH
     if d is not None:
@@ -98,17 +98,14 @@ def diagnose(run: Run) -> Diagnosis:
         blame = culprit.for_content(d, streams, table, ends)
     split = splits.suspects(run, streams, ends, blame.culprits) if d is None or d.kind is Kind.MISSING else None
     if split is not None:  # the sizes each pair of an all-to-all must agree on say who
-        (who,), peers = split
-        members = tuple(sorted(r for r, e in ends.items() if r != who))
+        (who,), peers, group, seq = split
+        members = align.members(run, group, streams)
+        others = tuple(r for r in members if r != who)
         ev = (Evidence(Clue.SPLITS, (who,), ",".join(map(str, peers))), *blame.evidence)
-        blame = culprit.Blame((who,), members, Kind.NUMEL, Confidence.HIGH if not blame.culprits or who in
-                              blame.culprits else Confidence.MEDIUM, ev)  # fmt: skip
-        e = ends[who]
-        b = e.blocked
-        if b is not None:
-            at = tuple(AtSeq(r, None, None, -1) for r in sorted(ends))
-            d = Divergence(b.group, align.label(run, b.group), align.members(run, b.group, streams), b.seq,
-                           Kind.NUMEL, at, ((who,), members))  # fmt: skip
+        sure = Confidence.HIGH if who in blame.culprits else Confidence.MEDIUM
+        blame = culprit.Blame((who,), others, Kind.NUMEL, sure, ev)
+        at = tuple(align.at_seq(streams, r, group, seq, table) for r in members)
+        d = Divergence(group, align.label(run, group), members, seq, Kind.NUMEL, at, ((who,), others))
     if d is not None and blame.kind is not d.kind:
         d = Divergence(d.group, d.label, d.group_ranks, d.seq, blame.kind, d.at, d.classes)
     if cycle and not (d is not None and d.kind in _CONTENT):
@@ -237,6 +234,11 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
     if dead:
         ev = tuple(Evidence(Clue.CRASHED, (r,), ends[r].error_type) for r in dead)
         return culprit.Blame(dead, tuple(r for r in everyone if r not in dead), Kind.MISSING, Confidence.MEDIUM, ev)
+    first = states.failed_first(ends)
+    if first is not None:
+        # its collective failed first, with an error of its own: the one the others' failures followed
+        ev = (Evidence(Clue.FIRST_FAILED, (first,), ends[first].error_type),)
+        return culprit.Blame((first,), tuple(r for r in everyone if r != first), Kind.MISSING, Confidence.LOW, ev)
     blocked = tuple(r for r, e in ends.items() if e.blocked is not None)
     unseen_ranks = tuple(r for r, e in ends.items() if e.state is RankState.MISSING)
     dumped = any(e.state is RankState.DUMPED for e in ends.values())  # Flight Recorder: no word of how they ended

@@ -115,6 +115,8 @@ class RankEnd:
     out_of_data: bool = False  # a DataLoader iterator of this rank raised StopIteration
     out_of_data_at: int | None = None  # the step of its last StopIteration (each epoch ends with one)
     alive: bool = False  # its process is still running (the job is live)
+    error_t_ns: int = 0  # when its error was recorded (wall-clock ns), 0 if none
+    lost_peer: bool = False  # its error says it waited for a peer or lost one (a timeout, a closed connection)
 
 
 @dataclass(frozen=True, slots=True)

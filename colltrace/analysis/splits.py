@@ -8,6 +8,7 @@ from colltrace.analysis.streams import RankStreams
 from colltrace.trace.records import Run
 
 _SPLIT_OPS = frozenset({"all_to_all_single"})
+_LOOK_BACK = 64  # seqs before the one the ranks stopped in searched for the first that disagreed
 
 
 def parse(shape: str, numel_in: int, numel_out: int, n: int) -> tuple[list[int], list[int]] | None:
@@ -70,21 +71,30 @@ def bad_pairs(run: Run, streams: dict[int, RankStreams], group: str, seq: int) -
 
 def suspects(
     run: Run, streams: dict[int, RankStreams], ends: dict[int, RankEnd], among: tuple[int, ...]
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(culprits, their peers in the pairs that disagree) at the all-to-all the ranks stopped in, or None when
+) -> tuple[tuple[int, ...], tuple[int, ...], str, int] | None:
+    """(culprits, their peers in the pairs that disagree, group, seq) at the first all-to-all of the run of
+    them that disagree and that the ranks stopped in, or None when
     they stopped in none whose split sizes were recorded or all pairs agree. A culprit is in every pair that
     disagrees; among several such (one pair: either side), those in `among` (the wait-for graph's)."""
     spots = {(e.blocked.group, e.blocked.seq) for e in ends.values()
              if e.blocked is not None and e.blocked.op in _SPLIT_OPS}  # fmt: skip
-    for group, seq in sorted(spots):
-        pairs = bad_pairs(run, streams, group, seq)
+    for group, stop in sorted(spots):
+        seq, pairs = stop, bad_pairs(run, streams, group, stop)
         if not pairs:
             continue
+        # gloo completes an all-to-all that sent fewer rows than expected: the first of a run of them
+        for earlier in range(stop - 1, max(0, stop - _LOOK_BACK), -1):
+            got = bad_pairs(run, streams, group, earlier)
+            if got is None:
+                continue  # not an all-to-all with split sizes (the counts' exchange)
+            if not got:
+                break
+            seq, pairs = earlier, got
         every = set.intersection(*({a, b} for a, b in pairs))
         narrowed = every & set(among) if len(every) > 1 and set(among) & every else every
         if len(narrowed) != 1:
             continue
         (culprit,) = narrowed
         peers = tuple(sorted({b if a == culprit else a for a, b in pairs} - {culprit}))
-        return (culprit,), peers
+        return (culprit,), peers, group, seq
     return None

@@ -236,6 +236,8 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         out_of_data=bool(rt.exhausted),
         out_of_data_at=_last_step(rt.exhausted),
         alive=rt.alive,
+        error_t_ns=int(err.get("t_ns") or 0) if isinstance(err.get("t_ns"), int) else 0,
+        lost_peer=bool(etype and _WAITED_FOR_PEERS.search(text)),
     )
 
 
@@ -268,6 +270,18 @@ def rank_ends(run: Run, streams: dict[int, RankStreams]) -> dict[int, RankEnd]:
 def self_failed(end: RankEnd) -> bool:
     """Died of its own error (exception, OOM, fatal signal outside a collective), not of a peer's absence."""
     return end.state is RankState.CRASHED and (end.oom or not end.collective_failure)
+
+
+def failed_first(ends: dict[int, RankEnd]) -> int | None:
+    """The rank whose collective failed first with an error of its own (a size the backend refused, an
+    enforce), not a timeout or a lost peer, when every other rank's error came later or says it lost a peer."""
+    own = [e for e in ends.values() if e.state is RankState.CRASHED and e.error_t_ns and not e.lost_peer]
+    if not own:
+        return None
+    first = min(own, key=lambda e: e.error_t_ns)
+    if sum(e.error_t_ns == first.error_t_ns for e in own) > 1:
+        return None
+    return first.rank
 
 
 def died_unseen(end: RankEnd) -> bool:

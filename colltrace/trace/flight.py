@@ -307,8 +307,11 @@ def merge(run: Run, dumps: dict[int, str]) -> None:
         first: dict[str, int] = {}
         uncertain: set[str] = set()  # groups with a record whose backend seq is not known
         prev: dict[str, int] = {}
+        # the backend's seq of a group with p2p in it counts the p2p calls too (gloo), FR's collective seq
+        # does not: no join there
+        with_p2p = {r.group for r in rt.records if r.kind == "p2p"}
         for r in rt.records:
-            if r.kind != "collective":
+            if r.kind != "collective" or r.group in with_p2p:
                 continue
             first.setdefault(r.group, r.seq)
             b = bseq.get(r.idx)
