@@ -66,6 +66,8 @@ class FakeRank:
         done: bool = True,
         error: bool = False,
         delay_ns: int = 1_000_000,
+        micro: int = 0,
+        shape: str = "",
     ) -> int:
         s = self.w.intern
         seq = self.seq[group] = self.seq.get(group, 0) + 1
@@ -74,8 +76,21 @@ class FakeRank:
         t_done = self.t + 100_000 if (done or error) else 0
         return self.w.append(
             schema.KIND_COLLECTIVE, flags, 0, 0, s(group), s(op), s(dtype), s(redop), s(module), s(phase),
-            s(""), s(f"[{numel}] -> [{numel}]"), seq, seq, numel, numel, peer, self.step, 0,
+            s(""), s(shape or f"[{numel}] -> [{numel}]"), seq, seq, numel, numel, peer, self.step, micro,
             self.t, t_done, 0,
+        )  # fmt: skip
+
+    def p2p(self, op: str, peer: int, numel: int, group: str = "0", done: bool = True) -> int:
+        """A send (numel in) or recv (numel out), numbered per (group, peer, direction) as the recorder does."""
+        s = self.w.intern
+        way = f"{group}:{peer}:{op in ('send', 'isend')}"
+        seq = self.seq[way] = self.seq.get(way, 0) + 1
+        self.t += 1_000_000
+        sent = op in ("send", "isend")
+        return self.w.append(
+            schema.KIND_P2P, schema.FLAG_DONE if done else 0, 0, 0, s(group), s(op), s("float32"), s(""), s(""),
+            s(""), s(""), s(""), seq, -1, numel if sent else 0, 0 if sent else numel, peer, self.step, 0,
+            self.t, self.t + 100_000 if done else 0, 0,
         )  # fmt: skip
 
     def fsdp_step(
@@ -94,11 +109,15 @@ class FakeRank:
     def footer(self) -> None:
         self.w.event({"ev": schema.EV_FOOTER, "t_ns": 0, "step": self.step, "in_flight": 0})
 
-    def error(self, etype: str, message: str) -> None:
+    def error(self, etype: str, message: str, t_ns: int = 0, in_collective: bool | None = None) -> None:
         tb = f'Traceback (most recent call last):\n  File "train.py", line 42, in main\n    loss = model(x)\n{etype}: {message}\n'
-        self.w.event(
-            {"ev": schema.EV_ERROR, "type": etype, "qualname": f"builtins.{etype}", "message": message, "traceback": tb}
-        )
+        ev: dict[str, Any] = {"ev": schema.EV_ERROR, "type": etype, "qualname": f"builtins.{etype}", "message": message,
+                              "traceback": tb}  # fmt: skip
+        if t_ns:
+            ev["t_ns"] = t_ns
+        if in_collective is not None:
+            ev["in_collective"] = in_collective
+        self.w.event(ev)
 
     def hang_stacks(self, func: str = "load_batch", line: str = "time.sleep(600)") -> None:
         frames = [["train.py", 40, "main", "for x in loader:"], ["data.py", 7, func, line]]

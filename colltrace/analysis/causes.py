@@ -182,9 +182,20 @@ def _module(f: Facts, sid: int) -> str:
 # -- the rules, in order: each a function of the facts returning a finding, or None to pass -----------
 
 
+def wrong_peer(f: Facts) -> Finding | None:
+    """The culprit sent one peer a transfer more than it received, and another one fewer than it waits for."""
+    said = tuple(e for e in f.found if e.clue is Clue.MISDIRECTED)
+    return Finding(Cause.WRONG_PEER, Confidence.MEDIUM, said) if said else None
+
+
 def deadlock(f: Facts) -> Finding | None:
-    """A cycle in the wait-for graph."""
-    return Finding(Cause.CROSS_GROUP_DEADLOCK, Confidence.HIGH, (Evidence(Clue.CYCLE, f.cycle),)) if f.cycle else None
+    """A cycle in the wait-for graph through collectives of different groups (a cycle through p2p transfers
+    is a pipeline's schedule gone wrong, said by the rules below)."""
+    if not f.cycle:
+        return None
+    if any(f.ends[r].blocked is not None and f.ends[r].blocked.kind == "p2p" for r in f.cycle if r in f.ends):
+        return None
+    return Finding(Cause.CROSS_GROUP_DEADLOCK, Confidence.HIGH, (Evidence(Clue.CYCLE, f.cycle),))
 
 
 def membership(f: Facts) -> Finding | None:
@@ -209,7 +220,7 @@ def groups_created_apart(f: Facts) -> Finding | None:
 def split_sizes(f: Facts) -> Finding | None:
     """The culprit's all-to-all split sizes disagree with what its peers send it or expect from it."""
     said = tuple(e for e in f.found if e.clue is Clue.SPLITS)
-    return Finding(Cause.SPLIT_MISMATCH, Confidence.HIGH, said) if said else None
+    return Finding(Cause.SPLIT_MISMATCH, Confidence.HIGH, said) if said else None  # the blame says how sure
 
 
 def failed(f: Facts) -> Finding | None:
@@ -388,7 +399,7 @@ def control_flow(f: Facts) -> Finding | None:
 
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
-    deadlock, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
+    wrong_peer, deadlock, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
     step_skew, grad_skipped, recompute, uneven_data, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip

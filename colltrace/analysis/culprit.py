@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from colltrace.analysis import groups, states, waitfor
-from colltrace.analysis.history import TRAINING, Habit, precedent, starts_step
+from colltrace.analysis.history import TRAINING, Habit, periodic, precedent, starts_step
 from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, RankEnd
-from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
+from colltrace.analysis.streams import GroupStream, RankStreams, SigTable, p2p_ends
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
 from colltrace.trace.records import RankState, Run
@@ -247,6 +247,76 @@ def for_membership(d: Divergence, run: Run) -> Blame | None:
     detail = ",".join(map(str, members)) if members else str(view.members)
     evidence = (Evidence(Clue.CREATION_MAJORITY, odd, detail),)
     return Blame(odd, victims, Kind.MEMBERSHIP, Confidence.HIGH, evidence)
+
+
+def in_cycle(cycle: tuple[int, ...], streams: dict[int, RankStreams], ends: dict[int, RankEnd]) -> Blame | None:
+    """Ranks that wait on each other across groups or p2p pairs: those whose collective they stopped in is
+    not what they issued at that point of their step before (across all their groups and pairs: a send to
+    the wrong peer, a skipped micro-batch's send, groups entered in another order) broke the cycle's
+    pattern; the others kept theirs. None when that does not single out a part of the cycle."""
+    changed, kept = [], []
+    for r in cycle:
+        b = ends[r].blocked if r in ends else None
+        habit = rank_habit(streams[r], b.idx) if b is not None and r in streams else Habit.UNKNOWN
+        (changed if habit is Habit.DEVIATES else kept if habit is Habit.CONSISTENT else []).append(r)
+    if not changed or len(changed) == len(cycle):
+        return None
+    culprits = tuple(sorted(changed))
+    ev = [Evidence(Clue.CYCLE, cycle), Evidence(Clue.HISTORY_DEVIATES, culprits)]
+    if kept:
+        ev.append(Evidence(Clue.HISTORY_CONSISTENT, tuple(sorted(kept))))
+    return Blame(culprits, tuple(r for r in cycle if r not in culprits), Kind.MISSING, Confidence.MEDIUM, tuple(ev))
+
+
+def misdirected(streams: dict[int, RankStreams]) -> Blame | None:
+    """A rank that sent one peer a transfer more than that peer received from it, and another peer one
+    fewer than that peer waits for: it sent to the wrong peer (the sender is named, whoever else waits)."""
+    out: dict[int, tuple[set[int], set[int]]] = {}
+    for r, rs in streams.items():
+        for key, st in rs.groups.items():
+            ends = p2p_ends(key)
+            if ends is None or ends[0] != r or not st.sigs:
+                continue
+            peer = streams.get(ends[1])
+            theirs = peer.groups.get(key) if peer is not None else None
+            got = theirs.last_seq if theirs is not None and theirs.sigs else 0
+            if st.last_seq > got:
+                out.setdefault(r, (set(), set()))[0].add(ends[1])
+            elif st.last_seq < got:
+                out.setdefault(r, (set(), set()))[1].add(ends[1])
+    wrong = tuple(sorted(r for r, (more, fewer) in out.items() if more and fewer))
+    if not wrong:
+        return None
+    ev = tuple(Evidence(Clue.MISDIRECTED, (r,), ",".join(map(str, sorted(out[r][0] | out[r][1])))) for r in wrong)
+    others = tuple(sorted(set(streams) - set(wrong)))
+    return Blame(wrong, others, Kind.PEER, Confidence.MEDIUM, ev)
+
+
+def rank_habit(rs: RankStreams, idx: int) -> Habit:
+    """Did the rank issue, at this record's position in its step (over all its groups and pairs), what it
+    issued at that position of its step before?"""
+    rows: list[tuple[int, int, str, int]] = []  # (idx, step, stream, signature id)
+    for key, st in rs.groups.items():
+        starts = st.step_starts
+        for k, (off, step) in enumerate(starts):
+            end = starts[k + 1][0] if k + 1 < len(starts) else len(st.sigs)
+            rows.extend((st.idxs[o], step, key, st.sigs[o]) for o in range(off, end))
+    rows.sort()
+    at = next((i for i, row in enumerate(rows) if row[0] == idx), None)
+    if at is None:
+        return Habit.UNKNOWN
+    step = rows[at][1]
+    if all(row[1] == step for row in rows):  # no step numbers to go by: the period of what it issued
+        if rs.first_idx > 0 and at < len(rows) // 2:
+            return Habit.UNKNOWN
+        # twice before is enough here: this only tells apart ranks the wait-for graph left undecided
+        return periodic([(key, sid) for _, _, key, sid in rows], at, (rows[at][2], rows[at][3]), repeats=1).habit
+    this = [(key, sid) for _, s, key, sid in rows if s == step]
+    before = [(key, sid) for _, s, key, sid in rows if s == step - 1]
+    pos = sum(1 for _, s, _, _ in rows[:at] if s == step)
+    if not before or pos >= len(before) or rows[0][1] == step - 1 and rs.first_idx > 0:
+        return Habit.UNKNOWN
+    return Habit.CONSISTENT if this[pos] == before[pos] else Habit.DEVIATES
 
 
 def _reach(wf: WaitFor, r: int) -> set[int]:

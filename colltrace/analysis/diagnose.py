@@ -98,11 +98,11 @@ def diagnose(run: Run) -> Diagnosis:
         blame = culprit.for_content(d, streams, table, ends)
     split = splits.suspects(run, streams, ends, blame.culprits) if d is None or d.kind is Kind.MISSING else None
     if split is not None:  # the sizes each pair of an all-to-all must agree on say who
-        (who,), peers, group, seq = split
+        (who,), peers, group, seq, certain = split
         members = align.members(run, group, streams)
         others = tuple(r for r in members if r != who)
-        ev = (Evidence(Clue.SPLITS, (who,), ",".join(map(str, peers))), *blame.evidence)
-        sure = Confidence.HIGH if who in blame.culprits else Confidence.MEDIUM
+        ev = (Evidence(Clue.SPLITS, (who,), ",".join(peers)), *blame.evidence)
+        sure = Confidence.HIGH if certain and who in blame.culprits else Confidence.MEDIUM
         blame = culprit.Blame((who,), others, Kind.NUMEL, sure, ev)
         at = tuple(align.at_seq(streams, r, group, seq, table) for r in members)
         d = Divergence(group, align.label(run, group), members, seq, Kind.NUMEL, at, ((who,), others))
@@ -110,7 +110,11 @@ def diagnose(run: Run) -> Diagnosis:
         d = Divergence(d.group, d.label, d.group_ranks, d.seq, blame.kind, d.at, d.classes)
     if cycle and not (d is not None and d.kind in _CONTENT):
         culprits = cycle
-        victims = tuple(sorted(set(waitfor.waiting_on(wf, cycle)) - set(cycle)))
+        # the sender of a transfer to the wrong peer, else the part of the cycle that left its own pattern
+        broke = culprit.misdirected(streams) or culprit.in_cycle(cycle, streams, ends)
+        if broke is not None:
+            blame, culprits = broke, broke.culprits
+        victims = tuple(sorted(set(waitfor.waiting_on(wf, cycle)) | set(cycle) - set(culprits)))
     else:
         cycle = None
         culprits, victims = blame.culprits, blame.victims

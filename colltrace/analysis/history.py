@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from colltrace.analysis.streams import GroupStream
 
@@ -47,11 +48,15 @@ def by_step(st: GroupStream, seq: int, sid: int) -> Precedent:
 
 def by_period(st: GroupStream, seq: int, sid: int) -> Precedent:
     """No step numbers: find the shortest period of what came before and compare one period back."""
-    off = seq - st.seq0
-    sigs = st.sigs
+    return periodic(st.sigs, seq - st.seq0, sid)
+
+
+def periodic(sigs: Sequence[Any], off: int, sid: Any, repeats: int = 2) -> Precedent:
+    """What came before `off` in `sigs` repeats with a shortest period (seen `repeats` + 1 times at least): is
+    `sid` what came one period back?"""
     for p in range(1, min(_MAX_PERIOD, off // 2) + 1):
         window = min(off - p, max(3 * p, 64))
-        if window < 2 * p:
+        if window < repeats * p:
             continue
         if sigs[off - window : off] == sigs[off - window - p : off - p]:
             prev = sigs[off - p]

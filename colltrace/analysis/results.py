@@ -58,6 +58,7 @@ class Clue(str, enum.Enum):
     COUNT_CHANGED = "count_changed"  # the rank issued another number of collectives in this step than in the one before
     SPLITS = "splits"  # the rank's all-to-all split sizes disagree with its peers' (detail: the peers)
     FIRST_FAILED = "first_failed"  # the rank's collective failed first, with an error of its own (not a lost peer)
+    MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: the peers)
     OTHER_CALL = "other_call"  # the ranks issued it from different lines or with different reduce ops
     UNDECIDED = "undecided"  # the evidence does not separate the ranks
 

@@ -43,9 +43,11 @@ def _rows(text: str) -> int | None:
         return None
 
 
-def bad_pairs(run: Run, streams: dict[int, RankStreams], group: str, seq: int) -> list[tuple[int, int]] | None:
-    """The (sender, receiver) pairs of the all-to-all at (group, seq) whose sizes disagree; None when some
-    member's split sizes cannot be read there."""
+def bad_pairs(
+    run: Run, streams: dict[int, RankStreams], group: str, seq: int
+) -> list[tuple[int, int, int, int]] | None:
+    """(sender, receiver, rows sent, rows the receiver expected) of each pair of the all-to-all at
+    (group, seq) whose sizes disagree; None when some member's split sizes cannot be read there."""
     order: tuple[int, ...] = ()
     for trace in run.ranks.values():
         g = trace.groups.get(group)
@@ -66,16 +68,19 @@ def bad_pairs(run: Run, streams: dict[int, RankStreams], group: str, seq: int) -
         if sizes is None:
             return None
         got[r] = sizes
-    return [(a, b) for i, a in enumerate(order) for j, b in enumerate(order) if got[a][0][j] != got[b][1][i]]
+    return [(a, b, got[a][0][j], got[b][1][i]) for i, a in enumerate(order) for j, b in enumerate(order)
+            if got[a][0][j] != got[b][1][i]]  # fmt: skip
 
 
 def suspects(
     run: Run, streams: dict[int, RankStreams], ends: dict[int, RankEnd], among: tuple[int, ...]
-) -> tuple[tuple[int, ...], tuple[int, ...], str, int] | None:
-    """(culprits, their peers in the pairs that disagree, group, seq) at the first all-to-all of the run of
-    them that disagree and that the ranks stopped in, or None when
+) -> tuple[tuple[int, ...], tuple[int, ...], str, int, bool] | None:
+    """(culprits, its pairs that disagree as "sender>receiver:sent:expected", group, seq, whether the pairs
+    alone single it out)
+    at the first all-to-all of the run of them that disagree and that the ranks stopped in, or None when
     they stopped in none whose split sizes were recorded or all pairs agree. A culprit is in every pair that
-    disagrees; among several such (one pair: either side), those in `among` (the wait-for graph's)."""
+    disagrees; among several such (one pair: either side), those in `among` (the wait-for graph's), else
+    the pairs' one sender."""
     spots = {(e.blocked.group, e.blocked.seq) for e in ends.values()
              if e.blocked is not None and e.blocked.op in _SPLIT_OPS}  # fmt: skip
     for group, stop in sorted(spots):
@@ -90,11 +95,17 @@ def suspects(
             if not got:
                 break
             seq, pairs = earlier, got
-        every = set.intersection(*({a, b} for a, b in pairs))
+        every = set.intersection(*({a, b} for a, b, _, _ in pairs))
         narrowed = every & set(among) if len(every) > 1 and set(among) & every else every
+        certain = len(narrowed) == 1 and len(pairs) > 1
+        senders = {a for a, _, _, _ in pairs}
+        if len(narrowed) != 1 and len(senders) == 1:
+            # one pair, or one sender: a receiver sizes its buffer from the counts it was sent, a sender
+            # sends what it has, so the sender's split is the one that changed (a convention, not a fact)
+            narrowed = senders
         if len(narrowed) != 1:
             continue
         (culprit,) = narrowed
-        peers = tuple(sorted({b if a == culprit else a for a, b in pairs} - {culprit}))
-        return (culprit,), peers, group, seq
+        said = tuple(f"{a}>{b}:{sent}:{want}" for a, b, sent, want in pairs if culprit in (a, b))
+        return (culprit,), said, group, seq, certain
     return None

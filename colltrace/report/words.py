@@ -113,9 +113,10 @@ def evidence_text(e: Evidence) -> str:
         Clue.TURNED_SLOW: f"{who} turned slow at step {detail}: it was on time before",
         Clue.STEP_SKEW: _step_skew(who, detail),
         Clue.COUNT_CHANGED: f"{who} issued another number of collectives in this group in this step than in {its} step before",
-        Clue.SPLITS: f"{who}'s all-to-all split sizes disagree with what {_ranks_detail(detail).rsplit(' ', 1)[0]} "
-        "send to it or expect from it (each pair's sizes must match)",
+        Clue.SPLITS: _splits(who, detail),
         Clue.FIRST_FAILED: f"{who} failed first, with an error of {its} own ({detail}), not a timeout or a lost peer",
+        Clue.MISDIRECTED: f"{who} sent {_ranks_detail(detail).rsplit(' ', 1)[0]} one transfer more than the one "
+        "received and the other one fewer than it waits for: a send to the wrong peer",
         Clue.OTHER_CALL: f"{who} issued it from another line of code or with another reduce op than the others: "
         "a different collective, not the same one with other tensors",
         Clue.UNDECIDED: f"{who} each kept to their own earlier pattern: the traces alone cannot say which is wrong",
@@ -159,6 +160,20 @@ def _ranks_detail(detail: str) -> str:
     except ValueError:
         return f"ranks {detail} were"
     return ranks_text(rs) + (" was" if len(rs) == 1 else " were")
+
+
+def _splits(who: str, detail: str) -> str:
+    """'2>1:20:25' -> 'rank 2 sent rank 1 20 rows where rank 1 expected 25'."""
+    said = []
+    for pair in detail.split(","):
+        try:
+            ends, sent, want = pair.split(":")
+            a, b = ends.split(">")
+        except ValueError:
+            continue
+        said.append(f"rank {a} sent rank {b} {sent} rows where rank {b} expected {want}")
+    text = "; ".join(said) or "its pairs' sizes disagree"
+    return f"{who}'s all-to-all split sizes disagree with its peers': {text}"
 
 
 def _step_skew(who: str, detail: str) -> str:
@@ -224,6 +239,8 @@ CHECK: dict[Cause, str] = {
     "padding)",
     Cause.CROSS_GROUP_DEADLOCK: "the order in which ranks enter collectives of different groups: it must be the same "
     "on every rank that shares the groups",
+    Cause.WRONG_PEER: "the culprit's send: its dst (a pipeline stage's next/previous rank, a direction flag kept "
+    "from the last transfer), and the schedule that posts the receives",
     Cause.STRAGGLER: "what the slow rank does between collectives (data loading, host work, a slow device or node)",
     Cause.STUCK_DATA_LOADING: "the culprit's input pipeline: its DataLoader workers (alive? blocked on a read from a "
     "network file system, a dead mount, a full shared-memory /dev/shm?), the dataset's __getitem__, the storage it reads",

@@ -1,0 +1,218 @@
+"""The facts that hold for any job decide the culprit, and each cause rule on a hand-made trace of its bug.
+
+Each test is named after the failure it stands for, written from the class of bug (not from a fixture):
+who waits for whom, how far each rank got, who failed first; then the rule that names the cause.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from handmade import FSDP_STEP, ranks
+
+from colltrace.analysis import causes
+from colltrace.analysis.diagnose import diagnose
+from colltrace.analysis.results import Clue, Confidence
+from colltrace.analysis.vocab import Cause, Kind, Verdict
+from colltrace.trace.reader import read_run
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "report.md"
+TIMEOUT = "[gloo] Timed out waiting 6000ms for recv operation to complete"
+
+
+def test_a_one_off_barrier_blames_the_rank_stuck_outside_not_the_ranks_waiting_in_it(tmp_path: Path) -> None:
+    """A checkpoint barrier that runs once: rank 0 polls for a file before it, ranks 1-2 wait in it. The
+    barrier breaks the waiting ranks' own pattern; they are still the victims."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(3):
+            r.fsdp_step()
+    for r in rs[1:]:
+        r.coll("barrier", 0, "", "other", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    rs[0].hang_stacks("wait_for_upload", "time.sleep(0.2)")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HANG
+    assert dx.divergence is not None and dx.divergence.kind is Kind.MISSING
+    assert dx.divergence.seq == 3 * len(FSDP_STEP) + 1
+    assert dx.culprits == (0,) and dx.victims == (1, 2)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNKNOWN and dx.finding.confidence is Confidence.LOW
+
+
+def _accumulating(rs: list, steps: int, extra_on: int | None, extra_step: int = 1) -> None:  # type: ignore[type-arg]
+    """DDP-like gradient accumulation: 4 micro-steps a step, one gradient all-reduce at the last; the rank
+    `extra_on` also reduces at micro-step 1 of `extra_step` (no_sync forgotten once)."""
+    for r in rs:
+        for step in range(steps):
+            if r.rank == extra_on and step == extra_step:
+                r.coll("all_reduce", 884, "", "backward", redop="SUM", micro=1)
+            r.coll("all_reduce", 884, "", "backward", redop="SUM", micro=3)
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+
+
+def test_one_gradient_all_reduce_outside_no_sync_is_a_step_divergence_on_that_rank(tmp_path: Path) -> None:
+    """Rank 1 reduces once too often; gloo pairs it with the others' next one, the same op and size: only
+    the step and micro-step it was issued in differ, and from then on the rank is a step behind."""
+    rs = ranks(str(tmp_path), 3)
+    _accumulating(rs, 4, extra_on=1)
+    for r in rs:
+        if r.rank != 1:
+            r.footer()
+    rs[1].coll("all_reduce", 884, "", "backward", redop="SUM", micro=3, done=False, error=True)
+    rs[1].error("RuntimeError", "[gloo] Connection closed by peer", in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DIVERGENCE
+    assert dx.divergence is not None and dx.divergence.kind is Kind.STEP and dx.divergence.seq == 2
+    assert dx.culprits == (1,) and dx.victims == (0, 2)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    clues = {e.clue for e in dx.finding.evidence}
+    assert {Clue.MAJORITY, Clue.COUNT_CHANGED, Clue.STEP_SKEW} <= clues
+
+
+def test_with_two_ranks_the_step_divergence_is_told_by_the_ranks_own_count_per_step(tmp_path: Path) -> None:
+    rs = ranks(str(tmp_path), 2)
+    _accumulating(rs, 4, extra_on=0, extra_step=2)
+    rs[1].footer()
+    rs[0].coll("all_reduce", 884, "", "backward", redop="SUM", micro=3, done=False, error=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.STEP and dx.divergence.seq == 3
+    assert dx.culprits == (0,)
+
+
+def test_an_extra_forward_that_issues_nothing_is_no_step_divergence(tmp_path: Path) -> None:
+    """Rank 0 runs a logging forward without collectives: its micro-steps differ until the next step,
+    where the ranks agree again. Healthy."""
+    rs = ranks(str(tmp_path), 2)
+    for r in rs:
+        for step in range(3):
+            r.coll("all_reduce", 884, "", "backward", redop="SUM", micro=4 if (r.rank == 0 and step == 1) else 3)
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+        r.footer()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HEALTHY and dx.divergence is None
+
+
+def test_a_rank_only_guard_all_reduce_is_control_flow_not_a_size_mismatch(tmp_path: Path) -> None:
+    """A NaN guard: rank 2's 1-element MAX all_reduce meets the others' gradient SUM all_reduce."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(2):
+            r.coll("all_reduce", 884, "", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    rs[2].coll("all_reduce", 1, "", "other", redop="MAX", done=False, error=True)
+    rs[2].error("RuntimeError", "[enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 3536 vs 4")
+    for r in rs[:2]:
+        r.coll("all_reduce", 884, "", "backward", redop="SUM", done=False, error=True)
+        r.error("RuntimeError", "[gloo] Connection reset by peer", in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.NUMEL and dx.divergence.seq == 3
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert dx.finding.confidence is not Confidence.HIGH
+    assert Clue.OTHER_CALL in {e.clue for e in dx.finding.evidence}
+
+
+def test_the_same_collective_with_another_size_on_a_named_module_is_numel_mismatch(tmp_path: Path) -> None:
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.coll("all_gather_single", 136 if r.rank != 1 else 140, "layers.0", "forward")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1,) and dx.finding is not None and dx.finding.cause is Cause.NUMEL_MISMATCH
+
+
+def test_split_sizes_name_the_rank_whose_splits_disagree_with_every_peer(tmp_path: Path) -> None:
+    """MoE dispatch: rank 2 sends 5 rows to rank 0, which expects 10; the all-to-all completes (gloo checks
+    only that no more came), the combine then fails. The first all-to-all whose pairs disagree is the one."""
+    rs = ranks(str(tmp_path), 3)
+    ok = {0: "4,4,4 -> 4,4,4", 1: "4,4,4 -> 4,4,4", 2: "4,4,4 -> 4,4,4"}
+    bad = {0: "4,4,4 -> 4,4,10", 1: "4,4,4 -> 4,4,1", 2: "5,1,1 -> 4,4,1"}
+    back = {0: "4,4,10 -> 4,4,4", 1: "4,4,1 -> 4,4,4", 2: "4,4,1 -> 5,1,1"}
+    for r in rs:
+        r.coll("all_to_all_single", 48, "", "forward", shape=f"[12,4] -> [12,4] split {ok[r.rank]}")
+        r.coll("all_to_all_single", 48, "", "forward", shape=f"[12,4] -> [12,4] split {bad[r.rank]}")
+    rs[2].coll("all_to_all_single", 48, "", "forward", shape=f"[9,4] -> [7,4] split {back[2]}", done=False)
+    for r in rs[:2]:
+        r.coll("all_to_all_single", 48, "", "forward", shape=f"[12,4] -> [12,4] split {back[r.rank]}")
+        r.coll("all_reduce", 1, "", "other", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (2, Kind.NUMEL)
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.SPLIT_MISMATCH
+    assert [e.detail for e in dx.finding.evidence if e.clue is Clue.SPLITS] == ["2>0:5:10"]
+
+
+def test_an_uneven_all_to_all_that_agrees_pair_by_pair_is_healthy(tmp_path: Path) -> None:
+    rs = ranks(str(tmp_path), 2)
+    splits = {0: "[3,4] -> [5,4] split 1,2 -> 1,4", 1: "[7,4] -> [5,4] split 4,3 -> 2,3"}
+    for r in rs:
+        r.coll("all_to_all_single", 12 if r.rank == 0 else 28, "", "forward", shape=splits[r.rank])
+        r.footer()
+    assert diagnose(read_run(str(tmp_path))).verdict is Verdict.HEALTHY
+
+
+def test_a_healthy_pipeline_that_sends_two_activations_before_its_first_gradient(tmp_path: Path) -> None:
+    """Stage 0 sends micro-batches 0 and 1 before it receives a gradient; stage 1 receives, sends a gradient,
+    receives: the pair's transfers interleave differently on the two sides, each direction in order."""
+    rs = ranks(str(tmp_path), 2)
+    s0, s1 = rs
+    s0.p2p("send", 1, 64)
+    s0.p2p("send", 1, 64)
+    s0.p2p("recv", 1, 64)
+    s0.p2p("recv", 1, 64)
+    s1.p2p("recv", 0, 64)
+    s1.p2p("send", 0, 64)
+    s1.p2p("recv", 0, 64)
+    s1.p2p("send", 0, 64)
+    for r in rs:
+        r.coll("all_reduce", 1, "", "other")
+        r.footer()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HEALTHY and dx.divergence is None
+
+
+def test_a_send_to_the_wrong_peer_names_the_sender(tmp_path: Path) -> None:
+    """Stage 1 of 3 sends its second activation back to stage 0 instead of on to stage 2: stage 2 waits
+    in a receive that never gets its send, stage 0 never expected one."""
+    rs = ranks(str(tmp_path), 3)
+    s0, s1, s2 = rs
+    for _ in range(2):
+        s0.p2p("send", 1, 64)
+        s1.p2p("recv", 0, 64)
+    s1.p2p("send", 2, 64)
+    s2.p2p("recv", 1, 64)
+    s1.p2p("send", 0, 64, done=False)
+    s2.p2p("recv", 1, 64, done=False)
+    s2.error("RuntimeError", TIMEOUT, in_collective=True)
+    s0.coll("all_reduce", 1, "", "other", done=False, error=True)
+    s0.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert 1 in dx.culprits and 2 not in dx.culprits
+
+
+def test_the_rank_whose_collective_failed_first_with_its_own_error_is_the_suspect(tmp_path: Path) -> None:
+    """Every rank issued the same collective; rank 1's backend refused a size first, the others lost their
+    peer later: rank 1, said with low confidence (a backend's check may fire on the receiving side)."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+        r.coll("all_to_all_single", 48, "", "forward", done=False, error=True)
+    rs[1].error("RuntimeError", "[enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 160 vs 80",
+                t_ns=1_700_000_000_500_000_000, in_collective=True)  # fmt: skip
+    for r in (rs[0], rs[2]):
+        r.error("RuntimeError", "[gloo] Connection closed by peer", t_ns=1_700_000_001_400_000_000, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1,) and dx.victims == (0, 2)
+    assert dx.finding is not None and dx.finding.confidence is Confidence.LOW
+
+
+def test_the_cause_rules_are_listed_in_the_docs_in_their_order() -> None:
+    """docs/report.md's list of rules and causes.RULES are one order."""
+    text = DOCS.read_text()
+    block = text[text.index("<!-- rules -->") : text.index("<!-- /rules -->")]
+    listed = re.findall(r"^\d+\. `(\w+)`", block, flags=re.M)
+    assert listed == [rule.__name__ for rule in causes.RULES]
