@@ -193,7 +193,8 @@ def deadlock(f: Facts) -> Finding | None:
     is a pipeline's schedule gone wrong, said by the rules below)."""
     if not f.cycle:
         return None
-    if any(f.ends[r].blocked is not None and f.ends[r].blocked.kind == "p2p" for r in f.cycle if r in f.ends):
+    stuck_in = [f.ends[r].blocked for r in f.cycle if r in f.ends]
+    if any(b is not None and b.kind == "p2p" for b in stuck_in):
         return None
     return Finding(Cause.CROSS_GROUP_DEADLOCK, Confidence.HIGH, (Evidence(Clue.CYCLE, f.cycle),))
 

@@ -74,7 +74,7 @@ def bad_pairs(
 
 def suspects(
     run: Run, streams: dict[int, RankStreams], ends: dict[int, RankEnd], among: tuple[int, ...]
-) -> tuple[tuple[int, ...], tuple[int, ...], str, int, bool] | None:
+) -> tuple[tuple[int, ...], tuple[str, ...], str, int, bool] | None:
     """(culprits, its pairs that disagree as "sender>receiver:sent:expected", group, seq, whether the pairs
     alone single it out)
     at the first all-to-all of the run of them that disagree and that the ranks stopped in, or None when
