@@ -23,15 +23,22 @@ def _cell(sig: Signature | None, ref: Signature | None, differs: bool) -> str:
 
 def context_classes(dx: Diagnosis) -> list[tuple[tuple[Signature | None, ...], list[int]]]:
     """The aligned context's columns: one per class of ranks that issued identical records over the whole
-    window (its records, row by row, and its ranks)."""
+    window (its records, row by row, and its ranks), the culprits apart from the others (a step divergence's
+    ranks issued the same records)."""
     d = dx.divergence
     cols: dict[tuple[Any, ...], list[int]] = {}
     if d is None:
         return []
     for i, a in enumerate(d.at):
-        key = tuple(row.sigs[i] for row in dx.context)
+        key = (tuple(row.sigs[i] for row in dx.context), a.rank in dx.culprits)
         cols.setdefault(key, []).append(a.rank)
-    return list(cols.items())
+    return [(sigs, rs) for (sigs, _), rs in cols.items()]
+
+
+def _named(label: str, name: str) -> str:
+    """'default_pg (group 0)'; 'group 3' alone where the label is the name; 'rank 1 → rank 2'."""
+    text = words.group_text(label)
+    return text if text.startswith(("group ", "rank ")) else f"{text} (group {name})"
 
 
 def _context(dx: Diagnosis) -> list[str]:
@@ -40,7 +47,7 @@ def _context(dx: Diagnosis) -> list[str]:
         return []
     heads = context_classes(dx)
     out = [
-        f"#### Aligned context: {d.label} (group {d.group}, {words.ranks_text(d.group_ranks)})",
+        f"#### Aligned context: {_named(d.label, d.group)}, {words.ranks_text(d.group_ranks)}",
         "",
         "| seq | "
         + " | ".join(words.ranks_text(rs) + (" (culprit)" if set(rs) & set(dx.culprits) else "") for _, rs in heads)
@@ -81,7 +88,13 @@ def _ranks(report: dict[str, Any]) -> list[str]:
         if last:
             label = last["group_label"]
             where = label if len(names[label]) == 1 else f"{label} (group {last['group']})"
-            last_text = f"{last['op']} on {where} seq {last['seq']} ({last['status']})"
+            if last.get("peer") is not None:  # a p2p transfer: numbered in its direction
+                way = "to" if last["op"] in ("send", "isend", "send_object_list") else "from"
+                last_text = (
+                    f"{last['op']} {way} rank {last['peer']} on {where}, transfer {last['seq']} ({last['status']})"
+                )
+            else:
+                last_text = f"{last['op']} on {where} seq {last['seq']} ({last['status']})"
         else:
             last_text = "—"
         err = info["error"]
@@ -247,8 +260,8 @@ def render(report: dict[str, Any], dx: Diagnosis, stacks: str = "culprits") -> s
         out.append(f"- **Victims:** {words.ranks_text(dx.victims)}")
     d = report["first_divergence"]
     if d is not None:
-        where = f"seq {d['seq']}" if d["seq"] is not None else "group creation"
-        out.append(f"- **First divergence:** {d['group']} (group {d['group_name']}), {where}, kind `{d['kind']}`")
+        where = words.position(d["group_name"], d["seq"]) if d["seq"] is not None else "group creation"
+        out.append(f"- **First divergence:** {_named(d['group'], d['group_name'])}, {where}, kind `{d['kind']}`")
         if d["call_sites"]:
             out.append("- **Issued at:** " + "; ".join(
                 f"{words.ranks_text(cs['ranks'])}: `{cs['site']}`" for cs in _culprits_first(d["call_sites"], dx)

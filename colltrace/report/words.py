@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from colltrace.analysis.results import Clue, Diagnosis, Evidence
-from colltrace.analysis.streams import Signature
+from colltrace.analysis.streams import Signature, p2p_ends
 from colltrace.analysis.vocab import Cause, Verdict
 from colltrace.trace.records import RankState
 
@@ -23,6 +23,20 @@ def ranks_text(ranks: tuple[int, ...] | list[int]) -> str:
         if r is not None:
             start = prev = r
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
+
+
+def group_text(label: str) -> str:
+    """A group's label for a sentence: 'default_pg', 'group 3' for an unnamed subgroup labelled by its name,
+    'rank 1 → rank 2' for the transfers of a p2p direction."""
+    ends = p2p_ends(label)
+    if ends is not None:
+        return f"rank {ends[0]} → rank {ends[1]}"
+    return f"group {label}" if label.isdigit() else label
+
+
+def position(group: str, seq: int | None) -> str:
+    """'seq 12' for a collective, 'transfer 12' for a p2p direction's (it counts one direction's transfers)."""
+    return f"transfer {seq}" if group.startswith("p2p:") else f"seq {seq}"
 
 
 def sig_text(sig: Signature | None) -> str:
@@ -54,7 +68,11 @@ def headline(dx: Diagnosis) -> str:
         return "Healthy: every rank finished and every collective matched"
     if dx.verdict is Verdict.DEADLOCK and dx.cycle:
         return f"Deadlock across groups: {ranks_text(dx.cycle)} wait on each other{cause}"
-    where = f" at {d.label} seq {d.seq} ({d.kind.value})" if d is not None and d.seq is not None else ""
+    where = (
+        f" at {group_text(d.label)} {position(d.group, d.seq)} ({d.kind.value})"
+        if d is not None and d.seq is not None
+        else ""
+    )
     if d is not None and d.seq is None:
         where = f" in group {d.label} ({d.kind.value})"
     live = " (the job is still running)" if any(e.alive for e in dx.ranks.values()) else ""
