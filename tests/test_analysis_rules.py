@@ -216,3 +216,34 @@ def test_the_cause_rules_are_listed_in_the_docs_in_their_order() -> None:
     block = text[text.index("<!-- rules -->") : text.index("<!-- /rules -->")]
     listed = re.findall(r"^\d+\. `(\w+)`", block, flags=re.M)
     assert listed == [rule.__name__ for rule in causes.RULES]
+
+
+def _short_run(tmp_path: Path, late_ns: int, every: int) -> list:  # type: ignore[type-arg]
+    """Three ranks, 15 one-collective steps of about 10 ms; rank 2 comes `late_ns` late to every
+    `every`-th collective."""
+    rs = ranks(str(tmp_path), 3)
+    for i in range(15):
+        start = max(r.t for r in rs)
+        for r in rs:
+            r.t = start
+            late = late_ns if r.rank == 2 and i % every == 0 else 0
+            r.coll("all_reduce", 884, "", "backward", redop="SUM", delay_ns=10_000_000 + late)
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    for r in rs:
+        r.footer()
+    return rs
+
+
+def test_a_short_runs_steady_straggler_is_named_below_a_second_of_waiting(tmp_path: Path) -> None:
+    """Last at every one of 15 collectives, 47 ms each of a 57 ms step: 0.7 s of the others' waiting."""
+    _short_run(tmp_path, 47_000_000, every=1)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HEALTHY and dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.STRAGGLER
+
+
+def test_one_late_arrival_in_a_short_run_is_no_straggler(tmp_path: Path) -> None:
+    _short_run(tmp_path, 150_000_000, every=15)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HEALTHY and dx.culprits == ()

@@ -48,6 +48,9 @@ COMPUTE_SPANS = frozenset({"forward", "backward", "recompute", "optimizer"})  # 
 MIN_SHARE = 0.6  # of all the time ranks waited for one late rank alone, caused by the top one
 MIN_WAIT_S = 1.0  # below this nobody is slow enough to matter
 MIN_RUN_SHARE = 0.05  # of the run's wall time, spent waiting for that rank
+STEADY_SHARE = 0.8  # ... or, last at this share of the collectives (MIN_STEADY at least), ...
+MIN_STEADY = 10
+MIN_STEADY_WAIT_S = 0.1  # ... from this much waiting
 WHERE_SHARE = 0.5  # a category explains a straggler when its excess is at least this share of its lateness
 MIN_STEP_LATE_NS = 10_000_000  # a step counts as late from 10 ms of others' wait for the rank
 _STRAGGLERS = 5  # ranked and reported
@@ -203,7 +206,10 @@ class Timing:
         if not self.stragglers:
             return None
         top = self.stragglers[0]
-        need = max(MIN_WAIT_S, MIN_RUN_SHARE * self.run_ns / 1e9)
+        share_of_run = MIN_RUN_SHARE * self.run_ns / 1e9
+        # a short run's straggler: last nearly every time, not once by a wide margin (the floor is for noise)
+        steady = top.collectives >= MIN_STEADY and top.last_arrivals >= STEADY_SHARE * top.collectives
+        need = max(MIN_STEADY_WAIT_S if steady else MIN_WAIT_S, share_of_run)
         return top if top.waited_s >= need and top.share >= MIN_SHARE else None
 
 
