@@ -247,3 +247,17 @@ def test_one_late_arrival_in_a_short_run_is_no_straggler(tmp_path: Path) -> None
     _short_run(tmp_path, 150_000_000, every=15)
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.verdict is Verdict.HEALTHY and dx.culprits == ()
+
+
+def test_a_rank_that_timed_out_in_new_group_is_a_victim_too(tmp_path: Path) -> None:
+    """Rank 0 is stuck outside collectives; rank 1 waits in a barrier; rank 2 timed out creating a group
+    (new_group's store barrier: no collective record). Rank 2 is a victim, not left out."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+    rs[0].hang_stacks()
+    rs[1].coll("barrier", 0, "", "other", done=False, error=True)
+    rs[1].error("RuntimeError", TIMEOUT, in_collective=True)
+    rs[2].error("DistStoreError", "Timed out after 6 seconds waiting for clients. 2/3 clients joined.")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (0,) and dx.victims == (1, 2)

@@ -185,7 +185,10 @@ def for_missing(
         return Blame(culprits, victims, Kind.EXTRA, Confidence.MEDIUM, tuple(evidence))
     # the absent ranks are late: follow the wait-for graph from them to whom they wait on
     culprits_set: set[int] = set()
-    for r in absent:
+    # an absent rank whose error says it waited for a peer (a store barrier, a collective the trace never
+    # saw) waits on someone too: a victim, unless no other absent rank is left to blame
+    waiting = {r for r in absent if ends[r].lost_peer and not ends[r].oom}
+    for r in [r for r in absent if r not in waiting] or absent:
         if not wf.graph.get(r):
             culprits_set.add(r)
         else:

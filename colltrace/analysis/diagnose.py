@@ -118,6 +118,9 @@ def diagnose(run: Run) -> Diagnosis:
     else:
         cycle = None
         culprits, victims = blame.culprits, blame.victims
+    if culprits:  # a rank whose error says it waited for or lost a peer (in new_group too: no record) is one
+        lost = {r for r, e in ends.items() if e.lost_peer or e.collective_failure}
+        victims = tuple(sorted((set(victims) | lost) - set(culprits)))
     verdict = _verdict(d, culprits, ends, bool(cycle))
     tm = timing.including(tm, run, culprits, end_ns)  # a big world's sample may have missed them
     finding: Finding | None = None

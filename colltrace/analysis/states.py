@@ -18,8 +18,9 @@ _COMM_FAILURE = re.compile(
     r"ProcessGroup|socket|watchdog|Aborted",
     re.I,
 )
-_WAITED_FOR_PEERS = re.compile(r"timed? ?out waiting|timeout|connection (closed|reset|refused)|closed by peer|broken pipe",
-                               re.I)  # fmt: skip
+# (the store's barrier in new_group and init: "DistStoreError: Timed out after 6 seconds waiting for clients")
+_WAITED_FOR_PEERS = re.compile(r"timed? ?out waiting|timeout|connection (closed|reset|refused)|closed by peer|broken pipe"
+                               r"|waiting for clients|DistStoreError", re.I)  # fmt: skip
 _FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 _MAX_FRAMES = 6
 
