@@ -100,10 +100,23 @@ def _ranks(spec: str | None) -> set[int] | None:
     return out
 
 
+def _ask(run_dir: str) -> tuple[int, ...]:
+    """Ask a live run's ranks for their stacks now (docs/trace-format.md, "A live run"); the ranks that did
+    not answer in time."""
+    from colltrace.trace import live
+
+    got = live.ask(run_dir)
+    if got is None:
+        return ()
+    return got.silent + tuple(r for r, _ in got.stale)  # a stopped heartbeat while the others beat: the same
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from colltrace.report.build import run_report
 
-    text, problem = run_report(_run_dir(args.run_dir), fmt=args.format, stacks=args.stacks, redact=args.redact)
+    run_dir = _run_dir(args.run_dir)
+    silent = _ask(run_dir)
+    text, problem = run_report(run_dir, fmt=args.format, stacks=args.stacks, redact=args.redact, silent=silent)
     _out(text, args.output)
     return EXIT_PROBLEM if problem else EXIT_OK
 
@@ -149,11 +162,55 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_stacks(args: argparse.Namespace) -> int:
+    """Every live rank's Python stacks, asked for now; a rank that did not answer is said so."""
+    from colltrace.trace import live
+    from colltrace.trace.reader import read_run
+
+    run_dir = _run_dir(args.run_dir)
+    read_run(run_dir)  # bad input: the one-line error
+    got = live.ask(run_dir, wait_s=args.wait)
+    run = read_run(run_dir)
+    lines: list[str] = []
+    if got is None:
+        lines.append("No rank of this run is running (no fresh heartbeat): the last stacks each rank wrote.")
+    for rank, rt in sorted(run.ranks.items()):
+        mine = [st for st in rt.stacks if got is not None and st.get("request") == got.request]
+        if got is not None and rank in got.silent:
+            lines.append(f"rank {rank}: did not answer within {args.wait:g} s (its main thread holds the GIL in "
+                         "native code, or its process is gone)")  # fmt: skip
+            continue
+        if got is not None and rank not in got.asked:
+            lines.append(f"rank {rank}: not running (no fresh heartbeat)")
+            continue
+        stack = (mine or rt.stacks)[-1:] if (mine or rt.stacks) else []
+        if not stack:
+            lines.append(f"rank {rank}: no stacks")
+            continue
+        ev = stack[0]
+        idle = ev.get("idle_s")
+        when = f", {idle:.1f} s after its last collective" if isinstance(idle, (int, float)) else ""
+        lines.append(f"rank {rank} ({ev.get('reason') or 'stacks'}{when}):")
+        for th in ev.get("threads") or []:
+            if not isinstance(th, dict) or str(th.get("thread", "")).startswith("colltrace"):
+                continue
+            lines.append(f"  thread {th.get('thread')}, innermost frame last:")
+            for f in (th.get("frames") or [])[-args.frames :]:
+                try:
+                    path, line, func, code = f
+                except (TypeError, ValueError):
+                    continue
+                lines.append(f"    {path}:{line} in {func}" + (f": {code}" if code else ""))
+    _out("\n".join(lines) + "\n", None)
+    return EXIT_OK
+
+
 def cmd_tui(args: argparse.Namespace) -> int:
     from colltrace.trace.reader import read_run
 
     run_dir = _run_dir(args.run_dir)
     read_run(run_dir)  # bad input: the same one-line error as report, before the screen opens
+    _ask(run_dir)  # a live run's stacks, now: where each rank is
     try:
         from colltrace.tui.app import run
     except ImportError as e:
@@ -210,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--rank", help="only these ranks, e.g. 0,3,5-7 (default: all, up to 64)")
     x.add_argument("--max-events", type=int, default=1_000_000, metavar="N", help="stop adding slices past N")
     x.set_defaults(fn=cmd_export)
+
+    k = sub.add_parser("stacks", help="ask every live rank of a run for its Python stacks now, and print them")
+    k.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="default: the newest run under ./colltrace-runs")
+    k.add_argument("--wait", type=float, default=2.0, metavar="S", help="how long to wait for the answers (2 s)")
+    k.add_argument("--frames", type=int, default=12, metavar="N", help="innermost frames shown per thread (12)")
+    k.set_defaults(fn=cmd_stacks)
 
     t = sub.add_parser("tui", help="open a run in the terminal: timelines, divergence, stats (live while it runs)")
     t.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="default: the newest run under ./colltrace-runs")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 DEFAULT_RING = 100_000  # records kept per rank (12.8 MB of slots)
 DEFAULT_HANG_S = 300.0
+DEFAULT_HANG_FLOOR_S = 30.0  # the watchdog's adaptive judgement never calls a rank stuck before this
 RUNS_ROOT = "colltrace-runs"
 
 _TRUE = {"1", "true", "yes", "on", "full", "ring"}
@@ -25,6 +26,8 @@ class Config:
     ddp: bool  # record DDP's gradient all-reduces through a communication hook (colltrace/record/ddp.py)
     spans: bool  # record compute spans: forward, backward, optimizer, data loading, checkpoint (record/spans.py)
     share_group: bool = False  # COLLTRACE_SHARE=group: trace files 0640 and directories 0750 (else 0600, 0700)
+    hang_floor_s: float = DEFAULT_HANG_FLOOR_S  # COLLTRACE_HANG_FLOOR_S: stuck at HANG_FACTOR x the usual, from this
+    autoreport: bool = True  # COLLTRACE_AUTOREPORT=0: no report.md/json written into the run directory on a hang
 
 
 def _float(name: str, default: float) -> float:
@@ -67,6 +70,8 @@ def from_env() -> Config:
         ddp=os.environ.get("COLLTRACE_DDP", "").strip().lower() not in ("0", "off", "false", "no"),
         spans=os.environ.get("COLLTRACE_SPANS", "").strip().lower() not in ("0", "off", "false", "no"),
         share_group=os.environ.get("COLLTRACE_SHARE", "").strip().lower() == "group",
+        hang_floor_s=max(0.0, _float("COLLTRACE_HANG_FLOOR_S", DEFAULT_HANG_FLOOR_S)),
+        autoreport=os.environ.get("COLLTRACE_AUTOREPORT", "").strip().lower() not in ("0", "off", "false", "no"),
     )
 
 

@@ -206,14 +206,21 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     open_spans = _open_at_stop(rt) if rt.state is not RankState.FINISHED else []
     span = max(open_spans, key=lambda s: s.t_issue_ns) if open_spans else None
     open_for = max(0.0, (end_ns - span.t_issue_ns) / 1e9) if span is not None and end_ns else None
+    latest = rt.stacks[-1] if rt.stacks and rt.state is not RankState.FINISHED else {}
+    idle, usual = latest.get("idle_s"), latest.get("usual_s")
+    stuck = ""  # how long its watchdog saw no progress, against the job's usual wait (a live run's picture)
+    if isinstance(idle, (int, float)) and idle >= 1:
+        stuck = f", {idle:.0f} s without progress"
+        if isinstance(usual, (int, float)) and usual > 0:
+            stuck += f" ({idle / usual:.0f} × its usual wait)"
     if rt.state is RankState.FINISHED:
         activity = "exited cleanly" + (f" after {last.op} (seq {last.seq})" if last is not None else "")
     elif blocked is not None:
-        activity = f"in {blocked.op} (seq {blocked.seq})"
+        activity = f"in {blocked.op} (seq {blocked.seq}){stuck}"
     elif span is not None:
         activity = f"in {span_text(span)}" + (f" for {open_for:.1f} s" if open_for is not None else "")
     elif stack:
-        activity = activity_of(stack)
+        activity = activity_of(stack) + stuck
     elif last is not None:
         activity = f"after {last.op} (seq {last.seq})"
     else:

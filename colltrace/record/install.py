@@ -127,7 +127,7 @@ def start_recording() -> None:
 
             rec.spans = SpanRecorder(writer, CONTEXT, rec._tid)
         TRACER.start(rec)
-        LIFECYCLE.start(rec, cfg.hang_s)
+        LIFECYCLE.start(rec, cfg.hang_s, cfg.hang_floor_s, cfg.autoreport)
         if os.environ.get("COLLTRACE_QUIET") != "1" and rank == 0:
             _say(f"tracing {world} ranks into {run_dir}")
 

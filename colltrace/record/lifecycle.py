@@ -43,11 +43,13 @@ class Lifecycle:
         self._stop = threading.Event()
         self._wakeup_r = -1
         self.hang_s = 0.0
+        self.watch: Watch | None = None
         self._prev_excepthook: Any = None
 
-    def start(self, recorder: Any, hang_s: float) -> None:
+    def start(self, recorder: Any, hang_s: float, hang_floor_s: float = 0.0, autoreport: bool = False) -> None:
         self.recorder = recorder
         self.hang_s = hang_s
+        self.watch = Watch(recorder.writer, hang_floor_s, autoreport)
         atexit.register(self.footer)
         try:  # multiprocessing children (mp.spawn) leave through os._exit: atexit does not run
             from multiprocessing import util
@@ -253,20 +255,138 @@ class Lifecycle:
                 rec.poll()  # async Works that finished with nobody waiting on them
             except Exception as e:
                 rec.warn_once("polling async collectives failed", e)
-            if not self.hang_s or dumps >= _MAX_DUMPS:
-                continue
             last = rec.last_progress_ns
             idle = (time.monotonic_ns() - last) / 1e9
-            if idle >= self.hang_s and last != dumped_at:
+            watch = self.watch
+            if watch is not None:
+                try:
+                    watch.tick(rec, last, idle)  # heartbeat, stacks asked for, the job's usual wait
+                except Exception as e:
+                    rec.warn_once("the live watchdog failed", e)
+            if dumps >= _MAX_DUMPS or last == dumped_at:
+                continue
+            fixed = bool(self.hang_s) and idle >= self.hang_s
+            usual = watch.stuck(idle) if watch is not None else None
+            if fixed or usual is not None:
                 dumped_at = last
                 dumps += 1
                 try:
-                    rec.writer.event(
-                        {"ev": schema.EV_STACKS, "reason": "hang", "t_ns": time.time_ns(), "idle_s": round(idle, 3),
-                         "in_flight": rec.in_flight, "threads": thread_stacks()}
-                    )  # fmt: skip
+                    ev = {"ev": schema.EV_STACKS, "reason": "hang", "t_ns": time.time_ns(), "idle_s": round(idle, 3),
+                          "in_flight": rec.in_flight, "threads": thread_stacks()}  # fmt: skip
+                    if usual is not None:
+                        ev["usual_s"] = round(usual, 3)
+                    rec.writer.event(ev)
                 except Exception:
                     pass
+                if watch is not None:
+                    watch.hung()
+
+
+HANG_FACTOR = 20.0  # stuck: this many times the longest wait between two progress events the job has shown
+_MIN_GAPS = 10  # ... once this many of its half-second looks saw progress
+_REPORT_EVERY_S = 30.0  # the written report is made again this often while the hang lasts, if it changed
+_MAX_REPORTS = 5
+
+
+class Watch:
+    """What the watchdog does for a live run: touch the rank's heartbeat, answer a request for its stacks,
+    learn the job's usual wait between progress events (issues and completions) to call a hang in seconds,
+    and, on the rank that takes the lock first, write report.md and report.json into the run directory."""
+
+    def __init__(self, writer: Any, floor_s: float, autoreport: bool) -> None:
+        from colltrace.trace import live
+
+        self.live = live
+        self.writer = writer
+        self.run_dir = writer.run_dir
+        self.floor_s = floor_s
+        self.autoreport = autoreport
+        self.beat_path = live.heartbeat_path(self.run_dir, writer.rank)
+        self.request_path = live.request_path(self.run_dir)
+        self.beat_at = 0.0
+        self.seen_ns = 0  # the request file's mtime when last read
+        self.answered = ""
+        self.prev_last = 0
+        self.usual = 0.0  # the longest gap between two progress events seen (at the watchdog's resolution)
+        self.gaps = 0
+        self.reporter = False  # this rank holds the report lock
+        self.reports = 0
+        self.reported_at = 0.0
+        self.said = ""
+        self.rec: Any = None
+        self.idle = 0.0
+
+    def tick(self, rec: Any, last: int, idle: float) -> None:
+        self.rec, self.idle = rec, idle
+        now = time.monotonic()
+        if now - self.beat_at >= self.live.HEARTBEAT_S:
+            self.beat_at = now
+            try:
+                os.utime(self.beat_path)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(self.beat_path), exist_ok=True)
+                with open(self.beat_path, "a"):
+                    pass
+        try:
+            mtime = os.stat(self.request_path).st_mtime_ns
+        except OSError:
+            mtime = 0
+        if mtime and mtime != self.seen_ns:
+            self.seen_ns = mtime
+            rid = self.live.read_request(self.request_path)
+            if rid and rid != self.answered:
+                self.answer(rec, rid, idle)
+        if last != self.prev_last:
+            if self.prev_last:
+                self.usual = max(self.usual, (last - self.prev_last) / 1e9)
+                self.gaps += 1
+            self.prev_last = last
+        elif self.reporter and self.reports < _MAX_REPORTS and now - self.reported_at >= _REPORT_EVERY_S:
+            self.report()  # the hang goes on: has the picture changed (a rank died, another hung)?
+
+    def answer(self, rec: Any, rid: str, idle: float) -> None:
+        self.answered = rid
+        self.writer.event({"ev": schema.EV_STACKS, "reason": "request", "request": rid, "t_ns": time.time_ns(),
+                           "idle_s": round(idle, 3), "in_flight": rec.in_flight, "threads": thread_stacks()})  # fmt: skip
+
+    def stuck(self, idle: float) -> float | None:
+        """The job's usual wait when `idle` is a hang by it (HANG_FACTOR times it, the floor at least)."""
+        if not self.floor_s or self.gaps < _MIN_GAPS:
+            return None
+        return self.usual if idle >= max(self.floor_s, HANG_FACTOR * self.usual) else None
+
+    def hung(self) -> None:
+        if not self.autoreport or self.reporter:
+            return
+        try:
+            fd = os.open(os.path.join(self.live.live_dir(self.run_dir), self.live.REPORT_LOCK),
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)  # fmt: skip
+        except OSError:
+            return  # another rank writes it
+        os.write(fd, str(self.writer.rank).encode())
+        os.close(fd)
+        self.reporter = True
+        self.report()
+
+    def report(self) -> None:
+        """Ask every live rank for its stacks, then write the report beside the traces (atomically)."""
+        self.reports += 1
+        self.reported_at = time.monotonic()
+        from colltrace.report.build import run_report
+
+        got = self.live.ask(self.run_dir, asking=lambda rid: self.answer(self.rec, rid, self.idle))
+        silent = (got.silent + tuple(r for r, _ in got.stale)) if got is not None else ()
+        md, _ = run_report(self.run_dir, "md", silent=silent)
+        js, _ = run_report(self.run_dir, "json", silent=silent)
+        head = md.splitlines()[0] if md else ""
+        if head == self.said:
+            return
+        self.said = head
+        for name, text in (("report.md", md), ("report.json", js)):
+            path = os.path.join(self.run_dir, name)
+            with open(f"{path}.tmp", "w") as f:
+                f.write(text)
+            os.replace(f"{path}.tmp", path)
 
 
 def _raised_by_collective(rec: Any, exc: BaseException) -> int | None:

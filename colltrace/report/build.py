@@ -6,6 +6,7 @@ from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.vocab import Verdict
 from colltrace.report import jsonreport, markdown
 from colltrace.trace.reader import TraceError, read_run
+from colltrace.trace.records import NOT_ENDED
 
 try:
     import orjson
@@ -21,13 +22,19 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj, indent=2 if indent else None) + "\n"
 
 
-def run_report(run_dir: str, fmt: str = "md", stacks: str = "culprits", redact: bool = False) -> tuple[str, bool]:
+def run_report(
+    run_dir: str, fmt: str = "md", stacks: str = "culprits", redact: bool = False, silent: tuple[int, ...] = ()
+) -> tuple[str, bool]:
     """Return (report text, whether a problem was found). Raises TraceError for unusable input.
     stacks: whose stacks the Markdown shows, the culprits' or all ranks' (the JSON has every rank's).
-    redact: hosts, users, IP addresses and paths replaced by stable placeholders (report.redact)."""
+    redact: hosts, users, IP addresses and paths replaced by stable placeholders (report.redact).
+    silent: live ranks that did not answer a request for their stacks (trace.live)."""
     if fmt not in ("md", "json"):
         raise TraceError(f"unknown report format {fmt!r} (md or json)")
     run = read_run(run_dir)
+    run.problems += [f"rank {r}: running, but did not answer a request for its stacks in time (its main thread "
+                     "holds the GIL in native code, or its watchdog cannot run)" for r in silent
+                     if r in run.ranks and run.ranks[r].state in NOT_ENDED]  # fmt: skip
     dx = diagnose(run)
     report = jsonreport.build(run, dx)
     if redact:

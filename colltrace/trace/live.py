@@ -1,0 +1,130 @@
+"""A live run's files beside the trace: each rank's heartbeat, a request for every rank's stacks, the answers.
+
+The protocol works wherever the ranks share the run directory (hosts of one job on a shared file system),
+without a signal or a socket: the reader writes `live/stacks.request` (a request id); each rank's watchdog,
+which wakes every half second anyway, sees its modification time change and appends its Python stacks to
+its own sidecar as a `stacks` event with reason `request` and that id. A rank whose watchdog cannot run
+(its main thread holds the GIL in native code) or whose process is gone does not answer: that is said.
+Its heartbeat (`live/rankNNNNN.alive`, touched every HEARTBEAT_S) tells a live rank from a dead one on any
+host. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from colltrace.trace import schema
+
+LIVE_DIR = "live"
+REQUEST_NAME = "stacks.request"
+HEARTBEAT_NAME = "rank{rank:05d}.alive"
+REPORT_LOCK = "report.lock"  # the rank that writes the run's report.md/json when a hang is noticed holds it
+HEARTBEAT_S = 2.0  # a rank's watchdog touches its heartbeat this often
+STALE_S = 5 * HEARTBEAT_S  # a heartbeat older than this: the rank is not alive (or its watchdog cannot run)
+ANSWER_S = 2.0  # how long a reader waits for the ranks' stacks
+
+
+def live_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, LIVE_DIR)
+
+
+def heartbeat_path(run_dir: str, rank: int) -> str:
+    return os.path.join(live_dir(run_dir), HEARTBEAT_NAME.format(rank=rank))
+
+
+def request_path(run_dir: str) -> str:
+    return os.path.join(live_dir(run_dir), REQUEST_NAME)
+
+
+def heartbeats(run_dir: str, now: float | None = None) -> dict[int, float]:
+    """Each rank's heartbeat age in seconds (ranks that never started one are absent)."""
+    now = time.time() if now is None else now
+    out = {}
+    for path in glob.glob(os.path.join(glob.escape(live_dir(run_dir)), "rank*.alive")):
+        try:
+            out[int(os.path.basename(path)[4:9])] = max(0.0, now - os.stat(path).st_mtime)
+        except (OSError, ValueError):
+            continue
+    return dict(sorted(out.items()))
+
+
+def live_ranks(run_dir: str, now: float | None = None) -> list[int]:
+    """The ranks whose heartbeat is fresh: their watchdog ran within STALE_S."""
+    return [r for r, age in heartbeats(run_dir, now).items() if age <= STALE_S]
+
+
+def request(run_dir: str) -> str | None:
+    """Ask every live rank for its stacks now; the request id, or None where the directory cannot be written."""
+    rid = secrets.token_hex(8)
+    path = request_path(run_dir)
+    try:
+        os.makedirs(live_dir(run_dir), exist_ok=True)
+        tmp = f"{path}.{rid}"
+        with open(tmp, "w") as f:
+            json.dump({"id": rid, "t_ns": time.time_ns()}, f)
+        os.replace(tmp, path)  # one step: a rank never reads half a request
+    except OSError:
+        return None
+    return rid
+
+
+def read_request(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            got = json.load(f)
+    except (OSError, ValueError):
+        return None
+    rid = got.get("id") if isinstance(got, dict) else None
+    return rid if isinstance(rid, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Answers:
+    request: str
+    asked: tuple[int, ...]  # the live ranks asked
+    answered: tuple[int, ...]
+    silent: tuple[int, ...]  # asked, no answer in time: stuck in native code holding the GIL, or gone
+    waited_s: float
+    stale: tuple[tuple[int, float], ...] = ()  # (rank, heartbeat age in s): its watchdog stopped running
+
+
+def _answered(run_dir: str, rank: int, rid: str) -> bool:
+    path = os.path.join(run_dir, schema.EVENTS_NAME.format(rank=rank))
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - (1 << 20)))  # the answer is among its last lines
+            return rid.encode() in f.read()
+    except OSError:
+        return False
+
+
+def ask(run_dir: str, wait_s: float = ANSWER_S, asking: Callable[[str], None] | None = None) -> Answers | None:
+    """Ask the live ranks for their stacks and wait until all answered or `wait_s` passed; None when no rank
+    is live (a finished or killed run: nothing to ask) or the request cannot be written. `asking(id)` runs
+    once the request is out (a rank that asks answers for itself)."""
+    beats = heartbeats(run_dir)
+    asked = tuple(r for r, age in beats.items() if age <= STALE_S)
+    stale = tuple((r, round(age, 1)) for r, age in beats.items() if age > STALE_S)
+    if not asked:
+        return None
+    rid = request(run_dir)
+    if rid is None:
+        return None
+    if asking is not None:
+        asking(rid)
+    start = time.monotonic()
+    pending = set(asked)
+    while True:
+        pending = {r for r in pending if not _answered(run_dir, r, rid)}
+        waited = time.monotonic() - start
+        if not pending or waited >= wait_s:
+            break
+        time.sleep(0.05)
+    answered = tuple(r for r in asked if r not in pending)
+    return Answers(rid, asked, answered, tuple(sorted(pending)), round(waited, 3), stale)

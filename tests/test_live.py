@@ -1,0 +1,71 @@
+"""A hang diagnosed while it happens: stacks asked for on demand, the hang noticed by the job's own usual wait,
+the report written into the run directory (real torchrun jobs on gloo, left hanging, then killed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from _jobs import kill_group, start_torchrun, wait_for
+
+from colltrace.trace import live
+from colltrace.trace.reader import read_run
+
+
+def _report(run_dir: Path) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "colltrace.cli", "report", str(run_dir), "--format", "json"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def _pids(run_dir: Path) -> tuple[int, ...]:
+    return tuple(int(rt.header.get("pid") or 0) for rt in read_run(str(run_dir)).ranks.values())
+
+
+def _waiting_in_barrier(run_dir: Path, ranks: tuple[int, ...]) -> bool:
+    run = read_run(str(run_dir))
+    return all(any(c.op == "barrier" and c.in_flight for c in run.ranks[r].records) for r in ranks)
+
+
+def test_a_live_hang_names_the_rank_polling_outside_collectives_from_its_stack_asked_for_now(tmp_path: Path) -> None:
+    """Rank 0 polls for a file before a one-off barrier ranks 1-2 wait in; no gloo timeout for minutes. The
+    report, asked while the job hangs, has rank 0's user frame from a stack it wrote on request; the first
+    rank to notice the hang (3 s floor, well past its usual wait) wrote report.md and report.json."""
+    run_dir = tmp_path / "run"
+    proc = start_torchrun("live_hang.py", 3, run_dir, COLLTRACE_HANG_FLOOR_S="3")
+    try:
+        wait_for("ranks 1-2 in the barrier", lambda: _waiting_in_barrier(run_dir, (1, 2)), timeout=150)
+        wait_for("the report written into the run directory", lambda: (run_dir / "report.json").exists(), 90)
+        rep = _report(run_dir)
+        written = json.loads((run_dir / "report.json").read_text())
+        pids = _pids(run_dir)
+    finally:
+        kill_group(proc, pids=_pids(run_dir) if run_dir.exists() else ())
+    assert rep["culprit_ranks"] == [0] and rep["victim_ranks"] == [1, 2]
+    assert "wait_for_upload" in rep["ranks"]["0"]["last_activity"]
+    asked = [st for st in read_run(str(run_dir)).ranks[0].stacks if st.get("reason") == "request"]
+    assert asked, "rank 0 answered no request for its stacks"
+    assert written["culprit_ranks"] == [0]
+    assert (run_dir / "report.md").read_text().startswith("### colltrace: Hang (the job is still running)")
+    assert len(pids) == 3
+
+
+def test_a_rank_holding_the_gil_in_native_code_is_said_not_to_have_answered(tmp_path: Path) -> None:
+    """Rank 0 blocks in a C call that holds the GIL: its watchdog cannot run. Asking does not hang; the
+    answer says rank 0 did not answer, and the others' stacks came."""
+    run_dir = tmp_path / "run"
+    proc = start_torchrun("live_hang.py", 3, run_dir, LIVE_NATIVE="1", COLLTRACE_AUTOREPORT="0")
+    try:
+        wait_for("ranks 1-2 in the barrier", lambda: _waiting_in_barrier(run_dir, (1, 2)), timeout=150)
+        got = live.ask(str(run_dir), wait_s=3.0)
+        pids = _pids(run_dir)
+    finally:
+        kill_group(proc, pids=pids if "pids" in dir() else ())
+    assert got is not None
+    assert 0 in got.silent or 0 in {r for r, _ in got.stale}
+    assert set(got.answered) >= {1, 2}
+    assert not (run_dir / "report.md").exists()  # COLLTRACE_AUTOREPORT=0
