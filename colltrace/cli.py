@@ -210,7 +210,6 @@ def cmd_tui(args: argparse.Namespace) -> int:
 
     run_dir = _run_dir(args.run_dir)
     read_run(run_dir)  # bad input: the same one-line error as report, before the screen opens
-    _ask(run_dir)  # a live run's stacks, now: where each rank is
     try:
         from colltrace.tui.app import run
     except ImportError as e:

@@ -372,7 +372,7 @@ class CollTraceApp(App[None]):
 
     def on_mount(self) -> None:
         self.sub_title = self.run_dir
-        self.load()
+        self.load(ask=True)
         if self.live:
             self.set_interval(REFRESH_S, self.check_changed)
             self.set_interval(1.0, self.tick)
@@ -380,9 +380,11 @@ class CollTraceApp(App[None]):
     # -- loading, in a worker: the UI never waits for the analysis --------------------------------------
 
     @work(thread=True, exclusive=True, group="load")
-    def load(self) -> None:
+    def load(self, ask: bool = False) -> None:
+        """Read the run; `ask`: first ask a live run's ranks for their stacks (where each one is now). Not
+        on a re-read because files changed: the answers change them."""
         try:
-            model = m.load(self.run_dir)
+            model = m.load(self.run_dir, ask=ask)
         except Exception as e:  # a run torn mid-write: keep what is shown, say so
             self.call_from_thread(self.notify, f"could not read the run: {e}", severity="error")
             return
@@ -396,7 +398,7 @@ class CollTraceApp(App[None]):
             return
         stale = model.live and time.time() - model.loaded_at >= LIVE_REREAD_S
         if stale or m.fingerprint(self.run_dir) != model.fingerprint:
-            self.load()
+            self.load(ask=stale)
 
     def tick(self) -> None:
         if self.model is not None and self.model.live:
@@ -588,7 +590,7 @@ class CollTraceApp(App[None]):
 
     def action_reload(self) -> None:
         self.notify("re-reading the run…", timeout=1.5)
-        self.load()
+        self.load(ask=True)
 
     def action_write(self) -> None:
         """Write the diagnosis as the Markdown report, next to where colltrace was started."""

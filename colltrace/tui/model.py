@@ -17,6 +17,7 @@ from colltrace.analysis.timeline import Call, Span, Timeline
 from colltrace.analysis.timing import TAIL, op_family, read_line
 from colltrace.report import jsonreport, markdown
 from colltrace.report.words import ranks_text
+from colltrace.trace import live
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import Run
 
@@ -186,8 +187,11 @@ def fingerprint(run_dir: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-def load(run_dir: str) -> Model:
-    """Read and diagnose a run (raises TraceError on unusable input)."""
+def load(run_dir: str, ask: bool = False) -> Model:
+    """Read and diagnose a run (raises TraceError on unusable input); `ask`: first ask a live run's ranks for
+    their stacks and wait up to 2 s (trace.live), so a rank stuck outside collectives shows where it is."""
+    if ask:
+        live.ask(run_dir)
     stamp = fingerprint(run_dir)
     run = read_run(run_dir)
     dx = diagnose(run)
