@@ -261,3 +261,17 @@ def test_a_rank_that_timed_out_in_new_group_is_a_victim_too(tmp_path: Path) -> N
     rs[2].error("DistStoreError", "Timed out after 6 seconds waiting for clients. 2/3 clients joined.")
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == (0,) and dx.victims == (1, 2)
+
+
+def test_every_rank_refused_alike_by_the_backend_is_each_ranks_own_exception(tmp_path: Path) -> None:
+    """A list all_to_all of uneven sizes on gloo: every rank raises the same argument error (its own sizes in
+    it), none waits for another: all are culprits, rank_exception."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+        r.coll("all_to_all", 24, "", "forward", done=False, error=True)
+        r.error("RuntimeError", f"ProcessGroupGloo::alltoall: invalid tensor size at index 1 (expected ({r.rank + 1}, 8),"
+                f" got (3, 8))", in_collective=True)  # fmt: skip
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (0, 1, 2) and dx.verdict is Verdict.CRASH
+    assert dx.finding is not None and dx.finding.cause is Cause.RANK_EXCEPTION

@@ -11,7 +11,7 @@ from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, F
 from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
 from colltrace.analysis.timing import Straggler
 from colltrace.analysis.vocab import Cause, Kind
-from colltrace.trace.records import NOT_ENDED, RankState, Run
+from colltrace.trace.records import NOT_ENDED, Collective, RankState, Run
 
 _GRAD_OPS = ("reduce_scatter", "_reduce_scatter_base", "all_reduce", "reduce")
 # DDP's error at the forward after a backward whose reduction it could not finish (find_unused_parameters=False)
@@ -87,6 +87,8 @@ def stuck_in_span(f: Facts) -> Finding | None:
         e = f.ends.get(r)
         if e is None or e.blocked is not None or e.state not in NOT_ENDED:
             return None
+        if states.died_unseen(e) and any(f.ends[v].lost_peer for v in f.victims if v in f.ends):
+            return None  # killed on its own (the OOM killer) while the others went on and lost it: not stuck
         span = e.open_span
         cause = _STUCK_IN.get(span.op) if span is not None else None
         if cause is None or span is None:
@@ -149,9 +151,54 @@ def _eval_forward(f: Facts) -> str:
         }  # fmt: skip
 
     culprit_modes = [modes(r) for r in f.culprits]
-    if not all(culprit_modes) or any(modes(v) for v in f.victims):
+    if all(culprit_modes) and not any(modes(v) for v in f.victims):
+        return sorted(set().union(*culprit_modes))[0]
+    return _eval_paired(f)
+
+
+_LOOK_BACK = 64  # seqs before the divergence searched for an evaluation forward paired with training
+
+
+def _eval_paired(f: Facts) -> str:
+    """The mode of an evaluation forward (no gradients, eval mode) that the culprits issued a record of, at a
+    seq shortly before the divergence, where the victims issued theirs in a training forward: one evaluation
+    batch more than the others, paired silently with their training step (every rank evaluates)."""
+    d = f.d
+    if d is None or d.seq is None or not f.culprits or not f.victims:
         return ""
-    return sorted(set().union(*culprit_modes))[0]
+    spans: dict[int, list[Collective]] = {}
+    victims = f.victims[:_VICTIMS]  # a big world's victims are alike: a few say it
+    for seq in range(d.seq, max(0, d.seq - _LOOK_BACK), -1):
+        theirs = {_eval_mode(f, r, seq, spans) for r in f.culprits}
+        if None in theirs or "" in theirs:
+            continue
+        if all(_eval_mode(f, v, seq, spans) == "" for v in victims):
+            return sorted(m for m in theirs if m)[0]
+    return ""
+
+
+_VICTIMS = 4
+
+
+def _eval_mode(f: Facts, rank: int, seq: int, spans: dict[int, list[Collective]]) -> str | None:
+    """The mode of the evaluation forward span the rank's record at seq was issued in ("" none; None: no
+    record there). `spans`: each rank's evaluation forward spans, found once."""
+    rs, rt = f.streams.get(rank), f.run.ranks.get(rank)
+    st = rs.groups.get(f.d.group) if rs is not None and f.d is not None else None
+    if st is None or rt is None:
+        return None
+    idx = st.idx_at(seq)
+    rec = states.record(rt, idx) if idx >= 0 else None
+    if rec is None:
+        return None
+    if rank not in spans:
+        spans[rank] = [s for s in rt.spans if s.op == "forward" and s.flavour
+                       and ("no_grad" in s.flavour or "eval" in s.flavour)]  # fmt: skip
+    t = rec.t_issue_ns
+    for s in spans[rank]:
+        if s.t_issue_ns <= t and (s.t_done_ns is None or t <= s.t_done_ns):
+            return s.flavour
+    return ""
 
 
 def _repeated_module(f: Facts) -> str:
@@ -196,7 +243,23 @@ def deadlock(f: Facts) -> Finding | None:
     stuck_in = [f.ends[r].blocked for r in f.cycle if r in f.ends]
     if any(b is not None and b.kind == "p2p" for b in stuck_in):
         return None
+    if set(f.culprits) < set(f.cycle) and all(_new_to(f, r) for r in f.culprits):
+        # the part of the cycle that broke its pattern is blocked in a collective it never issued before
+        # in that group: a rank-only branch (a save or a log on rank 0), not groups entered in another order
+        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.CYCLE, f.cycle),))
     return Finding(Cause.CROSS_GROUP_DEADLOCK, Confidence.HIGH, (Evidence(Clue.CYCLE, f.cycle),))
+
+
+def _new_to(f: Facts, rank: int) -> bool:
+    """The rank's blocked collective is one it never issued before in that group (by signature)."""
+    e = f.ends.get(rank)
+    b = e.blocked if e is not None else None
+    rs = f.streams.get(rank)
+    st = rs.groups.get(b.group) if b is not None and rs is not None else None
+    if b is None or st is None:
+        return False
+    off = b.seq - st.seq0
+    return 0 <= off < len(st.sigs) and st.sigs[off] not in st.sigs[:off]
 
 
 def membership(f: Facts) -> Finding | None:
@@ -228,6 +291,12 @@ def failed(f: Facts) -> Finding | None:
     """A culprit died of its own error: DDP's unfinished reduction, out of memory, any other exception."""
     ends = f.ends
     dead = [ends[r] for r in f.culprits if r in ends and states.self_failed(ends[r])]
+    own = [ends[r] for r in f.culprits if r in ends and states.own_error(ends[r])]
+    if not dead and own and len(own) == len(f.culprits) and f.d is None:
+        # every collective matched, and every culprit's raised an error of its own (the backend refused its
+        # arguments); where the ranks disagreed, that error is the disagreement's, said by the rules below
+        return Finding(Cause.RANK_EXCEPTION, Confidence.MEDIUM,
+                       (Evidence(Clue.CRASHED, tuple(e.rank for e in own), own[0].error_type),))  # fmt: skip
     if not dead:
         return None
     unreduced = [(e.rank, _DDP_UNUSED.search(e.error_message)) for e in dead if _DDP_UNFINISHED in e.error_message]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from colltrace.analysis import align, causes, culprit, splits, states, timing, waitfor
 from colltrace.analysis.align import divergences
 from colltrace.analysis.results import (
@@ -241,6 +243,12 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
     if dead:
         ev = tuple(Evidence(Clue.CRASHED, (r,), ends[r].error_type) for r in dead)
         return culprit.Blame(dead, tuple(r for r in everyone if r not in dead), Kind.MISSING, Confidence.MEDIUM, ev)
+    own = tuple(r for r, e in ends.items() if states.own_error(e))
+    said = {(ends[r].error_type, re.sub(r"\d+", "N", ends[r].error_message)) for r in own}  # sizes differ
+    if own and len(own) == len(ends) and len(said) == 1:
+        # every rank raised the same error of its own in the same place: each is a culprit of its own
+        ev = (Evidence(Clue.CRASHED, own, ends[own[0]].error_type),)
+        return culprit.Blame(own, (), Kind.MISSING, Confidence.MEDIUM, ev)
     first = states.failed_first(ends)
     if first is not None:
         # its collective failed first, with an error of its own: the one the others' failures followed

@@ -280,6 +280,12 @@ def self_failed(end: RankEnd) -> bool:
     return end.state is RankState.CRASHED and (end.oom or not end.collective_failure)
 
 
+def own_error(end: RankEnd) -> bool:
+    """Crashed with an error of its own out of a collective (a size or argument the backend refused), not a
+    timeout or a lost peer; not out of memory."""
+    return end.state is RankState.CRASHED and bool(end.error_type) and not end.lost_peer and not end.oom
+
+
 def failed_first(ends: dict[int, RankEnd]) -> int | None:
     """The rank whose collective failed first with an error of its own (a size the backend refused, an
     enforce), not a timeout or a lost peer, when every other rank's error came later or says it lost a peer."""

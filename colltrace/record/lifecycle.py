@@ -49,7 +49,10 @@ class Lifecycle:
     def start(self, recorder: Any, hang_s: float, hang_floor_s: float = 0.0, autoreport: bool = False) -> None:
         self.recorder = recorder
         self.hang_s = hang_s
-        self.watch = Watch(recorder.writer, hang_floor_s, autoreport)
+        try:
+            self.watch = Watch(recorder.writer, hang_floor_s, autoreport)
+        except Exception as e:  # the live extras step aside; the end records below must be set up
+            recorder.warn_once("the live watchdog could not start", e)
         atexit.register(self.footer)
         try:  # multiprocessing children (mp.spawn) leave through os._exit: atexit does not run
             from multiprocessing import util
