@@ -18,7 +18,10 @@ def job_env(run_dir: Path, **extra: str) -> dict[str, str]:
     for key in list(env):
         if key.startswith("COLLTRACE") or key in ("FAULT", "FS", "CKPT", "ACCUM", "STEPS"):
             del env[key]
-    env.update(COLLTRACE="1", COLLTRACE_DIR=str(run_dir), COLLTRACE_QUIET="1", OMP_NUM_THREADS="1")
+    # no report written into the run on a hang (a second or two of CPU per hung job on a loaded machine),
+    # but where a test asks for it
+    env.update(COLLTRACE="1", COLLTRACE_DIR=str(run_dir), COLLTRACE_QUIET="1", OMP_NUM_THREADS="1",
+               COLLTRACE_AUTOREPORT="0")  # fmt: skip
     env.update(extra)
     return env
 

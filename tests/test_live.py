@@ -36,7 +36,7 @@ def test_a_live_hang_names_the_rank_polling_outside_collectives_from_its_stack_a
     report, asked while the job hangs, has rank 0's user frame from a stack it wrote on request; the first
     rank to notice the hang (3 s floor, well past its usual wait) wrote report.md and report.json."""
     run_dir = tmp_path / "run"
-    proc = start_torchrun("live_hang.py", 3, run_dir, COLLTRACE_HANG_FLOOR_S="3")
+    proc = start_torchrun("live_hang.py", 3, run_dir, COLLTRACE_HANG_FLOOR_S="3", COLLTRACE_AUTOREPORT="1")
     try:
         wait_for("ranks 1-2 in the barrier", lambda: _waiting_in_barrier(run_dir, (1, 2)), timeout=150)
         wait_for("the report written into the run directory", lambda: (run_dir / "report.json").exists(), 90)

@@ -318,6 +318,7 @@ class Watch:
         self.said = ""
         self.rec: Any = None
         self.idle = 0.0
+        self.thread: threading.Thread | None = None
 
     def tick(self, rec: Any, last: int, idle: float) -> None:
         self.rec, self.idle = rec, idle
@@ -345,7 +346,7 @@ class Watch:
                 self.gaps += 1
             self.prev_last = last
         elif self.reporter and self.reports < _MAX_REPORTS and now - self.reported_at >= _REPORT_EVERY_S:
-            self.report()  # the hang goes on: has the picture changed (a rank died, another hung)?
+            self.report_aside()  # the hang goes on: has the picture changed (a rank died, another hung)?
 
     def answer(self, rec: Any, rid: str, idle: float) -> None:
         self.answered = rid
@@ -369,12 +370,27 @@ class Watch:
         os.write(fd, str(self.writer.rank).encode())
         os.close(fd)
         self.reporter = True
-        self.report()
+        self.report_aside()
+
+    def report_aside(self) -> None:
+        """Make the report in a thread of its own: the watchdog goes on taking SIGTERM and answering requests
+        (a scheduler's SIGKILL follows its SIGTERM by seconds)."""
+        if self.thread is not None and self.thread.is_alive():
+            return
+        self.reports += 1
+        self.reported_at = time.monotonic()
+        self.thread = threading.Thread(target=self.report, name="colltrace-report", daemon=True)
+        self.thread.start()
 
     def report(self) -> None:
         """Ask every live rank for its stacks, then write the report beside the traces (atomically)."""
-        self.reports += 1
-        self.reported_at = time.monotonic()
+        try:
+            self._report()
+        except Exception as e:
+            if self.rec is not None:
+                self.rec.warn_once("writing the run's report failed", e)
+
+    def _report(self) -> None:
         from colltrace.report.build import run_report
 
         got = self.live.ask(self.run_dir, asking=lambda rid: self.answer(self.rec, rid, self.idle))
