@@ -191,8 +191,9 @@ def cmd_stacks(args: argparse.Namespace) -> int:
         idle = ev.get("idle_s")
         when = f", {idle:.1f} s after its last collective" if isinstance(idle, (int, float)) else ""
         lines.append(f"rank {rank} ({ev.get('reason') or 'stacks'}{when}):")
-        for th in ev.get("threads") or []:
-            if not isinstance(th, dict) or str(th.get("thread", "")).startswith("colltrace"):
+        threads = [th for th in ev.get("threads") or [] if isinstance(th, dict)]
+        for th in sorted(threads, key=lambda th: th.get("thread") != "MainThread"):  # the main thread first
+            if str(th.get("thread", "")).startswith("colltrace"):
                 continue
             lines.append(f"  thread {th.get('thread')}, innermost frame last:")
             for f in (th.get("frames") or [])[-args.frames :]:

@@ -198,3 +198,14 @@ def test_redact_without_host_names_in_the_trace_still_replaces_those_in_messages
     from colltrace.report.redact import Redactor
 
     assert Redactor([]).text("cannot reach gpu-node-17.corp.example.com") == "cannot reach host-1"
+
+
+def test_stacks_of_a_run_that_no_longer_runs_are_each_ranks_last(capsys: pytest.CaptureFixture[str]) -> None:
+    """`colltrace stacks` on a killed run: nobody to ask (no heartbeat), so each rank's last stacks, the main
+    thread first; killed's rank 2 was in data loading when SIGTERM came."""
+    assert main(["stacks", str(FIXTURES / "killed")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("No rank of this run is running")
+    rank2 = out.split("rank 2 (signal")[1]
+    assert rank2.split("\n")[1] == "  thread MainThread, innermost frame last:"
+    assert "dataloader" in rank2.lower()
