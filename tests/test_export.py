@@ -101,3 +101,19 @@ def test_export_bad_options_are_one_line_and_exit_2(tmp_path: Path, args: list[s
     err = capsys.readouterr().err.strip()
     assert err.startswith("colltrace: ") and "\n" not in err
     assert not out.exists()
+
+
+def test_a_pipelines_transfers_are_joined_send_to_receive(tmp_path: Path) -> None:
+    """p2p_pipeline (3 stages over send/recv): each transfer is one flow from its send on one rank to its
+    receive on the other, matched in its direction's own numbering."""
+    trace = export(tmp_path, "p2p_pipeline")
+    flows: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for e in trace["traceEvents"]:
+        if e.get("ph") in ("s", "t", "f") and str(e.get("name", "")).startswith("p2p:"):
+            flows[e["id"]].append(e)
+    assert len(flows) == 2 * 2 * 4 * 3  # two pairs, both ways, 4 micro-batches, 3 steps
+    for events in flows.values():
+        start, end = sorted(events, key=lambda e: e["ph"] != "s")
+        assert (start["ph"], end["ph"]) == ("s", "f") and start["pid"] != end["pid"]
+        src, dst = start["name"].split(":")[2].split("#")[0].split("->")
+        assert (start["pid"], end["pid"]) == (int(src), int(dst))

@@ -300,3 +300,17 @@ def test_opens_a_folder_of_flight_recorder_dumps() -> None:
         assert all(set("GA") & set(text[2 + 2 * r][14:]) for r in range(3))  # all-gathers, all-reduces from FR
 
     drive(FIXTURES / "metric_allreduce" / "flight_recorder", script)
+
+
+def test_detail_of_a_transfer_shows_its_send_and_its_receive() -> None:
+    """A p2p call's Detail is its transfer on both ranks, matched in its direction's numbering (not every
+    rank's record of that number in the group)."""
+    from colltrace.tui import model as tm
+
+    mdl = tm.load(str(FIXTURES / "p2p_pipeline"))
+    send = next(c for c in mdl.lines[1].calls if c.p2p and c.op == "send" and c.peer == 2)
+    dt = tm.detail(mdl, send, 1)
+    assert dt.group.startswith("rank 1 → rank 2 on ")
+    assert [row.rank for row in dt.rows] == [1, 2]
+    (mine, theirs) = (row.call for row in dt.rows)
+    assert mine is send and theirs is not None and (theirs.op, theirs.peer, theirs.seq) == ("recv", 1, send.seq)

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from colltrace.analysis import slots
+from colltrace.analysis.streams import is_send, p2p_key
 from colltrace.trace import schema
 from colltrace.trace.reader import RecordView
 from colltrace.trace.records import Collective, RankTrace
@@ -44,6 +45,7 @@ class Call(NamedTuple):
     polled: bool  # completion seen by the watchdog's poll (t1 late by < 0.5 s)
     device: bool  # on a device stream: t1 is when the host saw it done
     error: bool = False  # the call raised or its Work failed: t1 is when it failed
+    peer: int = -1  # a p2p call's other rank (global), else -1
 
     @property
     def exact_end(self) -> bool:
@@ -154,10 +156,19 @@ def _nbytes(c: Collective) -> int | None:
 
 
 def call_of(c: Collective) -> Call:
+    p2p = c.kind == "p2p"
     return Call(
-        c.group, c.seq, c.op, c.kind == "p2p", _nbytes(c), c.step, c.phase, c.module, c.t_issue_ns, c.t_done_ns,
-        c.wait_ns, not c.async_op, bool(c.flags & schema.FLAG_POLLED), c.on_device, c.error,
+        c.group, c.seq, c.op, p2p, _nbytes(c), c.step, c.phase, c.module, c.t_issue_ns, c.t_done_ns,
+        c.wait_ns, not c.async_op, bool(c.flags & schema.FLAG_POLLED), c.on_device, c.error, c.peer if p2p else -1,
     )  # fmt: skip
+
+
+def stream_of(rank: int, c: Call) -> str:
+    """What a call's seq counts in: its group, or for p2p the stream of its direction ('p2p:G:src->dst'),
+    the same on the sending and the receiving rank."""
+    if not c.p2p:
+        return c.group
+    return p2p_key(c.group, rank, c.peer) if is_send(c.op) else p2p_key(c.group, c.peer, rank)
 
 
 def span_of(s: Collective) -> Span:
@@ -172,7 +183,8 @@ def _records(seq: Iterable[Collective], kinds: tuple[str, ...]) -> Iterable[Coll
 
 
 _CALL_COLUMNS = slots.columns("marker", "kind", "flags", "group", "op", "dtype", "module", "phase", "seq",
-                              "numel_in", "numel_out", "step", "t_issue_ns", "t_done_ns", "wait_ns")  # fmt: skip
+                              "numel_in", "numel_out", "peer", "step", "t_issue_ns", "t_done_ns",
+                              "wait_ns")  # fmt: skip
 
 
 def _slots(recs: RecordView) -> Any:
@@ -231,10 +243,12 @@ def _calls(recs: Sequence[Collective], shift: int = 0) -> tuple[list[Call], Colu
     nbytes[size == 0] = None  # a dtype of unknown size
     t1 = c.t1.astype(object)
     t1[~c.done] = None
+    peer = np.where(c.p2p, cols["peer"], -1)
     calls = list(map(Call._make, zip(
         text(c.group, c.groups), c.seq.tolist(), text(c.op, c.ops), c.p2p.tolist(), nbytes.tolist(), cols["step"].tolist(),
         text(*_coded(cols, "phase", strings, "")), text(*_coded(cols, "module", strings, "")), c.t0.tolist(),
         t1.tolist(), c.wait.tolist(), c.sync.tolist(), c.polled.tolist(), c.device.tolist(), c.error.tolist(),
+        peer.tolist(),
     )))  # fmt: skip
     return calls, c
 

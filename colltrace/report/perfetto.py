@@ -17,7 +17,8 @@ from typing import Any
 from colltrace.analysis import intervals
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
-from colltrace.analysis.timeline import Timeline
+from colltrace.analysis.streams import is_send
+from colltrace.analysis.timeline import Timeline, stream_of
 from colltrace.analysis.timing import op_family
 from colltrace.trace.records import Run
 
@@ -100,7 +101,8 @@ def export(run: Run, window: Window = Window(), dx: Diagnosis | None = None) -> 
     origin = min(times, default=0)
     ev = _Events(origin, window.max_events)
     labels = run.group_labels()
-    flows: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)  # (t0, pid, tid) per collective
+    # (send first, t0, pid, tid) per collective or p2p transfer
+    flows: dict[tuple[str, int], list[tuple[int, int, int, int]]] = defaultdict(list)
     for r, tl in keep.items():
         _rank(ev, r, tl, window, labels, flows)
     fid = 0
@@ -108,8 +110,8 @@ def export(run: Run, window: Window = Window(), dx: Diagnosis | None = None) -> 
         if len(ends) < 2:
             continue
         fid += 1
-        ends.sort()
-        for i, (t0, pid, tid) in enumerate(ends):
+        ends.sort(key=lambda e: (e[0], e[1]) if key[0].startswith("p2p:") else (e[1], e[2], e[3]))
+        for i, (_, t0, pid, tid) in enumerate(ends):
             ph = "s" if i == 0 else ("f" if i == len(ends) - 1 else "t")
             flow = {"ph": ph, "id": fid, "pid": pid, "tid": tid, "ts": ev.us(t0), "name": f"{key[0]}#{key[1]}",
                     "cat": "collective"}  # fmt: skip
@@ -154,7 +156,7 @@ def _rank(
     tl: Timeline,
     w: Window,
     labels: dict[str, str],
-    flows: dict[tuple[str, int], list[tuple[int, int, int]]],
+    flows: dict[tuple[str, int], list[tuple[int, int, int, int]]],
 ) -> None:
     ev.meta(r, None, "process_name", f"rank {r}" + (f" ({tl.host})" if tl.host else ""))
     ev.meta(r, None, "process_sort_index", r)
@@ -183,8 +185,11 @@ def _rank(
                     "module": c.module or None, "wait_ms": round(c.wait_ns / 1e6, 3), "in_flight": c.t1 is None}  # fmt: skip
             name = c.op + (" (failed)" if c.error else " (in flight)" if c.t1 is None else "")
             args["error"] = c.error
-            if ev.slice(r, tid + lane, name, "collective", c.t0, tl.end(c.t1), args) and not c.p2p:
-                flows[(group, c.seq)].append((c.t0, r, tid + lane))
+            if c.p2p:
+                args["peer"] = c.peer
+            if ev.slice(r, tid + lane, name, "collective", c.t0, tl.end(c.t1), args):
+                # one flow per collective across its ranks; per transfer, from its send to its receive
+                flows[(stream_of(r, c), c.seq)].append((0 if c.p2p and is_send(c.op) else 1, c.t0, r, tid + lane))
         tid += max(call_lanes, default=0) + 1
     # all-gathers in flight, as a counter track
     gathers = [(c.t0, tl.end(c.t1)) for cs in by_group.values() for c in cs if op_family(c.op) == "all_gather"]

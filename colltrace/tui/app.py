@@ -615,9 +615,10 @@ class CollTraceApp(App[None]):
         it took and blocked the host, its module, phase and step."""
         model = self.model
         assert model is not None
-        dt = m.detail(model, c)
+        dt = m.detail(model, c, model.rank_of(c))
         skew = _ms(dt.skew_ns / 1e6) if dt.skew_ns is not None else "—"
-        head = f"{c.op} on {dt.group} seq {c.seq}: {c.nbytes or 0} bytes, arrival skew {skew}"
+        where = f"{dt.group}, transfer {c.seq}" if c.p2p else f"on {dt.group} seq {c.seq}"
+        head = f"{c.op} {where}: {c.nbytes or 0} bytes, arrival skew {skew}"
         if dt.divergent:
             head += "  ◀ the first divergence"
         rows = []

@@ -13,10 +13,11 @@ from typing import Any
 
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
-from colltrace.analysis.timeline import Call, Span, Timeline
+from colltrace.analysis.streams import p2p_ends
+from colltrace.analysis.timeline import Call, Span, Timeline, stream_of
 from colltrace.analysis.timing import TAIL, op_family, read_line
 from colltrace.report import jsonreport, markdown
-from colltrace.report.words import ranks_text
+from colltrace.report.words import group_text, ranks_text
 from colltrace.trace import live
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import Run
@@ -72,7 +73,8 @@ class Model:
     _calls: dict[int, dict[tuple[str, int], Call]] = field(default_factory=dict, repr=False)  # call_at's index
 
     def call_at(self, rank: int, group: str, seq: int) -> Call | None:
-        """The rank's (first) call at (group, seq), by an index built on first use."""
+        """The rank's (first) call at (group, seq), by an index built on first use; `group` a p2p
+        direction's stream ('p2p:G:src->dst') for its transfers."""
         index = self._calls.get(rank)
         if index is None:
             tl = self.lines.get(rank)
@@ -80,7 +82,7 @@ class Model:
                 return None
             index = {}
             for c in tl.calls:
-                index.setdefault((c.group, c.seq), c)
+                index.setdefault((stream_of(rank, c), c.seq), c)
             self._calls[rank] = index
         return index.get((group, seq))
 
@@ -146,7 +148,8 @@ class Detail:
     skew_ns: int | None  # last issue minus first, over the members that issued it
 
 
-def detail(model: Model, c: Call) -> Detail:
+def detail(model: Model, c: Call, rank: int | None = None) -> Detail:
+    """`rank`: the rank whose call `c` is (a p2p transfer's direction is told by it)."""
     run = model.run
     info = next((rt.groups[c.group] for rt in run.ranks.values() if c.group in rt.groups), None)
     members = tuple(info.ranks) if info is not None and info.ranks else tuple(model.ranks)
@@ -154,7 +157,13 @@ def detail(model: Model, c: Call) -> Detail:
     label = labels.get(c.group, c.group)
     if sum(v == label for v in labels.values()) > 1:
         label += f" (group {c.group}, {ranks_text(members)})"
-    calls = {r: model.call_at(r, c.group, c.seq) for r in members if r in model.lines}
+    key = c.group
+    if c.p2p and rank is not None:  # a transfer: its two ranks, matched in its direction's own numbering
+        key = stream_of(rank, c)
+        ends = p2p_ends(key)
+        members = ends if ends is not None else members
+        label = f"{group_text(key)} on {label}"
+    calls = {r: model.call_at(r, key, c.seq) for r in members if r in model.lines}
     kinds = [(x.op, x.nbytes, x.module, x.phase) for x in calls.values() if x is not None]
     usual = max(dict.fromkeys(kinds), key=kinds.count) if kinds else None  # what most members issued (ties: the first)
     rows = []
