@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from colltrace.scenarios import crashes, divergence, frameworks, groups, healthy, outside  # noqa: F401  (registration)
+from colltrace.scenarios import crashes, divergence, frameworks, groups, healthy, outside, pipeline  # noqa: F401  (registration)
 from colltrace.scenarios.base import REGISTRY, Scenario
 
 DEFAULT = "control_flow"  # the README's demo: a realistic hang whose cause is far from where it hangs
@@ -15,10 +15,11 @@ class UnknownScenario(KeyError):
 # baselines first, then divergences, ranks that stop, groups, other frameworks
 ORDER = (
     "healthy", "healthy_accum", "straggler", "straggler_noisy", "slow_later", "p2p_pipeline", "p2p_batched",
+    "pp_1f1b_healthy",
     "control_flow", "eval_forward", "shared_module_calls", "unused_params", "recompute_mismatch", "dtype_mismatch", "numel_mismatch",
     "a2a_splits", "nan_guard", "accum_extra_sync",
     "metric_allreduce", "uneven_data", "generator_uneven", "rank_exception", "oom", "killed", "stuck_compute",
-    "stuck_checkpoint", "oneoff_barrier",
+    "stuck_checkpoint", "oneoff_barrier", "pp_stage_crash",
     "group_misconfig", "cross_group_deadlock", "hsdp_metric", "tp_clip",
     "fsdp1", "deepspeed_zero3", "ddp_unused", "ddp_unused_last",
 )  # fmt: skip
