@@ -106,9 +106,7 @@ def _ask(run_dir: str) -> tuple[int, ...]:
     from colltrace.trace import live
 
     got = live.ask(run_dir)
-    if got is None:
-        return ()
-    return got.silent + tuple(r for r, _ in got.stale)  # a stopped heartbeat while the others beat: the same
+    return got.not_answered if got is not None else ()
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -183,11 +181,11 @@ def cmd_stacks(args: argparse.Namespace) -> int:
         if got is not None and rank not in got.asked:
             lines.append(f"rank {rank}: not running (no fresh heartbeat)")
             continue
-        stack = (mine or rt.stacks)[-1:] if (mine or rt.stacks) else []
-        if not stack:
+        latest = mine or rt.stacks
+        if not latest:
             lines.append(f"rank {rank}: no stacks")
             continue
-        ev = stack[0]
+        ev = latest[-1]
         idle = ev.get("idle_s")
         when = f", {idle:.1f} s after its last collective" if isinstance(idle, (int, float)) else ""
         lines.append(f"rank {rank} ({ev.get('reason') or 'stacks'}{when}):")

@@ -130,6 +130,11 @@ def _ran_out(f: Facts, rank: int) -> bool:
     return e.state is RankState.FINISHED and all(o is None for o in others)
 
 
+def _evaluating(s: Collective) -> bool:
+    """A forward span without gradients or in eval mode: an evaluation pass."""
+    return s.op == "forward" and ("no_grad" in s.flavour or "eval" in s.flavour)
+
+
 def _eval_forward(f: Facts) -> str:
     """The mode ('no_grad', 'eval') of a forward span every culprit ran in the divergent step before its
     divergent record, when the others ran none such in that step: an evaluation forward."""
@@ -144,11 +149,8 @@ def _eval_forward(f: Facts) -> str:
             return set()
         rec = states.record(rt, a.idx) if a.idx >= 0 else None
         until = rec.t_issue_ns if rec is not None else None
-        return {
-            s.flavour for s in rt.spans
-            if s.op == "forward" and s.step == a.step and s.flavour and (until is None or s.t_issue_ns < until)
-            and ("no_grad" in s.flavour or "eval" in s.flavour)
-        }  # fmt: skip
+        return {s.flavour for s in rt.spans
+                if _evaluating(s) and s.step == a.step and (until is None or s.t_issue_ns < until)}  # fmt: skip
 
     culprit_modes = [modes(r) for r in f.culprits]
     if all(culprit_modes) and not any(modes(v) for v in f.victims):
@@ -192,8 +194,7 @@ def _eval_mode(f: Facts, rank: int, seq: int, spans: dict[int, list[Collective]]
     if rec is None:
         return None
     if rank not in spans:
-        spans[rank] = [s for s in rt.spans if s.op == "forward" and s.flavour
-                       and ("no_grad" in s.flavour or "eval" in s.flavour)]  # fmt: skip
+        spans[rank] = [s for s in rt.spans if _evaluating(s)]
     t = rec.t_issue_ns
     for s in spans[rank]:
         if s.t_issue_ns <= t and (s.t_done_ns is None or t <= s.t_done_ns):

@@ -257,12 +257,12 @@ def in_cycle(cycle: tuple[int, ...], streams: dict[int, RankStreams], ends: dict
     not what they issued at that point of their step before (across all their groups and pairs: a send to
     the wrong peer, a skipped micro-batch's send, groups entered in another order) broke the cycle's
     pattern; the others kept theirs. None when that does not single out a part of the cycle."""
-    changed: list[int] = []
-    kept: list[int] = []
+    habits: dict[int, Habit] = {}
     for r in cycle:
         b = ends[r].blocked if r in ends else None
-        habit = rank_habit(streams[r], b.idx) if b is not None and r in streams else Habit.UNKNOWN
-        (changed if habit is Habit.DEVIATES else kept if habit is Habit.CONSISTENT else []).append(r)
+        habits[r] = rank_habit(streams[r], b.idx) if b is not None and r in streams else Habit.UNKNOWN
+    changed = [r for r in cycle if habits[r] is Habit.DEVIATES]
+    kept = [r for r in cycle if habits[r] is Habit.CONSISTENT]
     if not changed or len(changed) == len(cycle):
         return None
     culprits = tuple(sorted(changed))

@@ -64,7 +64,7 @@ def _verdict(d: Divergence | None, culprits: tuple[int, ...], ends: dict[int, Ra
     if d is not None and (d.kind in _CONTENT or d.kind is Kind.MEMBERSHIP):
         return Verdict.DIVERGENCE
     dead = [r for r in culprits if states.self_failed(ends[r]) or states.died_unseen(ends[r])
-            or ends[r].state is RankState.CRASHED and not ends[r].lost_peer]  # fmt: skip
+            or states.own_error(ends[r])]  # fmt: skip
     if dead:
         return Verdict.CRASH
     if d is not None:

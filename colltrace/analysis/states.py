@@ -289,7 +289,7 @@ def own_error(end: RankEnd) -> bool:
 def failed_first(ends: dict[int, RankEnd]) -> int | None:
     """The rank whose collective failed first with an error of its own (a size the backend refused, an
     enforce), not a timeout or a lost peer, when every other rank's error came later or says it lost a peer."""
-    own = [e for e in ends.values() if e.state is RankState.CRASHED and e.error_t_ns and not e.lost_peer]
+    own = [e for e in ends.values() if own_error(e) and e.error_t_ns]
     if not own:
         return None
     first = min(own, key=lambda e: e.error_t_ns)

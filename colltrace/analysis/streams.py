@@ -18,7 +18,6 @@ from colltrace.trace.records import RankTrace, Run
 
 # ops whose receive-side count is the one all ranks agree on (non-root ranks pass no scatter list)
 _OUT_COUNTED = frozenset({"scatter", "scatter_object_list"})
-_SEND = frozenset({"send", "isend", "send_object_list"})
 # ops whose sizes differ from rank to rank in a healthy run (each rank sends and receives its own counts):
 # their split sizes are checked pair by pair instead (splits.py)
 _OWN_SIZES = frozenset({"all_to_all_single", "all_to_all"})
@@ -135,7 +134,12 @@ def p2p_ends(key: str) -> tuple[int, int] | None:
 
 
 def is_send(op: str) -> bool:
-    return op in _SEND
+    return op in schema.SEND_OPS
+
+
+def direction(group: str, rank: int, peer: int, op: str) -> str:
+    """The p2p stream a rank's send or receive to or from `peer` belongs to (the same on both sides)."""
+    return p2p_key(group, rank, peer) if op in schema.SEND_OPS else p2p_key(group, peer, rank)
 
 
 # The signature's fields, as two raw byte strings per slot (a hashable key, decoded once per distinct value):
@@ -207,9 +211,11 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         if kind == schema.KIND_P2P:
             # both sides of a transfer share one signature: its direction and the size sent, the size the
             # receiver posted (a receive's tensor is its output)
-            src, dst = (rank, peer) if op in _SEND else (peer, rank)
-            size = nin if op in _SEND else nout
-            return p2p_key(g, src, dst), table.intern(Signature("p2p", f"{src}->{dst}", size, dtype, "", -1, "", ""))
+            src, dst = (rank, peer) if op in schema.SEND_OPS else (peer, rank)
+            size = nin if op in schema.SEND_OPS else nout
+            return direction(g, rank, peer, op), table.intern(
+                Signature("p2p", f"{src}->{dst}", size, dtype, "", -1, "", "")
+            )
         numel = 0 if op in _OWN_SIZES else nout if op in _OUT_COUNTED else nin
         sid = table.intern(Signature("collective", op, numel, dtype, redop, peer, module, phase))
         decoded[(tid, a, b)] = (g, sid)

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from colltrace.analysis import slots
-from colltrace.analysis.streams import is_send, p2p_key
+from colltrace.analysis.streams import direction
 from colltrace.trace import schema
 from colltrace.trace.reader import RecordView
 from colltrace.trace.records import Collective, RankTrace
@@ -166,9 +166,7 @@ def call_of(c: Collective) -> Call:
 def stream_of(rank: int, c: Call) -> str:
     """What a call's seq counts in: its group, or for p2p the stream of its direction ('p2p:G:src->dst'),
     the same on the sending and the receiving rank."""
-    if not c.p2p:
-        return c.group
-    return p2p_key(c.group, rank, c.peer) if is_send(c.op) else p2p_key(c.group, c.peer, rank)
+    return direction(c.group, rank, c.peer, c.op) if c.p2p else c.group
 
 
 def span_of(s: Collective) -> Span:

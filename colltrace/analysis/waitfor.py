@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from colltrace.analysis.align import members
 from colltrace.analysis.results import RankEnd
-from colltrace.analysis.streams import RankStreams, is_send, p2p_key
+from colltrace.analysis.streams import RankStreams, direction
 from colltrace.trace.records import Run
 
 Graph = dict[int, set[int]]  # rank -> the ranks it waits on (every rank is a key)
@@ -30,10 +30,7 @@ def build(run: Run, streams: dict[int, RankStreams], ends: dict[int, RankEnd]) -
         b = end.blocked
         if b is None:
             continue
-        if b.kind == "p2p":
-            key = p2p_key(b.group, rank, b.peer) if is_send(b.op) else p2p_key(b.group, b.peer, rank)
-        else:
-            key = b.group
+        key = direction(b.group, rank, b.peer, b.op) if b.kind == "p2p" else b.group
         behind = absent.get((key, b.seq))
         if behind is None:
             behind = absent[(key, b.seq)] = _behind(run, streams, key, b.seq)

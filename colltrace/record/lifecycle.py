@@ -391,12 +391,10 @@ class Watch:
                 self.rec.warn_once("writing the run's report failed", e)
 
     def _report(self) -> None:
-        from colltrace.report.build import run_report
+        from colltrace.report.build import both_reports
 
         got = self.live.ask(self.run_dir, asking=lambda rid: self.answer(self.rec, rid, self.idle))
-        silent = (got.silent + tuple(r for r, _ in got.stale)) if got is not None else ()
-        md, _ = run_report(self.run_dir, "md", silent=silent)
-        js, _ = run_report(self.run_dir, "json", silent=silent)
+        md, js = both_reports(self.run_dir, got.not_answered if got is not None else ())
         head = md.splitlines()[0] if md else ""
         if head == self.said:
             return

@@ -29,7 +29,6 @@ _STATIC_CACHE_MAX = 65536
 BSEQ_MASK = 31  # read the backend seq at every 32nd record of a group (and after multi-op calls)
 ANCHOR_FLAGS = schema.FLAG_OBJECT | schema.FLAG_COALESCED  # calls that run several backend collectives
 _OPEN_WINDOW = 256
-_SENDS = frozenset({"send", "isend", "send_object_list"})
 _PENDING_MAX = 8192
 
 
@@ -244,7 +243,7 @@ class Recorder:
             head = self._with_splits(head, inp, out, call[7])
         counter = g
         if spec.kind == schema.KIND_P2P:  # numbered per (group, peer, direction); pg None: read the backend seq always
-            way = (id(pg), peer, spec.name in _SENDS)
+            way = (id(pg), peer, spec.name in schema.SEND_OPS)
             counter = self._p2p.get(way) or self._p2p.setdefault(way, _Seq(None, g.sid, ()))
         static = (head, mid, counter, flags)
         if key is not None:

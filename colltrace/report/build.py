@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from colltrace.analysis.diagnose import diagnose
+from colltrace.analysis.results import Diagnosis
 from colltrace.analysis.vocab import Verdict
 from colltrace.report import jsonreport, markdown
 from colltrace.trace.reader import TraceError, read_run
-from colltrace.trace.records import NOT_ENDED
+from colltrace.trace.records import NOT_ENDED, Run
 
 try:
     import orjson
@@ -22,6 +25,22 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj, indent=2 if indent else None) + "\n"
 
 
+def _built(run_dir: str, silent: tuple[int, ...]) -> tuple[Run, Diagnosis, dict[str, Any]]:
+    """The run read, its diagnosis and the JSON report's dict; `silent`: see run_report."""
+    run = read_run(run_dir)
+    run.problems += [f"rank {r}: running, but did not answer a request for its stacks in time (its main thread "
+                     "holds the GIL in native code, or its watchdog cannot run)" for r in silent
+                     if r in run.ranks and run.ranks[r].state in NOT_ENDED]  # fmt: skip
+    dx = diagnose(run)
+    return run, dx, jsonreport.build(run, dx)
+
+
+def both_reports(run_dir: str, silent: tuple[int, ...] = ()) -> tuple[str, str]:
+    """The Markdown and the JSON report of one reading of the run (the report written into a hung run)."""
+    _, dx, report = _built(run_dir, silent)
+    return markdown.render(report, dx, "culprits"), dumps(report)
+
+
 def run_report(
     run_dir: str, fmt: str = "md", stacks: str = "culprits", redact: bool = False, silent: tuple[int, ...] = ()
 ) -> tuple[str, bool]:
@@ -31,12 +50,7 @@ def run_report(
     silent: live ranks that did not answer a request for their stacks (trace.live)."""
     if fmt not in ("md", "json"):
         raise TraceError(f"unknown report format {fmt!r} (md or json)")
-    run = read_run(run_dir)
-    run.problems += [f"rank {r}: running, but did not answer a request for its stacks in time (its main thread "
-                     "holds the GIL in native code, or its watchdog cannot run)" for r in silent
-                     if r in run.ranks and run.ranks[r].state in NOT_ENDED]  # fmt: skip
-    dx = diagnose(run)
-    report = jsonreport.build(run, dx)
+    run, dx, report = _built(run_dir, silent)
     if redact:
         from colltrace.report.redact import redact as redacted
 

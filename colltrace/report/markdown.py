@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from colltrace.analysis.results import Diagnosis
-from colltrace.analysis.streams import Signature
+from colltrace.analysis.streams import Signature, is_send
 from colltrace.report import words
 
 _MAX_RANK_ROWS = 16  # ranks listed one by one; beyond, identical ends are folded
@@ -89,7 +89,7 @@ def _ranks(report: dict[str, Any]) -> list[str]:
             label = last["group_label"]
             where = label if len(names[label]) == 1 else f"{label} (group {last['group']})"
             if last.get("peer") is not None:  # a p2p transfer: numbered in its direction
-                way = "to" if last["op"] in ("send", "isend", "send_object_list") else "from"
+                way = "to" if is_send(last["op"]) else "from"
                 last_text = (
                     f"{last['op']} {way} rank {last['peer']} on {where}, transfer {last['seq']} ({last['status']})"
                 )

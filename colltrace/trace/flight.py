@@ -389,7 +389,7 @@ def _p2p_by_direction(records: list[Collective]) -> list[Collective]:
     out = []
     for c in records:
         if c.kind == "p2p":
-            way = (c.group, c.peer, c.op in ("send", "isend"))
+            way = (c.group, c.peer, c.op in schema.SEND_OPS)
             n = counters[way] = counters.get(way, 0) + 1
             c = c._replace(seq=n)
         out.append(c)

@@ -93,6 +93,11 @@ class Answers:
     waited_s: float
     stale: tuple[tuple[int, float], ...] = ()  # (rank, heartbeat age in s): its watchdog stopped running
 
+    @property
+    def not_answered(self) -> tuple[int, ...]:
+        """Silent, or with a heartbeat that stopped while the others beat: the same to a reader."""
+        return self.silent + tuple(r for r, _ in self.stale)
+
 
 def _answered(run_dir: str, rank: int, rid: str) -> bool:
     path = os.path.join(run_dir, schema.EVENTS_NAME.format(rank=rank))

@@ -102,6 +102,8 @@ BACKEND_SEQ_OFFSET = field_offset("backend_seq")
 KIND_COLLECTIVE = 1
 KIND_P2P = 2
 KIND_SPAN = 3  # compute span (module forward/backward, optimizer, data, checkpoint)
+# the p2p ops that send (the others receive): a p2p record's seq counts per (group, peer, direction)
+SEND_OPS = frozenset({"send", "isend", "send_object_list"})
 KIND_NAMES = {KIND_COLLECTIVE: "collective", KIND_P2P: "p2p", KIND_SPAN: "span"}
 
 FLAG_ASYNC = 1  # issued with async_op=True (or returns Work handles)
