@@ -314,3 +314,4 @@ def test_detail_of_a_transfer_shows_its_send_and_its_receive() -> None:
     assert [row.rank for row in dt.rows] == [1, 2]
     (mine, theirs) = (row.call for row in dt.rows)
     assert mine is send and theirs is not None and (theirs.op, theirs.peer, theirs.seq) == ("recv", 1, send.seq)
+    assert not any(row.differs for row in dt.rows)  # a send and its receive of one size: nothing differs

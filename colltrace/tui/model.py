@@ -164,14 +164,18 @@ def detail(model: Model, c: Call, rank: int | None = None) -> Detail:
         members = ends if ends is not None else members
         label = f"{group_text(key)} on {label}"
     calls = {r: model.call_at(r, key, c.seq) for r in members if r in model.lines}
-    kinds = [(x.op, x.nbytes, x.module, x.phase) for x in calls.values() if x is not None]
+
+    def what(x: Call) -> tuple[Any, ...]:  # what the members must agree on; a transfer's two sides, its size
+        return (x.nbytes,) if x.p2p else (x.op, x.nbytes, x.module, x.phase)
+
+    kinds = [what(x) for x in calls.values() if x is not None]
     usual = max(dict.fromkeys(kinds), key=kinds.count) if kinds else None  # what most members issued (ties: the first)
     rows = []
     for r, same in calls.items():
         if same is None:
             rows.append(DetailRow(r, None, True, None))
             continue
-        differs = (same.op, same.nbytes, same.module, same.phase) != usual
+        differs = what(same) != usual
         if same.sync:
             blocked: int | None = (same.t1 if same.t1 is not None else model.lines[r].end_ns) - same.t0
         else:
