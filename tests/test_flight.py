@@ -43,6 +43,9 @@ SAME_CULPRIT = [c for c in WITH_DUMPS if _complete(c) and c.name not in (
     "control_flow-2ranks",  # two ranks, a step and a half of history: no period to compare with (undecided)
     "accum_extra_sync",  # the extra all-reduce pairs silently: only its step and micro-step, not in a dump, tell
     "p2p_batched",  # gloo's dumps hold no p2p entry and leave the last all_reduce 'scheduled': undecided, low
+    "pp_fsdp2_healthy",  # the same: one rank's last reduce-scatter left 'scheduled' in its dump, no p2p entries
+    # pipelines of p2p alone: a gloo dump holds no entry at all, so the answer is unknown (test below)
+    "pp_microbatch_count", "pp_wrong_peer", "pp_skip_microbatch",
 )]  # fmt: skip
 
 
@@ -54,6 +57,17 @@ def test_dumps_alone_name_the_culprit_our_trace_names(case: Path) -> None:
     assert rep["verdict"] == ("healthy" if exp["verdict"] == "healthy" else rep["verdict"])
     assert rep["environment"]["source"] == "flight_recorder"
     assert any("Flight Recorder dumps hold no module" in u for u in rep["unseen"])
+
+
+@pytest.mark.parametrize("case", ["pp_wrong_peer", "pp_microbatch_count"])
+def test_dumps_without_one_entry_are_judged_unknown_not_healthy(case: str) -> None:
+    """gloo's Flight Recorder records no point-to-point transfer: a pipeline's dumps are empty, and a deadlock
+    in them must not read as 'every collective matched'."""
+    run = read_run(str(FIXTURES / case / "flight_recorder"))
+    assert all(len(rt.records) == 0 for rt in run.ranks.values())
+    rep = _fr_report(FIXTURES / case)
+    assert rep["verdict"] == "unknown" and rep["culprit_ranks"] == []
+    assert rep["headline"].startswith("Unknown: the Flight Recorder dumps hold no collective")
 
 
 @pytest.mark.parametrize("case", WITH_DUMPS, ids=[c.name for c in WITH_DUMPS])

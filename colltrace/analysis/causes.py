@@ -230,6 +230,15 @@ def _module(f: Facts, sid: int) -> str:
 # -- the rules, in order: each a function of the facts returning a finding, or None to pass -----------
 
 
+def schedule_mismatch(f: Facts) -> Finding | None:
+    """The pipeline's stages built their schedules differently (another number of micro-batches): their
+    transfers cannot pair up, whatever they look like (a send too many to one peer reads as a wrong peer)."""
+    said = tuple(e for e in f.found if e.clue is Clue.SCHEDULE)
+    if not said or f.d is None:
+        return None
+    return Finding(Cause.SCHEDULE_MISMATCH, Confidence.HIGH if said[0].ranks else Confidence.MEDIUM, said)
+
+
 def wrong_peer(f: Facts) -> Finding | None:
     """The culprit sent one peer a transfer more than it received, and another one fewer than it waits for."""
     said = tuple(e for e in f.found if e.clue is Clue.MISDIRECTED)
@@ -470,7 +479,7 @@ def control_flow(f: Facts) -> Finding | None:
 
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
-    wrong_peer, deadlock, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
+    schedule_mismatch, wrong_peer, deadlock, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
     step_skew, grad_skipped, recompute, uneven_data, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip
@@ -494,8 +503,9 @@ def _grad(f: Facts) -> bool:
 
 
 def _attributed(f: Facts) -> bool:
-    """The records say what they served (module, phase); Flight Recorder's do not."""
-    return f.d is not None and any(s.phase for s in f.sigs(tuple(a.rank for a in f.d.at)))
+    """The records say what they served (module, phase); Flight Recorder's do not. A fact of the run, not of
+    the divergent records: a transfer issued between two forwards is in no phase, and says so all the same."""
+    return f.d is not None and f.run.source != "flight_recorder"
 
 
 def _other_call(f: Facts) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from colltrace.analysis import align, causes, culprit, splits, states, timing, waitfor
+from colltrace.analysis import align, causes, culprit, schedules, splits, states, timing, waitfor
 from colltrace.analysis.align import divergences
 from colltrace.analysis.results import (
     Clue,
@@ -73,6 +73,8 @@ def _verdict(d: Divergence | None, culprits: tuple[int, ...], ends: dict[int, Ra
         return Verdict.HEALTHY
     if ends and all(e.state in (RankState.UNTRACED, RankState.MISSING) for e in ends.values()):
         return Verdict.UNKNOWN
+    if ends and all(e.state in (RankState.DUMPED, RankState.MISSING) and e.last is None for e in ends.values()):
+        return Verdict.UNKNOWN  # Flight Recorder dumps without one entry (gloo's hold no p2p): nothing to judge
     if all(e.state in (RankState.FINISHED, RankState.DUMPED) and e.blocked is None for e in ends.values()):
         return Verdict.HEALTHY  # Flight Recorder dumps with nothing in flight and nothing different
     return Verdict.HANG
@@ -120,6 +122,17 @@ def diagnose(run: Run) -> Diagnosis:
     else:
         cycle = None
         culprits, victims = blame.culprits, blame.victims
+    odd = schedules.odd(run) if d is not None else None
+    if odd is not None:  # pipeline stages that built another schedule than the rest: whatever the transfers show
+        built = Evidence(Clue.SCHEDULE, odd.ranks, ",".join(map(str, (*odd.theirs, *odd.usual))))
+        crashed_apart = any(states.self_failed(ends[r]) for r in culprits if r in ends and r not in odd.ranks)
+        if odd.ranks and not crashed_apart:
+            victims = tuple(sorted((set(victims) | set(culprits)) - set(odd.ranks)))
+            culprits = odd.ranks
+            kept = tuple(e for e in blame.evidence if e.clue is not Clue.MISDIRECTED)
+            blame = culprit.Blame(culprits, victims, blame.kind, Confidence.HIGH, (built, *kept))
+        else:
+            blame = blame._replace(evidence=(built, *blame.evidence))
     if culprits:  # a rank whose error says it waited for or lost a peer (in new_group too: no record) is one
         lost = {r for r, e in ends.items() if e.lost_peer or e.collective_failure}
         victims = tuple(sorted((set(victims) | lost) - set(culprits)))

@@ -60,6 +60,9 @@ class Clue(str, enum.Enum):
     FIRST_FAILED = "first_failed"  # the rank's collective failed first, with an error of its own (not a lost peer)
     MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: the peers)
     OTHER_CALL = "other_call"  # the ranks issued it from different lines or with different reduce ops
+    SCHEDULE = (
+        "schedule"  # the ranks' pipeline schedules differ (detail: theirs and the usual, name,micro-batches,stages)
+    )
     UNDECIDED = "undecided"  # the evidence does not separate the ranks
 
 

@@ -165,6 +165,11 @@ def activity_of(stack: list[str]) -> str:
     return f"{user} (in {where})"
 
 
+def _numbered(c: Collective) -> str:
+    """'seq 12' for a collective, 'transfer 12' for a p2p record (numbered in its direction)."""
+    return f"transfer {c.seq}" if c.kind == "p2p" else f"seq {c.seq}"
+
+
 def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     last = record(rt, rs.last_idx) if rs.last_idx >= 0 else None
     blocked = None
@@ -214,15 +219,15 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         if isinstance(usual, (int, float)) and usual > 0:
             stuck += f" ({idle / usual:.0f} × its usual wait)"
     if rt.state is RankState.FINISHED:
-        activity = "exited cleanly" + (f" after {last.op} (seq {last.seq})" if last is not None else "")
+        activity = "exited cleanly" + (f" after {last.op} ({_numbered(last)})" if last is not None else "")
     elif blocked is not None:
-        activity = f"in {blocked.op} (seq {blocked.seq}){stuck}"
+        activity = f"in {blocked.op} ({_numbered(blocked)}){stuck}"
     elif span is not None:
         activity = f"in {span_text(span)}" + (f" for {open_for:.1f} s" if open_for is not None else "")
     elif stack:
         activity = activity_of(stack) + stuck
     elif last is not None:
-        activity = f"after {last.op} (seq {last.seq})"
+        activity = f"after {last.op} ({_numbered(last)})"
     else:
         activity = "no record"
     return RankEnd(

@@ -30,14 +30,20 @@ def build(run: Run, streams: dict[int, RankStreams], ends: dict[int, RankEnd]) -
         b = end.blocked
         if b is None:
             continue
-        key = direction(b.group, rank, b.peer, b.op) if b.kind == "p2p" else b.group
-        behind = absent.get((key, b.seq))
-        if behind is None:
-            behind = absent[(key, b.seq)] = _behind(run, streams, key, b.seq)
-        for other in behind:
-            if other != rank:
-                g[rank].add(other)
-                g.setdefault(other, set())
+        waits = [(direction(b.group, rank, b.peer, b.op) if b.kind == "p2p" else b.group, b.seq)]
+        rs = streams.get(rank)
+        if b.kind == "p2p" and rs is not None:
+            # a rank blocked in a transfer waits on every transfer it has not seen complete: a batch
+            # (batch_isend_irecv) is waited on as one, and its stuck part need not be the oldest
+            waits += [(key, seq) for key, seq, _ in rs.open + rs.failed if key.startswith("p2p:")]
+        for key, seq in dict.fromkeys(waits):
+            behind = absent.get((key, seq))
+            if behind is None:
+                behind = absent[(key, seq)] = _behind(run, streams, key, seq)
+            for other in behind:
+                if other != rank:
+                    g[rank].add(other)
+                    g.setdefault(other, set())
     waited = {b for outs in g.values() for b in outs}
     sinks = tuple(sorted(n for n in waited if not g[n]))
     cycle = None

@@ -14,6 +14,15 @@ from colltrace.record.tracer import TRACER
 _get_ident = threading.get_ident
 
 Serve = tuple[str, str, str]  # (module, phase, flavour): what a thread's collectives serve
+TAG = "_colltrace"  # the attribute of a P2POp an adapter tagged: (module, phase, flavour, micro-step)
+
+
+def tag_of(p2p: Any) -> tuple[str, str, str, int] | None:
+    """What an adapter said a P2POp serves (the shim's batch_isend_irecv reads it), None for any other."""
+    d = getattr(p2p, "__dict__", None)
+    return d.get(TAG) if d is not None else None
+
+
 Decide = Callable[[ThreadState, Any], "Serve | None"]
 
 

@@ -19,6 +19,7 @@ from colltrace.record.fsdp import FSDP
 from colltrace.record.hooks import HOOKS
 from colltrace.record.lifecycle import LIFECYCLE
 from colltrace.record.patches import Patches
+from colltrace.record.pipelining import PIPELINING
 from colltrace.record.recorder import Recorder, describe_group
 from colltrace.record.shim import SHIM
 from colltrace.record.tracer import TRACER
@@ -72,6 +73,8 @@ def _patch_frameworks(cfg: config_mod.Config) -> list[str]:
     adapters = list(FSDP.install())
     if DEEPSPEED.install():
         adapters.append("deepspeed")
+    if PIPELINING.install():
+        adapters.append("pipelining")
     if cfg.ddp and DDP_ADAPTER.install():
         adapters.append("ddp")
     return adapters

@@ -50,6 +50,7 @@ def _collective(
         "flavour": c.flavour or None,
         "site": c.site or None,
         "step": c.step,
+        "micro_step": c.micro_step,
         "status": "error" if c.error else ("in_flight" if c.in_flight else "done"),
         "flight_recorder": None if fr is None else {"state": fr.flavour or None, "done": not fr.in_flight},
     }

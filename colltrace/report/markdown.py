@@ -92,6 +92,7 @@ def _ranks(report: dict[str, Any]) -> list[str]:
                 way = "to" if is_send(last["op"]) else "from"
                 last_text = (
                     f"{last['op']} {way} rank {last['peer']} on {where}, transfer {last['seq']} ({last['status']})"
+                    + words.serving(last)
                 )
             else:
                 last_text = f"{last['op']} on {where} seq {last['seq']} ({last['status']})"

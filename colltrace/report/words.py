@@ -34,6 +34,13 @@ def group_text(label: str) -> str:
     return f"group {label}" if label.isdigit() else label
 
 
+def serving(c: dict[str, object]) -> str:
+    """', stage 1, micro-batch 3, backward' for a pipeline schedule's transfer (a report's collective), else ''."""
+    if c.get("flavour") != "pipeline" or not c.get("module"):
+        return ""
+    return f", {c['module']}, micro-batch {c.get('micro_step')}, {c.get('phase')}"
+
+
 def position(group: str, seq: int | None) -> str:
     """'seq 12' for a collective, 'transfer 12' for a p2p direction's (it counts one direction's transfers)."""
     return f"transfer {seq}" if group.startswith("p2p:") else f"seq {seq}"
@@ -59,6 +66,9 @@ def headline(dx: Diagnosis) -> str:
     who = f"culprit {ranks_text(dx.culprits)}" if dx.culprits else "culprit undecided"
     cause = f", likely {dx.finding.cause.value}" if dx.finding and dx.finding.cause is not Cause.UNKNOWN else ""
     if dx.verdict is Verdict.UNKNOWN:
+        if dx.ranks and all(e.state in (RankState.DUMPED, RankState.MISSING) for e in dx.ranks.values()):
+            return ("Unknown: the Flight Recorder dumps hold no collective to compare (gloo's record no "
+                    "point-to-point transfer)")  # fmt: skip
         return "Unknown: recording failed on every rank, so the traces hold nothing to compare (see Not seen)"
     if dx.verdict is Verdict.HEALTHY:
         if dx.finding and dx.finding.cause is Cause.STRAGGLER:
@@ -67,7 +77,8 @@ def headline(dx: Diagnosis) -> str:
             return "Healthy: nothing in flight in any Flight Recorder dump, and every collective matched"
         return "Healthy: every rank finished and every collective matched"
     if dx.verdict is Verdict.DEADLOCK and dx.cycle:
-        return f"Deadlock across groups: {ranks_text(dx.cycle)} wait on each other{cause}"
+        across = "in point-to-point transfers" if d is not None and d.group.startswith("p2p:") else "across groups"
+        return f"Deadlock {across}: {ranks_text(dx.cycle)} wait on each other{cause}"
     where = (
         f" at {group_text(d.label)} {position(d.group, d.seq)} ({d.kind.value})"
         if d is not None and d.seq is not None
@@ -109,7 +120,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.NO_DUMP: f"{who} left no readable Flight Recorder dump while the others did (a process that aborted in C++ or "
         "was killed writes none)" + (f"; {_ranks_detail(detail)} blocked" if detail else ""),
         Clue.WAITED_FOR: f"{who} never reached the collective that {_ranks_detail(detail)} blocked in (wait-for graph sink)",
-        Clue.CYCLE: f"{who} wait on each other in different groups (a cycle in the wait-for graph)",
+        Clue.CYCLE: f"{who} wait on each other (a cycle in the wait-for graph: each is blocked where another has not arrived)",
         Clue.MEMBERSHIP: f"the ranks disagree on the members of group {detail}",
         Clue.GROUP_CREATE: f"{who} asked new_group/split_group for other ranks than the rest",
         Clue.CREATION_MAJORITY: f"{who} created the group with other members than most ranks' same "
@@ -137,6 +148,7 @@ def evidence_text(e: Evidence) -> str:
         "received and the other one fewer than it waits for: a send to the wrong peer",
         Clue.OTHER_CALL: f"{who} issued it from another line of code or with another reduce op than the others: "
         "a different collective, not the same one with other tensors",
+        Clue.SCHEDULE: _schedule(who if e.ranks else "", detail),
         Clue.UNDECIDED: f"{who} each kept to their own earlier pattern: the traces alone cannot say which is wrong",
     }[e.clue]
     return text
@@ -178,6 +190,20 @@ def _ranks_detail(detail: str) -> str:
     except ValueError:
         return f"ranks {detail} were"
     return ranks_text(rs) + (" was" if len(rs) == 1 else " were")
+
+
+def _schedule(who: str, detail: str) -> str:
+    """'Schedule1F1B,3,3,Schedule1F1B,4,3' -> "rank 1's Schedule1F1B runs 3 micro-batches a step, the others'
+    4" (who is empty when no majority says which is wrong)."""
+    try:
+        name, micro, stages, usual, umicro, ustages = detail.split(",")
+    except ValueError:
+        return "the pipeline's stages built their schedules differently"
+    theirs = f"{name} over {stages} stages runs {micro} micro-batches a step"
+    others = f"{usual} over {ustages} stages runs {umicro}"
+    if not who:
+        return f"the pipeline's stages built their schedules differently: one {theirs}, another {others}"
+    return f"{who}'s {theirs}; the other stages' {others}: every stage must run the same schedule"
 
 
 def _splits(who: str, detail: str) -> str:
@@ -259,6 +285,9 @@ CHECK: dict[Cause, str] = {
     "on every rank that shares the groups",
     Cause.WRONG_PEER: "the culprit's send: its dst (a pipeline stage's next/previous rank, a direction flag kept "
     "from the last transfer), and the schedule that posts the receives",
+    Cause.SCHEDULE_MISMATCH: "how each stage builds its pipeline schedule: n_microbatches (a per-stage config, a "
+    "batch size the micro-batch size does not divide), the schedule class and the number of stages must be the "
+    "same on every stage",
     Cause.STRAGGLER: "what the slow rank does between collectives (data loading, host work, a slow device or node)",
     Cause.STUCK_DATA_LOADING: "the culprit's input pipeline: its DataLoader workers (alive? blocked on a read from a "
     "network file system, a dead mount, a full shared-memory /dev/shm?), the dataset's __getitem__, the storage it reads",

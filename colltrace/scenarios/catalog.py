@@ -15,11 +15,12 @@ class UnknownScenario(KeyError):
 # baselines first, then divergences, ranks that stop, groups, other frameworks
 ORDER = (
     "healthy", "healthy_accum", "straggler", "straggler_noisy", "slow_later", "p2p_pipeline", "p2p_batched",
-    "pp_1f1b_healthy",
+    "pp_1f1b_healthy", "pp_fsdp2_healthy",
     "control_flow", "eval_forward", "shared_module_calls", "unused_params", "recompute_mismatch", "dtype_mismatch", "numel_mismatch",
     "a2a_splits", "nan_guard", "accum_extra_sync",
     "metric_allreduce", "uneven_data", "generator_uneven", "rank_exception", "oom", "killed", "stuck_compute",
-    "stuck_checkpoint", "oneoff_barrier", "pp_stage_crash",
+    "stuck_checkpoint", "oneoff_barrier", "pp_stage_crash", "pp_microbatch_count", "pp_wrong_peer", "pp_skip_microbatch",
+    "pp_fsdp2_stuck_data",
     "group_misconfig", "cross_group_deadlock", "hsdp_metric", "tp_clip",
     "fsdp1", "deepspeed_zero3", "ddp_unused", "ddp_unused_last",
 )  # fmt: skip

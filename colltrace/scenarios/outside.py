@@ -4,6 +4,7 @@ splits, a guard's extra all_reduce, point-to-point pipelines and rings, a genera
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from colltrace.analysis.vocab import Cause, Kind, Verdict
@@ -312,13 +313,22 @@ def p2p_pipeline(job: Job) -> None:
     and the receives from it are counted apart.
     Right diagnosis: healthy; every send pairs with its receive, the final all_reduce matches.
     """
+    hand_pipeline(job)
+
+
+def hand_pipeline(
+    job: Job, skips: Callable[[int, int], bool] | None = None, fwd_peer: Callable[[int, int], int] | None = None
+) -> None:
+    """The hand-rolled GPipe pipeline of p2p_pipeline, with its bugs as hooks: `skips(step, i)` (stage 0
+    only: leave micro-batch i of that step out) and `fwd_peer(step, i)` (where this stage sends micro-batch
+    i's activation; the next stage unless it says otherwise)."""
     import torch
     import torch.distributed as dist
 
     from colltrace.scenarios.model import CLASSES, DIM, loss_fn
 
     job.init()
-    stage, last = job.rank, job.rank == STAGES - 1
+    stage, last = job.rank, job.rank == job.world - 1
     torch.manual_seed(stage)
     layers: list[torch.nn.Module] = [torch.nn.Linear(DIM, DIM), torch.nn.ReLU()]
     if last:
@@ -333,6 +343,8 @@ def p2p_pipeline(job: Job) -> None:
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
         for kind, i in gpipe(PIPE_MICRO):
+            if stage == 0 and skips is not None and skips(step, i):
+                continue
             if kind == "F":
                 if stage == 0:
                     inp = xs[i]
@@ -345,7 +357,7 @@ def p2p_pipeline(job: Job) -> None:
                     out = loss_fn(out, ys[i]) / PIPE_MICRO
                     total += out.detach()
                 else:
-                    dist.send(out.detach(), dst=stage + 1)
+                    dist.send(out.detach(), dst=fwd_peer(step, i) if fwd_peer is not None else stage + 1)
                 outputs[i] = out
             else:
                 if last:

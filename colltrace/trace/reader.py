@@ -349,6 +349,8 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
             rt.labels.append(ev)
         elif kind == "data_exhausted":
             rt.exhausted.append(ev)
+        elif kind == schema.EV_PIPELINE:
+            rt.pipelines.append(ev)
 
     ring_path = events_path[: -len(".jsonl")] + ".ring"
     offset = _clock_offset(header)
@@ -528,6 +530,8 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "label": {"t_ns": (_INT, False)},
     "data_exhausted": {"t_ns": (_INT, False), "step": (_INT, False)},
     "group_create": {"ranks": ((list, type(None)), False)},
+    schema.EV_PIPELINE: {"schedule": (_STR, True), "microbatches": (_INT, True), "stages": ((list,), True),
+                         "num_stages": (_INT, True)},
 }  # fmt: skip
 
 

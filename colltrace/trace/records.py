@@ -118,6 +118,7 @@ class RankTrace:
     labels: list[dict[str, Any]] = field(default_factory=list)
     spans: Sequence[Collective] = ()  # compute spans (kind "span", op: forward, data, ...), oldest first
     exhausted: list[dict[str, Any]] = field(default_factory=list)  # data_exhausted events: out of data
+    pipelines: list[dict[str, Any]] = field(default_factory=list)  # pipeline events: how its schedules were built
     alive: bool = False  # no end of its own yet and its process runs (this host): the job is still going
     # joined from the rank's Flight Recorder dump beside the trace (flight.merge): our record idx -> FR's entry
     # of the same (group, backend seq), and per group the FR seqs our trace has no record for

@@ -136,6 +136,7 @@ EV_SIGNAL = "signal"  # a terminating signal was received
 EV_ERROR = "error"  # an exception escaped the training script
 EV_WARNING = "warning"  # the shim disabled part of itself
 EV_FOOTER = "footer"  # clean interpreter exit
+EV_PIPELINE = "pipeline"  # a pipeline schedule's first step: its class, micro-batches, this rank's stages, their count
 
 
 def pack_ranks(ranks: Iterable[int]) -> list[int] | dict[str, int]:

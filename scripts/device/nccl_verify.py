@@ -107,7 +107,9 @@ def hang(rt: Any, facts: dict[str, Any], run: Any = None) -> None:
     check("the rank ended crashed (NCCL's abort) or hung (then SIGTERM)",
           (rt.state.value == "crashed" and bool(rt.fault)) or (rt.state.value == "hung" and rt.signal is not None), rt.state)  # fmt: skip
     # Flight Recorder's NCCL dump, steered by COLLTRACE=1 into the run directory, joined by (group, backend seq)
-    print(f"flight recorder dumps joined: {run.flight_dumps}; joined records {len(rt.flight)}; only FR: {rt.flight_only}")
+    print(
+        f"flight recorder dumps joined: {run.flight_dumps}; joined records {len(rt.flight)}; only FR: {rt.flight_only}"
+    )
     for r in recs:
         e = rt.flight.get(r.idx)
         if e is not None:
