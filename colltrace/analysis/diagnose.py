@@ -16,7 +16,7 @@ from colltrace.analysis.results import (
     Finding,
     RankEnd,
 )
-from colltrace.analysis.streams import RankStreams, SigTable, build_all, held
+from colltrace.analysis.streams import RankStreams, SigTable, build_all, held, p2p_ends
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.reader import RECORDING_FAILED
 from colltrace.trace.records import NOT_ENDED, RankState, Run
@@ -80,6 +80,19 @@ def _verdict(d: Divergence | None, culprits: tuple[int, ...], ends: dict[int, Ra
     return Verdict.HANG
 
 
+def _nearest(d: Divergence | None, found: list[Divergence], culprits: tuple[int, ...]) -> Divergence | None:
+    """Where a pipeline stalls, each of its streams stops at a transfer one side never made; those have no
+    order between them. The one shown is a stream of a culprit's when the first found is not."""
+    ends = p2p_ends(d.group) if d is not None else None
+    if d is None or ends is None or set(ends) & set(culprits):
+        return d
+    for other in found:
+        theirs = p2p_ends(other.group)
+        if theirs is not None and set(theirs) & set(culprits) and other.kind is d.kind:
+            return other
+    return d
+
+
 def diagnose(run: Run) -> Diagnosis:
     table = SigTable()
     streams, found, window = _tail_first(run, table)
@@ -136,6 +149,7 @@ def diagnose(run: Run) -> Diagnosis:
     if culprits:  # a rank whose error says it waited for or lost a peer (in new_group too: no record) is one
         lost = {r for r, e in ends.items() if e.lost_peer or e.collective_failure}
         victims = tuple(sorted((set(victims) | lost) - set(culprits)))
+        d = _nearest(d, found, culprits)
     verdict = _verdict(d, culprits, ends, bool(cycle))
     tm = timing.including(tm, run, culprits, end_ns)  # a big world's sample may have missed them
     finding: Finding | None = None

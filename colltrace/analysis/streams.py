@@ -75,7 +75,8 @@ class GroupStream:
     t_issue: array[int] = field(default_factory=lambda: array("q"))
     step_starts: list[tuple[int, int]] = field(default_factory=list)  # (offset, step) where the step changes
     last_step: int = -(2**31)
-    # (offset, step, micro-step) where either changes: how far the rank had got when it issued each record
+    # (offset, step, micro-step) where either changes: how far the rank had got when it issued each record (a
+    # collective group's only: a p2p stream's are not compared, and a pipeline's change at every transfer)
     progress: list[tuple[int, int, int]] = field(default_factory=list)
     last_progress: tuple[int, int] = (-(2**31), -(2**31))
 
@@ -326,6 +327,7 @@ def _extend(
     seqs = cols["seq"]
     steps = cols["step"]
     micros = cols["micro_step"]
+    p2p = st.key.startswith("p2p:")  # its progress is not kept: a pipeline's transfers change micro-batch each
     n = len(seqs)
     if not st.sigs:
         st.seq0 = int(seqs[0])
@@ -339,11 +341,12 @@ def _extend(
         for pos in ([0] if int(steps[0]) != st.last_step else []) + changes.tolist():
             st.step_starts.append((base + pos, int(steps[pos])))
         st.last_step = int(steps[-1])
-        both = (steps.astype(np.int64) << 32) + micros.astype(np.int64)
-        moved = np.flatnonzero(np.diff(both)) + 1
-        for pos in ([0] if (int(steps[0]), int(micros[0])) != st.last_progress else []) + moved.tolist():
-            st.progress.append((base + pos, int(steps[pos]), int(micros[pos])))
-        st.last_progress = (int(steps[-1]), int(micros[-1]))
+        if not p2p:
+            both = (steps.astype(np.int64) << 32) + micros.astype(np.int64)
+            moved = np.flatnonzero(np.diff(both)) + 1
+            for pos in ([0] if (int(steps[0]), int(micros[0])) != st.last_progress else []) + moved.tolist():
+                st.progress.append((base + pos, int(steps[pos]), int(micros[pos])))
+            st.last_progress = (int(steps[-1]), int(micros[-1]))
         t_done, flags = cols["t_done_ns"], cols["flags"]
         opened, errs = np.flatnonzero(t_done == 0), np.flatnonzero(flags & schema.FLAG_ERROR)
     else:  # holes (torn slots) or a repeated seq: one record at a time
@@ -362,7 +365,7 @@ def _extend(
             if step_l[i] != st.last_step:
                 st.step_starts.append((len(st.sigs), step_l[i]))
                 st.last_step = step_l[i]
-            if (step_l[i], micro_l[i]) != st.last_progress:
+            if not p2p and (step_l[i], micro_l[i]) != st.last_progress:
                 st.progress.append((len(st.sigs), step_l[i], micro_l[i]))
                 st.last_progress = (step_l[i], micro_l[i])
             st.sigs.append(sid_l[i])

@@ -638,7 +638,9 @@ def bandwidth(tls: dict[int, Timeline], group_sizes: dict[str, int], arr: Arriva
 
 FULL_RANKS = 64  # up to this many ranks every rank's timeline is read; beyond, a sample (analyze)
 SAMPLE_RANKS = 32  # the sample: the most waited-for ranks, then evenly spaced ones
-TAIL = 20_000  # each rank's last collectives (and spans) the timing reads
+TAIL = 20_000  # each rank's last collectives (and spans) the timing reads, in a small world ...
+TAIL_BUDGET = 80_000  # ... and no more than about this many in all (64 ranks: 1,250 each), never under TAIL_FLOOR
+TAIL_FLOOR = 1_000
 CLOCK_TAIL = 512  # records per host read for the clock fit in a big world
 BIG_TAIL = 2_500  # ... and per sampled rank for its figures (a few steps of a big model: enough to rank them)
 
@@ -668,7 +670,8 @@ def including(tm: Timing, run: Run, ranks: Iterable[int], end_ns: int = 0) -> Ti
 def analyze(
     run: Run, end_ns: int = 0, streams: dict[int, RankStreams] | None = None, table: SigTable | None = None
 ) -> Timing:
-    """The timing of a run, over each rank's last TAIL collectives and spans. Up to FULL_RANKS ranks, from
+    """The timing of a run, over each rank's last TAIL collectives and spans (fewer each where many ranks would
+    make more than TAIL_BUDGET in all). Up to FULL_RANKS ranks, from
     every rank's timeline. Beyond, arrivals come from
     every rank's streams, the clock fit from one rank per host (its last CLOCK_TAIL collectives), and the
     per-rank figures from the most waited-for ranks and an even sample, SAMPLE_RANKS in all, over their last
@@ -681,7 +684,8 @@ def analyze(
             sizes.setdefault(name, len(g.ranks))
     big = streams is not None and len(ranks) > FULL_RANKS
     if not big:
-        raw = {r: timeline(run.ranks[r], end_ns, TAIL) for r in ranks}
+        tail = max(TAIL_FLOOR, min(TAIL, TAIL_BUDGET // max(1, len(ranks))))
+        raw = {r: timeline(run.ranks[r], end_ns, tail) for r in ranks}
         fit = clock.fit({r: tl.cols() for r, tl in raw.items()}, hosts)
         shifts = fit.shifts()
         tls = {r: tl.shifted(shifts[r]) for r, tl in raw.items() if r in shifts}
