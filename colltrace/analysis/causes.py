@@ -241,7 +241,7 @@ def schedule_mismatch(f: Facts) -> Finding | None:
 
 def wrong_peer(f: Facts) -> Finding | None:
     """The culprit sent one peer a transfer more than it received, and another one fewer than it waits for."""
-    said = tuple(e for e in f.found if e.clue is Clue.MISDIRECTED)
+    said = tuple(e for e in f.found if e.clue in (Clue.MISDIRECTED, Clue.WRONG_SOURCE))
     return Finding(Cause.WRONG_PEER, Confidence.MEDIUM, said) if said else None
 
 
@@ -511,8 +511,8 @@ def _attributed(f: Facts) -> bool:
 def _other_call(f: Facts) -> bool:
     """The culprits issued the divergent record from other lines of code, or with another reduce op."""
     d = f.d
-    if d is None:
-        return False
+    if d is None or d.group.startswith("p2p:"):
+        return False  # a send and its receive are always issued from different code, with no reduce op
     culprit_ops = {s.reduce_op for s in f.sigs(f.culprits)}
     other_ops = {s.reduce_op for s in f.sigs(f.victims)}
     if culprit_ops and other_ops and not culprit_ops & other_ops:

@@ -273,27 +273,44 @@ def in_cycle(cycle: tuple[int, ...], streams: dict[int, RankStreams], ends: dict
 
 
 def misdirected(streams: dict[int, RankStreams]) -> Blame | None:
-    """A rank that sent one peer a transfer more than that peer received from it, and another peer one
-    fewer than that peer waits for: it sent to the wrong peer (the sender is named, whoever else waits)."""
-    out: dict[int, tuple[set[int], set[int]]] = {}
+    """A transfer to or from the wrong peer. A sender that sent one peer a transfer more than that peer
+    received from it, and another peer one fewer than that peer waits for; or, the mirror, a receiver that
+    waits on one peer for a transfer it never sent while another's waits unreceived. Said only where that
+    rank's extra transfer is not what it issued at that point of its step before (a rank blocked in its
+    usual send, and so behind on another peer, is waiting, not misdirected)."""
+    sends: dict[int, tuple[set[int], set[int]]] = {}  # rank -> (peers sent more than they took, peers owed)
+    recvs: dict[int, tuple[set[int], set[int]]] = {}  # rank -> (peers it waits on in vain, peers left unheard)
+    extra: dict[tuple[int, bool], list[int]] = {}  # (rank, sending) -> idx of its transfers no one matched
     for r, rs in streams.items():
         for key, st in rs.groups.items():
             ends = p2p_ends(key)
-            if ends is None or ends[0] != r or not st.sigs:
+            if ends is None or r not in ends or not st.sigs:
                 continue
-            peer = streams.get(ends[1])
-            theirs = peer.groups.get(key) if peer is not None else None
+            peer = ends[1] if ends[0] == r else ends[0]
+            other = streams.get(peer)
+            theirs = other.groups.get(key) if other is not None else None
             got = theirs.last_seq if theirs is not None and theirs.sigs else 0
+            sending = ends[0] == r
+            table = sends if sending else recvs
             if st.last_seq > got:
-                out.setdefault(r, (set(), set()))[0].add(ends[1])
+                table.setdefault(r, (set(), set()))[0].add(peer)
+                extra.setdefault((r, sending), []).append(st.idx_at(got + 1))
             elif st.last_seq < got:
-                out.setdefault(r, (set(), set()))[1].add(ends[1])
-    wrong = tuple(sorted(r for r, (more, fewer) in out.items() if more and fewer))
-    if not wrong:
+                table.setdefault(r, (set(), set()))[1].add(peer)
+    found: dict[int, Evidence] = {}
+    for table, sending, clue in ((sends, True, Clue.MISDIRECTED), (recvs, False, Clue.WRONG_SOURCE)):
+        for r, (more, fewer) in sorted(table.items()):
+            if not (more and fewer) or r in found:
+                continue
+            idxs = [i for i in extra.get((r, sending), []) if i >= 0]
+            if idxs and all(rank_habit(streams[r], i) is Habit.CONSISTENT for i in idxs):
+                continue  # its own pattern: it waits where it always sends or receives
+            found[r] = Evidence(clue, (r,), ",".join(map(str, sorted(more | fewer))))
+    if not found:
         return None
-    ev = tuple(Evidence(Clue.MISDIRECTED, (r,), ",".join(map(str, sorted(out[r][0] | out[r][1])))) for r in wrong)
+    wrong = tuple(sorted(found))
     others = tuple(sorted(set(streams) - set(wrong)))
-    return Blame(wrong, others, Kind.PEER, Confidence.MEDIUM, ev)
+    return Blame(wrong, others, Kind.PEER, Confidence.MEDIUM, tuple(found[r] for r in wrong))
 
 
 def rank_habit(rs: RankStreams, idx: int) -> Habit:

@@ -142,7 +142,7 @@ def diagnose(run: Run) -> Diagnosis:
         if odd.ranks and not crashed_apart:
             victims = tuple(sorted((set(victims) | set(culprits)) - set(odd.ranks)))
             culprits = odd.ranks
-            kept = tuple(e for e in blame.evidence if e.clue is not Clue.MISDIRECTED)
+            kept = tuple(e for e in blame.evidence if e.clue not in (Clue.MISDIRECTED, Clue.WRONG_SOURCE))
             blame = culprit.Blame(culprits, victims, blame.kind, Confidence.HIGH, (built, *kept))
         else:
             blame = blame._replace(evidence=(built, *blame.evidence))

@@ -59,6 +59,7 @@ class Clue(str, enum.Enum):
     SPLITS = "splits"  # the rank's all-to-all split sizes disagree with its peers' (detail: the peers)
     FIRST_FAILED = "first_failed"  # the rank's collective failed first, with an error of its own (not a lost peer)
     MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: the peers)
+    WRONG_SOURCE = "wrong_source"  # the rank waits to receive from a peer that sent nothing, another's unheard
     OTHER_CALL = "other_call"  # the ranks issued it from different lines or with different reduce ops
     SCHEDULE = (
         "schedule"  # the ranks' pipeline schedules differ (detail: theirs and the usual, name,micro-batches,stages)

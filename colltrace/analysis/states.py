@@ -51,6 +51,30 @@ def blocked_idx(rs: RankStreams) -> int:
     return best
 
 
+def waited_on(rt: RankTrace, rs: RankStreams, b: int) -> int:
+    """Refine blocked_idx's guess `b` by what the rank said at its last stacks (a hang, a signal, a request):
+    the record whose Work it was blocked in wait() on, else none of its async ones. An async record that no
+    one waits on (an isend a pipeline waits for later) is not where the rank is: a rank in its compute, or in
+    a later receive, with such a send still open. A blocking call still open is where it is, whatever."""
+    said = next((ev for ev in reversed(rt.stacks) if isinstance(ev.get("waiting"), int)), None)
+    if b < 0 or said is None:
+        return b
+    opened = {idx for _, _, idx in rs.open}
+    waiting = int(said["waiting"])
+    if waiting in opened:
+        return waiting
+    guess = record(rt, b)
+    if guess is None or not guess.async_op or not guess.in_flight:
+        return b
+    blocking = [c for idx in sorted(opened) if (c := record(rt, idx)) is not None and not c.async_op]
+    if blocking:
+        return blocking[-1].idx
+    t_said = said.get("t_ns")
+    if waiting < 0 and isinstance(t_said, int) and t_said > guess.t_issue_ns:
+        return -1  # it waited on nothing when it said so, after it issued this: it is outside any collective
+    return b
+
+
 def _frames_from_stacks(stacks: list[dict[str, Any]]) -> list[str]:
     if not stacks:
         return []
@@ -174,7 +198,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     last = record(rt, rs.last_idx) if rs.last_idx >= 0 else None
     blocked = None
     if rt.state is not RankState.FINISHED:
-        b = blocked_idx(rs)
+        b = waited_on(rt, rs, blocked_idx(rs))
         blocked = record(rt, b) if b >= 0 else None
     err = rt.error or {}
     etype = str(err.get("type") or "")

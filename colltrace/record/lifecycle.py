@@ -97,6 +97,8 @@ class Lifecycle:
             return
         self.ended = True
         self._stop.set()
+        if self.watch is not None:
+            self.watch.gone()
         rec = self.recorder
         try:
             rec.poll(final=True)  # async Works that finished since the watchdog's last look
@@ -221,10 +223,12 @@ class Lifecycle:
                  "in_flight": rec.in_flight}
             )  # fmt: skip
             rec.writer.event({"ev": schema.EV_STACKS, "reason": "signal", "t_ns": time.time_ns(),
-                              "threads": thread_stacks()})  # fmt: skip
+                              "waiting": rec.waiting, "threads": thread_stacks()})  # fmt: skip
         except Exception:
             pass
         if signum == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is _noop_handler:
+            if self.watch is not None:
+                self.watch.gone()
             _die_of(signum)  # ours still: die of it, as the launcher expects
         # else the script set its own handler since (a checkpoint on SIGTERM): it runs in the main thread, and
         # decides; recorded all the same
@@ -275,7 +279,7 @@ class Lifecycle:
                 dumps += 1
                 try:
                     ev = {"ev": schema.EV_STACKS, "reason": "hang", "t_ns": time.time_ns(), "idle_s": round(idle, 3),
-                          "in_flight": rec.in_flight, "threads": thread_stacks()}  # fmt: skip
+                          "in_flight": rec.in_flight, "waiting": rec.waiting, "threads": thread_stacks()}  # fmt: skip
                     if usual is not None:
                         ev["usual_s"] = round(usual, 3)
                     rec.writer.event(ev)
@@ -320,6 +324,15 @@ class Watch:
         self.idle = 0.0
         self.thread: threading.Thread | None = None
 
+    def gone(self) -> None:
+        """The rank ends (exit, a signal it dies of): its heartbeat goes with it, so that a reader right after
+        does not take it for a live rank that will not answer."""
+        self.beat_at = float("inf")  # a last tick of the watchdog thread does not put it back
+        try:
+            os.unlink(self.beat_path)
+        except OSError:
+            pass
+
     def tick(self, rec: Any, last: int, idle: float) -> None:
         self.rec, self.idle = rec, idle
         now = time.monotonic()
@@ -351,7 +364,7 @@ class Watch:
     def answer(self, rec: Any, rid: str, idle: float) -> None:
         self.answered = rid
         self.writer.event({"ev": schema.EV_STACKS, "reason": "request", "request": rid, "t_ns": time.time_ns(),
-                           "idle_s": round(idle, 3), "in_flight": rec.in_flight, "threads": thread_stacks()})  # fmt: skip
+                           "idle_s": round(idle, 3), "in_flight": rec.in_flight, "waiting": rec.waiting, "threads": thread_stacks()})  # fmt: skip
 
     def stuck(self, idle: float) -> float | None:
         """The job's usual wait when `idle` is a hang by it (HANG_FACTOR times it, the floor at least)."""

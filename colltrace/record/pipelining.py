@@ -15,8 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from colltrace.record import spans
 from colltrace.record.adapter import TAG, Adapter, serving, tag_of
 from colltrace.record.context import PHASE_BACKWARD, PHASE_FORWARD
+from colltrace.record.hooks import spanned
 from colltrace.record.tracer import TRACER
 from colltrace.trace import schema
 
@@ -44,6 +46,9 @@ class PipeliningAdapter(Adapter):
         for name, phase in _GETTERS:
             if name in stage._PipelineStageBase.__dict__:
                 done = self._patch(stage._PipelineStageBase, name, _tagging(phase)) or done
+        for name, what in (("forward_one_chunk", spans.FORWARD), ("backward_one_chunk", spans.BACKWARD)):
+            if name in stage._PipelineStageBase.__dict__:
+                done = self._patch(stage._PipelineStageBase, name, _chunk(self, what)) or done
         if "_batch_p2p" in schedules.__dict__:
             done = self._patch(schedules, "_batch_p2p", lambda orig: _issuing(self, orig)) or done
         for cls in (
@@ -68,6 +73,28 @@ def _tagging(phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             return ops
 
         return get_ops
+
+    return make
+
+
+def _chunk(adapter: Adapter, what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A stage's forward or backward of one micro-batch, as a span of the stage ("stage 1"), with the
+    micro-batch as the micro-step of what it records: a stage stuck in its compute says where."""
+    ctx = adapter.ctx
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def one_chunk(self: Any, chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            try:
+                module, mb = f"stage {self.stage_index}", int(chunk_id)
+            except Exception:
+                return orig(self, chunk_id, *args, **kwargs)
+            old, ctx.micro_step = ctx.micro_step, mb
+            try:
+                return spanned(what, module, PIPELINE, orig, (self, chunk_id, *args), kwargs)
+            finally:
+                ctx.micro_step = old
+
+        return one_chunk
 
     return make
 

@@ -71,6 +71,7 @@ class Recorder:
         self._new_event: Callable[[], Any] | None = None  # torch.cuda.Event, bound at the first such call
         self._capturing: Callable[[], bool] = bool  # torch.cuda.is_current_stream_capturing, bound with it
         self.last_progress_ns = _now()
+        self.waiting = -1  # idx of the record whose Work a thread is blocked in wait() on, -1: none
         self._warned: set[str] = set()
         self.last_failure: tuple[BaseException, int] | None = None
         self.sid = writer.intern

@@ -197,11 +197,14 @@ class Shim:
             if entry is None:
                 return orig(work, *args, **kwargs)
             t0 = _now()
+            rec.waiting = entry[0]  # what a hang's stacks say this rank waits on (not an older unwaited send)
             try:
                 result = orig(work, *args, **kwargs)
             except BaseException:
+                rec.waiting = -1
                 rec.waited(entry, t0, _now(), False, True)
                 raise
+            rec.waiting = -1
             done = result is not False  # wait(timeout) returns False while the Work still runs
             if done and entry[1] & DEVICE:  # NCCL: wait() made the stream wait; the device may still run it
                 done = work.is_completed()

@@ -146,6 +146,9 @@ def evidence_text(e: Evidence) -> str:
         Clue.FIRST_FAILED: f"{who} failed first, with an error of {its} own ({detail}), not a timeout or a lost peer",
         Clue.MISDIRECTED: f"{who} sent {_ranks_detail(detail).rsplit(' ', 1)[0]} one transfer more than the one "
         "received and the other one fewer than it waits for: a send to the wrong peer",
+        Clue.WRONG_SOURCE: f"{who} waits to receive from {_ranks_detail(detail).rsplit(' ', 1)[0]}: from one that "
+        "never sent it that transfer, while the other's transfer to it waits unreceived: a receive from the wrong "
+        "peer (its src, or a tag that does not match)",
         Clue.OTHER_CALL: f"{who} issued it from another line of code or with another reduce op than the others: "
         "a different collective, not the same one with other tensors",
         Clue.SCHEDULE: _schedule(who if e.ranks else "", detail),
