@@ -198,8 +198,9 @@ def for_missing(
     culprits = tuple(sorted(culprits_set)) or absent
     if con:
         evidence.append(Evidence(Clue.HISTORY_CONSISTENT, con))
-    if waitfor.edges(wf.graph):
-        evidence.append(Evidence(Clue.WAITED_FOR, culprits, ",".join(map(str, issuers))))
+    waiters = [r for r in issuers if r not in culprits]
+    if waitfor.edges(wf.graph) and waiters:
+        evidence.append(Evidence(Clue.WAITED_FOR, culprits, ",".join(map(str, waiters))))
     evidence.extend(_state_clues(culprits, ends))
     victims = tuple(sorted((set(waiting_on(wf, culprits)) | set(issuers)) - set(culprits)))
     timed_out = tuple(r for r in victims if ends[r].collective_failure)

@@ -138,7 +138,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.REPEATED_MODULE: f"{who} gathered {detail} more often in this step than in its previous step",
         Clue.LEFT_LOOP: f"{who} stopped issuing training-step collectives",
         Clue.STEP_BOUNDARY: f"{who} were starting a new step",
-        Clue.TIMED_OUT: f"{who} failed in the collective they waited in (timeout or peer gone): victims",
+        Clue.TIMED_OUT: f"{who} failed in the collective {'it' if s else 'they'} waited in (timeout or peer gone): "
+        f"{'a victim' if s else 'victims'}",
         Clue.TURNED_SLOW: f"{who} turned slow at step {detail}: it was on time before",
         Clue.STEP_SKEW: _step_skew(who, detail),
         Clue.COUNT_CHANGED: f"{who} issued another number of collectives in this group in this step than in {its} step before",
