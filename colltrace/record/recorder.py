@@ -184,7 +184,7 @@ class Recorder:
             static = self._miss(spec, key, call, attribution, ts)
             if static is None:  # this rank is not in the group: torch does nothing
                 return -1, 0, None
-        head, mid, counter, flags, _ = static
+        head, mid, counter, flags = static
         seq = counter.seq = counter.seq + 1
         if flags & ANCHOR_FLAGS or counter.anchor_next or not seq & BSEQ_MASK:
             pg = call[0]
@@ -239,7 +239,7 @@ class Recorder:
 
     def _miss(
         self, spec: OpSpec, key: Any, call: tuple[Any, ...], attribution: tuple[str, str, str], ts: ThreadState
-    ) -> tuple[bytes, bytes, _Seq, int, bool] | None:
+    ) -> tuple[bytes, bytes, _Seq, int] | None:
         """Pack the static part of a call not seen before (and cache it when it has a key); None
         for a group this rank is not in."""
         pg, async_op, inp, out, redop, root, groot = call[:7]
@@ -261,9 +261,7 @@ class Recorder:
         if spec.kind == schema.KIND_P2P:  # numbered per (group, peer, direction); pg None: read the backend seq always
             way = (id(pg), peer, spec.name in schema.SEND_OPS)
             counter = self._p2p.get(way) or self._p2p.setdefault(way, _Seq(None, g.sid, ()))
-        # plain: the shim completes it itself (blocking, on the host, no backend seq to read around it)
-        plain = not flags & (schema.FLAG_ASYNC | schema.FLAG_DEVICE | ANCHOR_FLAGS)
-        static = (head, mid, counter, flags, plain)
+        static = (head, mid, counter, flags)
         if key is not None:
             cache = ts.static
             if len(cache) >= _STATIC_CACHE_MAX:

@@ -14,7 +14,6 @@ from colltrace.record import ops
 from colltrace.record.adapter import tag_of
 from colltrace.record.context import CONTEXT
 from colltrace.record.patches import Patches
-from colltrace.record.recorder import BSEQ_MASK
 from colltrace.record.tracer import TRACER, Tracer
 from colltrace.trace import schema
 
@@ -105,7 +104,6 @@ class Shim:
             "current": CONTEXT.current,
             "get_ident": _get_ident,
             "now": _now,
-            "BSEQ_MASK": BSEQ_MASK,
         }
         filename = f"<colltrace traced {spec.name}>"
         exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - generated from a signature
@@ -237,18 +235,7 @@ def {name}(*args, **kwargs):
     try:
         attribution = ts.serve or current(ts)
 {extract}
-        static = ts.static.get(key) if key is not None else None
-        # the common case inline (a call seen before, blocking, on the host, no backend seq to read): one store
-        # at issue, one at completion; anything else goes through the recorder's issue() and returned()
-        if static is not None and static[4] and not static[2].anchor_next and (static[2].seq + 1) & BSEQ_MASK:
-            head, mid, counter, flags, plain = static
-            seq = counter.seq = counter.seq + 1
-            writer, c = rec.writer, rec.ctx
-            idx = counter.last_idx = writer.append_static(head, seq, mid, c.step, c.micro_step, t_issue)
-            rec.last_progress_ns = t_issue
-        else:
-            plain = False
-            idx, flags, anchor = rec.issue(spec, key, call, attribution, t_issue, ts)
+        idx, flags, anchor = rec.issue(spec, key, call, attribution, t_issue, ts)
     except Exception as e:  # the shim steps aside, the collective still runs
         tracer.failed(rec, "recording {name} failed", e)
         return orig(*args, **kwargs)
@@ -261,11 +248,7 @@ def {name}(*args, **kwargs):
             rec.failed(idx, flags, e)
         raise
     ts.depth = 0
-    if plain:
-        t = now()
-        writer.finish_sync(idx, -1, t, t - t_issue)
-        rec.last_progress_ns = t
-    elif idx >= 0:
+    if idx >= 0:
         try:
             rec.returned(idx, flags, anchor, result, t_issue)
         except Exception as e:
