@@ -158,3 +158,31 @@ def test_a_collective_the_installed_torch_has_and_colltrace_does_not_know_is_sai
         ]
     finally:
         ops.DEGRADED.pop("all_reduce", None)
+
+
+def test_torch_2_14s_gather_into_one_tensor_is_traced_by_its_signature() -> None:
+    """torch 2.14 adds gather_single (and gather_into_tensor, its deprecated name): the signature as 2.14.1
+    has it (copied from its distributed_c10d) is read like any other: the input, the gathered tensor on dst
+    (None elsewhere), dst and group_dst; nothing is left "not traced"."""
+    import types
+
+    from colltrace.record import ops
+
+    def gather_single(tensor, gather_tensor=None, dst=None, group=None, async_op=False, group_dst=None):  # type: ignore[no-untyped-def]
+        """torch 2.14.1's signature."""
+
+    class T:
+        shape, dtype = (4,), "float32"
+
+    x, out = T(), T()
+    for name in ("gather_single", "gather_into_tensor"):
+        spec = ops.build_spec(name, gather_single)
+        assert spec is not None and spec.kind == ops.COLLECTIVE
+        _, call = spec.extract((x, out, 0), {"group": "g"}, ("", "", ""))
+        group, async_op, inp, got, _, root, _ = call
+        assert (group, async_op, inp, got, root) == ("g", False, x, out, 0)
+        _, call = spec.extract((x,), {"dst": 0, "async_op": True}, ("", "", ""))
+        assert call[1] is True and call[3] is None and call[5] == 0  # not dst: no gathered tensor
+    fake = types.SimpleNamespace(__all__=["gather_single", "gather_into_tensor"], gather_single=gather_single,
+                                 gather_into_tensor=gather_single)  # fmt: skip
+    assert ops.untraced(fake, {"gather_single", "gather_into_tensor"}) == []

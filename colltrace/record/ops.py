@@ -47,6 +47,9 @@ _TABLE: dict[str, tuple[str | None, str | None, int, str | None, int]] = {
     "all_to_all": ("input_tensor_list", "output_tensor_list", COLLECTIVE, None, 0),
     "all_to_all_single": ("input", "output", COLLECTIVE, None, 0),
     "gather": ("tensor", "gather_list", COLLECTIVE, "dst", 0),
+    # torch 2.14: gather into one tensor on dst (gather_into_tensor is its deprecated name); None elsewhere
+    "gather_single": ("tensor", "gather_tensor", COLLECTIVE, "dst", 0),
+    "gather_into_tensor": ("tensor", "gather_tensor", COLLECTIVE, "dst", 0),
     "scatter": ("scatter_list", "tensor", COLLECTIVE, "src", 0),
     "barrier": (None, None, COLLECTIVE, None, 0),
     "monitored_barrier": (None, None, COLLECTIVE, None, 0),
