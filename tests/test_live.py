@@ -69,3 +69,18 @@ def test_a_rank_holding_the_gil_in_native_code_is_said_not_to_have_answered(tmp_
     assert 0 in got.silent or 0 in {r for r, _ in got.stale}
     assert set(got.answered) >= {1, 2}
     assert not (run_dir / "report.md").exists()  # COLLTRACE_AUTOREPORT=0
+
+
+def test_a_rank_that_died_without_removing_its_heartbeat_is_not_asked(tmp_path: Path) -> None:
+    """A rank that dies of gloo's abort (SIGABRT: no Python runs) leaves a fresh heartbeat; a report right after
+    must not ask it and wait: the heartbeat names its host and pid, and that process is gone."""
+    import os
+    import socket
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    os.makedirs(live.live_dir(str(tmp_path)))
+    for rank, pid in ((0, int(dead.stdout)), (1, os.getpid())):
+        Path(live.heartbeat_path(str(tmp_path), rank)).write_text(f"{socket.gethostname()} {pid}\n")
+    assert live.live_ranks(str(tmp_path)) == [1]
+    got = live.ask(str(tmp_path), wait_s=0.1)
+    assert got is not None and got.asked == (1,) and got.silent == (1,)

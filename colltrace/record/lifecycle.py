@@ -6,6 +6,7 @@ import atexit
 import faulthandler
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -342,8 +343,8 @@ class Watch:
                 os.utime(self.beat_path)
             except FileNotFoundError:
                 os.makedirs(os.path.dirname(self.beat_path), exist_ok=True)
-                with open(self.beat_path, "a"):
-                    pass
+                with open(self.beat_path, "w") as f:  # who beats: a reader on this host can see it died
+                    f.write(f"{socket.gethostname()} {os.getpid()}\n")
         try:
             mtime = os.stat(self.request_path).st_mtime_ns
         except OSError:

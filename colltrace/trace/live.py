@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,9 +55,26 @@ def heartbeats(run_dir: str, now: float | None = None) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
+def _died_here(run_dir: str, rank: int) -> bool:
+    """The rank's heartbeat names a process of this host that no longer runs (it died without removing it: a
+    fatal signal, gloo's abort): not a live rank, however fresh its heartbeat."""
+    try:
+        with open(heartbeat_path(run_dir, rank)) as f:
+            host, pid = f.read().split()
+        if host != socket.gethostname():
+            return False
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def live_ranks(run_dir: str, now: float | None = None) -> list[int]:
-    """The ranks whose heartbeat is fresh: their watchdog ran within STALE_S."""
-    return [r for r, age in heartbeats(run_dir, now).items() if age <= STALE_S]
+    """The ranks whose heartbeat is fresh (their watchdog ran within STALE_S) and whose process, where it
+    ran on this host, still runs."""
+    return [r for r, age in heartbeats(run_dir, now).items() if age <= STALE_S and not _died_here(run_dir, r)]
 
 
 def request(run_dir: str) -> str | None:
@@ -114,7 +132,7 @@ def ask(run_dir: str, wait_s: float = ANSWER_S, asking: Callable[[str], None] | 
     is live (a finished or killed run: nothing to ask) or the request cannot be written. `asking(id)` runs
     once the request is out (a rank that asks answers for itself)."""
     beats = heartbeats(run_dir)
-    asked = tuple(r for r, age in beats.items() if age <= STALE_S)
+    asked = tuple(r for r, age in beats.items() if age <= STALE_S and not _died_here(run_dir, r))
     stale = tuple((r, round(age, 1)) for r, age in beats.items() if age > STALE_S)
     if not asked:
         return None
