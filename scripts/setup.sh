@@ -9,7 +9,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.colltrace-setup
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+# DeepSpeed builds its CPU op at its first run (minutes, silently); a killed build left a lock that hung
+# every later DeepSpeed job: built here once under a time limit, a stale lock removed (scripts/deepspeed_op.py)
+deepspeed_op() { .venv/bin/python scripts/deepspeed_op.py || true; }
 if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && .venv/bin/python -c "import torch, colltrace, orjson" 2>/dev/null; then
+  deepspeed_op
   exit 0
 fi
 # torch==2.13.0 exactly: any other spec may download a multi-GB CUDA build
@@ -17,3 +21,4 @@ fi
   | grep -v "is ignored: it is neither a file nor a directory" || true
 .venv/bin/python -c "import torch, colltrace, orjson" >/dev/null
 echo "$want" > "$stamp"
+deepspeed_op

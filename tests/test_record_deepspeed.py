@@ -20,6 +20,23 @@ BLOCKS = ["blocks.0.lin", "blocks.1.lin", "blocks.2.lin"]
 
 
 @pytest.fixture(scope="module")
+def deepspeed_op() -> None:
+    """DeepSpeed's CPU op built (or skip, saying why): a build left locked by a killed run would hang the
+    job forever (scripts/deepspeed_op.py clears such a lock and builds the op under a time limit)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "deepspeed_op", Path(__file__).parent.parent / "scripts" / "deepspeed_op.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    why = mod.ready()
+    if why is not None:
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
 def first_step():
     run = read_run(str(FIXTURE))
     return {rank: [r for r in rt.records if r.step == 0 and r.group == "0"] for rank, rt in run.ranks.items()}
@@ -44,7 +61,7 @@ def test_zero3_gradient_reduction_and_engine_step(first_step) -> None:
 
 
 @pytest.mark.parametrize("stage", [1, 2])
-def test_zero12_live_gradient_buckets_and_step(tmp_path: Path, stage: int) -> None:
+def test_zero12_live_gradient_buckets_and_step(tmp_path: Path, stage: int, deepspeed_op: None) -> None:
     """A real 2-rank ZeRO-1/2 run (tests/workloads/zero12.py): the optimizer's gradient bucket is
     named as such, and the engine's step collectives are phase optimizer."""
     proc = torchrun("zero12.py", 2, tmp_path / "run", timeout=300, STAGE=str(stage))
@@ -72,7 +89,7 @@ def test_zero12_live_gradient_buckets_and_step(tmp_path: Path, stage: int) -> No
                              ("optimizer", "", "deepspeed"), ("optimizer", "", "")]  # fmt: skip
 
 
-def test_the_deepspeed_launcher_traces_with_no_code_change(tmp_path: Path) -> None:
+def test_the_deepspeed_launcher_traces_with_no_code_change(tmp_path: Path, deepspeed_op: None) -> None:
     """`COLLTRACE=1 deepspeed --num_gpus 2 script.py` on CPU (DS_ACCELERATOR=cpu, gloo): both ranks trace
     into one run directory (named from the launcher's pid, as for mp.spawn), the header says deepspeed."""
     import shutil
