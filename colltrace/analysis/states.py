@@ -61,7 +61,7 @@ def waited_on(rt: RankTrace, rs: RankStreams, b: int) -> int:
         return b
     opened = {idx for _, _, idx in rs.open}
     waiting = int(said["waiting"])
-    if waiting in opened:
+    if waiting in opened or any(idx == waiting for _, _, idx in rs.failed):  # failed since: the timeout it hit
         return waiting
     guess = record(rt, b)
     if guess is None or not guess.async_op or not guess.in_flight:
