@@ -275,3 +275,17 @@ def test_every_rank_refused_alike_by_the_backend_is_each_ranks_own_exception(tmp
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == (0, 1, 2) and dx.verdict is Verdict.CRASH
     assert dx.finding is not None and dx.finding.cause is Cause.RANK_EXCEPTION
+
+
+def test_a_rank_not_there_yet_is_not_the_culprit_of_what_the_others_issued_apart(tmp_path: Path) -> None:
+    """Seen for real on Python 3.12 and torch 2.14 (scripts/matrix.sh): rank 1 was still importing when ranks
+    0 and 2 met at the first all-gather with different sizes and gloo aborted. The two that issued it
+    disagree; the one not there yet cannot be why. With no history and no majority: undecided, low."""
+    rs = ranks(str(tmp_path), 3)
+    rs[0].coll("all_gather_single", 34, "<root>", done=False)
+    rs[2].coll("all_gather_single", 68, "<root>", done=False)
+    rs[1].hang_stacks("shard_fsdp2", "fully_shard(unit, **kw)")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.NUMEL and dx.divergence.seq == 1
+    assert dx.culprits == ()
+    assert dx.finding is not None and dx.finding.confidence is Confidence.LOW

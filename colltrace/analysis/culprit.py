@@ -77,7 +77,12 @@ def for_content(d: Divergence, streams: dict[int, RankStreams], table: SigTable,
     largest = max(len(c) for c in d.classes)
     strict_majority = len(visible) >= 3 and sum(len(c) == largest for c in d.classes) == 1
     absent = {a.rank for a in d.at if a.sig is None}
+    issued = [c for c in d.classes if any(r not in absent for r in c)]
     for cls in d.classes:
+        if len(issued) >= 2 and cls not in issued:
+            # the ranks that issued it disagree among themselves: a rank not there yet (still starting, slow)
+            # cannot be why; it is waited for, not the culprit of what the others issued
+            continue
         score = 0.0
         for r in cls:
             h = hab.get(r, Habit.UNKNOWN)
