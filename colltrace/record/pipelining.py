@@ -49,7 +49,10 @@ class PipeliningAdapter(Adapter):
         for name, what in (("forward_one_chunk", spans.FORWARD), ("backward_one_chunk", spans.BACKWARD)):
             if name in stage._PipelineStageBase.__dict__:
                 done = self._patch(stage._PipelineStageBase, name, _chunk(self, what)) or done
-        if "_batch_p2p" in schedules.__dict__:
+        batch = schedules.__dict__.get("_batch_p2p")
+        if batch is not None and "isend" in getattr(getattr(batch, "__code__", None), "co_names", ()):
+            # torch 2.13's: one-way ops issued one by one, around batch_isend_irecv (which reads the tags itself);
+            # an older one (2.6) sends every batch through batch_isend_irecv, and returns what that returns
             done = self._patch(schedules, "_batch_p2p", lambda orig: _issuing(self, orig)) or done
         for cls in (
             getattr(schedules, "PipelineScheduleSingle", None),
