@@ -119,17 +119,22 @@ def _issuing(adapter: Adapter, orig: Callable[..., Any]) -> Callable[..., Any]:
         ts = ctx.state()
         for p, tag in zip(p2p_ops, tags):
             if tag is None:
-                works.extend(orig([p], *args, **kwargs))
+                works.extend(_listed(orig([p], *args, **kwargs)))
                 continue
             old = ctx.micro_step
             ctx.micro_step = tag[3]
             try:
-                works.extend(serving(ts, tag[:3], orig, ([p], *args), kwargs))
+                works.extend(_listed(serving(ts, tag[:3], orig, ([p], *args), kwargs)))
             finally:
                 ctx.micro_step = old
         return works
 
     return batch_p2p
+
+
+def _listed(got: Any) -> list[Any]:
+    """What _batch_p2p returned for one op, as the list it returns for several."""
+    return list(got) if isinstance(got, (list, tuple)) else [got]
 
 
 def _announcing(orig: Callable[..., Any]) -> Callable[..., Any]:
