@@ -27,6 +27,7 @@ SCENARIOS = (
 
 def _checked(name: str, out: str) -> dict[str, object]:
     """Run one scenario with `colltrace demo` and compare its report with the scenario's expected diagnosis."""
+    from colltrace.scenarios.base import mismatches
     from colltrace.scenarios.catalog import get
 
     sc = get(name)
@@ -38,17 +39,7 @@ def _checked(name: str, out: str) -> dict[str, object]:
         got = json.loads(proc.stdout)
     except ValueError:
         return {"scenario": name, "ok": False, "why": (proc.stderr.strip().splitlines() or ["no report"])[-1]}
-    d = got.get("first_divergence") or {}
-    pairs = {
-        "verdict": (got["verdict"], want["verdict"]),
-        "culprits": (sorted(got["culprit_ranks"]), want["culprit_ranks"]),
-        "cause": ((got.get("cause") or {}).get("id"), want["cause"]),
-    }
-    if isinstance(want["seq"], int):
-        pairs["seq"] = (d.get("seq"), want["seq"])
-    if want["kind"] is not None and want["verdict"] != "healthy":
-        pairs["kind"] = (d.get("kind"), want["kind"])
-    wrong = {k: {"got": g, "want": w} for k, (g, w) in pairs.items() if g != w}
+    wrong = {k: {"got": g, "want": w} for k, (g, w) in mismatches(want, got).items()}
     with open(os.path.join(run_dir, "rank00000.jsonl")) as f:
         header = json.loads(f.readline())
     untraced = [u for u in header.get("unseen", []) if "torch.compile" not in u]

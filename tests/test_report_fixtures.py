@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from colltrace.report.build import run_report
+from colltrace.scenarios.base import mismatches
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CASES = sorted(p.parent for p in FIXTURES.glob("*/expected.json"))
-
-
-def _seq_matches(expected: Any, got: int | None) -> bool:
-    if isinstance(expected, dict):
-        return got is not None and int(expected["min"]) <= got <= int(expected["max"])
-    return expected == got
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -25,28 +19,8 @@ def test_fixture_report_matches_expected(case: Path) -> None:
     expected = json.loads((case / "expected.json").read_text())
     text, problem = run_report(str(case), "json")
     report = json.loads(text)
-    first = report["first_divergence"] or {}
-    got = {
-        "verdict": report["verdict"],
-        "culprit_ranks": sorted(report["culprit_ranks"]),
-        "group": first.get("group"),
-        "seq": first.get("seq"),
-        "kind": first.get("kind"),
-        "cause": (report["cause"] or {}).get("id"),
-    }
-    want = {k: expected.get(k) for k in got}
-    want["culprit_ranks"] = sorted(want["culprit_ranks"] or [])
-    mismatches = []
-    for k in ("verdict", "culprit_ranks", "kind"):
-        if want[k] != got[k] and not (k == "kind" and want[k] is None):
-            mismatches.append(k)
-    if want["cause"] is not None and want["cause"] != got["cause"]:
-        mismatches.append("cause")
-    if want["group"] is not None and want["group"] not in (first.get("group"), first.get("group_name")):
-        mismatches.append("group")
-    if want["seq"] is not None and not _seq_matches(want["seq"], got["seq"]):
-        mismatches.append("seq")
-    assert not mismatches, f"{case.name}: {mismatches}\nwant {want}\ngot  {got}\n{report['headline']}"
+    wrong = mismatches(expected, report)
+    assert not wrong, f"{case.name}: (got, want) {wrong}\n{report['headline']}"
     assert problem == (expected["verdict"] != "healthy")
 
 

@@ -61,9 +61,7 @@ class Clue(str, enum.Enum):
     MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: the peers)
     WRONG_SOURCE = "wrong_source"  # the rank waits to receive from a peer that sent nothing, another's unheard
     OTHER_CALL = "other_call"  # the ranks issued it from different lines or with different reduce ops
-    SCHEDULE = (
-        "schedule"  # the ranks' pipeline schedules differ (detail: theirs and the usual, name,micro-batches,stages)
-    )
+    SCHEDULE = "schedule"  # the pipeline schedules differ (detail: theirs, the usual: name,micro-batches,stages)
     UNDECIDED = "undecided"  # the evidence does not separate the ranks
 
 

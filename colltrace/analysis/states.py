@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from colltrace.analysis.results import RankEnd
-from colltrace.analysis.streams import RankStreams
+from colltrace.analysis.streams import RankStreams, numbered
 from colltrace.trace.reader import RecordView
 from colltrace.trace.records import Collective, RankState, RankTrace, Run
 
@@ -61,7 +61,7 @@ def waited_on(rt: RankTrace, rs: RankStreams, b: int) -> int:
         return b
     opened = {idx for _, _, idx in rs.open}
     waiting = int(said["waiting"])
-    if waiting in opened or any(idx == waiting for _, _, idx in rs.failed):  # failed since: the timeout it hit
+    if waiting in opened or waiting in {idx for _, _, idx in rs.failed}:  # failed since: the timeout it hit
         return waiting
     guess = record(rt, b)
     if guess is None or not guess.async_op or not guess.in_flight:
@@ -189,9 +189,8 @@ def activity_of(stack: list[str]) -> str:
     return f"{user} (in {where})"
 
 
-def _numbered(c: Collective) -> str:
-    """'seq 12' for a collective, 'transfer 12' for a p2p record (numbered in its direction)."""
-    return f"transfer {c.seq}" if c.kind == "p2p" else f"seq {c.seq}"
+def _position(c: Collective) -> str:
+    return numbered(c.kind == "p2p", c.seq)
 
 
 def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
@@ -243,15 +242,15 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         if isinstance(usual, (int, float)) and usual > 0:
             stuck += f" ({idle / usual:.0f} × its usual wait)"
     if rt.state is RankState.FINISHED:
-        activity = "exited cleanly" + (f" after {last.op} ({_numbered(last)})" if last is not None else "")
+        activity = "exited cleanly" + (f" after {last.op} ({_position(last)})" if last is not None else "")
     elif blocked is not None:
-        activity = f"in {blocked.op} ({_numbered(blocked)}){stuck}"
+        activity = f"in {blocked.op} ({_position(blocked)}){stuck}"
     elif span is not None:
         activity = f"in {span_text(span)}" + (f" for {open_for:.1f} s" if open_for is not None else "")
     elif stack:
         activity = activity_of(stack) + stuck
     elif last is not None:
-        activity = f"after {last.op} ({_numbered(last)})"
+        activity = f"after {last.op} ({_position(last)})"
     else:
         activity = "no record"
     return RankEnd(

@@ -134,6 +134,11 @@ def p2p_ends(key: str) -> tuple[int, int] | None:
         return None
 
 
+def numbered(p2p: bool, seq: int | None) -> str:
+    """'seq 12' for a collective, 'transfer 12' for a p2p record (it counts one direction's transfers)."""
+    return f"transfer {seq}" if p2p else f"seq {seq}"
+
+
 def is_send(op: str) -> bool:
     return op in schema.SEND_OPS
 

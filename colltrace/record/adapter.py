@@ -69,6 +69,23 @@ def serving(ts: ThreadState, value: Serve, fn: Callable[..., Any], args: Any, kw
         ts.serve = old
 
 
+def at_micro_step(ctx: Context, micro: int, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """fn(*args, **kwargs) with `micro` as the micro-step of what it records."""
+    old, ctx.micro_step = ctx.micro_step, micro
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        ctx.micro_step = old
+
+
+def tagged(
+    ctx: Context, ts: ThreadState, tag: tuple[str, str, str, int], fn: Callable[..., Any], args: Any, kwargs: Any
+) -> Any:
+    """fn(*args, **kwargs) serving what a P2POp's tag says: (module, phase, flavour), the micro-batch as the
+    micro-step."""
+    return at_micro_step(ctx, tag[3], serving, (ts, tag[:3], fn, args, kwargs), {})
+
+
 def scoped(
     ctx: Context,
     orig: Callable[..., Any],

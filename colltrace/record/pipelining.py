@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from colltrace.record import spans
-from colltrace.record.adapter import TAG, Adapter, serving, tag_of
+from colltrace.record.adapter import TAG, Adapter, at_micro_step, tag_of, tagged
 from colltrace.record.context import PHASE_BACKWARD, PHASE_FORWARD
 from colltrace.record.hooks import spanned
 from colltrace.record.tracer import TRACER
@@ -91,11 +91,7 @@ def _chunk(adapter: Adapter, what: str) -> Callable[[Callable[..., Any]], Callab
                 module, mb = f"stage {self.stage_index}", int(chunk_id)
             except Exception:
                 return orig(self, chunk_id, *args, **kwargs)
-            old, ctx.micro_step = ctx.micro_step, mb
-            try:
-                return spanned(what, module, PIPELINE, orig, (self, chunk_id, *args), kwargs)
-            finally:
-                ctx.micro_step = old
+            return at_micro_step(ctx, mb, spanned, (what, module, PIPELINE, orig, (self, chunk_id, *args), kwargs), {})
 
         return one_chunk
 
@@ -118,15 +114,8 @@ def _issuing(adapter: Adapter, orig: Callable[..., Any]) -> Callable[..., Any]:
         works: list[Any] = []
         ts = ctx.state()
         for p, tag in zip(p2p_ops, tags):
-            if tag is None:
-                works.extend(_listed(orig([p], *args, **kwargs)))
-                continue
-            old = ctx.micro_step
-            ctx.micro_step = tag[3]
-            try:
-                works.extend(_listed(serving(ts, tag[:3], orig, ([p], *args), kwargs)))
-            finally:
-                ctx.micro_step = old
+            got = orig([p], *args, **kwargs) if tag is None else tagged(ctx, ts, tag, orig, ([p], *args), kwargs)
+            works.extend(_listed(got))
         return works
 
     return batch_p2p

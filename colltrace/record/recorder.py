@@ -204,21 +204,6 @@ class Recorder:
         key, call = spec.extract(args, kwargs, attribution)
         return self.issue(spec, key, call, attribution, _now(), ts)
 
-    def issue_tagged(
-        self, spec: OpSpec, args: tuple[Any, ...], tag: tuple[str, str, str, int], ts: ThreadState
-    ) -> tuple[int, int]:
-        """issue_call() for a P2POp an adapter tagged with what it serves: (module, phase, flavour) and the
-        micro-batch, written as the record's micro-step."""
-        attribution = tag[:3]
-        ctx = self.ctx
-        key, call = spec.extract(args, {}, attribution)
-        old, ctx.micro_step = ctx.micro_step, tag[3]
-        try:
-            idx, flags, _ = self.issue(spec, key, call, attribution, _now(), ts)
-        finally:
-            ctx.micro_step = old
-        return idx, flags
-
     def anchor(self, pg: Any, counter: _Seq, flags: int) -> Any:
         """The backend's seq is read at every 32nd record of a group, and around calls that run
         several backend collectives (object, coalesced): before (for the record before it),

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from colltrace.record import ops
-from colltrace.record.adapter import tag_of
+from colltrace.record.adapter import tag_of, tagged
 from colltrace.record.context import CONTEXT
 from colltrace.record.patches import Patches
 from colltrace.record.tracer import TRACER, Tracer
@@ -143,12 +143,11 @@ class Shim:
             try:
                 for p2p in p2p_op_list:
                     fn_name = "irecv" if "recv" in getattr(p2p.op, "__name__", "isend") else "isend"
-                    call = (p2p.tensor, p2p.peer, p2p.group)
+                    issue: tuple[Any, ...] = (spec_for(fn_name), (p2p.tensor, p2p.peer, p2p.group), {}, tls)
                     tag = tag_of(p2p)  # what an adapter (pipelining) said the op serves
-                    if tag is None:
-                        idx, f, _ = rec.issue_call(spec_for(fn_name), call, {}, tls)
-                    else:
-                        idx, f = rec.issue_tagged(spec_for(fn_name), call, tag, tls)
+                    idx, f, _ = (
+                        rec.issue_call(*issue) if tag is None else tagged(rec.ctx, tls, tag, rec.issue_call, issue, {})
+                    )
                     issued.append(idx)
                     device |= f & DEVICE
             except Exception as e:

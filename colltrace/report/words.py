@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from colltrace.analysis.results import Clue, Diagnosis, Evidence
-from colltrace.analysis.streams import Signature, p2p_ends
+from colltrace.analysis.streams import Signature, numbered, p2p_ends
 from colltrace.analysis.vocab import Cause, Verdict
 from colltrace.trace.records import RankState
 
@@ -42,8 +42,8 @@ def serving(c: dict[str, object]) -> str:
 
 
 def position(group: str, seq: int | None) -> str:
-    """'seq 12' for a collective, 'transfer 12' for a p2p direction's (it counts one direction's transfers)."""
-    return f"transfer {seq}" if group.startswith("p2p:") else f"seq {seq}"
+    """'seq 12' for a collective group's, 'transfer 12' for a p2p direction's."""
+    return numbered(group.startswith("p2p:"), seq)
 
 
 def sig_text(sig: Signature | None) -> str:

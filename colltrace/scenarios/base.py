@@ -75,6 +75,31 @@ class Scenario:
         return self.truth(ranks).expected(self.name, self.framework, ranks)
 
 
+def mismatches(expected: dict[str, Any], report: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Where a JSON report disagrees with a scenario's expected diagnosis, {field: (got, want)}: verdict and
+    culprits always; kind, cause, group and seq where the scenario pins them (a seq may be a range)."""
+    first = report.get("first_divergence") or {}
+    cause = (report.get("cause") or {}).get("id")
+    out: dict[str, tuple[Any, Any]] = {}
+    if report["verdict"] != expected["verdict"]:
+        out["verdict"] = (report["verdict"], expected["verdict"])
+    if sorted(report["culprit_ranks"]) != sorted(expected["culprit_ranks"] or []):
+        out["culprit_ranks"] = (sorted(report["culprit_ranks"]), sorted(expected["culprit_ranks"] or []))
+    if expected["kind"] is not None and first.get("kind") != expected["kind"]:
+        out["kind"] = (first.get("kind"), expected["kind"])
+    if expected["cause"] is not None and cause != expected["cause"]:
+        out["cause"] = (cause, expected["cause"])
+    if expected["group"] is not None and expected["group"] not in (first.get("group"), first.get("group_name")):
+        out["group"] = (first.get("group"), expected["group"])
+    seq, want = first.get("seq"), expected["seq"]
+    if isinstance(want, dict):
+        if seq is None or not int(want["min"]) <= seq <= int(want["max"]):
+            out["seq"] = (seq, want)
+    elif want is not None and seq != want:
+        out["seq"] = (seq, want)
+    return out
+
+
 REGISTRY: dict[str, Scenario] = {}
 
 

@@ -3,6 +3,7 @@ Schedule1F1B, on gloo; a healthy run and a stage that raises mid-schedule."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from colltrace.analysis.vocab import Cause, Kind, Verdict
@@ -55,6 +56,15 @@ def _step(job: Job, sched: Any, x: Any, y: Any) -> None:
         sched.step(target=y, losses=[])
     else:
         sched.step()
+
+
+def _train(job: Job, sched: Any, opt: Any, labels: Callable[[int, Any], Any] | None = None) -> None:
+    """STEPS schedule steps, an optimizer step after each; `labels(step, y)`: the labels the last stage gets."""
+    for step in range(STEPS):
+        x, y = _batch(step, MICRO * ROWS)
+        _step(job, sched, x, labels(step, y) if labels is not None else y)
+        opt.step()
+        opt.zero_grad()
 
 
 # -- pp_1f1b_healthy ------------------------------------------------------------------------------
@@ -139,15 +149,15 @@ def pp_stage_crash(job: Job) -> None:
 
     net, pipe, opt = _pipeline(job)
     sched = Schedule1F1B(pipe, MICRO, loss_fn=loss_fn)
-    for step in range(STEPS):
-        x, y = _batch(step, MICRO * ROWS)
+
+    def labels(step: int, y: Any) -> Any:
         if job.rank == job.culprit and step == BUG_STEP:
             y = y.clone()
             y[BAD_MICRO * ROWS] = CLASSES + 3  # a corrupt label
             y = y.to(torch.int64)
-        _step(job, sched, x, y)
-        opt.step()
-        opt.zero_grad()
+        return y
+
+    _train(job, sched, opt, labels)
     job.finish()
 
 
@@ -169,7 +179,7 @@ def _count_truth(world: int) -> Truth:
     )  # fmt: skip
 
 
-@scenario("pp_microbatch_count", "pipelining: one stage's schedule has half the micro-batches of the others",
+@scenario("pp_microbatch_count", "pipelining: one stage's schedule has fewer micro-batches than the others",
           truth=_count_truth, framework="c10d", ranks=STAGES, min_ranks=STAGES, max_ranks=STAGES)  # fmt: skip
 def pp_microbatch_count(job: Job) -> None:
     """torch.distributed.pipelining, Schedule1F1B, 3 stages. The middle stage builds its schedule with 3
@@ -177,25 +187,16 @@ def pp_microbatch_count(job: Job) -> None:
 
     Stands for: a pipeline whose stages disagree about the number of micro-batches per step (a config
     mismatch, a batch size that does not divide, a stage that chunks its own input differently).
-    Right diagnosis: the stage with the different count is the culprit (both of its streams disagree with
-    it; its neighbours agree with each other), cause control_flow.
+    Right diagnosis: the stage whose schedule differs from the others' is the culprit (the schedules each
+    stage recorded say so; its transfers alone look like a send to the wrong peer), cause schedule_mismatch.
     """
-    import torch
     from torch.distributed.pipelining import Schedule1F1B
 
     from colltrace.scenarios.model import loss_fn
 
     net, pipe, opt = _pipeline(job)
     sched = Schedule1F1B(pipe, FEW if job.rank == 1 else MICRO, loss_fn=loss_fn)
-    for step in range(STEPS):
-        x, y = _batch(step, MICRO * ROWS)
-        _step(job, sched, x, y)
-        opt.step()
-        opt.zero_grad()
-    total = torch.zeros(1)
-    import torch.distributed as dist
-
-    dist.all_reduce(total)
+    _train(job, sched, opt)
     job.finish()
 
 

@@ -71,10 +71,11 @@ def _died_here(run_dir: str, rank: int) -> bool:
     return False
 
 
-def live_ranks(run_dir: str, now: float | None = None) -> list[int]:
+def live_ranks(run_dir: str, now: float | None = None, beats: dict[int, float] | None = None) -> list[int]:
     """The ranks whose heartbeat is fresh (their watchdog ran within STALE_S) and whose process, where it
-    ran on this host, still runs."""
-    return [r for r, age in heartbeats(run_dir, now).items() if age <= STALE_S and not _died_here(run_dir, r)]
+    ran on this host, still runs; `beats`: heartbeats() already read."""
+    beats = heartbeats(run_dir, now) if beats is None else beats
+    return [r for r, age in beats.items() if age <= STALE_S and not _died_here(run_dir, r)]
 
 
 def request(run_dir: str) -> str | None:
@@ -132,7 +133,7 @@ def ask(run_dir: str, wait_s: float = ANSWER_S, asking: Callable[[str], None] | 
     is live (a finished or killed run: nothing to ask) or the request cannot be written. `asking(id)` runs
     once the request is out (a rank that asks answers for itself)."""
     beats = heartbeats(run_dir)
-    asked = tuple(r for r, age in beats.items() if age <= STALE_S and not _died_here(run_dir, r))
+    asked = tuple(live_ranks(run_dir, beats=beats))
     stale = tuple((r, round(age, 1)) for r, age in beats.items() if age > STALE_S)
     if not asked:
         return None
