@@ -20,6 +20,7 @@ import time
 
 NAME = "deepspeed_shm_comm"
 BUILD_S = 1200  # two cores compile it in a few minutes; a loaded machine takes longer
+FRESH_S = 60  # a lock this young may belong to a build still starting its compiler: never removed
 _BUILD = (
     "import os; os.environ.setdefault('DS_ACCELERATOR', 'cpu');"
     "from deepspeed.accelerator import get_accelerator;"
@@ -54,7 +55,7 @@ def clear_stale_lock(where: str) -> str:
     if not os.path.exists(lock):
         return ""
     age = time.time() - os.path.getmtime(lock)
-    if _building(where):
+    if age < FRESH_S or _building(where):
         return f"a build of {NAME} is running in {where} (its lock is {age:.0f} s old): left to finish"
     os.unlink(lock)
     return f"removed a stale build lock of {NAME} ({age:.0f} s old, no build running): {lock}"

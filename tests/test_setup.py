@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -26,11 +27,23 @@ def test_a_lock_left_by_a_killed_build_is_removed_and_a_running_builds_is_not(tm
     where = tmp_path / "deepspeed_shm_comm"
     where.mkdir()
     lock = where / "lock"
-    lock.write_text("")
+
+    def lock_from(seconds_ago: float) -> None:
+        lock.write_text("")
+        then = time.time() - seconds_ago
+        os.utime(lock, (then, then))
+
+    lock_from(3600)
     assert op.clear_stale_lock(str(where)).startswith("removed a stale build lock") and not lock.exists()
-    lock.write_text("")
-    builder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(where)])
+    lock_from(1)  # a build that has taken its lock and not yet started its compiler
+    assert "left to finish" in op.clear_stale_lock(str(where)) and lock.exists()
+    lock_from(3600)
+    builder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(where)])
     try:
+        started = time.monotonic()  # until it has exec'd, its command line is still pytest's
+        while str(where) not in Path(f"/proc/{builder.pid}/cmdline").read_bytes().decode(errors="replace"):
+            assert time.monotonic() - started < 30, "the stand-in builder never started"
+            time.sleep(0.05)
         assert "left to finish" in op.clear_stale_lock(str(where)) and lock.exists()
     finally:
         builder.kill()
@@ -44,6 +57,7 @@ def test_an_op_already_built_behind_a_stale_lock_is_ready_without_a_build(tmp_pa
     where.mkdir()
     (where / "deepspeed_shm_comm.so").write_bytes(b"")
     (where / "lock").write_text("")
+    os.utime(where / "lock", (time.time() - 3600, time.time() - 3600))
     monkeypatch.setattr(op, "build_dir", lambda: str(where))
     monkeypatch.setattr(op.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built again")))
     assert op.ready() is None and not os.path.exists(where / "lock")
