@@ -74,8 +74,9 @@ def test_rank_exception_culprit_crashed_with_its_error_and_victims_stopped_in_ba
     assert culprit.last is not None and culprit.last.seq == 15 and not culprit.in_flight
     for rank in (0, 1):
         rt = run.ranks[rank]
-        # on gloo the dead rank's closed sockets fail the victims' collective; otherwise torchrun kills them
-        assert rt.state in (RankState.CRASHED, RankState.KILLED)
+        # on gloo the dead rank's closed sockets fail the victims' collective; otherwise torchrun kills them, and
+        # on a loaded machine its SIGKILL can land after the victim's hang dump and before its SIGTERM is written
+        assert rt.state in (RankState.CRASHED, RankState.KILLED, RankState.HUNG)
         last = rt.last
         assert last is not None and (last.seq, last.op, last.module) == (16, sch.ALL_GATHER, sch.block(2))
         assert last.in_flight or last.error
