@@ -51,8 +51,10 @@ def row(result: str) -> str:
     c = json.loads(result)
     failed = c["failed"] + ([] if c["compile_test"] else ["torch.compile test"])
     ok = "pass" if not failed else "FAIL: " + ", ".join(failed)
-    return (f"| {c['python']} | {c['torch']} | {ok} ({c['passed']}/{c['scenarios']} scenarios, torch.compile "
-            f"{'ok' if c['compile_test'] else 'failed'}) | {'; '.join(c['untraced']) or 'nothing'} |")
+    return (
+        f"| {c['python']} | {c['torch']} | {ok} ({c['passed']}/{c['scenarios']} scenarios, torch.compile "
+        f"{'ok' if c['compile_test'] else 'failed'}) | {'; '.join(c['untraced']) or 'nothing'} |"
+    )
 
 
 def main() -> int:

@@ -27,7 +27,10 @@ class OpSpec(NamedTuple):
     kind: int
     flags: int
     extract: Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, tuple[Any, ...]]]
-    source: str = ""  # extract's body (it sets key and call), for the wrapper to inline (shim.Shim.wrap)
+    # where the wrapper can take the function's own parameters (shim.Shim.wrap): their names, and the key
+    # as an expression of them and `attribution`; () and "": the wrapper takes *args, **kwargs and calls extract
+    params: tuple[str, ...] = ()
+    key: str = ""
 
 
 # name: (input param, output param, kind, root param, flags). Parameters are looked up by
@@ -126,12 +129,13 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
         return None
     inp, out, kind, root, flags = entry
     try:
-        params = list(inspect.signature(fn).parameters)
+        sig: inspect.Signature | None = inspect.signature(fn)
+        params = list(sig.parameters)  # type: ignore[union-attr]
     except (TypeError, ValueError):
         stand_in = _SIGNATURES.get(name)
         if stand_in is None:
             return None
-        params = list(inspect.signature(stand_in).parameters)
+        sig, params = None, list(inspect.signature(stand_in).parameters)
     lost = list(dict.fromkeys(p for p in (inp, out, root) if p and p not in params))
     if lost:  # a torch that renamed them: traced all the same, without what they held (said once, in the header)
         DEGRADED[name] = lost
@@ -149,8 +153,13 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
     cached = not flags & (schema.FLAG_OBJECT | schema.FLAG_COALESCED) and inp not in _LISTS and out not in _LISTS
     plan = key_plan(next(KEYS), params, fields) if cached else ()
     splits = tuple(p for p in _SPLITS.get(name, ()) if p in params)
-    source = _extract_source(params, fields, plan, splits if len(splits) == 2 else ())
-    return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source), source=source)
+    splits = splits if len(splits) == 2 else ()
+    source = _extract_source(params, fields, plan, splits)
+    # the wrapper takes the function's own parameters (no *args, **kwargs to pack and search) where they
+    # are all plain ones, read from the function itself
+    plain = sig is not None and all(p.kind is p.POSITIONAL_OR_KEYWORD for p in sig.parameters.values())
+    return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source),
+                  params=tuple(params) if plain else (), key=_key_expr(plan, splits) if plain else "")  # fmt: skip
 
 
 KEY_VALUE, KEY_SHAPE, KEY_DTYPE = 0, 1, 2
@@ -174,6 +183,25 @@ def key_plan(key_id: int, params: list[str], fields: tuple[tuple[str | None, Any
 
 
 EXTRACTED = ("key", "group", "async_op", "inp", "out", "redop", "root", "groot")
+
+
+def _key_expr(plan: tuple[Any, ...], splits: tuple[str, ...], by_var: bool = False) -> str:
+    """A call's key as an expression: of the parameters' names (the wrapper's), or of extract's variables
+    (by_var). "None" for a spec whose calls are packed afresh each time; a call that passes an all-to-all's
+    split sizes has no key. Its tensors' .shape and .dtype raise AttributeError when they are not tensors."""
+    if not plan:
+        return "None"
+    key_id, items = plan
+    attrs = {KEY_VALUE: "{}", KEY_SHAPE: "{}.shape", KEY_DTYPE: "{}.dtype"}
+    # a reduce op by identity: its pybind __hash__ costs more than the rest of the key (the cached
+    # slot keeps the op alive, so no other object can take its id while the key is in the cache)
+    parts = [str(key_id)]
+    for what, var, _, param, _ in items:
+        parts.append((attrs[what] if var != "redop" else "id({})").format(var if by_var else param))
+    key = f"({', '.join(parts)}, attribution)"
+    if splits:
+        key = f"None if {splits[0]} is not None or {splits[1]} is not None else {key}"
+    return key
 
 
 Extract = Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, tuple[Any, ...]]]
@@ -208,15 +236,8 @@ def _extract_source(
             value = f"args[{i}] if n > {i} else (kwargs.get({param!r}, {default!r}) if kwargs else {default!r})"
         lines.append(f"    {var} = {value}")
     if plan:
-        key_id, items = plan
-        attrs = {KEY_VALUE: "", KEY_SHAPE: ".shape", KEY_DTYPE: ".dtype"}
-        parts = [str(key_id), *(f"{var}{attrs[what]}" for what, var, *_ in items), "attribution"]
-        lines += [
-            "    try:",
-            f"        key = ({', '.join(parts)})",
-            "    except AttributeError:  # not a tensor: torch will say so",
-            "        key = None",
-        ]
+        lines += ["    try:", f"        key = {_key_expr(plan, (), by_var=True)}",
+                  "    except AttributeError:  # not a tensor: torch will say so", "        key = None"]  # fmt: skip
     else:
         lines.append("    key = None")
     if splits:

@@ -71,6 +71,7 @@ class Recorder:
         self._new_event: Callable[[], Any] | None = None  # torch.cuda.Event, bound at the first such call
         self._capturing: Callable[[], bool] = bool  # torch.cuda.is_current_stream_capturing, bound with it
         self.last_progress_ns = _now()
+        self.unplain: dict[int, tuple[int, Any]] = {}  # idx -> (flags, anchor) of an issued call that is not plain
         self.waiting = -1  # idx of the record whose Work a thread is blocked in wait() on, -1: none
         self._warned: set[str] = set()
         self.last_failure: tuple[BaseException, int] | None = None
@@ -169,40 +170,61 @@ class Recorder:
     # -- hot path ----------------------------------------------------------------------------
 
     def issue(
-        self, spec: OpSpec, key: Any, call: tuple[Any, ...], attribution: tuple[str, str, str], t_issue: int,
-        ts: ThreadState,
-    ) -> tuple[int, int, Any]:  # fmt: skip
-        """Write the slot for a call about to run. Returns (idx, flags, anchor); idx -1: not
-        recorded; anchor: the group whose backend seq to read when the call returns, or None.
+        self, spec: OpSpec, key: Any, attribution: tuple[str, str, str], t_issue: int, ts: ThreadState,
+        args: tuple[Any, ...], kwargs: dict[str, Any],
+    ) -> int:  # fmt: skip
+        """Write the slot of a call about to run; its idx for done() (or raised()), -1: not recorded.
 
-        `key` and `call` come from spec.extract: call is (group, async_op, input, output, reduce
-        op, root, group root). A training loop repeats the same few calls, so everything but
-        seq, step and times is packed once per distinct key (op, group, shapes, dtypes, reduce
-        op, root, async; module, phase, flavour) and taken from a per-thread cache afterwards."""
+        The shim's wrapper comes here with the call's `key` (ops.OpSpec): a training loop repeats the
+        same few calls, so everything but seq, step and times is packed once per key and taken from a
+        per-thread cache afterwards; `args` and `kwargs` are read (spec.extract) only for a call not seen
+        before. A plain call (blocking, on the host, no backend seq to read) costs one slot store here
+        and one in done(); the others are remembered for returned()."""
         static: Any = ts.static.get(key) if key is not None else None
         if static is None:
-            static = self._miss(spec, key, call, attribution, ts)
+            static = self._miss(spec, key, spec.extract(args, kwargs, attribution)[1], attribution, ts)
             if static is None:  # this rank is not in the group: torch does nothing
-                return -1, 0, None
-        head, mid, counter, flags = static
+                return -1
+        head, mid, counter, flags, pg, _ = static
         seq = counter.seq = counter.seq + 1
+        anchor = None
         if flags & ANCHOR_FLAGS or counter.anchor_next or not seq & BSEQ_MASK:
-            pg = call[0]
-            anchor = self.anchor(self.default_pg if pg is None else pg, counter, flags)
-        else:
-            anchor = None
+            anchor = self.anchor(pg, counter, flags)
         ctx = self.ctx
         idx = counter.last_idx = self.writer.append_static(head, seq, mid, ctx.step, ctx.micro_step, t_issue)
         self.last_progress_ns = t_issue
-        return idx, flags, anchor
+        if flags or anchor is not None:
+            self.unplain[idx] = (flags, anchor)
+        return idx
+
+    def done(self, idx: int, result: Any, t_issue: int) -> None:
+        """The call of record idx returned: a plain call is done; the others go to returned()."""
+        if self.unplain:
+            entry = self.unplain.pop(idx, None)
+            if entry is not None:
+                try:
+                    self.returned(idx, entry[0], entry[1], result, t_issue)
+                except Exception as e:
+                    self.warn_once("completing a collective failed", e)
+                return
+        t = _now()  # a blocking call on the host: blocked for its whole duration
+        self.writer.finish_sync(idx, -1, t, t - t_issue)
+        self.last_progress_ns = t
+
+    def raised(self, idx: int, exc: BaseException) -> None:
+        """The call of record idx raised."""
+        entry = self.unplain.pop(idx, None)
+        self.failed(idx, entry[0] if entry is not None else 0, exc)
 
     def issue_call(
         self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], ts: ThreadState
-    ) -> tuple[int, int, Any]:
-        """issue() for a call made by the shim itself (one P2POp of batch_isend_irecv)."""
+    ) -> tuple[int, int]:
+        """issue() for a call made by the shim itself (one P2POp of batch_isend_irecv), which completes
+        it itself: (idx, flags)."""
         attribution = ts.serve or self.ctx.current(ts)
-        key, call = spec.extract(args, kwargs, attribution)
-        return self.issue(spec, key, call, attribution, _now(), ts)
+        idx = self.issue(spec, spec.extract(args, kwargs, attribution)[0], attribution, _now(), ts, args, kwargs)
+        entry = self.unplain.pop(idx, None)
+        return idx, entry[0] if entry is not None else 0
 
     def anchor(self, pg: Any, counter: _Seq, flags: int) -> Any:
         """The backend's seq is read at every 32nd record of a group, and around calls that run
@@ -224,9 +246,9 @@ class Recorder:
 
     def _miss(
         self, spec: OpSpec, key: Any, call: tuple[Any, ...], attribution: tuple[str, str, str], ts: ThreadState
-    ) -> tuple[bytes, bytes, _Seq, int] | None:
-        """Pack the static part of a call not seen before (and cache it when it has a key); None
-        for a group this rank is not in."""
+    ) -> tuple[bytes, bytes, _Seq, int, Any, Any] | None:
+        """Pack the static part of a call not seen before (and cache it when it has a key): (head, mid, its
+        counter, flags, its group, its reduce op). None for a group this rank is not in."""
         pg, async_op, inp, out, redop, root, groot = call[:7]
         if pg is None:
             pg = self.default_pg
@@ -246,7 +268,7 @@ class Recorder:
         if spec.kind == schema.KIND_P2P:  # numbered per (group, peer, direction); pg None: read the backend seq always
             way = (id(pg), peer, spec.name in schema.SEND_OPS)
             counter = self._p2p.get(way) or self._p2p.setdefault(way, _Seq(None, g.sid, ()))
-        static = (head, mid, counter, flags)
+        static = (head, mid, counter, flags, pg, redop)  # redop: its id is in the key (ops.key_plan)
         if key is not None:
             cache = ts.static
             if len(cache) >= _STATIC_CACHE_MAX:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import linecache
-import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -86,25 +86,48 @@ class Shim:
     # -- wrappers ----------------------------------------------------------------------------
 
     def wrap(self, spec: ops.OpSpec, orig: Callable[..., Any]) -> Callable[..., Any]:
-        """The traced version of one torch function: the recorder's issue() before the call,
-        returned() after it, the spec's argument extractor inlined (its cost is the product:
-        bench/step_instructions.py)."""
+        """The traced version of one torch function: the call's key (the spec's, inlined: its cost is the
+        product, bench/shim_instructions.py), then the recorder's issue() and done()."""
         made = self._made.get(id(orig))
         if made is not None and made[0] is orig:  # installed again (install.resume): the same wrapper
             return made[1]
-        extract = spec.source or "    key, call = spec.extract(args, kwargs, attribution)\n"
-        source = _WRAPPER.format(name=spec.name, extract=textwrap.indent(extract, "    "))
-        namespace: dict[str, Any] = {
-            "tracer": self.tracer,
-            "orig": orig,
-            "spec": spec,
-            "compiling": compiling_check(),
-            "threads_get": CONTEXT.threads.get,
-            "state": CONTEXT.state,
-            "current": CONTEXT.current,
-            "get_ident": _get_ident,
-            "now": _now,
-        }
+        try:
+            sig = inspect.signature(orig)
+        except (TypeError, ValueError):
+            sig = None
+        plain = (
+            bool(spec.params) and sig is not None and tuple(sig.parameters) == spec.params
+            and all(p.kind is p.POSITIONAL_OR_KEYWORD for p in sig.parameters.values())
+            and not _WRAPPER_NAMES & set(spec.params)
+        )  # fmt: skip
+        namespace: dict[str, Any] = {}
+        if plain:
+            assert sig is not None
+            for i, p in enumerate(sig.parameters.values()):
+                if p.default is not p.empty:
+                    namespace[f"_default{i}"] = p.default
+            params = ", ".join(p if f"_default{i}" not in namespace else f"{p}=_default{i}"
+                               for i, p in enumerate(spec.params))  # fmt: skip
+            call = ", ".join(spec.params)
+            parts = {"params": params, "call": call, "key": spec.key, "args": f"({call},), NO_KWARGS"}
+        else:
+            parts = {"params": "*args, **kwargs", "call": "*args, **kwargs",
+                     "key": "spec.extract(args, kwargs, attribution)[0]", "args": "args, kwargs"}  # fmt: skip
+        source = _WRAPPER.format(name=spec.name, **parts)
+        namespace.update(
+            {
+                "tracer": self.tracer,
+                "orig": orig,
+                "spec": spec,
+                "compiling": compiling_check(),
+                "threads_get": CONTEXT.threads.get,
+                "state": CONTEXT.state,
+                "current": CONTEXT.current,
+                "get_ident": _get_ident,
+                "now": _now,
+                "NO_KWARGS": {},  # what extract reads for a call not seen before: never written
+            }
+        )
         filename = f"<colltrace traced {spec.name}>"
         exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - generated from a signature
         # tracebacks and stack dumps through the wrapper show its lines (as attrs does for its code)
@@ -145,7 +168,7 @@ class Shim:
                     fn_name = "irecv" if "recv" in getattr(p2p.op, "__name__", "isend") else "isend"
                     issue: tuple[Any, ...] = (spec_for(fn_name), (p2p.tensor, p2p.peer, p2p.group), {}, tls)
                     tag = tag_of(p2p)  # what an adapter (pipelining) said the op serves
-                    idx, f, _ = (
+                    idx, f = (
                         rec.issue_call(*issue) if tag is None else tagged(rec.ctx, tls, tag, rec.issue_call, issue, {})
                     )
                     issued.append(idx)
@@ -218,41 +241,47 @@ class Shim:
             pass  # a Work class we cannot patch: async Works complete by the watchdog's poll
 
 
-# The traced wrapper of one function; {extract} sets `key` and `call` (ops.OpSpec). Plumbing only:
-# what is recorded, and how, is Recorder.issue's and Recorder.returned's.
+# The traced wrapper of one function. Plumbing only: what is recorded, and how, is Recorder.issue's and
+# Recorder.done's. {params} is the function's own parameter list where ops.OpSpec has it, with {call} passing
+# them on and {key} the call's key from them; else "*args, **kwargs", and extract finds the key.
 _WRAPPER = """
-def {name}(*args, **kwargs):
+def {name}({params}):
     if compiling():  # TorchDynamo is tracing: it sees the original, as without colltrace
-        return orig(*args, **kwargs)
+        return orig({call})
     rec = tracer.recorder
     if rec is None:
-        return orig(*args, **kwargs)
+        return orig({call})
     ts = threads_get(get_ident()) or state()
     if ts.depth:  # inside a traced call that forwards to another: recorded once
-        return orig(*args, **kwargs)
+        return orig({call})
     t_issue = now()
     try:
         attribution = ts.serve or current(ts)
-{extract}
-        idx, flags, anchor = rec.issue(spec, key, call, attribution, t_issue, ts)
+        try:
+            key = {key}
+        except AttributeError:  # not a tensor: torch will say so
+            key = None
+        idx = rec.issue(spec, key, attribution, t_issue, ts, {args})
     except Exception as e:  # the shim steps aside, the collective still runs
         tracer.failed(rec, "recording {name} failed", e)
-        return orig(*args, **kwargs)
+        return orig({call})
+    if idx < 0:
+        return orig({call})
     ts.depth = 1
     try:
-        result = orig(*args, **kwargs)
+        result = orig({call})
     except BaseException as e:
         ts.depth = 0
-        if idx >= 0:
-            rec.failed(idx, flags, e)
+        rec.raised(idx, e)
         raise
     ts.depth = 0
-    if idx >= 0:
-        try:
-            rec.returned(idx, flags, anchor, result, t_issue)
-        except Exception as e:
-            rec.warn_once("completing {name} failed", e)
+    rec.done(idx, result, t_issue)
     return result
 """
+# names the wrapper uses itself: a function with a parameter of one of these names gets *args, **kwargs
+_WRAPPER_NAMES = frozenset(
+    {"compiling", "orig", "tracer", "rec", "threads_get", "get_ident", "state", "ts", "now", "t_issue",
+     "attribution", "current", "key", "idx", "spec", "result", "e", "NO_KWARGS", "args", "kwargs"}
+)  # fmt: skip
 
 SHIM = Shim()

@@ -30,13 +30,10 @@ except ImportError:  # pragma: no cover - orjson is a dependency, keep working w
 
 
 _MARKER = struct.Struct("<Q")
-_I64 = struct.Struct("<q")
-_FLAGS = struct.Struct("<B")
 _pack_slot = schema.SLOT.pack_into
 _BASE = schema.RING_HEADER_SIZE
 _SIZE = schema.SLOT_SIZE
 _HEAD_MASK = schema.HEAD_EVERY - 1
-_DONE_WAIT = schema.run_struct("t_done_ns", "wait_ns")
 # the per-call-site fields, packed once per distinct call (colltrace.record.recorder)
 STATIC_HEAD = schema.run_struct("kind", "shape")
 STATIC_MID = schema.run_struct("backend_seq", "peer")
@@ -46,6 +43,17 @@ pack_static = schema.slot_struct(
     ("kind", "shape"), "seq", ("backend_seq", "peer"), "step", "micro_step", "t_issue_ns"
 ).pack_into
 
+
+# Stores of one 8-byte field go through int64 views of the map, not struct.pack_into (a third of its cost):
+# `words` addresses the 8-byte words of the file; `words4` those from byte 4 on, where the three times sit
+# (the slot is packed, so t_issue_ns..wait_ns start at byte 92 of it). A slot at byte `off` is word off >> 3.
+_SLOT_WORDS = _SIZE // 8
+_MARKER_W = schema.field_offset("marker") // 8
+_BSEQ_W = schema.BACKEND_SEQ_OFFSET // 8
+_T_DONE_W4 = (schema.T_DONE_OFFSET - 4) // 8
+_WAIT_W4 = (schema.WAIT_OFFSET - 4) // 8
+assert _BASE % 8 == 0 and _SIZE % 8 == 0 and schema.BACKEND_SEQ_OFFSET % 8 == 0
+assert (schema.T_DONE_OFFSET - 4) % 8 == 0 and (schema.WAIT_OFFSET - 4) % 8 == 0
 
 _STEP_LINE = b'{"ev":"%s","step":%%d,"t_ns":%%d}\n' % schema.EV_STEP.encode()
 
@@ -79,6 +87,8 @@ class Ring:
             _MARKER.pack_into(mm, schema.HEAD_OFFSET, _MARKER.unpack_from(old, schema.HEAD_OFFSET)[0])
         self._mm = mm
         self.mv = memoryview(mm)  # stores through a memoryview skip mmap's own buffer export
+        self.words = self.mv.cast("q")
+        self.words4 = self.mv[4:-4].cast("q")
         self.capacity = capacity
 
     def _grow(self, idx: int) -> None:
@@ -90,9 +100,8 @@ class Ring:
         """Write one slot (all SLOT_FIELDS but the marker) and return its idx."""
         idx = next(self.counter)
         off = self.offset_of(idx)
-        mm = self.mv
-        _pack_slot(mm, off, 0, *fields)
-        _MARKER.pack_into(mm, off, idx + 1)  # commit: the marker goes last
+        _pack_slot(self.mv, off, 0, *fields)
+        self.words[off >> 3] = idx + 1  # commit: the marker goes last
         if not idx & _HEAD_MASK:
             self.publish_head(idx)
         self.last_idx = idx
@@ -104,9 +113,8 @@ class Ring:
         then the marker: the commit (a reader skips a slot whose marker is not its idx + 1)."""
         idx = next(self.counter)
         off = _BASE + idx * _SIZE if idx < self.capacity else self.offset_of(idx)
-        mm = self.mv
-        pack_static(mm, off, head, seq, mid, step, micro_step, t_issue_ns)
-        _MARKER.pack_into(mm, off, idx + 1)
+        pack_static(self.mv, off, head, seq, mid, step, micro_step, t_issue_ns)
+        self.words[off >> 3] = idx + 1
         if not idx & _HEAD_MASK:
             self.publish_head(idx)
         self.last_idx = idx
@@ -129,57 +137,55 @@ class Ring:
         except (ValueError, OSError):
             pass
 
+    def _live_word(self, idx: int) -> int:
+        """Word (in `words`) where slot idx starts if it still holds idx (the ring may have moved on), else -1."""
+        w = (_BASE + (idx if self.full else idx % self.capacity) * _SIZE) >> 3
+        return w if self.words[w + _MARKER_W] == idx + 1 else -1
+
     def _live_offset(self, idx: int) -> int:
-        """Offset of slot idx if it still holds idx (the ring may have moved on), else -1."""
-        if self.full:
-            off = schema.RING_HEADER_SIZE + idx * schema.SLOT_SIZE
-        else:
-            off = schema.RING_HEADER_SIZE + (idx % self.capacity) * schema.SLOT_SIZE
-        if _MARKER.unpack_from(self._mm, off)[0] != idx + 1:
-            return -1
-        return off
+        """Byte offset of slot idx if it still holds idx, else -1."""
+        w = self._live_word(idx)
+        return w << 3 if w >= 0 else -1
 
     def complete(self, idx: int, t_done_ns: int, flags: int) -> None:
-        off = self._live_offset(idx)
-        if off >= 0:
-            mm = self._mm
-            _I64.pack_into(mm, off + schema.T_DONE_OFFSET, t_done_ns)
-            _FLAGS.pack_into(mm, off + schema.FLAGS_OFFSET, flags)
+        w = self._live_word(idx)
+        if w >= 0:
+            self.words4[w + _T_DONE_W4] = t_done_ns
+            self.mv[(w << 3) + schema.FLAGS_OFFSET] = flags
 
     def finish_sync(self, idx: int, backend_seq: int, t_done_ns: int, wait_ns: int) -> None:
-        """Completion of a call that blocked until done: two stores (t_done_ns != 0 means done),
-        no read back when fewer than `capacity` records were written since (the slot cannot have
-        been reused)."""
+        """Completion of a call that blocked until done: t_done_ns (!= 0 means done) and wait_ns, with no
+        read back when fewer than `capacity` records were written since (the slot cannot have been reused)."""
         if self.full or self.last_idx - idx < self.capacity:
-            off = _BASE + (idx if self.full else idx % self.capacity) * _SIZE
+            w = (_BASE + (idx if self.full else idx % self.capacity) * _SIZE) >> 3
         else:
-            off = self._live_offset(idx)
-        if off >= 0:
-            mm = self.mv
-            if backend_seq >= 0:
-                _I64.pack_into(mm, off + schema.BACKEND_SEQ_OFFSET, backend_seq)
-            _DONE_WAIT.pack_into(mm, off + schema.T_DONE_OFFSET, t_done_ns, wait_ns)
+            w = self._live_word(idx)
+            if w < 0:
+                return
+        if backend_seq >= 0:
+            self.words[w + _BSEQ_W] = backend_seq
+        words4 = self.words4
+        words4[w + _T_DONE_W4] = t_done_ns
+        words4[w + _WAIT_W4] = wait_ns
 
     def count_open(self, window: int) -> int:
         """Records among the last `window` that are committed and not completed (t_done_ns 0)."""
         open_ = 0
         for idx in range(self.last_idx, max(-1, self.last_idx - window), -1):
-            off = self._live_offset(idx)
-            if off >= 0 and _I64.unpack_from(self._mm, off + schema.T_DONE_OFFSET)[0] == 0:
+            w = self._live_word(idx)
+            if w >= 0 and self.words4[w + _T_DONE_W4] == 0:
                 open_ += 1
         return open_
 
     def add_wait(self, idx: int, wait_ns: int) -> None:
-        off = self._live_offset(idx)
-        if off >= 0:
-            mm = self._mm
-            prev = _I64.unpack_from(mm, off + schema.WAIT_OFFSET)[0]
-            _I64.pack_into(mm, off + schema.WAIT_OFFSET, prev + wait_ns)
+        w = self._live_word(idx)
+        if w >= 0:
+            self.words4[w + _WAIT_W4] += wait_ns
 
     def set_backend_seq(self, idx: int, seq: int) -> None:
-        off = self._live_offset(idx)
-        if off >= 0:
-            _I64.pack_into(self._mm, off + schema.BACKEND_SEQ_OFFSET, seq)
+        w = self._live_word(idx)
+        if w >= 0:
+            self.words[w + _BSEQ_W] = seq
 
 
 class TraceWriter(Ring):
