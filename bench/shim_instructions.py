@@ -6,9 +6,8 @@ Calls the shim's generated wrapper around a stand-in all_reduce that does nothin
 tensor and process group, no torch: under valgrind, importing torch alone takes minutes) N times
 and 11 N times, and reports the difference per call: outside any module (the caller's frames are
 walked to the top and no module is found), inside a stand-in module's forward (the walk finds it),
-and with an adapter serving the call (FSDP's case: no walk). Beside them the same figure for a
-yardstick: one dict +
-orjson.dumps + os.write (whose system call's kernel instructions callgrind does not count, so the
+and with an adapter serving the call (FSDP's case: no walk); and a compute span begun and ended.
+Beside them the same figure for a yardstick: one dict + orjson.dumps + os.write (whose system call's kernel instructions callgrind does not count, so the
 yardstick is flattered). Then the FSDP2 adapter's wrappers of FSDPParamGroup.unshard and
 post_backward (adapter.scoped and its decision, fsdp.fsdp2_decisions) on a stand-in group,
 beyond the cost of calling the method itself. The last line is one JSON object.
@@ -152,7 +151,14 @@ def _child(mode: str, n: int) -> None:
     from colltrace.record.hooks import _call_codes
 
     CONTEXT.call_codes = _call_codes(Module)
-    if mode in ("shim", "served"):
+    if mode == "span":  # a compute span begun and ended (as FSDP's forward hooks do around a unit's forward)
+        from colltrace.record.spans import SpanRecorder
+
+        rec = tracer.recorder
+        spans = SpanRecorder(rec.writer, CONTEXT, rec._tid)
+        for _ in range(n):
+            spans.end(spans.begin("forward", "layers.0"))
+    elif mode in ("shim", "served"):
         if mode == "served":  # as inside FSDP's unshard: an adapter names what the call serves
             CONTEXT.state().serve = ("layers.0", "forward", "unshard")
         for _ in range(n):
@@ -189,17 +195,19 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     per = {}
-    for mode in ("bare", "shim", "served", "module", "yardstick", "method", "unshard", "post_backward"):
+    for mode in ("bare", "shim", "served", "module", "span", "yardstick", "method", "unshard", "post_backward"):
         per[mode] = (_instructions(mode, 11 * N) - _instructions(mode, N)) / (10 * N)
     per["shim"] -= per["bare"]
     per["served"] -= per["bare"]
     per["module"] -= per["bare"]
+    per["span"] -= per["bare"]
     per["unshard"] -= per["method"]
     per["post_backward"] -= per["method"]
     print(f"shim: {per['shim']:,.0f} instructions per call outside any module (the caller's frames walked to the top)")
     print(
         f"      {per['module']:,.0f} inside a module's forward, {per['served']:,.0f} when an adapter serves it (FSDP)"
     )
+    print(f"span: {per['span']:,.0f} instructions per span begun and ended")
     print(f"yardstick: {per['yardstick']:,.0f} instructions per call")
     print(
         f"FSDP2 adapter, beyond the method itself: unshard {per['unshard']:,.0f}, "
@@ -208,6 +216,7 @@ def main() -> None:
     ratio = per["shim"] / per["yardstick"]
     print(f"shim / yardstick: {ratio:.2f}")
     print(json.dumps({"shim_instructions": round(per["shim"]), "served_instructions": round(per["served"]), "module_instructions": round(per["module"]),
+                      "span_instructions": round(per["span"]),
                       "yardstick_instructions": round(per["yardstick"]), "ratio": round(ratio, 2),
                       "fsdp2_unshard_wrapper_instructions": round(per["unshard"]),
                       "fsdp2_post_backward_wrapper_instructions": round(per["post_backward"])}))  # fmt: skip

@@ -23,12 +23,14 @@ def _no_graph_task() -> int:
     return -1
 
 
-def _frame_self(wrapped: object, call_impl: object, outermost: bool) -> object:
+def _frame_self(wrapped: object, call_impl: object, outermost: bool, depth: int) -> object:
     """The `self` of the innermost (outermost) frame on this thread running `wrapped` or `call_impl`
-    (nn.Module.__call__, Module._call_impl), or None. Only f_back, f_code and f_locals: the frame
-    API every Python that torch supports has (3.10-3.14; f_locals is a proxy from 3.13 on)."""
+    (nn.Module.__call__, Module._call_impl), or None, from the frame `depth` levels up (the caller's
+    caller: sys._getframe goes there without making the frame objects of the ones between, colltrace's
+    own). Only f_back, f_code and f_locals: the frame API every Python that torch supports has
+    (3.10-3.14; f_locals is a proxy from 3.13 on)."""
     found = None
-    f: FrameType | None = _getframe(1)
+    f: FrameType | None = _getframe(depth)
     while f is not None:
         code = f.f_code
         if code is wrapped or code is call_impl:
@@ -107,8 +109,10 @@ class Context:
         serve = ts.serve
         if serve is not None:
             return serve
-        if self.call_codes is not None:
-            module = self.running_module()
+        codes = self.call_codes
+        if codes is not None:  # the innermost module whose forward runs on this thread, from the frames
+            found = _frame_self(codes[0], codes[1], False, 2)
+            module = "" if found is None else self.module_name(found)
         else:
             stack = ts.stack
             module = stack[-1] if stack else ""
@@ -127,18 +131,12 @@ class Context:
 
     # -- which module is running: the caller's frames --------------------------------------
 
-    def running_module(self) -> str:
-        """FQN of the innermost module whose forward is running on this thread, or "" (call_codes set)."""
-        codes = self.call_codes
-        module = _frame_self(codes[0], codes[1], False)  # type: ignore[index]
-        return "" if module is None else self.module_name(module)
-
     def learn_running(self) -> None:
         """Learn the outermost module whose forward is running on this thread as a root."""
         codes = self.call_codes
         if codes is None:
             return
-        root = _frame_self(codes[0], codes[1], True)
+        root = _frame_self(codes[0], codes[1], True, 2)
         if root is not None and hasattr(root, "named_modules"):
             self.learn_root(root, root.named_modules, running=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -52,15 +53,13 @@ class FsdpAdapters(Adapter):
     # -- FSDP2 (fully_shard) -----------------------------------------------------------------
 
     def _install_fsdp2(self) -> bool:
-        from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
-        from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+        pg_mod = fsdp2_module("_fsdp_param_group")
+        TrainingState = fsdp2_module("_fsdp_common").TrainingState  # noqa: N806 - FSDP2's enum
 
         group_cls = pg_mod.FSDPParamGroup
         ctx = self.ctx
         try:
-            from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
-
-            unsharded: object = ShardedState.UNSHARDED
+            unsharded: object = fsdp2_module("_fsdp_param").ShardedState.UNSHARDED
         except (ImportError, AttributeError):
             unsharded = object()  # matches nothing: every unshard is attributed
         unshard, post_backward = fsdp2_decisions(ctx, TrainingState.FORWARD, TrainingState.PRE_BACKWARD, unsharded)
@@ -80,7 +79,7 @@ class FsdpAdapters(Adapter):
         runs a backward) and backward (its param group's pre_backward to post_backward, which is
         also the reduce-scatter's serving scope) as spans. FSDP registers those hooks when
         fully_shard runs, so a model sharded before tracing started has no forward spans."""
-        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+        FSDPState = fsdp2_module("_fsdp_state").FSDPState  # noqa: N806 - FSDP2's class
 
         ctx = self.ctx
 
@@ -139,8 +138,8 @@ class FsdpAdapters(Adapter):
             """FSDP hides its hooks from TorchDynamo (a compiled unit runs them inside its graph) with one
             _dynamo_disable layer: ours goes around the hook inside that layer, in one layer of the same."""
             try:
-                from torch.distributed.fsdp._fully_shard._fsdp_common import _dynamo_disable
-            except ImportError:
+                _dynamo_disable = fsdp2_module("_fsdp_common")._dynamo_disable
+            except (ImportError, AttributeError):
                 return make
             return lambda orig: _dynamo_disable(make(getattr(orig, "__wrapped__", orig)))
 
@@ -231,6 +230,15 @@ class FsdpAdapters(Adapter):
         self._patch(FullyShardedDataParallel, "forward", make_forward)
         self._patch(rt, "_pre_backward_hook", make_pre_backward)
         self._patch(rt, "_post_backward_hook", make_post_backward)
+
+
+def fsdp2_module(name: str) -> Any:
+    """One of FSDP2's modules: torch.distributed.fsdp._fully_shard (torch 2.6 on), else where torch 2.4 and 2.5
+    keep it (torch.distributed._composable.fsdp)."""
+    try:
+        return importlib.import_module(f"torch.distributed.fsdp._fully_shard.{name}")
+    except ImportError:
+        return importlib.import_module(f"torch.distributed._composable.fsdp.{name}")
 
 
 def fsdp2_decisions(
