@@ -6,7 +6,7 @@ on the current stream after a blocking call, and from Work.is_completed() for an
 
 This machine has no GPU, so this test drives that path on a real world-1 gloo job with the record's
 device flag forced on and a stand-in event whose passing the test controls. The real thing, NCCL on
-CUDA tensors, is checked on a GPU by scripts/device/nccl_check.sh (docs/performance.md, "On a GPU").
+CUDA tensors, is checked on a GPU by scripts/device/nccl_check.sh (docs/nccl.md).
 """
 
 from __future__ import annotations

@@ -229,6 +229,7 @@ def numel_mismatch(job: Job) -> None:
     job.init()
     classes = LOCAL_LABELS if job.rank == job.culprit else CLASSES  # the bug: a different tokenizer
     model, opt = job.fsdp2_net(BLOCKS, classes=classes)
+    job.all_here()  # the bug strikes at the first collective: every rank there to take part in it
     job.train(model, opt, STEPS)
     job.finish()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,16 @@ class Job:
     def init(self) -> None:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=self.gloo_timeout_s))
         torch.manual_seed(0)  # same initial weights on every rank, as a real job's seeded init
+
+    def all_here(self) -> None:
+        """Wait until every rank got here, through the launcher's store: no collective, nothing recorded. For
+        a bug at the very first collective, where a rank still importing would otherwise come too late to
+        take part (the others' sizes differ, and gloo aborts them before it arrives)."""
+        store = dist.distributed_c10d._get_default_store()
+        store.add(f"{self.name}/here", 1)
+        deadline = time.monotonic() + self.gloo_timeout_s
+        while int(store.add(f"{self.name}/here", 0)) < self.world and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def batch(self, step: int, rows: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's batch for `step`: a different shard of the data on every rank, the same on every run."""
