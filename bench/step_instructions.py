@@ -9,8 +9,9 @@ job of bench/shim_overhead.py (6 blocks of Linear(256) + ReLU, each its own unit
 gloo): rank 0 under callgrind, rank 1 natively. Each variant is its own pair of processes, started
 the same way but for the environment: untraced (COLLTRACE unset), and traced with each way of
 finding modules (COLLTRACE_MODULES). After warm-up steps, each of N regions of K steps is one
-callgrind dump (collection is on only inside it), covering every thread of rank 0 (gloo's, the
-shim's watchdog) while it ran.
+callgrind dump (collection is on only inside it). callgrind's --toggle-collect switches counting per
+thread, so what is counted is rank 0's training thread, where the recorder's cost lands; gloo's threads
+and the shim's watchdog are not in the figure.
 
 --parts runs the collective wrappers, the hooks and the FSDP adapters one at a time, and all of
 them, switched in one process by install.pause()/resume(). Patching and unpatching classes throws
