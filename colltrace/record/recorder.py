@@ -198,23 +198,26 @@ class Recorder:
         return idx
 
     def done(self, idx: int, result: Any, t_issue: int) -> None:
-        """The call of record idx returned: a plain call is done; the others go to returned()."""
-        if self.unplain:
-            entry = self.unplain.pop(idx, None)
+        """The call of record idx returned: a plain call is done; the others go to returned(). Never raises
+        into the job: a failure is said once."""
+        try:
+            entry = self.unplain.pop(idx, None) if self.unplain else None
             if entry is not None:
-                try:
-                    self.returned(idx, entry[0], entry[1], result, t_issue)
-                except Exception as e:
-                    self.warn_once("completing a collective failed", e)
+                self.returned(idx, entry[0], entry[1], result, t_issue)
                 return
-        t = _now()  # a blocking call on the host: blocked for its whole duration
-        self.writer.finish_sync(idx, -1, t, t - t_issue)
-        self.last_progress_ns = t
+            t = _now()  # a blocking call on the host: blocked for its whole duration
+            self.writer.finish_sync(idx, -1, t, t - t_issue)
+            self.last_progress_ns = t
+        except Exception as e:
+            self.warn_once("completing a collective failed", e)
 
     def raised(self, idx: int, exc: BaseException) -> None:
-        """The call of record idx raised."""
-        entry = self.unplain.pop(idx, None)
-        self.failed(idx, entry[0] if entry is not None else 0, exc)
+        """The call of record idx raised (its exception goes on to the job as it is)."""
+        try:
+            entry = self.unplain.pop(idx, None)
+            self.failed(idx, entry[0] if entry is not None else 0, exc)
+        except Exception as e:
+            self.warn_once("recording a collective's failure failed", e)
 
     def issue_call(
         self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], ts: ThreadState
