@@ -23,14 +23,14 @@ def _no_graph_task() -> int:
     return -1
 
 
-def _frame_self(wrapped: object, call_impl: object, outermost: bool, depth: int) -> object:
+def _frame_self(wrapped: object, call_impl: object, outermost: bool) -> object:
     """The `self` of the innermost (outermost) frame on this thread running `wrapped` or `call_impl`
-    (nn.Module.__call__, Module._call_impl), or None, from the frame `depth` levels up (the caller's
-    caller: sys._getframe goes there without making the frame objects of the ones between, colltrace's
-    own). Only f_back, f_code and f_locals: the frame API every Python that torch supports has
-    (3.10-3.14; f_locals is a proxy from 3.13 on)."""
+    (nn.Module.__call__, Module._call_impl), or None, looking from the caller's caller up (sys._getframe
+    goes there without making frame objects for the frames between, colltrace's own). Only f_back, f_code
+    and f_locals: the frame API every Python that torch supports has (3.10-3.14; f_locals is a proxy from
+    3.13 on)."""
     found = None
-    f: FrameType | None = _getframe(depth)
+    f: FrameType | None = _getframe(2)
     while f is not None:
         code = f.f_code
         if code is wrapped or code is call_impl:
@@ -111,7 +111,7 @@ class Context:
             return serve
         codes = self.call_codes
         if codes is not None:  # the innermost module whose forward runs on this thread, from the frames
-            found = _frame_self(codes[0], codes[1], False, 2)
+            found = _frame_self(codes[0], codes[1], False)
             module = "" if found is None else self.module_name(found)
         else:
             stack = ts.stack
@@ -136,7 +136,7 @@ class Context:
         codes = self.call_codes
         if codes is None:
             return
-        root = _frame_self(codes[0], codes[1], True, 2)
+        root = _frame_self(codes[0], codes[1], True)
         if root is not None and hasattr(root, "named_modules"):
             self.learn_root(root, root.named_modules, running=True)
 

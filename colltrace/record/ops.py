@@ -129,13 +129,12 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
         return None
     inp, out, kind, root, flags = entry
     try:
-        sig: inspect.Signature | None = inspect.signature(fn)
-        params = list(sig.parameters)  # type: ignore[union-attr]
+        params = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         stand_in = _SIGNATURES.get(name)
         if stand_in is None:
             return None
-        sig, params = None, list(inspect.signature(stand_in).parameters)
+        params = list(inspect.signature(stand_in).parameters)
     lost = list(dict.fromkeys(p for p in (inp, out, root) if p and p not in params))
     if lost:  # a torch that renamed them: traced all the same, without what they held (said once, in the header)
         DEGRADED[name] = lost
@@ -155,11 +154,20 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
     splits = tuple(p for p in _SPLITS.get(name, ()) if p in params)
     splits = splits if len(splits) == 2 else ()
     source = _extract_source(params, fields, plan, splits)
-    # the wrapper takes the function's own parameters (no *args, **kwargs to pack and search) where they
-    # are all plain ones, read from the function itself
-    plain = sig is not None and all(p.kind is p.POSITIONAL_OR_KEYWORD for p in sig.parameters.values())
+    plain = plain_params(fn)  # () for a C binding read through its stand-in
     return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source),
-                  params=tuple(params) if plain else (), key=_key_expr(plan, splits) if plain else "")  # fmt: skip
+                  params=plain, key=_key_expr(plan, splits) if plain else "")  # fmt: skip
+
+
+def plain_params(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """fn's parameter names where all of them are plain ones (positional or keyword, no *args, **kwargs, no
+    keyword-only): the wrapper can then take them as they are, with nothing to pack and search. () otherwise,
+    or when its signature cannot be read."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in params) if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params) else ()
 
 
 KEY_VALUE, KEY_SHAPE, KEY_DTYPE = 0, 1, 2

@@ -91,19 +91,11 @@ class Shim:
         made = self._made.get(id(orig))
         if made is not None and made[0] is orig:  # installed again (install.resume): the same wrapper
             return made[1]
-        try:
-            sig = inspect.signature(orig)
-        except (TypeError, ValueError):
-            sig = None
-        plain = (
-            bool(spec.params) and sig is not None and tuple(sig.parameters) == spec.params
-            and all(p.kind is p.POSITIONAL_OR_KEYWORD for p in sig.parameters.values())
-            and not _WRAPPER_NAMES & set(spec.params)
-        )  # fmt: skip
+        # the function's own parameters where torch's function has the ones the spec was built from
+        plain = bool(spec.params) and ops.plain_params(orig) == spec.params and not _WRAPPER_NAMES & set(spec.params)
         namespace: dict[str, Any] = {}
         if plain:
-            assert sig is not None
-            for i, p in enumerate(sig.parameters.values()):
+            for i, p in enumerate(inspect.signature(orig).parameters.values()):
                 if p.default is not p.empty:
                     namespace[f"_default{i}"] = p.default
             params = ", ".join(p if f"_default{i}" not in namespace else f"{p}=_default{i}"

@@ -142,11 +142,6 @@ class Ring:
         w = (_BASE + (idx if self.full else idx % self.capacity) * _SIZE) >> 3
         return w if self.words[w + _MARKER_W] == idx + 1 else -1
 
-    def _live_offset(self, idx: int) -> int:
-        """Byte offset of slot idx if it still holds idx, else -1."""
-        w = self._live_word(idx)
-        return w << 3 if w >= 0 else -1
-
     def complete(self, idx: int, t_done_ns: int, flags: int) -> None:
         w = self._live_word(idx)
         if w >= 0:
