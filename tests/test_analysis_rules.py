@@ -194,6 +194,38 @@ def test_a_send_to_the_wrong_peer_names_the_sender(tmp_path: Path) -> None:
     assert 1 in dx.culprits and 2 not in dx.culprits
 
 
+def test_a_rank_that_never_trained_issues_the_same_collectives_in_no_phase(tmp_path: Path) -> None:
+    """A last stage that only receives runs no forward: its collectives are in phase "init" where the
+    others' are "other". The same op, size and group: no divergence."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(3):
+            r.coll("all_reduce", 1, "", "init" if r.rank == 2 else "other")
+        r.footer()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HEALTHY and dx.divergence is None
+
+
+def test_a_stage_that_sends_another_size_than_the_next_one_receives_is_the_culprit(tmp_path: Path) -> None:
+    """Stage 1 sends its third activation with twice the rows; stage 2 posted the size it always receives
+    and its backend aborts it. The sender changed from its own earlier transfers: it is the culprit."""
+    rs = ranks(str(tmp_path), 3)
+    s0, s1, s2 = rs
+    for i in range(4):
+        s0.p2p("send", 1, 32)
+        s1.p2p("recv", 0, 32)
+        s1.p2p("send", 2, 64 if i == 3 else 32, done=i < 3)
+        s2.p2p("recv", 1, 32, done=i < 3)
+    s2.error("RuntimeError", "fatal signal: Aborted", in_collective=True)
+    for r in (s0, s1):
+        r.coll("all_reduce", 1, "", "other", done=False, error=True)
+        r.error("RuntimeError", "[gloo] Connection closed by peer", in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.NUMEL and dx.divergence.seq == 4
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.NUMEL_MISMATCH
+
+
 def test_the_rank_whose_collective_failed_first_with_its_own_error_is_the_suspect(tmp_path: Path) -> None:
     """Every rank issued the same collective; rank 1's backend refused a size first, the others lost their
     peer later: rank 1, said with low confidence (a backend's check may fire on the receiving side)."""

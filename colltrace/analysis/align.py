@@ -124,6 +124,18 @@ def _first_mismatch(a: Sequence[int], b: Sequence[int]) -> int:
     return hi
 
 
+def _first_difference(windows: list[Sequence[int]]) -> tuple[int, int]:
+    """(index of the first position where the windows differ, length of the longest): a ring cut short gives
+    a shorter window, compared as far as it goes."""
+    ref = max(windows, key=len)
+    first = len(ref)
+    for w in windows:
+        part = ref[: len(w)] if len(w) < len(ref) else ref
+        if w != part:
+            first = min(first, _first_mismatch(part, w))
+    return first, len(ref)
+
+
 def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTable) -> Divergence | None:
     """The first seq of one group where its members disagree or some stop while others go on."""
     group_ranks = members(run, key, streams)
@@ -149,13 +161,10 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
         for r in spans:
             st = streams[r].groups[key]
             windows[r] = st.sigs[lo - st.seq0 : hi - st.seq0 + 1]
-        ref = max(windows.values(), key=len)  # a ring cut short gives a shorter window: compared as far as it goes
-        first = len(ref)
-        for w in windows.values():
-            part = ref[: len(w)] if len(w) < len(ref) else ref
-            if w != part:
-                first = min(first, _first_mismatch(part, w))
-        if first < len(ref):
+        first, size = _first_difference(list(windows.values()))
+        if first < size:  # compared again with no phase known read alike (SigTable.loose): rare, so done lazily
+            first, size = _first_difference([table.loose(w) for w in windows.values()])
+        if first < size:
             seq = lo + first
     if seq is None and top > hi:
         seq = hi + 1
@@ -174,9 +183,10 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
                 by_progress.setdefault(streams[a.rank].groups[key].progress_at(seq), []).append(a.rank)
         groups_ = sorted(by_progress.values(), key=lambda rs: (-len(rs), rs))
         return Divergence(key, label(run, key), group_ranks, seq, Kind.STEP, at, tuple(tuple(rs) for rs in groups_))
+    loose = {a.sig: table[table.loose([table.intern(a.sig)])[0]] for a in at if a.sig is not None}
     for a in at:
         if a.visible and a.rank in spans:
-            classes.setdefault(a.sig, []).append(a.rank)
+            classes.setdefault(loose.get(a.sig) if a.sig is not None else None, []).append(a.rank)
     present = [s for s in classes if s is not None]
     kind = kind_of(present) if len(present) > 1 else Kind.MISSING
     return Divergence(

@@ -23,6 +23,9 @@ _OUT_COUNTED = frozenset({"scatter", "scatter_object_list"})
 _OWN_SIZES = frozenset({"all_to_all_single", "all_to_all"})
 
 
+_NO_PHASE, _OTHER_PHASE = "init", "other"  # the recorder's phase outside training (record/context.py)
+
+
 class Signature(NamedTuple):
     """What must agree across ranks at one (group, seq)."""
 
@@ -62,6 +65,19 @@ class SigTable:
 
     def __getitem__(self, sid: int) -> Signature | None:
         return self.sigs[sid]
+
+    def loose(self, sids: Sequence[int]) -> list[int]:
+        """The ids of these signatures with no training phase known ("init": the rank has run no forward nor
+        step yet) read as "other": a last pipeline stage that only receives, or a rank that never trained,
+        issues its collectives in "init" while the others' are "other", and that says nothing about what
+        the collective is."""
+        out = []
+        for sid in sids:
+            sig = self.sigs[sid]
+            if sig is not None and sig.phase == _NO_PHASE:
+                sid = self.intern(sig._replace(phase=_OTHER_PHASE))
+            out.append(sid)
+        return out
 
 
 @dataclass(slots=True)

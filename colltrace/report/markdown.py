@@ -49,7 +49,7 @@ def _context(dx: Diagnosis) -> list[str]:
     out = [
         f"#### Aligned context: {_named(d.label, d.group)}, {words.ranks_text(d.group_ranks)}",
         "",
-        "| seq | "
+        ("| transfer | " if d.group.startswith("p2p:") else "| seq | ")
         + " | ".join(words.ranks_text(rs) + (" (culprit)" if set(rs) & set(dx.culprits) else "") for _, rs in heads)
         + " |",
         "|---|" + "---|" * len(heads),

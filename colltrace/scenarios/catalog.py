@@ -20,7 +20,7 @@ ORDER = (
     "a2a_splits", "nan_guard", "accum_extra_sync",
     "metric_allreduce", "uneven_data", "generator_uneven", "rank_exception", "oom", "killed", "stuck_compute",
     "stuck_checkpoint", "oneoff_barrier", "pp_stage_crash", "pp_microbatch_count", "pp_wrong_peer", "pp_skip_microbatch",
-    "pp_fsdp2_stuck_data",
+    "pp_send_shape", "pp_fsdp2_stuck_data",
     "group_misconfig", "cross_group_deadlock", "hsdp_metric", "tp_clip",
     "fsdp1", "deepspeed_zero3", "ddp_unused", "ddp_unused_last",
 )  # fmt: skip

@@ -317,11 +317,15 @@ def p2p_pipeline(job: Job) -> None:
 
 
 def hand_pipeline(
-    job: Job, skips: Callable[[int, int], bool] | None = None, fwd_peer: Callable[[int, int], int] | None = None
+    job: Job,
+    skips: Callable[[int, int], bool] | None = None,
+    fwd_peer: Callable[[int, int], int] | None = None,
+    doubled: Callable[[int, int], bool] | None = None,
 ) -> None:
     """The hand-rolled GPipe pipeline of p2p_pipeline, with its bugs as hooks: `skips(step, i)` (stage 0
-    only: leave micro-batch i of that step out) and `fwd_peer(step, i)` (where this stage sends micro-batch
-    i's activation; the next stage unless it says otherwise)."""
+    only: leave micro-batch i of that step out), `fwd_peer(step, i)` (where this stage sends micro-batch
+    i's activation; the next stage unless it says otherwise) and `doubled(step, i)` (send micro-batch i's
+    activation with its rows twice over)."""
     import torch
     import torch.distributed as dist
 
@@ -357,7 +361,10 @@ def hand_pipeline(
                     out = loss_fn(out, ys[i]) / PIPE_MICRO
                     total += out.detach()
                 else:
-                    dist.send(out.detach(), dst=fwd_peer(step, i) if fwd_peer is not None else stage + 1)
+                    sent = out.detach()
+                    if doubled is not None and doubled(step, i):
+                        sent = torch.cat([sent, sent])
+                    dist.send(sent, dst=fwd_peer(step, i) if fwd_peer is not None else stage + 1)
                 outputs[i] = out
             else:
                 if last:

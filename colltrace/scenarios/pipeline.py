@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.scenarios.base import Stop, Truth, scenario
+from colltrace.scenarios.outside import PIPE_ROWS
 
 if TYPE_CHECKING:
     from colltrace.scenarios.job import Job
@@ -262,6 +263,33 @@ def pp_skip_microbatch(job: Job) -> None:
     from colltrace.scenarios.outside import hand_pipeline
 
     hand_pipeline(job, skips=lambda step, i: step == BUG_STEP and i == SKIPPED)
+
+
+def _shape_truth(world: int) -> Truth:
+    return Truth(
+        Verdict.DIVERGENCE, (1,), None, None, Kind.NUMEL, Cause.NUMEL_MISMATCH,
+        f"A hand-rolled {world}-stage GPipe pipeline over dist.send/recv. At step {BUG_STEP} the middle stage "
+        f"(rank 1) sends micro-batch {BAD_MICRO}'s activation with its rows twice over ({2 * PIPE_ROWS} rows "
+        f"where rank 2 posted a receive of {PIPE_ROWS}): gloo aborts the receiving stage (SIGABRT) and the "
+        "others lose their peer. Rank 1 sent another size than in every earlier transfer of that direction; "
+        "rank 2 received the size it always did. Where the stream first disagrees depends on the micro-batch "
+        "count: left null.",
+    )  # fmt: skip
+
+
+@scenario("pp_send_shape", "hand-rolled pipeline: the middle stage sends one activation of the wrong shape",
+          truth=_shape_truth, framework="c10d", ranks=STAGES, min_ranks=STAGES, max_ranks=STAGES)  # fmt: skip
+def pp_send_shape(job: Job) -> None:
+    """The hand-rolled GPipe pipeline of p2p_pipeline; at step 1 rank 1 sends micro-batch 2's activation
+    concatenated with itself (twice the rows) to rank 2, whose receive is sized for one.
+
+    Stands for: a stage whose output shape differs from what the next stage was built to receive (a
+    sequence length padded on one stage only, a hidden size taken from another config).
+    Right diagnosis: the sender is the culprit, kind numel, cause numel_mismatch.
+    """
+    from colltrace.scenarios.outside import hand_pipeline
+
+    hand_pipeline(job, doubled=lambda step, i: job.rank == 1 and step == BUG_STEP and i == BAD_MICRO)
 
 
 # -- pp_fsdp2_healthy, pp_fsdp2_stuck_data: a (pp, dp) mesh, each stage sharded over dp ---------------
