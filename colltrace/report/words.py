@@ -77,8 +77,15 @@ def headline(dx: Diagnosis) -> str:
             return "Healthy: nothing in flight in any Flight Recorder dump, and every collective matched"
         return "Healthy: every rank finished and every collective matched"
     if dx.verdict is Verdict.DEADLOCK and dx.cycle:
-        across = "in point-to-point transfers" if d is not None and d.group.startswith("p2p:") else "across groups"
-        return f"Deadlock {across}: {ranks_text(dx.cycle)} wait on each other{cause}"
+        # "across groups" only where the cause is groups entered in other orders: a pipeline stage one
+        # micro-batch short also closes a cycle, through a transfer and a collective
+        if dx.finding is not None and dx.finding.cause is Cause.CROSS_GROUP_DEADLOCK:
+            across = " across groups"
+        elif d is not None and d.group.startswith("p2p:"):
+            across = " in point-to-point transfers"
+        else:
+            across = ""
+        return f"Deadlock{across}: {ranks_text(dx.cycle)} wait on each other{cause}"
     where = (
         f" at {group_text(d.label)} {position(d.group, d.seq)} ({d.kind.value})"
         if d is not None and d.seq is not None
