@@ -112,9 +112,12 @@ def _ask(run_dir: str) -> tuple[int, ...]:
 def cmd_report(args: argparse.Namespace) -> int:
     from colltrace.report.build import run_report
 
+    if args.max_chars is not None and (args.format == "json" or args.max_chars < 1):
+        raise UsageError("--max-chars: a positive length, for the Markdown (md, github); the JSON is never cut")
     run_dir = _run_dir(args.run_dir)
     silent = _ask(run_dir)
-    text, problem = run_report(run_dir, fmt=args.format, stacks=args.stacks, redact=args.redact, silent=silent)
+    text, problem = run_report(run_dir, fmt=args.format, stacks=args.stacks, redact=args.redact, silent=silent,
+                               max_chars=args.max_chars)  # fmt: skip
     _out(text, args.output)
     return EXIT_PROBLEM if problem else EXIT_OK
 
@@ -249,7 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("report", help="find the first cross-rank divergence and its culprit")
     r.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="default: the newest run under ./colltrace-runs")
-    r.add_argument("--format", choices=("md", "json"), default="md")
+    r.add_argument("--format", choices=("md", "github", "json"), default="md",
+                   help="md: Markdown for a terminal or a file; github: the same with its long sections folded "
+                   "in <details>, to paste into an issue; json: every field, for automation")  # fmt: skip
+    r.add_argument("--max-chars", type=int, default=None, metavar="N",
+                   help="cut the Markdown to N characters: whole sections from the bottom up, never the headline, "
+                   "culprit, cause and evidence")  # fmt: skip
     r.add_argument("--stacks", choices=("culprits", "all"), default="culprits",
                    help="whose last stacks the Markdown shows (default: the culprits')")  # fmt: skip
     r.add_argument("--redact", action="store_true",

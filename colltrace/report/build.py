@@ -42,14 +42,21 @@ def both_reports(run_dir: str, silent: tuple[int, ...] = ()) -> tuple[str, str]:
 
 
 def run_report(
-    run_dir: str, fmt: str = "md", stacks: str = "culprits", redact: bool = False, silent: tuple[int, ...] = ()
+    run_dir: str,
+    fmt: str = "md",
+    stacks: str = "culprits",
+    redact: bool = False,
+    silent: tuple[int, ...] = (),
+    max_chars: int | None = None,
 ) -> tuple[str, bool]:
     """Return (report text, whether a problem was found). Raises TraceError for unusable input.
-    stacks: whose stacks the Markdown shows, the culprits' or all ranks' (the JSON has every rank's).
+    fmt: md (Markdown for a terminal or a file), github (the same, its long sections in <details> blocks for an
+    issue), json. stacks: whose stacks the Markdown shows, the culprits' or all ranks' (the JSON has every rank's).
     redact: hosts, users, IP addresses and paths replaced by stable placeholders (report.redact).
-    silent: live ranks that did not answer a request for their stacks (trace.live)."""
-    if fmt not in ("md", "json"):
-        raise TraceError(f"unknown report format {fmt!r} (md or json)")
+    silent: live ranks that did not answer a request for their stacks (trace.live).
+    max_chars: the Markdown cut to this length, whole sections from the bottom up, never the headline sections."""
+    if fmt not in ("md", "github", "json"):
+        raise TraceError(f"unknown report format {fmt!r} (md, github or json)")
     run, dx, report = _built(run_dir, silent)
     if redact:
         from colltrace.report.redact import redact as redacted
@@ -58,4 +65,4 @@ def run_report(
     problem = dx.verdict is not Verdict.HEALTHY
     if fmt == "json":
         return dumps(report), problem
-    return markdown.render(report, dx, stacks), problem
+    return markdown.render(report, dx, stacks, fmt, max_chars), problem

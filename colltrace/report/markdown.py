@@ -2,22 +2,34 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from colltrace.analysis.results import Diagnosis
 from colltrace.analysis.streams import Signature, is_send
 from colltrace.report import words
+from colltrace.report.layout import Section, lay_out
 
 _MAX_RANK_ROWS = 16  # ranks listed one by one; beyond, identical ends are folded
+_TAG = re.compile(r"[^\s`]*<[A-Za-z/!?][^\s`]*")  # a word a renderer would take for an HTML tag: <root>, <dir-1>/x
 
 
-def esc(text: str) -> str:
-    """Text for a Markdown line: `<root>` would be read as an HTML tag and vanish."""
-    return text.replace("<", "&lt;").replace(">", "&gt;")
+def code(text: str) -> str:
+    """A code span: shown as is by Markdown and read as is in a terminal."""
+    tick = "``" if "`" in text else "`"
+    pad = " " if tick == "``" or text.startswith("`") or text.endswith("`") else ""
+    return f"{tick}{pad}{text}{pad}{tick}"
 
 
-def _cell(sig: Signature | None, ref: Signature | None, differs: bool) -> str:
-    text = esc(words.sig_text(sig))
+def plain(text: str) -> str:
+    """Text for a Markdown line: a word like `<root>` would be read as an HTML tag and vanish, so it goes into
+    a code span, which needs no escaping (an entity, `&lt;root&gt;`, reads badly where the text is not
+    rendered: a terminal, a pasted log)."""
+    return _TAG.sub(lambda m: code(m.group(0)), text)
+
+
+def _cell(sig: Signature | None, differs: bool) -> str:
+    text = plain(words.sig_text(sig))
     return f"**{text}**" if differs else text
 
 
@@ -41,26 +53,28 @@ def _named(label: str, name: str) -> str:
     return text if text.startswith(("group ", "rank ")) else f"{text} (group {name})"
 
 
-def _context(dx: Diagnosis) -> list[str]:
+def _context(dx: Diagnosis) -> list[Section]:
+    """One row per seq where every rank issued the same, one per class of ranks where they differ (in bold):
+    three columns however many classes, so the table stays narrow."""
     d = dx.divergence
     if d is None or not dx.context:
         return []
     heads = context_classes(dx)
+    names = [words.ranks_text(rs) + (" (culprit)" if set(rs) & set(dx.culprits) else "") for _, rs in heads]
     out = [
-        f"#### Aligned context: {_named(d.label, d.group)}, {words.ranks_text(d.group_ranks)}",
-        "",
-        ("| transfer | " if d.group.startswith("p2p:") else "| seq | ")
-        + " | ".join(words.ranks_text(rs) + (" (culprit)" if set(rs) & set(dx.culprits) else "") for _, rs in heads)
-        + " |",
-        "|---|" + "---|" * len(heads),
+        ("| transfer | " if d.group.startswith("p2p:") else "| seq | ") + "ranks | issued |",
+        "|---|---|---|",
     ]
     for j, row in enumerate(dx.context):
         vals = [key[j] for key, _ in heads]
-        differs = len(set(vals)) > 1
         mark = " ◀" if row.seq == d.seq else ""
-        out.append(f"| {row.seq}{mark} | " + " | ".join(_cell(v, vals[0], differs) for v in vals) + " |")
+        if len(set(vals)) == 1:
+            out.append(f"| {row.seq}{mark} | all | {_cell(vals[0], False)} |")
+            continue
+        out += [f"| {row.seq}{mark} | {name} | {_cell(v, True)} |" for name, v in zip(names, vals, strict=True)]
     out.append("")
-    return out
+    title = f"Aligned context: {_named(d.label, d.group)}, {words.ranks_text(d.group_ranks)}"
+    return [Section(title, out)]
 
 
 def _clip(text: str, n: int) -> str:
@@ -71,14 +85,17 @@ def _clip(text: str, n: int) -> str:
     return cut.rstrip(" ,;:") + " …"
 
 
-def _ranks(report: dict[str, Any]) -> list[str]:
+def _ranks(report: dict[str, Any]) -> list[Section]:
+    """A narrow table of each rank's end and last collective, then what each rank was doing and each error's
+    first line as prose, ranks that say the same folded into one line (prose wraps; a table cell widens the
+    table: a call site, an error message)."""
     out = [
-        "#### Ranks",
-        "",
-        "| rank | state | last collective | last known activity | error |",
-        "|---|---|---|---|---|",
+        "| rank | state | last collective |",
+        "|---|---|---|",
     ]
     rows = []
+    doing: dict[str, list[int]] = {}
+    errors: dict[str, list[int]] = {}
     names: dict[str, set[str]] = {}  # a label several groups share (a mesh dimension's) names each group too
     for info in report["ranks"].values():
         if info["last_collective"]:
@@ -100,8 +117,14 @@ def _ranks(report: dict[str, Any]) -> list[str]:
             last_text = "—"
         err = info["error"]
         message = _clip((err["message"] or "").strip().splitlines()[0], 300) if err and err["message"] else ""
-        err_text = f"{err['type']}: {message}" if err else (f"signal {info['signal']}" if info["signal"] else "")
-        rows.append((r, info["state"], esc(last_text), esc(info["last_activity"]), esc(err_text.replace("|", "\\|"))))
+        if err:
+            errors.setdefault(f"{err['type']}: {code(message)}" if message else err["type"], []).append(int(r))
+        elif info["signal"]:
+            errors.setdefault(f"signal {info['signal']}", []).append(int(r))
+        if info["last_activity"]:
+            text = info["last_activity"]  # a call site is code: `*args` or `__init__` must not turn to emphasis
+            doing.setdefault(code(text) if ".py:" in text else plain(text), []).append(int(r))
+        rows.append((r, info["state"], _in_cell(last_text)))
     if len(rows) > _MAX_RANK_ROWS:
         folded: dict[tuple[str, ...], list[int]] = {}
         for r, *rest in rows:
@@ -112,28 +135,42 @@ def _ranks(report: dict[str, Any]) -> list[str]:
         for row in rows:
             out.append("| " + " | ".join(str(x) for x in row) + " |")
     out.append("")
-    return out
+    for title, said in (("Last known activity:", doing), ("Errors (the first line of each):", errors)):
+        if said:
+            out += [title, "", *[f"- {words.ranks_text(rs).capitalize()}: {text}" for text, rs in said.items()], ""]
+    states: dict[str, int] = {}
+    for info in report["ranks"].values():
+        states[info["state"]] = states.get(info["state"], 0) + 1
+    return [Section("Ranks", out, ", ".join(f"{n} {state}" for state, n in states.items()))]
+
+
+def _in_cell(text: str) -> str:
+    """Text for a table cell: a `|` would end the cell."""
+    return plain(text).replace("|", "\\|")
 
 
 def _culprits_first(sites: list[dict[str, Any]], dx: Diagnosis) -> list[dict[str, Any]]:
     return sorted(sites, key=lambda cs: not set(cs["ranks"]) & set(dx.culprits))
 
 
-def _stacks(report: dict[str, Any], culprits: list[int]) -> list[str]:
-    out = []
-    for r in culprits:
+def _stacks(report: dict[str, Any], ranks: list[int]) -> list[Section]:
+    out, shown = [], []
+    for r in ranks:
         info = report["ranks"].get(str(r))
         if info and info["stack"]:
             out += [f"Rank {r}, innermost frame last:", "```", *info["stack"], "```", ""]
-    return out
+            shown.append(r)
+    if not shown:
+        return []
+    return [Section(("Stack of " if len(shown) == 1 else "Stacks of ") + words.ranks_text(shown), out)]
 
 
-def flight_section(report: dict[str, Any]) -> list[str]:
+def flight_section(report: dict[str, Any]) -> list[Section]:
     fr = report["flight_recorder"]
     if not fr:
         return []
     joined, total = sum(fr["joined"].values()), sum(fr["collectives"].values())
-    out = ["#### Flight Recorder", "", f"- Dumps of {words.ranks_text(fr['ranks'])} read beside the trace: {joined} of "
+    out = [f"- Dumps of {words.ranks_text(fr['ranks'])} read beside the trace: {joined} of "
            f"their {total} collective records joined to Flight Recorder's entries by (group, backend seq)"
            + ("." if joined == total else "; the others' backend seq is not certain (a C++ caller such as DDP's "
               "reducer ran collectives of its own in between), so they are not joined on a guess.")]  # fmt: skip
@@ -151,11 +188,11 @@ def flight_section(report: dict[str, Any]) -> list[str]:
         for g, seqs in groups.items():
             unrecorded.setdefault((g, tuple(seqs)), []).append(int(r))
     for (g, seqs), rs in unrecorded.items():
-        out.append(f"- {words.ranks_text(rs).capitalize()}, {g}: Flight Recorder saw {len(seqs)} collective(s) the "
-                   f"trace has no record of (seq {_seqs(list(seqs))}): compiled graphs or C++ callers, outside "
+        out.append(f"- {words.ranks_text(rs).capitalize()}, {plain(g)}: Flight Recorder saw {len(seqs)} collective(s) "
+                   f"the trace has no record of (seq {_seqs(list(seqs))}): compiled graphs or C++ callers, outside "
                    "Python's reach.")  # fmt: skip
     out.append("")
-    return out
+    return [Section("Flight Recorder", out, f"{joined} of {total} records joined")]
 
 
 def _seqs(seqs: list[int]) -> str:
@@ -170,12 +207,12 @@ def _median_rank(steps: dict[str, Any]) -> str | None:
     return timed[len(timed) // 2][1] if timed else None
 
 
-def timing_section(report: dict[str, Any]) -> list[str]:
+def timing_section(report: dict[str, Any]) -> list[Section]:
     """A few numbers: step time, overlap, skew, the straggler with its evidence, clocks; a small table."""
     steps, overlap = report["steps"], report["overlap"]
     if not steps:
         return []
-    out = ["#### Timing", ""]
+    out: list[str] = []
     med = _median_rank(steps)
     if med is not None:
         m = steps[med]
@@ -199,20 +236,21 @@ def timing_section(report: dict[str, Any]) -> list[str]:
                    f"over {sk['collectives']} collectives")  # fmt: skip
     st = report["stragglers"]
     if st and report["straggler"] == st[0]["rank"]:
-        out.append("- **Straggler:** " + esc("; ".join(st[0]["evidence"])))
+        out.append("- **Straggler:** " + plain("; ".join(st[0]["evidence"])))
     clock = report["clock"] or {}
     if len(clock) > 1:
         bad = [h for h, c in clock.items() if c["offset_us"] is None]
         worst = max((c["residual_us"] or 0 for c in clock.values() if c["offset_us"] is not None), default=0)
         text = f"{len(clock) - len(bad)} host clocks aligned from completion times (residual up to {worst:.0f} µs)"
         if bad:
-            text += f"; not aligned: {', '.join(bad)} (left out of cross-rank timing)"
+            text += f"; not aligned: {plain(', '.join(bad))} (left out of cross-rank timing)"
         out.append(f"- **Clocks:** {text}")
-    if len(out) == 2:  # nothing timed (no rank completed a step, nothing aligned)
+    if not out:  # nothing timed (no rank completed a step, nothing aligned)
         return []
     out.append("")
     out += _breakdown_table(report, med)
-    return out
+    hint = f"step p50 {_d(steps[med]['p50_ms'])}" if med is not None else ""
+    return [Section("Timing", out, hint)]
 
 
 def _inflight(o: dict[str, Any]) -> str:
@@ -238,7 +276,7 @@ def _breakdown_table(report: dict[str, Any], med: str | None) -> list[str]:
     out = [
         "Mean time per step, by rank:",
         "",
-        "| rank | step p50 | " + " | ".join(words.CATEGORY[c] for c in cats) + " | overlap |",
+        "| rank | step p50 | " + " | ".join(words.CATEGORY_SHORT[c] for c in cats) + " | overlap |",
         "|---|---|" + "---|" * (len(cats) + 1),
     ]
     for r in ranks:
@@ -247,12 +285,32 @@ def _breakdown_table(report: dict[str, Any], med: str | None) -> list[str]:
         cells = [_d(mean.get(c)) for c in cats] + ["—" if ratio is None else f"{ratio * 100:.0f} %"]
         out.append(f"| {r}{' (median)' if r == med and len(ranks) < len(steps) else ''} | {_d(steps[r]['p50_ms'])} | "
                    + " | ".join(cells) + " |")  # fmt: skip
-    out.append("")
+    # the short column names said once in words, below the table, where they wrap
+    legend = [
+        f"{words.CATEGORY_SHORT[c]}: {words.CATEGORY[c]}" for c in cats if words.CATEGORY_SHORT[c] != words.CATEGORY[c]
+    ]
+    out += ["", "; ".join(legend) + ".", ""] if legend else [""]
     return out
 
 
-def render(report: dict[str, Any], dx: Diagnosis, stacks: str = "culprits") -> str:
-    out = [f"### colltrace: {report['headline']}", ""]
+def render(
+    report: dict[str, Any], dx: Diagnosis, stacks: str = "culprits", style: str = "md", max_chars: int | None = None
+) -> str:
+    """The report in Markdown. style "md": every section under a heading, for a terminal or a file; "github": the
+    headline sections open and the rest in closed `<details>` blocks, for an issue. max_chars: whole sections
+    left out from the bottom up until it fits (layout.lay_out); the headline sections are always kept."""
+    sections = _context(dx) + _ranks(report)
+    sections += _stacks(report, list(dx.culprits) if stacks == "culprits" else [int(r) for r in report["ranks"]])
+    sections += flight_section(report) + timing_section(report) + _environment(report)
+    if report["unseen"]:
+        sections.append(Section("Not seen", [*[f"- {plain(u)}" for u in report["unseen"][:20]], ""],
+                                f"{len(report['unseen'])} item{'s' if len(report['unseen']) > 1 else ''}"))  # fmt: skip
+    return lay_out(_head(report, dx), sections, style, max_chars)
+
+
+def _head(report: dict[str, Any], dx: Diagnosis) -> list[str]:
+    """The headline sections: the headline, culprit, victims, first divergence, cause, evidence, what to check."""
+    out = [f"### colltrace: {plain(report['headline'])}", ""]
     out.append(f"- **Verdict:** {report['verdict']}")
     out.append(
         f"- **Culprit:** {words.ranks_text(dx.culprits) if dx.culprits else ('none' if dx.verdict.value == 'healthy' else 'undecided')}"
@@ -262,10 +320,10 @@ def render(report: dict[str, Any], dx: Diagnosis, stacks: str = "culprits") -> s
     d = report["first_divergence"]
     if d is not None:
         where = words.position(d["group_name"], d["seq"]) if d["seq"] is not None else "group creation"
-        out.append(f"- **First divergence:** {_named(d['group'], d['group_name'])}, {where}, kind `{d['kind']}`")
+        out.append(f"- **First divergence:** {plain(_named(d['group'], d['group_name']))}, {where}, kind `{d['kind']}`")
         if d["call_sites"]:
             out.append("- **Issued at:** " + "; ".join(
-                f"{words.ranks_text(cs['ranks'])}: `{cs['site']}`" for cs in _culprits_first(d["call_sites"], dx)
+                f"{words.ranks_text(cs['ranks'])}: {code(cs['site'])}" for cs in _culprits_first(d["call_sites"], dx)
             ))  # fmt: skip
     if report["deadlock_cycle"]:
         out.append(f"- **Deadlock cycle:** {words.ranks_text(report['deadlock_cycle'])}")
@@ -275,25 +333,23 @@ def render(report: dict[str, Any], dx: Diagnosis, stacks: str = "culprits") -> s
     out.append("")
     if cause is not None:
         if cause["evidence"]:
-            out += ["Evidence:", *[f"- {esc(e['text'])}" for e in cause["evidence"]], ""]
+            out += ["Evidence:", *[f"- {plain(e['text'])}" for e in cause["evidence"]], ""]
         if cause["check"] and report["verdict"] != "healthy" or cause and cause["id"] == "straggler":
-            out += [f"What to check: {cause['check']}.", ""]
-    out += _context(dx)
-    out += _ranks(report)
-    out += _stacks(report, list(dx.culprits) if stacks == "culprits" else [int(r) for r in report["ranks"]])
-    out += flight_section(report)
-    out += timing_section(report)
+            out += [f"What to check: {plain(cause['check'])}.", ""]
+    return out
+
+
+def _environment(report: dict[str, Any]) -> list[Section]:
     env = report["environment"]
     if env["source"] == "flight_recorder":
         line = (f"read from torch's Flight Recorder dumps alone (FR version {env['fr_version'] or '?'}) · "
                 f"world size {env['world_size']} (at least)")  # fmt: skip
+        hint = "Flight Recorder dumps"
     else:
         line = (f"torch {env['torch']} · backend {env['backend']} · world size {env['world_size']} · "
                 f"{len(env['hosts'])} host(s): {', '.join(env['hosts'][:8])}{' …' if len(env['hosts']) > 8 else ''}"
                 f" · launcher {env['launcher']}")  # fmt: skip
+        hint = f"torch {env['torch']}, {env['backend']}, world size {env['world_size']}"
     if env["mesh"]:
         line += " · mesh: " + " × ".join(f"{d} {m['size']}" for d, m in env["mesh"].items())
-    out += ["#### Environment", "", line, ""]
-    if report["unseen"]:
-        out += ["#### Not seen", "", *[f"- {u}" for u in report["unseen"][:20]], ""]
-    return "\n".join(out)
+    return [Section("Environment", [plain(line), ""], hint)]
