@@ -4,6 +4,7 @@ to check, folds the rest into <details>; its tables stay narrow; the terminal's 
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -185,3 +186,24 @@ def test_cli_github_and_max_chars(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", run, "--format", "json", "--max-chars", "1500"]) == 2
     assert "--max-chars" in capsys.readouterr().err
     assert main(["report", run, "--max-chars", "0"]) == 2
+
+
+def test_filing_a_bug_commands_parse() -> None:
+    """docs/report.md's "Filing a bug" commands are ones the CLI takes (repro and diff once they exist)."""
+    import shlex
+
+    from colltrace.cli import build_parser
+
+    docs = (FIXTURES.parent / "docs" / "report.md").read_text()
+    part = docs[docs.index("## Filing a bug") :]
+    part = part[: part.index("\n## ", 1)]
+    lines = [ln.split("  #")[0].split(" > ")[0] for ln in part.splitlines() if ln.startswith("colltrace ")]
+    assert any("--format github" in ln for ln in lines) and any("--redact" in ln for ln in lines)
+    assert {ln.split()[1] for ln in lines} >= {"report", "repro", "diff"}
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    known = set(commands.choices)
+    for ln in lines:
+        if ln.split()[1] in known:
+            args = parser.parse_args(shlex.split(ln)[1:])
+            assert args.command == ln.split()[1], ln
