@@ -207,3 +207,28 @@ def test_filing_a_bug_commands_parse() -> None:
         if ln.split()[1] in known:
             args = parser.parse_args(shlex.split(ln)[1:])
             assert args.command == ln.split()[1], ln
+
+
+def test_a_big_worlds_errors_fold_and_keep_the_culprits(tmp_path: Path) -> None:
+    """40 ranks: rank 7 raised on its own, the 39 others timed out, each naming another peer's port. The error
+    lines stop at 16 with the culprit's among them, and say how many more the JSON has."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from handmade import ranks
+
+    rs = ranks(str(tmp_path), 40)
+    for r in rs:
+        r.fsdp_step()
+        r.fsdp_step()
+        if r.rank == 7:
+            r.error("ValueError", "a batch of the wrong length")
+        else:
+            r.coll("all_gather_single", 34, "<root>", "forward", done=False, error=True)
+            r.error("RuntimeError", f"Connection closed by peer [127.0.0.1]:{40000 + r.rank}", in_collective=True)
+    report = json.loads(run_report(str(tmp_path), "json")[0])
+    assert report["culprit_ranks"] == [7]
+    text = run_report(str(tmp_path), "github")[0]
+    errors = text[text.index("Errors (the first line of each):") :].split("\n\n")[1].splitlines()
+    assert len(errors) == 17 and errors[-1] == "- … 24 more (the JSON has every rank's)"
+    assert "- Rank 7: ValueError: `a batch of the wrong length`" in errors

@@ -137,11 +137,26 @@ def _ranks(report: dict[str, Any]) -> list[Section]:
     out.append("")
     for title, said in (("Last known activity:", doing), ("Errors (the first line of each):", errors)):
         if said:
-            out += [title, "", *[f"- {words.ranks_text(rs).capitalize()}: {text}" for text, rs in said.items()], ""]
+            out += [title, "", *_folded(said, report["culprit_ranks"]), ""]
     states: dict[str, int] = {}
     for info in report["ranks"].values():
         states[info["state"]] = states.get(info["state"], 0) + 1
     return [Section("Ranks", out, ", ".join(f"{n} {state}" for state, n in states.items()))]
+
+
+def _folded(said: dict[str, list[int]], culprits: list[int]) -> list[str]:
+    """One line per distinct text with the ranks that said it; past _MAX_RANK_ROWS lines (a big world whose
+    ranks waited different times), the culprits' lines and the first others, and how many were left out."""
+    items = list(said.items())
+    if len(items) > _MAX_RANK_ROWS:
+        first = [i for i, (_, rs) in enumerate(items) if set(rs) & set(culprits)]
+        first += [i for i in range(len(items)) if i not in first][: max(0, _MAX_RANK_ROWS - len(first))]
+        left = len(items) - len(first)
+        items = [items[i] for i in sorted(first)]
+    else:
+        left = 0
+    out = [f"- {words.ranks_text(rs).capitalize()}: {text}" for text, rs in items]
+    return out + ([f"- … {left} more (the JSON has every rank's)"] if left else [])
 
 
 def _in_cell(text: str) -> str:
