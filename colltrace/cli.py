@@ -122,6 +122,29 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_PROBLEM if problem else EXIT_OK
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    """Two runs of one job compared: exit 0 when their collective schedules are identical, 1 otherwise."""
+    from colltrace.analysis.diff import Outcome
+    from colltrace.report.diff import diff_report
+
+    text, outcome = diff_report(args.good, args.bad, fmt=args.format)
+    _out(text, args.output)
+    return EXIT_OK if outcome is Outcome.IDENTICAL else EXIT_PROBLEM
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    """A standalone torch script that replays the run's collectives (docs/report.md, "A reproducer")."""
+    from colltrace.report.repro import write_repro
+
+    if args.from_step is not None and args.from_step < 0:
+        raise UsageError("--from-step: a step number, 0 or more")
+    text, plan = write_repro(_run_dir(args.run_dir), ranks=args.ranks, from_step=args.from_step)
+    _out(text, args.output)
+    if args.output:
+        print(f"colltrace: wrote {args.output}: torchrun --nproc-per-node {plan.world} {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from colltrace.report import perfetto
     from colltrace.report.build import dumps
@@ -264,6 +287,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace host names, user names, IP addresses and paths with stable placeholders")  # fmt: skip
     r.add_argument("-o", "--output", help="write to FILE instead of stdout")
     r.set_defaults(fn=cmd_report)
+
+    f = sub.add_parser("diff", help="compare two runs: the first (group, seq) where their collective schedules "
+                       "differ, and how their timing changed")  # fmt: skip
+    f.add_argument("good", metavar="GOOD_RUN", help="the run that worked")
+    f.add_argument("bad", metavar="BAD_RUN", help="the run to compare with it")
+    f.add_argument("--format", choices=("md", "json"), default="md")
+    f.add_argument("-o", "--output", help="write to FILE instead of stdout")
+    f.set_defaults(fn=cmd_diff)
+
+    q = sub.add_parser("repro", help="write a standalone torch script that replays the run's collectives on gloo")
+    q.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="default: the newest run under ./colltrace-runs")
+    q.add_argument("--ranks", nargs="?", const="auto", default=None, metavar="RANKS",
+                   help="only the ranks of the groups that matter (alone), or these ranks, e.g. 0-7")  # fmt: skip
+    q.add_argument("--from-step", type=int, default=None, metavar="N",
+                   help="replay from step N (default: all of a short trace, else from the step before the fault)")  # fmt: skip
+    q.add_argument("-o", "--output", help="write to FILE instead of stdout")
+    q.set_defaults(fn=cmd_repro)
 
     x = sub.add_parser("export", help="write a run as a Perfetto / Chrome trace (one process per rank)")
     x.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="default: the newest run under ./colltrace-runs")
