@@ -14,6 +14,7 @@ import pytest
 
 from colltrace.analysis.diff import Change, Outcome, RunsDiff, Unlike, compare
 from colltrace.cli import main
+from colltrace.report.diff import markdown
 from colltrace.trace.reader import read_run
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -178,6 +179,9 @@ def test_other_world_sizes_are_compared_by_role(tmp_path: Path) -> None:
     assert f is not None and f.good is not None and f.bad is not None
     assert (f.label, f.seq, f.step, f.change, f.ranks, f.bad_rank) == ("mesh_tp", 2, 1, Change.NUMEL, (2,), 4)
     assert (f.good.numel, f.bad.numel) == (64, 65)
+    md = markdown(d)
+    assert "seq 2 (rank 2; bad rank 4): numel: 64 → 65 (all_reduce attn forward).**" in md
+    assert "Not compared (no rank of the same role in the other run): bad ranks 2-3, 6-7." in md
     same = _diff(tmp_path / "good", tmp_path / "good")
     assert same.outcome is Outcome.IDENTICAL and not same.by_role
 

@@ -40,12 +40,17 @@ def _where(g: GroupDiff) -> str:
     return words.position(g.group, g.seq)
 
 
+def _bad_ranks(d: RunsDiff, g: GroupDiff) -> str:
+    """'bad rank 4': the bad run's ranks paired with the good run's at a difference, where they are others."""
+    pairs = dict(d.pairs)
+    theirs = [pairs[r] for r in g.ranks if r in pairs]
+    return "" if list(g.ranks) == theirs else "bad " + words.ranks_text(theirs)
+
+
 def _ranks(d: RunsDiff, g: GroupDiff) -> str:
-    """The good run's ranks, and the bad run's where they are other ranks (paired by role)."""
-    text = words.ranks_text(g.ranks)
-    if d.by_role:
-        pairs = dict(d.pairs)
-        text += " (bad: " + words.ranks_text([pairs[r] for r in g.ranks if r in pairs]).replace("ranks ", "") + ")"
+    """A table cell: the good run's ranks, and the bad run's where they are others (paired by role)."""
+    bad = _bad_ranks(d, g)
+    text = words.ranks_text(g.ranks) + (f" ({bad})" if bad else "")
     return text.replace("ranks ", "").replace("rank ", "")
 
 
@@ -81,9 +86,9 @@ def what(g: GroupDiff) -> str:
     if c is Change.EXTRA:
         return f"extra: {_short(g.bad)} ({n} added, then alike)"
     if c is Change.STOPPED:
-        return f"stopped: the bad run issued no more here, the good went on with {_short(g.good)}"
+        return f"the bad run stopped before: {_short(g.good)}"
     if c is Change.LONGER:
-        return f"went on: the good run had ended here, the bad went on with {_short(g.bad)}"
+        return f"the bad run went on (the good one had ended): {_short(g.bad)}"
     if c is Change.MEMBERSHIP:
         return "the group has other members"
     return "only in the good run" if g.good is not None else "only in the bad run"
@@ -106,7 +111,8 @@ def headline(d: RunsDiff) -> str:
     g = d.first
     assert g is not None
     step = f"step {g.step}" if g.step is not None else "no step"
-    return f"The schedules differ first in {step}: {_group(g)} {_where(g)} ({words.ranks_text(g.ranks)}): {what(g)}."
+    who = words.ranks_text(g.ranks) + (f"; {_bad_ranks(d, g)}" if _bad_ranks(d, g) else "")
+    return f"The schedules differ first in {step}: {_group(g)} {_where(g)} ({who}): {what(g)}."
 
 
 def _states(side: RunSide) -> str:
