@@ -94,7 +94,7 @@ class RunSide:
     states: tuple[tuple[RankState, tuple[int, ...]], ...]  # how its ranks ended
     records: int  # collective and p2p records, all ranks
     steps: int | None  # completed steps, median rank
-    step_ns: int | None  # median step time, median rank
+    step_ns: float | None  # mean step time (completed steps), median rank
     exposed_ns: float | None  # exposed communication per step, median rank (None: no compute spans)
     stragglers: tuple[tuple[int, float], ...]  # (rank, seconds the others waited for it alone), most first
     straggler: int | None  # the one the run waited for, when it stands out (timing.Timing.straggler)
@@ -319,8 +319,9 @@ def _op(table: SigTable, sid: Any) -> str | None:
 
 def _resized(g: Signature | None, b: Signature | None) -> bool:
     """The same call with another size, dtype or reduce op: read as that, never as a record skipped or added."""
-    blank = {"numel": 0, "dtype": "", "reduce_op": ""}
-    return g is not None and b is not None and g._replace(**blank) == b._replace(**blank)
+    if g is None or b is None:
+        return False
+    return g._replace(numel=0, dtype="", reduce_op="") == b._replace(numel=0, dtype="", reduce_op="")
 
 
 def _shift(ga: Any, ba: Any, i: int) -> tuple[Change, int] | None:
@@ -431,7 +432,7 @@ def _side(run: Run, streams: dict[int, RankStreams], table: SigTable) -> RunSide
     tm = timing.analyze(run, states.run_end_ns(run, streams), streams, table) if records else None
     ranks = list(tm.ranks.values()) if tm is not None else []
     steps = [len(rt.steps) for rt in ranks]
-    step_ns = [p for rt in ranks if (p := rt.step_pct_ns(0.5)) is not None]
+    step_ns = [sum(s.total_ns for s in rt.steps) / len(rt.steps) for rt in ranks if rt.steps]
     exposed = [e for rt in ranks if rt.has_spans and (e := rt.exposed_per_step_ns()) is not None]
     slow = tm.straggler() if tm is not None else None
     return RunSide(
