@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -137,10 +137,17 @@ def compare(good: Run, bad: Run) -> RunsDiff:
         return result(Outcome.NOT_COMPARABLE, Unlike.NO_ROLES)
     rank_map = dict(pairs)
     lut = _translation(table, rank_map) if by_role else None
+    known: dict[tuple[bool, str], tuple[int, ...]] = {}  # each group's members, found once (a pass over the ranks)
+
+    def held(in_good: bool, key: str) -> tuple[int, ...]:
+        if (in_good, key) not in known:
+            known[in_good, key] = members(good, key, gs) if in_good else members(bad, key, bs)
+        return known[in_good, key]
+
     found: list[GroupDiff] = []
     matched = alike_first = 0
     for gr, br in pairs:
-        got, n, alike = _pair(good, gs, gr, bad, bs, br, table, rank_map, lut)
+        got, n, alike = _pair(good, gs, gr, bad, bs, br, table, rank_map, lut, held)
         found += got
         matched += n
         alike_first += alike
@@ -236,7 +243,7 @@ def _translation(table: SigTable, rank_map: dict[int, int]) -> Any:
 
 def _pair(
     good: Run, gs: dict[int, RankStreams], gr: int, bad: Run, bs: dict[int, RankStreams], br: int,
-    table: SigTable, rank_map: dict[int, int], lut: Any,
+    table: SigTable, rank_map: dict[int, int], lut: Any, held: Callable[[bool, str], tuple[int, ...]],
 ) -> tuple[list[GroupDiff], int, int]:  # fmt: skip
     """The first difference of each group of one pair of ranks; how many groups they share, and in how many
     the first records compared have the same op."""
@@ -258,7 +265,7 @@ def _pair(
             continue
         b = bst.groups[other]
         if (not k.startswith("p2p:") and good.world_size == bad.world_size
-                and members(good, k, gs) != members(bad, other, bs)):  # fmt: skip
+                and held(True, k) != held(False, other)):  # fmt: skip
             out.append(_diff(good, k, other, st, b, min(st.seq0, b.seq0), Change.MEMBERSHIP, gr, br, table))
             continue
         d, first_alike = _streams(good, k, other, st, b, gr, br, table, lut)
