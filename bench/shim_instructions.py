@@ -28,8 +28,8 @@ N = 1000
 
 
 def _stand_in_torch_compiler() -> None:
-    """torch.compiler.is_compiling, which the wrapper asks first, without importing torch: the same
-    shape as torch 2.13's (a call to torch.jit.is_scripting, then a module flag)."""
+    """torch.compiler, which the wrapper asks first, without importing torch: the same shape as torch 2.13's
+    (is_compiling a call to torch.jit.is_scripting, then a module flag; is_dynamo_compiling returns False)."""
     import types
 
     torch, jit, compiler = types.ModuleType("torch"), types.ModuleType("torch.jit"), types.ModuleType("torch.compiler")
@@ -42,6 +42,7 @@ def _stand_in_torch_compiler() -> None:
         return compiler._is_compiling_flag  # type: ignore[attr-defined,no-any-return]
 
     compiler.is_compiling = is_compiling  # type: ignore[attr-defined]
+    compiler.is_dynamo_compiling = lambda: False  # type: ignore[attr-defined]
     torch.jit, torch.compiler = jit, compiler  # type: ignore[attr-defined]
     sys.modules.update({"torch": torch, "torch.jit": jit, "torch.compiler": compiler})
 

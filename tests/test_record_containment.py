@@ -20,9 +20,10 @@ with socket.socket() as s:
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 dist.init_process_group("gloo", rank=0, world_size=1)
 from colltrace.record.tracer import TRACER
-def broken(*a, **k):
-    raise OSError(28, "No space left on device")
-TRACER.recorder.writer.append_static = broken  # the slot's store fails, as on a full disk
+class Broken:
+    def __next__(self):
+        raise OSError(28, "No space left on device")
+TRACER.recorder.writer.counter = Broken()  # the slot's store fails, as on a full disk
 x = torch.ones(3)
 for _ in range(5):
     dist.all_reduce(x)

@@ -17,7 +17,7 @@ from colltrace.record.context import (
 )
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
-from colltrace.trace.writer import STATIC_HEAD, STATIC_MID, TraceWriter
+from colltrace.trace.writer import APPEND, STATIC_HEAD, STATIC_MID, TraceWriter, hot_function, inline
 
 if TYPE_CHECKING:
     from colltrace.record.spans import SpanRecorder
@@ -30,6 +30,40 @@ BSEQ_MASK = 31  # read the backend seq at every 32nd record of a group (and afte
 ANCHOR_FLAGS = schema.FLAG_OBJECT | schema.FLAG_COALESCED  # calls that run several backend collectives
 _OPEN_WINDOW = 256
 _PENDING_MAX = 8192
+
+# ISSUE: the slot of call `spec` with `key`, `attribution`, `t_issue` on thread state `ts` (the shim's wrapper
+# and Recorder.issue inline it; {rec} the recorder, {args} and {kwargs} the call's arguments) sets `idx`, -1 for
+# a group this rank is not in (torch does nothing). A training loop repeats the same few calls, so everything
+# but seq, step and times is packed once per key and taken from the thread's cache afterwards. A plain call
+# (blocking, on the host, no backend seq to read) is one slot store here and one at its completion (FINISH);
+# the others are remembered in `unplain` for returned().
+ISSUE = """\
+static = ts.static.get(key) if key is not None else None
+if static is None:
+    static = {rec}.miss(spec, key, attribution, ts, {args}, {kwargs})
+if static is None:
+    idx = -1
+else:
+    head, mid, counter, flags, pg, _ = static
+    seq = counter.seq = counter.seq + 1
+    anchor = None
+    if flags & ANCHOR_FLAGS or counter.anchor_next or not seq & BSEQ_MASK:
+        anchor = {rec}.anchor(pg, counter, flags)
+    ring = {rec}.writer
+    ctx = {rec}.ctx
+{append}    counter.last_idx = idx
+    {rec}.last_progress_ns = t_issue
+    if flags or anchor is not None:
+        {rec}.unplain[idx] = (flags, anchor)
+"""
+ISSUE_NAMES: dict[str, Any] = {"ANCHOR_FLAGS": ANCHOR_FLAGS, "BSEQ_MASK": BSEQ_MASK}
+
+
+def issue_source(indent: int, rec: str, args: str, kwargs: str) -> str:
+    """ISSUE, its slot's store (writer.APPEND) in place, as source for a function that inlines it."""
+    append = inline(APPEND, 4, idx="idx", ring="ring", head="head", seq="seq", mid="mid", step="ctx.step",
+                    micro_step="ctx.micro_step", t_issue="t_issue")  # fmt: skip
+    return inline(ISSUE, indent, rec=rec, args=args, kwargs=kwargs, append=append)
 
 
 class _Seq:
@@ -169,47 +203,19 @@ class Recorder:
 
     # -- hot path ----------------------------------------------------------------------------
 
-    def issue(
-        self, spec: OpSpec, key: Any, attribution: tuple[str, str, str], t_issue: int, ts: ThreadState,
+    # Write the slot of a call about to run (ISSUE, above): its idx for the wrapper's completion (or raised()),
+    # -1: not recorded. `args` and `kwargs` are read (spec.extract) only for a call not seen before.
+    issue: Callable[..., int] = hot_function(
+        "issue", "self, spec, key, attribution, t_issue, ts, args, kwargs",
+        issue_source(4, rec="self", args="args", kwargs="kwargs") + "    return idx\n", ISSUE_NAMES,
+    )  # fmt: skip
+
+    def miss(
+        self, spec: OpSpec, key: Any, attribution: tuple[str, str, str], ts: ThreadState,
         args: tuple[Any, ...], kwargs: dict[str, Any],
-    ) -> int:  # fmt: skip
-        """Write the slot of a call about to run; its idx for done() (or raised()), -1: not recorded.
-
-        The shim's wrapper comes here with the call's `key` (ops.OpSpec): a training loop repeats the
-        same few calls, so everything but seq, step and times is packed once per key and taken from a
-        per-thread cache afterwards; `args` and `kwargs` are read (spec.extract) only for a call not seen
-        before. A plain call (blocking, on the host, no backend seq to read) costs one slot store here
-        and one in done(); the others are remembered for returned()."""
-        static: Any = ts.static.get(key) if key is not None else None
-        if static is None:
-            static = self._miss(spec, key, spec.extract(args, kwargs, attribution)[1], attribution, ts)
-            if static is None:  # this rank is not in the group: torch does nothing
-                return -1
-        head, mid, counter, flags, pg, _ = static
-        seq = counter.seq = counter.seq + 1
-        anchor = None
-        if flags & ANCHOR_FLAGS or counter.anchor_next or not seq & BSEQ_MASK:
-            anchor = self.anchor(pg, counter, flags)
-        ctx = self.ctx
-        idx = counter.last_idx = self.writer.append_static(head, seq, mid, ctx.step, ctx.micro_step, t_issue)
-        self.last_progress_ns = t_issue
-        if flags or anchor is not None:
-            self.unplain[idx] = (flags, anchor)
-        return idx
-
-    def done(self, idx: int, result: Any, t_issue: int) -> None:
-        """The call of record idx returned: a plain call is done; the others go to returned(). Never raises
-        into the job: a failure is said once."""
-        try:
-            entry = self.unplain.pop(idx, None) if self.unplain else None
-            if entry is not None:
-                self.returned(idx, entry[0], entry[1], result, t_issue)
-                return
-            t = _now()  # a blocking call on the host: blocked for its whole duration
-            self.writer.finish_sync(idx, -1, t, t - t_issue)
-            self.last_progress_ns = t
-        except Exception as e:
-            self.warn_once("completing a collective failed", e)
+    ) -> tuple[bytes, bytes, _Seq, int, Any, Any] | None:  # fmt: skip
+        """The static part of a call not in the thread's cache (_miss), from its arguments."""
+        return self._miss(spec, key, spec.extract(args, kwargs, attribution)[1], attribution, ts)
 
     def raised(self, idx: int, exc: BaseException) -> None:
         """The call of record idx raised (its exception goes on to the job as it is)."""

@@ -4,33 +4,54 @@ from __future__ import annotations
 
 import functools
 import inspect
-import linecache
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record import ops
+from colltrace.record import ops, recorder
 from colltrace.record.adapter import tag_of, tagged
 from colltrace.record.context import CONTEXT
 from colltrace.record.patches import Patches
 from colltrace.record.tracer import TRACER, Tracer
 from colltrace.trace import schema
+from colltrace.trace.writer import FINISH, hot_function, inline
 
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
 DEVICE = schema.FLAG_DEVICE
 
 
-def compiling_check() -> Callable[[], bool]:
-    """torch.compiler.is_compiling: TorchDynamo folds it to True while it traces, so a compiled
-    function sees the original collective (the same graph as untraced); eager calls see False."""
+# Whether torch.compile or export is tracing, as source: torch.compiler.is_compiling() without its two frames.
+# TorchDynamo folds is_dynamo_compiling() to True while it traces (a compiled function then sees the original
+# collective: the same graph as untraced); eagerly it is False, and torch.compiler's flag, set around make_fx
+# and export tracing, says the rest. is_compiling's first test, torch.jit.is_scripting(), is False in any Python
+# call. The shim's wrapper inlines it; compiling_check() is it as a function.
+COMPILING = "dynamo_compiling() or compiler_state._is_compiling_flag"
+
+
+class _NoCompiler:
+    _is_compiling_flag = False
+
+
+def compiling_names() -> dict[str, Any]:
+    """What COMPILING refers to, for the installed torch (a torch without is_dynamo_compiling: is_compiling)."""
     try:
         import torch.compiler
 
-        return torch.compiler.is_compiling
-    except (ImportError, AttributeError):  # a torch without torch.compiler: nothing compiles through us
-        return bool
+        compiler: Any = torch.compiler
+    except ImportError:  # a torch without torch.compiler: nothing compiles through us
+        return {"dynamo_compiling": bool, "compiler_state": _NoCompiler}
+    dynamo = getattr(compiler, "is_dynamo_compiling", None)
+    if dynamo is None or not hasattr(compiler, "_is_compiling_flag"):
+        return {"dynamo_compiling": getattr(compiler, "is_compiling", bool), "compiler_state": _NoCompiler}
+    return {"dynamo_compiling": dynamo, "compiler_state": compiler}
+
+
+def compiling_check() -> Callable[[], bool]:
+    """COMPILING as a function (for the hooks and adapters that step aside while torch.compile traces)."""
+    fn: Callable[[], bool] = hot_function("compiling", "", f"    return {COMPILING}\n", compiling_names())
+    return fn
 
 
 class Shim:
@@ -86,8 +107,8 @@ class Shim:
     # -- wrappers ----------------------------------------------------------------------------
 
     def wrap(self, spec: ops.OpSpec, orig: Callable[..., Any]) -> Callable[..., Any]:
-        """The traced version of one torch function: the call's key (the spec's, inlined: its cost is the
-        product, bench/shim_instructions.py), then the recorder's issue() and done()."""
+        """The traced version of one torch function (_WRAPPER): the call's key (the spec's, inlined: its cost is
+        the product, bench/shim_instructions.py), its slot (ISSUE) and a plain call's completion (FINISH)."""
         made = self._made.get(id(orig))
         if made is not None and made[0] is orig:  # installed again (install.resume): the same wrapper
             return made[1]
@@ -101,30 +122,28 @@ class Shim:
             params = ", ".join(p if f"_default{i}" not in namespace else f"{p}=_default{i}"
                                for i, p in enumerate(spec.params))  # fmt: skip
             call = ", ".join(spec.params)
-            parts = {"params": params, "call": call, "key": spec.key, "args": f"({call},), NO_KWARGS"}
+            parts = {"params": params, "call": call, "key": spec.key, "args": f"({call},)", "kwargs": "NO_KWARGS"}
         else:
             parts = {"params": "*args, **kwargs", "call": "*args, **kwargs",
-                     "key": "spec.extract(args, kwargs, attribution)[0]", "args": "args, kwargs"}  # fmt: skip
-        source = _WRAPPER.format(name=spec.name, **parts)
+                     "key": "spec.extract(args, kwargs, attribution)[0]", "args": "args", "kwargs": "kwargs"}  # fmt: skip
         namespace.update(
             {
                 "tracer": self.tracer,
                 "orig": orig,
                 "spec": spec,
-                "compiling": compiling_check(),
                 "threads_get": CONTEXT.threads.get,
                 "state": CONTEXT.state,
                 "current": CONTEXT.current,
                 "get_ident": _get_ident,
                 "now": _now,
                 "NO_KWARGS": {},  # what extract reads for a call not seen before: never written
+                **compiling_names(),
+                **recorder.ISSUE_NAMES,
             }
         )
-        filename = f"<colltrace traced {spec.name}>"
-        exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - generated from a signature
-        # tracebacks and stack dumps through the wrapper show its lines (as attrs does for its code)
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        traced: Callable[..., Any] = functools.update_wrapper(namespace[spec.name], orig)
+        fn = hot_function(spec.name, parts["params"], wrapper_body(spec.name, parts), namespace,
+                          f"<colltrace traced {spec.name}>")  # fmt: skip
+        traced: Callable[..., Any] = functools.update_wrapper(fn, orig)
         traced.__colltrace__ = True  # type: ignore[attr-defined]
         self._made[id(orig)] = (orig, traced)
         return traced
@@ -233,12 +252,13 @@ class Shim:
             pass  # a Work class we cannot patch: async Works complete by the watchdog's poll
 
 
-# The traced wrapper of one function. Plumbing only: what is recorded, and how, is Recorder.issue's and
-# Recorder.done's. {params} is the function's own parameter list where ops.OpSpec has it, with {call} passing
-# them on and {key} the call's key from them; else "*args, **kwargs", and extract finds the key.
-_WRAPPER = """
-def {name}({params}):
-    if compiling():  # TorchDynamo is tracing: it sees the original, as without colltrace
+# The traced wrapper of one function, the body of `def {name}({params}):`. Plumbing only: what is recorded, and
+# how, is recorder.ISSUE's (the slot at issue) and writer.FINISH's (a plain call's completion; the others go to
+# Recorder.returned), inlined: each Python frame on this path costs more than the work it would hold
+# (docs/performance.md). {params} is the function's own parameter list where ops.OpSpec has it, with {call}
+# passing them on and {key} the call's key from them; else "*args, **kwargs", and extract finds the key.
+_WRAPPER = """\
+    if {compiling}:  # TorchDynamo is tracing: it sees the original, as without colltrace
         return orig({call})
     rec = tracer.recorder
     if rec is None:
@@ -253,8 +273,7 @@ def {name}({params}):
             key = {key}
         except AttributeError:  # not a tensor: torch will say so
             key = None
-        idx = rec.issue(spec, key, attribution, t_issue, ts, {args})
-    except Exception as e:  # the shim steps aside, the collective still runs
+{issue}    except Exception as e:  # the shim steps aside, the collective still runs
         tracer.failed(rec, "recording {name} failed", e)
         return orig({call})
     if idx < 0:
@@ -267,13 +286,32 @@ def {name}({params}):
         rec.raised(idx, e)
         raise
     ts.depth = 0
-    rec.done(idx, result, t_issue)
+    try:  # never raises into the job: a failure is said once
+        entry = rec.unplain.pop(idx, None) if rec.unplain else None
+        if entry is not None:
+            rec.returned(idx, entry[0], entry[1], result, t_issue)
+        else:  # a blocking call on the host: blocked for its whole duration
+            t_done = now()
+{finish}            rec.last_progress_ns = t_done
+    except Exception as e:
+        rec.warn_once("completing a collective failed", e)
     return result
 """
-# names the wrapper uses itself: a function with a parameter of one of these names gets *args, **kwargs
+
+
+def wrapper_body(name: str, parts: dict[str, str]) -> str:
+    """_WRAPPER for one function, ISSUE and FINISH in place."""
+    issue = recorder.issue_source(8, rec="rec", args=parts["args"], kwargs=parts["kwargs"])
+    finish = inline(FINISH, 12, ring="ring", idx="idx", t_done="t_done", wait="t_done - t_issue")
+    return _WRAPPER.format(name=name, compiling=COMPILING, issue=issue, finish=finish, **parts)
+
+
+# names the wrapper uses itself (found by compiling it): a function with a parameter of one of these names gets
+# *args, **kwargs
+_code = compile("def f():\n" + wrapper_body("f", {"call": "", "key": "None", "args": "()", "kwargs": "{}"}), "", "exec")
 _WRAPPER_NAMES = frozenset(
-    {"compiling", "orig", "tracer", "rec", "threads_get", "get_ident", "state", "ts", "now", "t_issue",
-     "attribution", "current", "key", "idx", "spec", "result", "e", "NO_KWARGS", "args", "kwargs"}
-)  # fmt: skip
+    name for c in _code.co_consts if hasattr(c, "co_varnames") for name in (*c.co_varnames, *c.co_names)
+) | {"args", "kwargs", "NO_KWARGS"}
+del _code
 
 SHIM = Shim()

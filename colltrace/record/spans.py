@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from colltrace.record.context import Context
 from colltrace.trace import schema
-from colltrace.trace.writer import STATIC_HEAD, STATIC_MID, TraceWriter
+from colltrace.trace.writer import APPEND, FINISH, STATIC_HEAD, STATIC_MID, TraceWriter, hot_function, inline
 
 FORWARD = "forward"  # a unit's forward (FSDP, DeepSpeed, the DDP-wrapped model)
 BACKWARD = "backward"  # a unit's backward (FSDP: from its pre-backward to its post-backward)
@@ -48,23 +49,39 @@ class SpanRecorder:
         self._tid = tid  # Recorder._tid: the small thread number collectives carry too
         self._static: dict[tuple[int, str, str, str], bytes] = {}
 
-    def begin(self, what: str, module: str = "", flavour: str = "") -> int:
-        key = (_get_ident(), what, module, flavour)
-        head = self._static.get(key)
-        if head is None:
-            sid = self.writer.intern
-            head = self._static[key] = STATIC_HEAD.pack(
-                schema.KIND_SPAN, 0, 0, self._tid(), 0, sid(what), 0, 0, sid(module), 0, sid(flavour), 0
-            )
-        ctx = self.ctx
-        idx = self.ring.append_static(head, 0, _MID, ctx.step, ctx.micro_step, _now())
-        return idx
+    # begin(what, module="", flavour="") -> idx: the span's slot (writer.APPEND), its start now
+    begin: Callable[..., int] = hot_function(
+        "begin", "self, what, module='', flavour=''",
+        "    head = self._static.get((get_ident(), what, module, flavour))\n"
+        "    if head is None:\n"
+        "        head = self.head(what, module, flavour)\n"
+        "    ring = self.ring\n"
+        "    ctx = self.ctx\n"
+        + inline(APPEND, 4, idx="idx", ring="ring", head="head", seq="0", mid="_MID", step="ctx.step",
+                 micro_step="ctx.micro_step", t_issue="now()")
+        + "    return idx\n",
+        {"get_ident": _get_ident, "now": _now, "_MID": _MID},
+    )  # fmt: skip
 
-    def end(self, idx: int, error: bool = False) -> None:
-        if error:
-            self.ring.complete(idx, _now(), _ERROR)
-        else:  # t_done_ns != 0 is what says done: one store
-            self.ring.finish_sync(idx, -1, _now(), 0)
+    def head(self, what: str, module: str, flavour: str) -> bytes:
+        """The packed static part of a span of this thread (cached)."""
+        sid = self.writer.intern
+        head = self._static[(_get_ident(), what, module, flavour)] = STATIC_HEAD.pack(
+            schema.KIND_SPAN, 0, 0, self._tid(), 0, sid(what), 0, 0, sid(module), 0, sid(flavour), 0
+        )
+        return head
+
+    # end(idx, error=False): the span ends now (writer.FINISH: its end time, what says it ended; its wait stays
+    # 0), marked failed when it raised
+    end: Callable[..., None] = hot_function(
+        "end", "self, idx, error=False",
+        "    ring = self.ring\n"
+        "    if error:\n"
+        "        ring.complete(idx, now(), _ERROR)\n"
+        "        return\n"
+        + inline(FINISH, 4, ring="ring", idx="idx", t_done="now()", wait="0"),
+        {"now": _now, "_ERROR": _ERROR},
+    )  # fmt: skip
 
     def exhausted(self) -> None:
         self.writer.event({"ev": EV_EXHAUSTED, "t_ns": time.time_ns(), "step": self.ctx.step})

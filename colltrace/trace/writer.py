@@ -7,9 +7,11 @@ NCCL watchdog's abort and std::terminate; only a machine crash loses the tail.
 from __future__ import annotations
 
 import itertools
+import linecache
 import mmap
 import os
 import struct
+import textwrap
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +58,61 @@ assert _BASE % 8 == 0 and _SIZE % 8 == 0 and schema.BACKEND_SEQ_OFFSET % 8 == 0
 assert (schema.T_DONE_OFFSET - 4) % 8 == 0 and (schema.WAIT_OFFSET - 4) % 8 == 0
 
 _STEP_LINE = b'{"ev":"%s","step":%%d,"t_ns":%%d}\n' % schema.EV_STEP.encode()
+
+# The two stores of a record, written once here as source: its slot (at issue) and its completion. The hot
+# paths are generated functions that inline them (the shim's wrapper, Recorder.issue, a span's begin and end,
+# Ring.finish_sync below), so a collective or a span costs no call into the writer: a Python frame costs more
+# than the stores it would wrap (docs/performance.md). {names} are the caller's variables or expressions.
+#
+# APPEND: slot `idx` (a new one: the ring wraps, full mode grows) from the pre-packed head = kind..shape and
+# mid = backend_seq (-1), numel_in, numel_out, peer (STATIC_HEAD, STATIC_MID) and the fields that change per
+# call; one store for the slot (marker 0), then the marker: the commit (a reader skips a slot whose marker is
+# not its idx + 1). The ring's head is published every HEAD_EVERY records.
+APPEND = """\
+{idx} = next({ring}.counter)
+slot_off = _BASE + {idx} * _SIZE if {idx} < {ring}.capacity else {ring}.offset_of({idx})
+pack_static({ring}.mv, slot_off, {head}, {seq}, {mid}, {step}, {micro_step}, {t_issue})
+{ring}.words[slot_off >> 3] = {idx} + 1
+if not {idx} & _HEAD_MASK:
+    {ring}.publish_head({idx})
+{ring}.last_idx = {idx}
+"""
+# FINISH: record `idx`, a call that blocked until done, completes: t_done_ns (!= 0 means done) and wait_ns. No
+# read back while fewer than `capacity` records were written since (its slot cannot have been reused; in full
+# mode never: the file grows), else only where its marker still says idx.
+FINISH = """\
+if {ring}.last_idx - {idx} < {ring}.capacity:
+    slot_w = (_BASE + {idx} % {ring}.capacity * _SIZE) >> 3
+else:
+    slot_w = {ring}.live_word({idx})
+if slot_w >= 0:
+    {ring}.words4[slot_w + _T_DONE_W4] = {t_done}
+    {ring}.words4[slot_w + _WAIT_W4] = {wait}
+"""
+# what the templates' code refers to: the namespace of a function that inlines them
+_SOURCES = itertools.count(1)
+HOT_NAMES: dict[str, Any] = {"_BASE": _BASE, "_SIZE": _SIZE, "_HEAD_MASK": _HEAD_MASK, "pack_static": pack_static,
+                             "_T_DONE_W4": _T_DONE_W4, "_WAIT_W4": _WAIT_W4}  # fmt: skip
+
+
+def inline(template: str, indent: int, **names: str) -> str:
+    """A template of the hot path (APPEND, FINISH, ...) as source with the caller's names, indented."""
+    return textwrap.indent(template.format(**names), " " * indent)
+
+
+def hot_function(
+    name: str, params: str, body: str, namespace: dict[str, Any], filename: str = ""
+) -> Callable[..., Any]:
+    """Compile `def name(params): body` (body indented by 4) in namespace + HOT_NAMES. Its source is in
+    linecache under `filename` (made up when ""), so tracebacks and stack dumps through it show its lines."""
+    source = f"def {name}({params}):\n{body}"
+    filename = filename or f"<colltrace {name} {next(_SOURCES)}>"
+    code = compile(source, filename, "exec")
+    ns = {**HOT_NAMES, **namespace}
+    exec(code, ns)  # noqa: S102 - generated from this package's own templates
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    fn: Callable[..., Any] = ns[name]
+    return fn
 
 
 class Ring:
@@ -107,19 +164,6 @@ class Ring:
         self.last_idx = idx
         return idx
 
-    def append_static(self, head: bytes, seq: int, mid: bytes, step: int, micro_step: int, t_issue_ns: int) -> int:
-        """append() with the per-call-site fields pre-packed: head = kind..shape, mid = backend_seq
-        (-1), numel_in, numel_out, peer (STATIC_HEAD, STATIC_MID). One store for the slot (marker 0),
-        then the marker: the commit (a reader skips a slot whose marker is not its idx + 1)."""
-        idx = next(self.counter)
-        off = _BASE + idx * _SIZE if idx < self.capacity else self.offset_of(idx)
-        pack_static(self.mv, off, head, seq, mid, step, micro_step, t_issue_ns)
-        self.words[off >> 3] = idx + 1
-        if not idx & _HEAD_MASK:
-            self.publish_head(idx)
-        self.last_idx = idx
-        return idx
-
     def offset_of(self, idx: int) -> int:
         """Where a new slot idx goes: the ring wraps; full mode grows the file."""
         if idx < self.capacity:
@@ -137,48 +181,41 @@ class Ring:
         except (ValueError, OSError):
             pass
 
-    def _live_word(self, idx: int) -> int:
+    def live_word(self, idx: int) -> int:
         """Word (in `words`) where slot idx starts if it still holds idx (the ring may have moved on), else -1."""
         w = (_BASE + (idx if self.full else idx % self.capacity) * _SIZE) >> 3
         return w if self.words[w + _MARKER_W] == idx + 1 else -1
 
     def complete(self, idx: int, t_done_ns: int, flags: int) -> None:
-        w = self._live_word(idx)
+        w = self.live_word(idx)
         if w >= 0:
             self.words4[w + _T_DONE_W4] = t_done_ns
             self.mv[(w << 3) + schema.FLAGS_OFFSET] = flags
 
-    def finish_sync(self, idx: int, backend_seq: int, t_done_ns: int, wait_ns: int) -> None:
-        """Completion of a call that blocked until done: t_done_ns (!= 0 means done) and wait_ns, with no
-        read back when fewer than `capacity` records were written since (the slot cannot have been reused)."""
-        if self.full or self.last_idx - idx < self.capacity:
-            w = (_BASE + (idx if self.full else idx % self.capacity) * _SIZE) >> 3
-        else:
-            w = self._live_word(idx)
-            if w < 0:
-                return
-        if backend_seq >= 0:
-            self.words[w + _BSEQ_W] = backend_seq
-        words4 = self.words4
-        words4[w + _T_DONE_W4] = t_done_ns
-        words4[w + _WAIT_W4] = wait_ns
+    # Completion of a call that blocked until done (FINISH), with its backend seq where one was read (>= 0).
+    finish_sync: Callable[..., None] = hot_function(
+        "finish_sync", "self, idx, backend_seq, t_done_ns, wait_ns",
+        "    if backend_seq >= 0:\n        self.set_backend_seq(idx, backend_seq)\n"
+        + inline(FINISH, 4, ring="self", idx="idx", t_done="t_done_ns", wait="wait_ns"),
+        {},
+    )  # fmt: skip
 
     def count_open(self, window: int) -> int:
         """Records among the last `window` that are committed and not completed (t_done_ns 0)."""
         open_ = 0
         for idx in range(self.last_idx, max(-1, self.last_idx - window), -1):
-            w = self._live_word(idx)
+            w = self.live_word(idx)
             if w >= 0 and self.words4[w + _T_DONE_W4] == 0:
                 open_ += 1
         return open_
 
     def add_wait(self, idx: int, wait_ns: int) -> None:
-        w = self._live_word(idx)
+        w = self.live_word(idx)
         if w >= 0:
             self.words4[w + _WAIT_W4] += wait_ns
 
     def set_backend_seq(self, idx: int, seq: int) -> None:
-        w = self._live_word(idx)
+        w = self.live_word(idx)
         if w >= 0:
             self.words[w + _BSEQ_W] = seq
 
