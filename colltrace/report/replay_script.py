@@ -269,9 +269,9 @@ def main():
         sizes[WORLD_GROUP] = world
     for ranks, desc, name in GROUPS[rank]:  # in the order the original rank created them (collective)
         try:
-            g = dist.new_group(ranks, group_desc=desc)
+            g = dist.new_group(ranks, timeout=timedelta(seconds=TIMEOUT_S), group_desc=desc)
         except TypeError:  # an older torch: no group_desc
-            g = dist.new_group(ranks)
+            g = dist.new_group(ranks, timeout=timedelta(seconds=TIMEOUT_S))
         if name is not None:
             handles[name] = g
             sizes[name] = len(ranks)

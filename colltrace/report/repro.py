@@ -41,6 +41,7 @@ class Plan:
     cuts: dict[str, int]  # stream -> records up to this seq not replayed (a window or a dropped ring)
     left_out: list[str] = field(default_factory=list)  # in words, for the header
     world_size: int = 0  # the original's
+    timeout_s: int = TIMEOUT_S  # gloo's timeout in the script
 
     @property
     def world(self) -> int:
@@ -128,7 +129,9 @@ def _end(run: Run, dx: Diagnosis, r: int, recs: list[Collective]) -> tuple[tuple
     return ("stuck", ""), None
 
 
-def plan(run: Run, dx: Diagnosis, ranks: str | None = None, from_step: int | None = None) -> Plan:
+def plan(
+    run: Run, dx: Diagnosis, ranks: str | None = None, from_step: int | None = None, timeout_s: int = TIMEOUT_S
+) -> Plan:
     """What to replay. ranks: None (all), "auto" (the groups that matter) or a list "0-7,9";
     from_step: replay from this step on (None: all of a short trace, else from the step before the divergence)."""
     members = _group_members(run)
@@ -198,7 +201,7 @@ def plan(run: Run, dx: Diagnosis, ranks: str | None = None, from_step: int | Non
         run_dir=run.path, ranks=kept, world_group=default if whole else None,
         groups=_creations(run, kept, new, groups_ok, members), schedule=schedule, ends=ends,
         modules=sorted(modules), pace=pace, from_step=from_step, cuts={k: v for k, v in cuts.items() if v},
-        left_out=left, world_size=world,
+        left_out=left, world_size=world, timeout_s=timeout_s,
     )  # fmt: skip
 
 
@@ -322,7 +325,7 @@ def render(p: Plan, dx: Diagnosis, headline: str) -> str:
         f"What it does: each of the {n} processes issues, on gloo (CPU), exactly the collectives and p2p transfers",
         "its rank recorded, in its order: the same process groups (members, created in the same order), ops,",
         "sizes, dtypes, reduce ops, roots and peers, on zero-filled tensors. gloo then pairs, mismatches or",
-        f"blocks them as it did in the run; its timeout is {TIMEOUT_S} s, so a hang ends in seconds.",
+        f"blocks them as it did in the run; its timeout is {p.timeout_s} s, so a hang ends in seconds.",
         "How each rank ends: as it ended in the run (" + _ends_text(p) + ").",
         "",
         "Left out:",
@@ -348,8 +351,8 @@ def render(p: Plan, dx: Diagnosis, headline: str) -> str:
         lines.append(f"Ranks renumbered: here=original: {pairs}.")
     lines += ['"""', ""]
     data = [
-        f"TIMEOUT_S = {TIMEOUT_S}",
-        f"STUCK_S = {TIMEOUT_S * 6}",
+        f"TIMEOUT_S = {p.timeout_s}",
+        f"STUCK_S = {p.timeout_s * 6}",
         f"WORLD = {n}",
         f"ORIGINAL_RANKS = {list(p.ranks)!r}",
         f"WORLD_GROUP = {p.world_group!r}",
@@ -382,13 +385,15 @@ def _ends_text(p: Plan) -> str:
     return "; ".join(f"{words.ranks_text(rs)} {w}" for w, rs in by.items())
 
 
-def write_repro(run_dir: str, ranks: str | None = None, from_step: int | None = None) -> tuple[str, Plan]:
+def write_repro(
+    run_dir: str, ranks: str | None = None, from_step: int | None = None, timeout_s: int = TIMEOUT_S
+) -> tuple[str, Plan]:
     """The script's text and its plan. Raises TraceError for unusable input."""
     run = read_run(run_dir)
     if not run.ranks:
         raise TraceError(f"{run_dir}: no rank left a trace")
     dx = diagnose(run)
-    p = plan(run, dx, ranks, from_step)
+    p = plan(run, dx, ranks, from_step, timeout_s)
     if not any(p.schedule.values()):
         raise TraceError(f"{run_dir}: no collective to replay")
     return render(p, dx, words.headline(dx)), p
