@@ -66,7 +66,7 @@ def test_the_header_says_where_it_came_from_what_it_shows_and_what_it_left_out()
     assert "fixtures/rank_exception (3 ranks)" in head
     assert "The original run: Crash" in head
     assert "torchrun --nproc-per-node 3" in head
-    assert "rank 2 raises IndexError" in head
+    assert "rank 2: raise IndexError" in head
     assert "the compute between collectives" in head
     assert p.ends[2][0] == "raise" and p.ends[2][1].endswith("IndexError")
     assert "import colltrace" not in text.split("def phase_label", 1)[0]  # torch only, colltrace optional
@@ -74,7 +74,7 @@ def test_the_header_says_where_it_came_from_what_it_shows_and_what_it_left_out()
 
 def test_a_rank_stuck_in_data_loading_stops_in_a_dataloader_and_a_finished_one_exits() -> None:
     _, stuck = write_repro(str(FIXTURES / "killed"))
-    assert stuck.ends[2] == ("stuck", "data")
+    assert stuck.ends[2] == ("stuck", "data") and stuck.ends[0] == ("collective",)
     _, uneven = write_repro(str(FIXTURES / "uneven_data"))
     assert uneven.ends[2] == ("finish",)
 

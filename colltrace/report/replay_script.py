@@ -365,7 +365,7 @@ def main():
         os.abort()
     if end[0] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    stuck(end[1])
+    stuck(end[1] if len(end) > 1 else "")  # its last collective returned, which it did not in the run
 
 
 if __name__ == "__main__":

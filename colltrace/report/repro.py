@@ -121,9 +121,9 @@ def _end(run: Run, dx: Diagnosis, r: int, recs: list[Collective]) -> tuple[tuple
     in_collective = last is not None and (last.in_flight or last.error)
     if rt.fault and not in_collective:
         return ("abort",), None
+    if in_collective:  # it stopped in its last collective: replayed, that one fails or times out again
+        return ("collective",), None
     span = e.open_span.op if e is not None and e.open_span is not None else ""
-    if in_collective:
-        span = ""
     if span == "data" or span == "checkpoint" or span == "backward":
         return ("stuck", span), None
     return ("stuck", ""), None
@@ -375,14 +375,20 @@ def render(p: Plan, dx: Diagnosis, headline: str) -> str:
 def _ends_text(p: Plan) -> str:
     by: dict[str, list[int]] = {}
     for r, end in sorted(p.ends.items()):
-        what = {
-            "finish": "exits cleanly",
-            "raise": f"raises {end[1].rpartition('.')[2]}" if len(end) > 1 else "raises",
-            "abort": "aborts",
-            "stuck": f"stops in {end[1] or 'compute'} until the launcher ends it" if len(end) > 1 else "stops",
-        }.get(end[0], end[0])
-        by.setdefault(what, []).append(r)
-    return "; ".join(f"{words.ranks_text(rs)} {w}" for w, rs in by.items())
+        by.setdefault(_end_text(end), []).append(r)
+    return "; ".join(f"{words.ranks_text(rs)}: {w}" for w, rs in by.items())
+
+
+def _end_text(end: tuple[str, ...]) -> str:
+    if end[0] == "finish":
+        return "exit cleanly"
+    if end[0] == "raise":
+        return f"raise {end[1].rpartition('.')[2]}"
+    if end[0] == "abort":
+        return "abort (a fatal signal outside any collective)"
+    if end[0] == "stuck":
+        return f"stop in {end[1] or 'compute'} until the launcher ends them"
+    return "stop in their last collective (it fails or times out, as in the run)"
 
 
 def write_repro(
