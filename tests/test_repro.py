@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from _jobs import job_env
+from handmade import FakeRank
 
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
@@ -18,7 +19,6 @@ from colltrace.cli import main as cli
 from colltrace.report.repro import plan, write_repro
 from colltrace.trace import schema
 from colltrace.trace.reader import read_run
-from handmade import FakeRank
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CASES = sorted(p.parent.name for p in FIXTURES.glob("*/expected.json"))

@@ -19,8 +19,31 @@ LONG_RUN = 2000  # records per rank above which only a window before the diverge
 MAX_PACE_S = 1.0  # a straggler's wait before one collective, at most
 # attribute names of torch.nn.Module that a routing module's child cannot take
 _RESERVED = frozenset(
-    "forward training train eval parameters modules buffers children apply cuda cpu to type float double half "
-    "state_dict zero_grad register_buffer add_module get_submodule dump_patches call_super_init".split()
+    [
+        "forward",
+        "training",
+        "train",
+        "eval",
+        "parameters",
+        "modules",
+        "buffers",
+        "children",
+        "apply",
+        "cuda",
+        "cpu",
+        "to",
+        "type",
+        "float",
+        "double",
+        "half",
+        "state_dict",
+        "zero_grad",
+        "register_buffer",
+        "add_module",
+        "get_submodule",
+        "dump_patches",
+        "call_super_init",
+    ]
 )
 _SEND = ("send", "isend")
 
@@ -238,7 +261,8 @@ def _tuples(recs: list[Collective], new: dict[int, int]) -> list[tuple[object, .
     """The body's record tuples: op, kind, numel in/out, shape, dtype, reduce op, peer, flags, group, phase,
     step, micro-step, wait-before position, module path, batch number."""
     out: list[tuple[object, ...]] = []
-    batch, open_batch, seen = -1, False, set()
+    batch, open_batch = -1, False
+    seen: set[tuple[str, int]] = set()
     for i, c in enumerate(recs):
         wait_at = -1
         if c.async_op or (c.kind == "p2p" and c.flags & 8):
