@@ -86,6 +86,7 @@ def issue(rec, group, gsize, rank):
         import torch.distributed._functional_collectives as funcol
 
         t = zeros(nin, dtype)
+        group = group if group is not None else dist.group.WORLD
         if op == "all_reduce":
             funcol.wait_tensor(funcol.all_reduce(t, REDUCE_OPS.get(redop, "SUM").lower(), group))
             return None
