@@ -35,10 +35,10 @@ _PENDING_MAX = 8192
 # and Recorder.issue inline it; {rec} the recorder, {args} and {kwargs} the call's arguments) sets `idx`, -1 for
 # a group this rank is not in (torch does nothing). A training loop repeats the same few calls, so everything
 # but seq, step and times is packed once per key and taken from the thread's cache afterwards. A plain call
-# (blocking, on the host, no backend seq to read) is one slot store here and one at its completion (FINISH);
-# the others are remembered in `unplain` for returned().
+# (blocking, on the host, no backend seq to read: `flags` 0 and `anchor` None) is one slot store here and one at
+# its completion (FINISH); the others are completed by returned(idx, flags, anchor, ...).
 ISSUE = """\
-static = ts.static.get(key) if key is not None else None
+static = ts.static.get(key)  # never a None key: a call without one is packed afresh
 if static is None:
     static = {rec}.miss(spec, key, attribution, ts, {args}, {kwargs})
 if static is None:
@@ -53,8 +53,6 @@ else:
     ctx = {rec}.ctx
 {append}    counter.last_idx = idx
     {rec}.last_progress_ns = t_issue
-    if flags or anchor is not None:
-        {rec}.unplain[idx] = (flags, anchor)
 """
 ISSUE_NAMES: dict[str, Any] = {"ANCHOR_FLAGS": ANCHOR_FLAGS, "BSEQ_MASK": BSEQ_MASK}
 
@@ -105,7 +103,6 @@ class Recorder:
         self._new_event: Callable[[], Any] | None = None  # torch.cuda.Event, bound at the first such call
         self._capturing: Callable[[], bool] = bool  # torch.cuda.is_current_stream_capturing, bound with it
         self.last_progress_ns = _now()
-        self.unplain: dict[int, tuple[int, Any]] = {}  # idx -> (flags, anchor) of an issued call that is not plain
         self.waiting = -1  # idx of the record whose Work a thread is blocked in wait() on, -1: none
         self._warned: set[str] = set()
         self.last_failure: tuple[BaseException, int] | None = None
@@ -203,11 +200,13 @@ class Recorder:
 
     # -- hot path ----------------------------------------------------------------------------
 
-    # Write the slot of a call about to run (ISSUE, above): its idx for the wrapper's completion (or raised()),
-    # -1: not recorded. `args` and `kwargs` are read (spec.extract) only for a call not seen before.
-    issue: Callable[..., int] = hot_function(
+    # Write the slot of a call about to run (ISSUE, above): (idx, flags), idx -1: not recorded. `args` and `kwargs`
+    # are read (spec.extract) only for a call not seen before. For a call the shim completes itself (one P2POp of
+    # batch_isend_irecv), so no backend seq is read after it.
+    issue: Callable[..., tuple[int, int]] = hot_function(
         "issue", "self, spec, key, attribution, t_issue, ts, args, kwargs",
-        issue_source(4, rec="self", args="args", kwargs="kwargs") + "    return idx\n", ISSUE_NAMES,
+        issue_source(4, rec="self", args="args", kwargs="kwargs") + "    return idx, (flags if idx >= 0 else 0)\n",
+        ISSUE_NAMES,
     )  # fmt: skip
 
     def miss(
@@ -217,11 +216,10 @@ class Recorder:
         """The static part of a call not in the thread's cache (_miss), from its arguments."""
         return self._miss(spec, key, spec.extract(args, kwargs, attribution)[1], attribution, ts)
 
-    def raised(self, idx: int, exc: BaseException) -> None:
+    def raised(self, idx: int, flags: int, exc: BaseException) -> None:
         """The call of record idx raised (its exception goes on to the job as it is)."""
         try:
-            entry = self.unplain.pop(idx, None)
-            self.failed(idx, entry[0] if entry is not None else 0, exc)
+            self.failed(idx, flags, exc)
         except Exception as e:
             self.warn_once("recording a collective's failure failed", e)
 
@@ -231,9 +229,7 @@ class Recorder:
         """issue() for a call made by the shim itself (one P2POp of batch_isend_irecv), which completes
         it itself: (idx, flags)."""
         attribution = ts.serve or self.ctx.current(ts)
-        idx = self.issue(spec, spec.extract(args, kwargs, attribution)[0], attribution, _now(), ts, args, kwargs)
-        entry = self.unplain.pop(idx, None)
-        return idx, entry[0] if entry is not None else 0
+        return self.issue(spec, spec.extract(args, kwargs, attribution)[0], attribution, _now(), ts, args, kwargs)
 
     def anchor(self, pg: Any, counter: _Seq, flags: int) -> Any:
         """The backend's seq is read at every 32nd record of a group, and around calls that run
@@ -289,7 +285,7 @@ class Recorder:
         self, spec: OpSpec, flags: int, site: int, g: _Seq, inp: Any, out: Any, redop: Any, root: Any,
         module: str, phase: str, flavour: str,
     ) -> tuple[bytes, bytes, int]:  # fmt: skip
-        """The per-call-site part of a slot, as two byte strings (see Ring.append_static)."""
+        """The per-call-site part of a slot, as two byte strings (see writer.APPEND)."""
         if flags & schema.FLAG_OBJECT:
             numel_in, numel_out = _obj_count(inp), _obj_count(out)
             dtype, shape = self.sid("object"), 0

@@ -283,13 +283,12 @@ _WRAPPER = """\
         result = orig({call})
     except BaseException as e:
         ts.depth = 0
-        rec.raised(idx, e)
+        rec.raised(idx, flags, e)
         raise
     ts.depth = 0
     try:  # never raises into the job: a failure is said once
-        entry = rec.unplain.pop(idx, None) if rec.unplain else None
-        if entry is not None:
-            rec.returned(idx, entry[0], entry[1], result, t_issue)
+        if flags or anchor is not None:  # async, on the device, or a backend seq to read
+            rec.returned(idx, flags, anchor, result, t_issue)
         else:  # a blocking call on the host: blocked for its whole duration
             t_done = now()
 {finish}            rec.last_progress_ns = t_done

@@ -39,7 +39,7 @@ _HEAD_MASK = schema.HEAD_EVERY - 1
 # the per-call-site fields, packed once per distinct call (colltrace.record.recorder)
 STATIC_HEAD = schema.run_struct("kind", "shape")
 STATIC_MID = schema.run_struct("backend_seq", "peer")
-# a whole slot from those parts and the four integers that change per call (Ring.append_static);
+# a whole slot from those parts and the four integers that change per call (APPEND, below);
 # marker, t_done_ns and wait_ns stay 0: the marker is written after it, as the commit
 pack_static = schema.slot_struct(
     ("kind", "shape"), "seq", ("backend_seq", "peer"), "step", "micro_step", "t_issue_ns"
@@ -67,28 +67,29 @@ _STEP_LINE = b'{"ev":"%s","step":%%d,"t_ns":%%d}\n' % schema.EV_STEP.encode()
 # APPEND: slot `idx` (a new one: the ring wraps, full mode grows) from the pre-packed head = kind..shape and
 # mid = backend_seq (-1), numel_in, numel_out, peer (STATIC_HEAD, STATIC_MID) and the fields that change per
 # call; one store for the slot (marker 0), then the marker: the commit (a reader skips a slot whose marker is
-# not its idx + 1). The ring's head is published every HEAD_EVERY records.
+# not its idx + 1). `slot_w` is then the slot's word in `words`. The ring's head is published every HEAD_EVERY
+# records.
 APPEND = """\
 {idx} = next({ring}.counter)
 slot_off = _BASE + {idx} * _SIZE if {idx} < {ring}.capacity else {ring}.offset_of({idx})
 pack_static({ring}.mv, slot_off, {head}, {seq}, {mid}, {step}, {micro_step}, {t_issue})
-{ring}.words[slot_off >> 3] = {idx} + 1
+slot_w = slot_off >> 3
+{ring}.words[slot_w] = {idx} + 1
 if not {idx} & _HEAD_MASK:
     {ring}.publish_head({idx})
 {ring}.last_idx = {idx}
 """
-# FINISH: record `idx`, a call that blocked until done, completes: t_done_ns (!= 0 means done) and wait_ns. No
-# read back while fewer than `capacity` records were written since (its slot cannot have been reused; in full
-# mode never: the file grows), else only where its marker still says idx.
+# SLOT_WORD: where slot `idx` is in `words` (the ring wraps; in full mode idx < capacity: the file grows)
+SLOT_WORD = "(_BASE + {idx} % {ring}.capacity * _SIZE) >> 3"
+# FINISH: record `idx` at word `slot_w`, a call that blocked until done, completes: t_done_ns (!= 0 means done)
+# and wait_ns. No read back while fewer than `capacity` records were written since (its slot cannot have been
+# reused; in full mode never: the file grows), else only where its marker still says idx.
 FINISH = """\
-if {ring}.last_idx - {idx} < {ring}.capacity:
-    slot_w = (_BASE + {idx} % {ring}.capacity * _SIZE) >> 3
-else:
-    slot_w = {ring}.live_word({idx})
-if slot_w >= 0:
+if {ring}.last_idx - {idx} < {ring}.capacity or {ring}.words[slot_w] == {idx} + 1:
     {ring}.words4[slot_w + _T_DONE_W4] = {t_done}
     {ring}.words4[slot_w + _WAIT_W4] = {wait}
 """
+assert _MARKER_W == 0  # the marker is the slot's first word: words[slot_w]
 # what the templates' code refers to: the namespace of a function that inlines them
 _SOURCES = itertools.count(1)
 HOT_NAMES: dict[str, Any] = {"_BASE": _BASE, "_SIZE": _SIZE, "_HEAD_MASK": _HEAD_MASK, "pack_static": pack_static,
@@ -181,10 +182,12 @@ class Ring:
         except (ValueError, OSError):
             pass
 
-    def live_word(self, idx: int) -> int:
-        """Word (in `words`) where slot idx starts if it still holds idx (the ring may have moved on), else -1."""
-        w = (_BASE + (idx if self.full else idx % self.capacity) * _SIZE) >> 3
-        return w if self.words[w + _MARKER_W] == idx + 1 else -1
+    # live_word(idx): the word (in `words`) where slot idx starts if it still holds idx (the ring may have moved
+    # on), else -1
+    live_word: Callable[..., int] = hot_function(
+        "live_word", "self, idx",
+        f"    w = {SLOT_WORD.format(idx='idx', ring='self')}\n    return w if self.words[w] == idx + 1 else -1\n", {},
+    )  # fmt: skip
 
     def complete(self, idx: int, t_done_ns: int, flags: int) -> None:
         w = self.live_word(idx)
@@ -196,6 +199,7 @@ class Ring:
     finish_sync: Callable[..., None] = hot_function(
         "finish_sync", "self, idx, backend_seq, t_done_ns, wait_ns",
         "    if backend_seq >= 0:\n        self.set_backend_seq(idx, backend_seq)\n"
+        f"    slot_w = {SLOT_WORD.format(idx='idx', ring='self')}\n"
         + inline(FINISH, 4, ring="self", idx="idx", t_done="t_done_ns", wait="wait_ns"),
         {},
     )  # fmt: skip
