@@ -44,7 +44,7 @@ LENGTHS = {
     "metric_allreduce": (4692, 1015),
     "nan_guard": (4042, 931),
     "numel_mismatch": (3434, 630),
-    "oneoff_barrier": (4031, 761),
+    "oneoff_barrier": (4222, 952),
     "oom": (4898, 743),
     "p2p_batched": (1884, 118),
     "p2p_pipeline": (1769, 118),

@@ -12,6 +12,7 @@ from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
 from colltrace.analysis.timing import Straggler
 from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.records import NOT_ENDED, Collective, RankState, Run
+from colltrace.trace.schema import SEND_OPS
 
 _GRAD_OPS = ("reduce_scatter", "_reduce_scatter_base", "all_reduce", "reduce")
 # DDP's error at the forward after a backward whose reduction it could not finish (find_unused_parameters=False)
@@ -245,6 +246,25 @@ def wrong_peer(f: Facts) -> Finding | None:
     return Finding(Cause.WRONG_PEER, Confidence.MEDIUM, said) if said else None
 
 
+def p2p_order(f: Facts) -> Finding | None:
+    """Every rank of the cycle blocks in a blocking send to the next (or every one in a blocking receive):
+    each posted the same side of a pair first, so neither side's other half is ever posted. The order of a
+    schedule's blocking transfers, the same code on every rank: no rank's branch (so not where a part of the
+    cycle left its own pattern: that part is the culprit, of a branch)."""
+    if not f.cycle or set(f.culprits) != set(f.cycle):
+        return None
+    stuck_in = [f.ends[r].blocked if r in f.ends else None for r in f.cycle]
+    ops = {b.op.removeprefix("i") if b is not None and b.kind == "p2p" else None for b in stuck_in}
+    if len(ops) != 1 or None in ops:
+        return None
+    (op,) = ops
+    peers = {b.peer for b in stuck_in if b is not None}
+    if not peers <= set(f.cycle):
+        return None
+    side = "send" if op in SEND_OPS else "recv"
+    return Finding(Cause.P2P_ORDER, Confidence.MEDIUM, (Evidence(Clue.SAME_ORDER, f.cycle, side),))
+
+
 def deadlock(f: Facts) -> Finding | None:
     """A cycle in the wait-for graph through collectives of different groups (a cycle through p2p transfers
     is a pipeline's schedule gone wrong, said by the rules below)."""
@@ -342,7 +362,19 @@ def stopped_outside(f: Facts) -> Finding | None:
         return None
     if f.slow is not None and f.slow.rank in outside:
         return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
+    if all(_alive_in_own_code(ends[r]) for r in outside):
+        # no span to say what, but it was running the job's own code until it was stopped: a computation
+        # that did not end (a loop, a metric), not a death
+        return Finding(Cause.STUCK_COMPUTE, Confidence.LOW, tuple(Evidence(Clue.STUCK_OUTSIDE, (r,),
+                       ends[r].activity) for r in outside))  # fmt: skip
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
+
+
+def _alive_in_own_code(e: RankEnd) -> bool:
+    """Hung, still running, or stopped by a signal it recorded (the launcher's SIGTERM), with its last stack
+    in the user's own code."""
+    alive = e.state in (RankState.HUNG, RankState.RUNNING) or e.state is RankState.KILLED and bool(e.signal)
+    return alive and states.in_own_code(e)
 
 
 def step_skew(f: Facts) -> Finding | None:
@@ -351,6 +383,42 @@ def step_skew(f: Facts) -> Finding | None:
     if f.d is None or f.d.kind is not Kind.STEP or not f.culprits:
         return None
     return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, ())
+
+
+def skew_before(f: Facts) -> Finding | None:
+    """Before the divergence the culprit issued one of the same collectives at another step or micro-step
+    than the others, and they realigned after: it ran work the others did not, or skipped work they ran (a
+    forward whose backward a guard skipped), on a branch of its own. Not data that ran out: it kept up."""
+    if f.d is None or f.d.seq is None or f.d.kind is Kind.STEP or not f.culprits or not f.victims:
+        return None
+    skew = _skewed_before(f)
+    if skew is None:
+        return None
+    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.SKEW_BEFORE, f.culprits, skew),))
+
+
+_SKEW_LOOKBACK = 4096  # seqs before the divergence searched for a passing step skew
+
+
+def _skewed_before(f: Facts) -> str | None:
+    """The latest seq before the divergence where every culprit issued at another (step, micro-step) than the
+    victims, who agree among themselves: "seq,step,micro,step,micro" (a culprit's, then the victims')."""
+    assert f.d is not None and f.d.seq is not None
+    mine = [st for r in f.culprits if (st := f.stream(r)) is not None]
+    theirs = [st for r in f.victims[:8] if (st := f.stream(r)) is not None]
+    if len(mine) != len(f.culprits) or not theirs or not all(st.progress for st in (*mine, *theirs)):
+        return None
+    for seq in range(f.d.seq - 1, max(0, f.d.seq - _SKEW_LOOKBACK), -1):
+        others = {st.progress_at(seq) for st in theirs}
+        if len(others) != 1 or None in others:
+            return None  # the victims disagree, or the stream starts here: nothing to go by
+        (other,) = others
+        at = {st.progress_at(seq) for st in mine}
+        if other not in at and None not in at and len(at) == 1:
+            (own,) = at
+            assert own is not None and other is not None
+            return f"{seq},{own[0]},{own[1]},{other[0]},{other[1]}"
+    return None
 
 
 def grad_skipped(f: Facts) -> Finding | None:
@@ -479,8 +547,8 @@ def control_flow(f: Facts) -> Finding | None:
 
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
-    schedule_mismatch, wrong_peer, deadlock, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
-    step_skew, grad_skipped, recompute, uneven_data, unattributed, other_call, grad_changed, same_collective,
+    schedule_mismatch, wrong_peer, p2p_order, deadlock, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
+    step_skew, skew_before, grad_skipped, recompute, uneven_data, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip
 

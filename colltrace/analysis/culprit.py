@@ -149,21 +149,25 @@ def for_step(d: Divergence, streams: dict[int, RankStreams], table: SigTable) ->
 
 def step_count_changed(st: GroupStream | None, seq: int, table: SigTable) -> bool:
     """The rank issued another number of records in this group in the step of `seq` than in its step
-    before (a step it went on from, or one that already holds more); the job's setup (phase init: DDP's
-    broadcasts at construction) is no step's."""
+    before (a step it went on from, or one that already holds more); in its first step, than in its next
+    full step. The job's setup (phase init: DDP's broadcasts at construction) is no step's."""
     if st is None or len(st.step_starts) < 2:
         return False
     off = seq - st.seq0
     starts = [o for o, _ in st.step_starts] + [len(st.sigs)]
     k = max((i for i, o in enumerate(starts[:-1]) if o <= off), default=-1)
-    if k < 1 or (k == 1 and st.seq0 > 1):
-        return False  # no full step before it (or the ring dropped that step's start)
+    if k < 0 or (k <= 1 and st.seq0 > 1):
+        return False  # no full step to compare with (or the ring dropped that step's start)
 
-    def count(a: int, b: int) -> int:
-        return sum(1 for sid in st.sigs[a:b] if (sig := table[sid]) is not None and sig.phase != "init")
+    def count(j: int) -> int:
+        return sum(
+            1 for sid in st.sigs[starts[j] : starts[j + 1]] if (s := table[sid]) is not None and s.phase != "init"
+        )
 
-    now, before = count(starts[k], starts[k + 1]), count(starts[k - 1], starts[k])
     complete = k + 1 < len(starts) - 1
+    if k == 0:  # the first step: its next one, when that one is complete too
+        return complete and k + 2 < len(starts) - 1 and count(0) != count(1)
+    now, before = count(k), count(k - 1)
     return now != before and (complete or now > before)
 
 
@@ -188,6 +192,13 @@ def for_missing(
         evidence.append(Evidence(Clue.HISTORY_DEVIATES, culprits))
         victims = tuple(sorted(set(issuers) - set(culprits)))
         return Blame(culprits, victims, Kind.EXTRA, Confidence.MEDIUM, tuple(evidence))
+    if done and not left and len(issuers) < len(absent) and not dev and _kept_up(d, absent, ends):
+        # most of the group exited cleanly, as far on in training as the issuers, having issued everything
+        # their code asked for; the few left waiting issued one more (a barrier on rank 0 only, in a save)
+        culprits = tuple(sorted(issuers))
+        evidence.append(Evidence(Clue.MAJORITY, culprits, str(len(absent))))
+        evidence.append(Evidence(Clue.EXITED_CLEANLY, absent, str(max(ends[r].steps for r in absent))))
+        return Blame(culprits, absent, Kind.EXTRA, Confidence.MEDIUM, tuple(evidence))
     # the absent ranks are late: follow the wait-for graph from them to whom they wait on
     culprits_set: set[int] = set()
     # an absent rank whose error says it waited for a peer (a store barrier, a collective the trace never
@@ -214,6 +225,12 @@ def for_missing(
     kinds = {e.clue for e in evidence}
     confidence = Confidence.HIGH if len(kinds - {Clue.TIMED_OUT}) >= 2 else Confidence.MEDIUM
     return Blame(culprits, victims, Kind.MISSING, confidence, tuple(evidence))
+
+
+def _kept_up(d: Divergence, absent: tuple[int, ...], ends: dict[int, RankEnd]) -> bool:
+    """Every absent rank completed at least the steps the issuers had when they issued this seq."""
+    steps = [a.step for a in d.at if a.sig is not None and a.step is not None]
+    return bool(steps) and all(ends[r].steps >= max(steps) for r in absent)
 
 
 def left_early(
@@ -348,3 +365,61 @@ def rank_habit(rs: RankStreams, idx: int) -> Habit:
 
 def _reach(wf: WaitFor, r: int) -> set[int]:
     return waitfor.reach(wf.graph, (r,)) - {r}
+
+
+def in_every_pair(d: Divergence, found: list[Divergence]) -> Blame | None:
+    """Transfers disagree on several pairs and one rank is an end of every pair that disagrees: that rank
+    (it swapped its neighbours, or sends and receives another size than every peer of it); the others'
+    pairs agree. None for one pair alone, or when no single rank is in all of them."""
+    pairs = [p2p_ends(x.group) for x in found if x.kind in _P2P_CONTENT and x.seq is not None]
+    ends = [set(p) for p in pairs if p is not None]
+    if p2p_ends(d.group) is None or len(ends) < 2:
+        return None
+    common = set.intersection(*ends)
+    if len(common) != 1:
+        return None
+    (who,) = common
+    others = tuple(sorted(set().union(*ends) - common))
+    detail = ",".join(f"{a}->{b}" for a, b in sorted({p for p in pairs if p is not None}))
+    return Blame((who,), others, d.kind, Confidence.MEDIUM, (Evidence(Clue.EVERY_PAIR, (who,), detail),))
+
+
+def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame | None:
+    """The two ends of a transfer disagree on its size, with no earlier step to compare with: the end that
+    sends (or receives) a size it never sent (or received) before, on any pair, against the end that takes
+    a size it has taken before. None when both or neither are new to their end."""
+    ends = p2p_ends(d.group)
+    if ends is None or d.kind not in (Kind.NUMEL, Kind.DTYPE) or len(d.at) != 2:
+        return None
+    new: dict[int, bool] = {}
+    for a in d.at:
+        rs = streams.get(a.rank)
+        if rs is None or a.sig is None or a.idx < 0:
+            return None
+        seen = _sizes_before(rs, a.rank == ends[0], a.idx, table)
+        if not seen:
+            return None  # its first transfer that way: nothing to call new
+        new[a.rank] = (a.sig.numel, a.sig.dtype) not in seen
+    odd = [r for r, n in new.items() if n]
+    if len(odd) != 1:
+        return None
+    who = odd[0]
+    other = tuple(r for r in new if r != who)
+    return Blame((who,), other, d.kind, Confidence.LOW, (Evidence(Clue.NEW_SIZE, (who,), ",".join(map(str, other))),))
+
+
+def _sizes_before(rs: RankStreams, sending: bool, idx: int, table: SigTable) -> set[tuple[int, str]]:
+    """The (numel, dtype) of every transfer the rank sent (or received) before record idx, on any pair."""
+    out: set[tuple[int, str]] = set()
+    for key, st in rs.groups.items():
+        ends = p2p_ends(key)
+        if ends is None or (ends[0] == rs.rank) != sending:
+            continue
+        for sid, i in zip(st.sigs, st.idxs, strict=True):
+            sig = table[sid] if i < idx else None
+            if sig is not None:
+                out.add((sig.numel, sig.dtype))
+    return out
+
+
+_P2P_CONTENT = frozenset({Kind.NUMEL, Kind.DTYPE, Kind.OP, Kind.PEER})

@@ -113,6 +113,8 @@ def diagnose(run: Run) -> Diagnosis:
         blame = culprit.for_membership(d, run) or culprit.for_content(d, streams, table, ends)
     else:
         blame = culprit.for_content(d, streams, table, ends)
+        if not blame.culprits:  # a transfer's two ends: no majority; the other pairs, then what each end knew
+            blame = culprit.in_every_pair(d, found) or culprit.new_size(d, streams, table) or blame
     split = splits.suspects(run, streams, ends, blame.culprits) if d is None or d.kind is Kind.MISSING else None
     if split is not None:  # the sizes each pair of an all-to-all must agree on say who
         (who,), peers, group, seq, certain = split

@@ -29,6 +29,7 @@ class Clue(str, enum.Enum):
     CRASHED = "crashed"  # the rank raised on its own (not inside a failing collective)
     OOM = "oom"  # the error says out of memory
     FATAL_SIGNAL = "fatal_signal"  # faulthandler wrote a fatal error outside any collective
+    EXITED_CLEANLY = "exited_cleanly"  # the ranks exited cleanly as far on as the ranks waiting (detail: their steps)
     FINISHED_EARLY = "finished_early"  # the rank exited cleanly while others still waited for it
     STUCK_OUTSIDE = "stuck_outside"  # hung or killed with no collective in flight (compute, data loading)
     IN_SPAN = "in_span"  # the rank was in this compute span when it stopped (detail: kind,seconds)
@@ -55,13 +56,17 @@ class Clue(str, enum.Enum):
     TURNED_SLOW = "turned_slow"  # the rank became late at a later step (detail: the step)
     STEP_BOUNDARY = "step_boundary"  # the victims were starting a new step the culprit never started
     STEP_SKEW = "step_skew"  # the same collective issued in another step/micro-step (detail: step,micro,step,micro)
+    SKEW_BEFORE = "skew_before"  # before the divergence, the rank issued one seq at another micro-step (detail: seq,step,micro,step,micro)
     COUNT_CHANGED = "count_changed"  # the rank issued another number of collectives in this step than in the one before
     SPLITS = "splits"  # the rank's all-to-all split sizes disagree with its peers' (detail: the peers)
     FIRST_FAILED = "first_failed"  # the rank's collective failed first, with an error of its own (not a lost peer)
     MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: the peers)
     WRONG_SOURCE = "wrong_source"  # the rank waits to receive from a peer that sent nothing, another's unheard
+    SAME_ORDER = "same_order"  # the ranks of a cycle each block in a blocking transfer of one kind (detail: send|recv)
     OTHER_CALL = "other_call"  # the ranks issued it from different lines or with different reduce ops
     SCHEDULE = "schedule"  # the pipeline schedules differ (detail: theirs, the usual: name,micro-batches,stages)
+    EVERY_PAIR = "every_pair"  # the rank is an end of every pair whose transfers disagree (detail: the pairs)
+    NEW_SIZE = "new_size"  # the rank sent or received a size new to it; its peer one it had before (detail: peer)
     UNDECIDED = "undecided"  # the evidence does not separate the ranks
 
 

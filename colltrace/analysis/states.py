@@ -189,6 +189,13 @@ def activity_of(stack: list[str]) -> str:
     return f"{user} (in {where})"
 
 
+def in_own_code(end: RankEnd) -> bool:
+    """The rank's last stack stops in the user's own code (its innermost frame is no library's nor the
+    stdlib's): a loop or a call of the job's, not a read, a lock or a collective of a library's."""
+    frames = [f for f in end.stack if f != "..."]
+    return bool(frames) and not _LIBRARY_FRAME.search(frames[-1])
+
+
 def _position(c: Collective) -> str:
     return numbered(c.kind == "p2p", c.seq)
 

@@ -44,6 +44,7 @@ class Cause(str, enum.Enum):
     SPLIT_MISMATCH = "split_mismatch"  # an all-to-all's split sizes disagree between ranks (MoE routing counts)
     CROSS_GROUP_DEADLOCK = "cross_group_deadlock"  # groups entered in opposite orders
     WRONG_PEER = "wrong_peer"  # a point-to-point transfer sent to another rank than the one waiting for it
+    P2P_ORDER = "p2p_order"  # ranks block in transfers to each other, each posted in the same order (both send first)
     SCHEDULE_MISMATCH = "schedule_mismatch"  # pipeline stages built their schedules differently (micro-batches)
     STRAGGLER = "straggler"  # a slow rank, no hang
     STUCK_DATA_LOADING = "stuck_data_loading"  # stopped outside any collective, waiting for its next batch

@@ -118,6 +118,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.CRASHED: f"{who} raised {detail or 'an exception'} on its own, not inside a failing collective",
         Clue.OOM: f"{who} ran out of memory ({detail})",
         Clue.FATAL_SIGNAL: f"{who} died of a fatal signal outside any collective ({detail})",
+        Clue.EXITED_CLEANLY: f"{who} exited cleanly after {detail} step(s), as far on as the ranks left waiting: "
+        f"{'it' if s else 'they'} issued every collective {its} code asked for",
         Clue.FINISHED_EARLY: f"{who} exited cleanly after {detail} step(s) while others still waited for it",
         Clue.OUT_OF_DATA: f"{who}'s DataLoader ran out of batches (its iterator raised StopIteration)",
         Clue.STUCK_OUTSIDE: f"{who} was in no collective at {its} last record ({detail})",
@@ -149,7 +151,8 @@ def evidence_text(e: Evidence) -> str:
         f"{'a victim' if s else 'victims'}",
         Clue.TURNED_SLOW: f"{who} turned slow at step {detail}: it was on time before",
         Clue.STEP_SKEW: _step_skew(who, detail),
-        Clue.COUNT_CHANGED: f"{who} issued another number of collectives in this group in this step than in {its} step before",
+        Clue.SKEW_BEFORE: _skew_before(who, detail),
+        Clue.COUNT_CHANGED: f"{who} issued another number of collectives in this group in this step than in {its} other steps",
         Clue.SPLITS: _splits(who, detail),
         Clue.FIRST_FAILED: f"{who} failed first, with an error of {its} own ({detail}), not a timeout or a lost peer",
         Clue.MISDIRECTED: f"{who} sent {_ranks_detail(detail).rsplit(' ', 1)[0]} one transfer more than the one "
@@ -157,12 +160,24 @@ def evidence_text(e: Evidence) -> str:
         Clue.WRONG_SOURCE: f"{who} waits to receive from {_ranks_detail(detail).rsplit(' ', 1)[0]}: from one that "
         "never sent it that transfer, while the other's transfer to it waits unreceived: a receive from the wrong "
         "peer (its src, or a tag that does not match)",
+        Clue.SAME_ORDER: f"{who} each block in a blocking {detail} to another of them: each posted the same side "
+        f"of its transfers first, so the other side is never posted (the same code on every rank, not a branch)",
         Clue.OTHER_CALL: f"{who} issued it from another line of code or with another reduce op than the others: "
         "a different collective, not the same one with other tensors",
         Clue.SCHEDULE: _schedule(who if e.ranks else "", detail),
-        Clue.UNDECIDED: f"{who} each kept to their own earlier pattern: the traces alone cannot say which is wrong",
+        Clue.EVERY_PAIR: f"{who} is an end of every pair whose transfers disagree ({_pairs(detail)}); every "
+        "other pair agrees",
+        Clue.NEW_SIZE: f"{who} issued a size (or dtype) on this transfer that it never sent or received before, "
+        f"while {_ranks_detail(detail).rsplit(' ', 1)[0]} expected one it had taken before",
+        Clue.UNDECIDED: f"nothing in the traces tells {who} apart (none left its own earlier pattern, and there is "
+        "no majority): which is wrong is for you to judge",
     }[e.clue]
     return text
+
+
+def _pairs(detail: str) -> str:
+    """'1->2,2->1' as 'rank 1 → rank 2, rank 2 → rank 1'."""
+    return ", ".join(" → ".join(f"rank {r}" for r in p.split("->")) for p in detail.split(",") if p)
 
 
 SPAN_WORDS = {
@@ -241,6 +256,16 @@ def _step_skew(who: str, detail: str) -> str:
             "paired the rest silently")  # fmt: skip
 
 
+def _skew_before(who: str, detail: str) -> str:
+    try:
+        seq, step, micro, o_step, o_micro = (int(x) for x in detail.split(","))
+    except ValueError:
+        return f"{who} issued an earlier collective in another step or micro-step than the others"
+    return (f"before that, {who} issued seq {seq} in step {step}, micro-step {micro}, where the others were in "
+            f"step {o_step}, micro-step {o_micro}: it ran a forward or a step the others did not (or skipped one "
+            "they ran) on a branch of its own, not out of data")  # fmt: skip
+
+
 def _last_arriver(who: str, detail: str) -> str:
     waited, last, n = (detail.split(",") + ["", ""])[:3]
     try:
@@ -296,14 +321,17 @@ CHECK: dict[Cause, str] = {
     "on every rank that shares the groups",
     Cause.WRONG_PEER: "the culprit's send: its dst (a pipeline stage's next/previous rank, a direction flag kept "
     "from the last transfer), and the schedule that posts the receives",
+    Cause.P2P_ORDER: "the order of the blocking send/recv calls in the schedule: a rank that sends while its peer "
+    "also sends (or both receive) waits forever; post both sides together (batch_isend_irecv, isend/irecv then "
+    "wait) or order them by rank parity",
     Cause.SCHEDULE_MISMATCH: "how each stage builds its pipeline schedule: n_microbatches (a per-stage config, a "
     "batch size the micro-batch size does not divide), the schedule class and the number of stages must be the "
     "same on every stage",
     Cause.STRAGGLER: "what the slow rank does between collectives (data loading, host work, a slow device or node)",
     Cause.STUCK_DATA_LOADING: "the culprit's input pipeline: its DataLoader workers (alive? blocked on a read from a "
     "network file system, a dead mount, a full shared-memory /dev/shm?), the dataset's __getitem__, the storage it reads",
-    Cause.STUCK_COMPUTE: "what the culprit computes in that span: a loop that does not end on some inputs (a "
-    "data-dependent while, a retry), a device kernel that never finishes, a lock held by another thread",
+    Cause.STUCK_COMPUTE: "what the culprit computes where it stopped (its span, or its stack below): a loop that does not end on some inputs (a "
+    "data-dependent while, a retry, a poll with no deadline), a device kernel that never finishes, a lock held by another thread",
     Cause.STUCK_CHECKPOINT_IO: "the culprit's checkpoint storage: a full or unmounted file system, a slow network "
     "share, a save that only some ranks entered",
     Cause.UNKNOWN: "the culprit's last activity and logs (kernel OOM killer, scheduler preemption)",

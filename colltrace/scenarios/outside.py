@@ -48,11 +48,12 @@ POLL_S = 0.2
 def _oneoff_truth(world: int) -> Truth:
     seq = sch.seq_of([sch.fsdp2_step(BLOCKS)] * (STAGE_AFTER_STEP + 1), 0)
     return Truth(
-        Verdict.HANG, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.UNKNOWN,
+        Verdict.HANG, (world - 1,), DEFAULT_PG, seq, Kind.MISSING, Cause.STUCK_COMPUTE,
         f"After step {STAGE_AFTER_STEP} every rank waits for its node's copy of the next epoch's data (a marker "
         f"file), then enters a barrier that runs once (seq {seq}). Rank {world - 1}'s copy failed, so its marker "
         "never appears: it polls with time.sleep forever, in no collective and no compute span, while the others "
-        "wait in the barrier until the gloo timeout. The trace shows where it is not, not why it polls.",
+        "wait in the barrier until the gloo timeout. The trace shows it alive in its own code's loop, not why it "
+        "polls: stuck_compute, low.",
     )  # fmt: skip
 
 
@@ -68,7 +69,8 @@ def oneoff_barrier(job: Job) -> None:
     process) just before a rare collective: a barrier before a checkpoint save, at the end of an epoch,
     before an evaluation. The others time out in that barrier; torchrun then stops the poller.
     Right diagnosis: hang, culprit the polling rank (in no collective and in no compute span), missing at
-    the barrier's seq on default_pg; cause unknown: nothing in the trace says what it waits for.
+    the barrier's seq on default_pg; cause stuck_compute at low confidence: its stack shows it alive in its
+    own code (a loop that never ends), and nothing in the trace says what it waits for.
     """
     import os
     import subprocess
