@@ -83,17 +83,6 @@ class FsdpAdapters(Adapter):
 
         ctx = self.ctx
 
-        def begin(obj: Any, what: str, module: str) -> None:
-            sp = TRACER.spans
-            if sp is not None:
-                obj._colltrace_span = sp.begin(what, module)
-
-        def end(obj: Any) -> None:
-            idx = obj.__dict__.pop("_colltrace_span", -1)
-            sp = TRACER.spans
-            if sp is not None and idx >= 0:
-                sp.end(idx)
-
         from colltrace.record.shim import compiling_check
 
         compiling = compiling_check()
@@ -119,15 +108,19 @@ class FsdpAdapters(Adapter):
                 try:
                     return orig(obj, *args, **kwargs)
                 finally:
-                    end(obj)
+                    idx = obj.__dict__.pop("_colltrace_span", -1)
+                    sp = TRACER.spans
+                    if sp is not None and idx >= 0:
+                        sp.end(idx)
 
             return ends
 
         def make_pre_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def pre_backward(group: Any, *args: Any, **kwargs: Any) -> Any:
-                if group._training_state is not pre_backward:  # FSDP's own no-op otherwise
+                sp = TRACER.spans
+                if sp is not None and group._training_state is not pre_backward:  # FSDP's own no-op otherwise
                     try:
-                        begin(group, spans.BACKWARD, group._module_fqn or "<root>")
+                        group._colltrace_span = sp.begin(spans.BACKWARD, group._module_fqn or "<root>")
                     except Exception as e:
                         TRACER.warn_once("recording FSDP backward spans failed", e)
                 return orig(group, *args, **kwargs)
