@@ -323,3 +323,130 @@ def test_a_rank_not_there_yet_is_not_the_culprit_of_what_the_others_issued_apart
     assert dx.divergence is not None and dx.divergence.kind is Kind.NUMEL and dx.divergence.seq == 1
     assert dx.culprits == ()
     assert dx.finding is not None and dx.finding.confidence is Confidence.LOW
+
+
+# -- outside set 4: facts for transfers, first steps and clean exits ---------------------------------------
+
+
+def test_a_rank_that_swapped_its_neighbours_is_the_one_end_of_every_pair_that_disagrees(tmp_path: Path) -> None:
+    """A 4-rank ring halo exchange: 6 values to the right, 4 to the left. Rank 2 flipped left and right, so
+    the four transfers it takes part in disagree in size; the pairs 0-1 and 0-3 agree. Each pair alone has
+    two ends and no majority; together they name rank 2."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        left, right = (r.rank - 1) % 4, (r.rank + 1) % 4
+        if r.rank == 2:
+            left, right = right, left
+        r.p2p("isend", right, 6)
+        r.p2p("isend", left, 4)
+        r.p2p("irecv", left, 6)
+        r.p2p("irecv", right, 4)
+        r.coll("all_reduce", 1, "", "other", redop="SUM", done=r.rank != 2, error=r.rank != 2)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DIVERGENCE and dx.divergence is not None and dx.divergence.kind is Kind.NUMEL
+    assert dx.culprits == (2,)
+    assert dx.finding is not None
+    every = [e for e in dx.finding.evidence if e.clue is Clue.EVERY_PAIR]
+    assert every and every[0].ranks == (2,) and every[0].detail == "1->2,2->1,2->3,3->2"
+
+
+def test_a_stage_that_sends_a_size_new_to_it_is_named_against_the_stage_that_expects_the_usual(
+    tmp_path: Path,
+) -> None:
+    """Two stages exchange 64-element activations and gradients; then stage 0 sends 48 (a stage built from
+    a stale config) where stage 1 receives 64, as it always has. Neither has an earlier step at that
+    transfer; only stage 0's size is new to it. Said with low confidence: a receiver can be the wrong one."""
+    s0, s1 = ranks(str(tmp_path), 2)
+    for _ in range(2):
+        s0.p2p("send", 1, 64)
+        s1.p2p("recv", 0, 64)
+        s1.p2p("send", 0, 64)
+        s0.p2p("recv", 1, 64)
+    s0.p2p("send", 1, 48, done=False)
+    s1.p2p("recv", 0, 64, done=False)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.NUMEL and dx.divergence.group == "p2p:0:0->1"
+    assert dx.divergence.seq == 3
+    assert dx.culprits == (0,) and dx.victims == (1,)
+    assert dx.finding is not None and dx.finding.confidence is Confidence.LOW
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.NEW_SIZE] == [(0,)]
+
+
+def test_an_extra_synchronising_micro_batch_in_the_first_step_is_told_by_the_ranks_next_step(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 reduces gradients twice in step 0 (its first window held one micro-batch more), once a step
+    after: with two ranks no majority, and no step before step 0; its next step says it."""
+    rs = ranks(str(tmp_path), 2)
+    for r in rs:
+        r.coll("broadcast", 884, "", "init", peer=0)  # DDP's parameter broadcast at construction
+    _accumulating(rs, 4, extra_on=1, extra_step=0)
+    rs[1].footer()
+    rs[0].coll("all_reduce", 884, "", "backward", redop="SUM", micro=3, done=False, error=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.STEP and dx.divergence.seq == 2
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert Clue.COUNT_CHANGED in {e.clue for e in dx.finding.evidence}
+
+
+def test_a_barrier_in_a_save_on_rank_0_only_blames_rank_0_not_the_ranks_that_finished(tmp_path: Path) -> None:
+    """After training, rank 0 alone enters a save helper that ends in a barrier; it pairs with the others'
+    finalize barrier, they pass their last barrier and exit cleanly, and rank 0 waits alone in its last.
+    The ranks that finished issued all their code asked for, as far on as rank 0: rank 0 issued one more."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(4):  # DDP: one gradient all-reduce a step
+            r.coll("all_reduce", 36, "", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    for r in rs:
+        r.coll("barrier", 0, "", "other")
+        r.coll("barrier", 0, "", "other")
+    for r in rs[1:]:
+        r.footer()
+    rs[0].coll("barrier", 0, "", "other", done=False, error=True)
+    rs[0].error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HANG
+    assert dx.divergence is not None and dx.divergence.kind is Kind.EXTRA and dx.divergence.seq == 7
+    assert dx.culprits == (0,) and dx.victims == ()  # the others finished: nothing of theirs was hurt
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.EXITED_CLEANLY] == [(1, 2)]
+
+
+def test_a_loss_guard_that_skips_a_backward_is_control_flow_not_data_that_ran_out(tmp_path: Path) -> None:
+    """DDP, one gradient all-reduce a step. Rank 2's loss is NaN at step 2: it skips backward and the
+    optimizer step, so its next all-reduce comes at micro-step 1 of step 2, and it reaches the final
+    barrier while the others are in their last all-reduce. The earlier skew says it kept up with the data."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for step in range(6):
+            if r.rank == 2 and step == 2:
+                continue  # the guard's continue: a forward, no backward, no step
+            r.coll("all_reduce", 161, "", "backward", redop="SUM", micro=1 if r.rank == 2 and step == 3 else 0)
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    rs[2].step -= 1  # its optimizer ran five times, as the others' had when they were in their last step
+    rs[2].coll("barrier", 0, "", "other", done=False, error=True)
+    for r in rs[:2]:
+        r.coll("all_reduce", 161, "", "backward", redop="SUM", done=False, error=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    skew = [e for e in dx.finding.evidence if e.clue is Clue.SKEW_BEFORE]
+    assert skew and skew[0].ranks == (2,)
+
+
+def test_two_stages_that_both_send_first_with_blocking_sends_are_a_p2p_order_deadlock(tmp_path: Path) -> None:
+    """The same code on both ranks: a blocking send before the receive. gloo's send waits for its receive,
+    so each waits on the other: a cycle no rank's branch made, in the order of the schedule's transfers."""
+    s0, s1 = ranks(str(tmp_path), 2)
+    s0.p2p("send", 1, 16, done=False)
+    s1.p2p("send", 0, 16, done=False)
+    for s in (s0, s1):
+        s.error("RuntimeError", "[gloo] Timed out waiting 6000ms for send operation to complete", in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DEADLOCK and dx.cycle == (0, 1)
+    assert dx.finding is not None and dx.finding.cause is Cause.P2P_ORDER
+    assert [e.detail for e in dx.finding.evidence if e.clue is Clue.SAME_ORDER] == ["send"]

@@ -198,7 +198,7 @@ def for_missing(
         culprits = tuple(sorted(issuers))
         evidence.append(Evidence(Clue.MAJORITY, culprits, str(len(absent))))
         evidence.append(Evidence(Clue.EXITED_CLEANLY, absent, str(max(ends[r].steps for r in absent))))
-        return Blame(culprits, absent, Kind.EXTRA, Confidence.MEDIUM, tuple(evidence))
+        return Blame(culprits, (), Kind.EXTRA, Confidence.MEDIUM, tuple(evidence))
     # the absent ranks are late: follow the wait-for graph from them to whom they wait on
     culprits_set: set[int] = set()
     # an absent rank whose error says it waited for a peer (a store barrier, a collective the trace never
