@@ -343,8 +343,8 @@ def render(p: Plan, dx: Diagnosis, headline: str) -> str:
         f"Source: {p.run_dir} ({p.world_size} ranks).",
         f"The original run: {headline}",
         "",
-        f"Run it:  torchrun --nproc-per-node {n} {{this file}}",
-        f"Traced:  COLLTRACE=1 torchrun --nproc-per-node {n} {{this file}}; then colltrace report",
+        f"Run it:  torchrun --nproc-per-node {n} <this script>",
+        f"Traced:  COLLTRACE=1 torchrun --nproc-per-node {n} <this script>; then colltrace report",
         "",
         f"What it does: each of the {n} processes issues, on gloo (CPU), exactly the collectives and p2p transfers",
         "its rank recorded, in its order: the same process groups (members, created in the same order), ops,",
@@ -411,8 +411,8 @@ def _end_text(end: tuple[str, ...]) -> str:
     if end[0] == "abort":
         return "abort (a fatal signal outside any collective)"
     if end[0] == "stuck":
-        return f"stop in {end[1] or 'compute'} until the launcher ends them"
-    return "stop in their last collective (it fails or times out, as in the run)"
+        return f"stop in {end[1] or 'compute'} until the launcher ends it"
+    return "stop in the last collective (it fails or times out, as in the run)"
 
 
 def write_repro(
