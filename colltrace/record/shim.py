@@ -15,7 +15,7 @@ from colltrace.record.context import CONTEXT
 from colltrace.record.patches import Patches
 from colltrace.record.tracer import TRACER, Tracer
 from colltrace.trace import schema
-from colltrace.trace.writer import FINISH, hot_function, inline
+from colltrace.trace.writer import finish_source, hot_function
 
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
@@ -301,7 +301,7 @@ _WRAPPER = """\
 def wrapper_body(name: str, parts: dict[str, str]) -> str:
     """_WRAPPER for one function, ISSUE and FINISH in place."""
     issue = recorder.issue_source(8, rec="rec", args=parts["args"], kwargs=parts["kwargs"])
-    finish = inline(FINISH, 12, ring="ring", idx="idx", t_done="t_done", wait="t_done - t_issue")
+    finish = finish_source(12, ring="ring", idx="idx", t_done="t_done", wait="t_done - t_issue")
     return _WRAPPER.format(name=name, compiling=COMPILING, issue=issue, finish=finish, **parts)
 
 

@@ -17,7 +17,16 @@ from typing import Any
 
 from colltrace.record.context import Context
 from colltrace.trace import schema
-from colltrace.trace.writer import APPEND, FINISH, SLOT_WORD, STATIC_HEAD, STATIC_MID, TraceWriter, hot_function, inline
+from colltrace.trace.writer import (
+    APPEND,
+    SLOT_WORD,
+    STATIC_HEAD,
+    STATIC_MID,
+    TraceWriter,
+    finish_source,
+    hot_function,
+    inline,
+)
 
 FORWARD = "forward"  # a unit's forward (FSDP, DeepSpeed, the DDP-wrapped model)
 BACKWARD = "backward"  # a unit's backward (FSDP: from its pre-backward to its post-backward)
@@ -80,7 +89,7 @@ class SpanRecorder:
         "        ring.complete(idx, now(), _ERROR)\n"
         "        return\n"
         f"    slot_w = {SLOT_WORD.format(idx='idx', ring='ring')}\n"
-        + inline(FINISH, 4, ring="ring", idx="idx", t_done="now()", wait="0"),
+        + finish_source(4, ring="ring", idx="idx", t_done="now()", wait=None),
         {"now": _now, "_ERROR": _ERROR},
     )  # fmt: skip
 

@@ -82,8 +82,8 @@ if not {idx} & _HEAD_MASK:
 # SLOT_WORD: where slot `idx` is in `words` (the ring wraps; in full mode idx < capacity: the file grows)
 SLOT_WORD = "(_BASE + {idx} % {ring}.capacity * _SIZE) >> 3"
 # FINISH: record `idx` at word `slot_w`, a call that blocked until done, completes: t_done_ns (!= 0 means done)
-# and wait_ns. No read back while fewer than `capacity` records were written since (its slot cannot have been
-# reused; in full mode never: the file grows), else only where its marker still says idx.
+# and wait_ns (finish_source). No read back while fewer than `capacity` records were written since (its slot
+# cannot have been reused; in full mode never: the file grows), else only where its marker still says idx.
 FINISH = """\
 if {ring}.last_idx - {idx} < {ring}.capacity or {ring}.words[slot_w] == {idx} + 1:
     {ring}.words4[slot_w + _T_DONE_W4] = {t_done}
@@ -99,6 +99,12 @@ HOT_NAMES: dict[str, Any] = {"_BASE": _BASE, "_SIZE": _SIZE, "_HEAD_MASK": _HEAD
 def inline(template: str, indent: int, **names: str) -> str:
     """A template of the hot path (APPEND, FINISH, ...) as source with the caller's names, indented."""
     return textwrap.indent(template.format(**names), " " * indent)
+
+
+def finish_source(indent: int, ring: str, idx: str, t_done: str, wait: str | None) -> str:
+    """FINISH as source; `wait` None leaves the slot's wait_ns as APPEND wrote it (0: a span's)."""
+    source = inline(FINISH, indent, ring=ring, idx=idx, t_done=t_done, wait=wait or "0")
+    return source if wait is not None else "".join(source.splitlines(True)[:-1])
 
 
 def hot_function(
@@ -200,7 +206,7 @@ class Ring:
         "finish_sync", "self, idx, backend_seq, t_done_ns, wait_ns",
         "    if backend_seq >= 0:\n        self.set_backend_seq(idx, backend_seq)\n"
         f"    slot_w = {SLOT_WORD.format(idx='idx', ring='self')}\n"
-        + inline(FINISH, 4, ring="self", idx="idx", t_done="t_done_ns", wait="wait_ns"),
+        + finish_source(4, ring="self", idx="idx", t_done="t_done_ns", wait="wait_ns"),
         {},
     )  # fmt: skip
 
