@@ -450,3 +450,25 @@ def test_two_stages_that_both_send_first_with_blocking_sends_are_a_p2p_order_dea
     assert dx.verdict is Verdict.DEADLOCK and dx.cycle == (0, 1)
     assert dx.finding is not None and dx.finding.cause is Cause.P2P_ORDER
     assert [e.detail for e in dx.finding.evidence if e.clue is Clue.SAME_ORDER] == ["send"]
+
+
+def test_a_send_with_another_tag_than_its_receive_is_a_tag_divergence_on_the_sender(tmp_path: Path) -> None:
+    """A parameter-server loop: ranks 1 and 2 send rank 0 a gradient tagged with the step, rank 0 receives
+    from each with that tag, then broadcasts. At step 2 rank 2 tags its message with a sample counter: the
+    send and the receive are both posted, same size, and never match. Rank 0 has taken tag 2 before (from
+    rank 1); tag 17 is new to rank 2."""
+    ps, w1, w2 = ranks(str(tmp_path), 3)
+    for step in range(3):
+        for w in (w1, w2):
+            last = step == 2 and w is w2
+            w.p2p("send", 0, 10, tag=17 if last else step, done=not last)
+            ps.p2p("recv", w.rank, 10, tag=step, done=not last)
+        if step < 2:
+            for r in (ps, w1, w2):
+                r.coll("broadcast", 10, "", "other", peer=0)
+    w1.coll("broadcast", 10, "", "other", peer=0, done=False)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.TAG
+    assert dx.divergence.group == "p2p:0:2->0" and dx.divergence.seq == 3
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and [e.ranks for e in dx.finding.evidence if e.clue is Clue.NEW_SIZE] == [(2,)]

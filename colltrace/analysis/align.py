@@ -24,10 +24,11 @@ _FIELD_KINDS = (
 
 
 def kind_of(sigs: Sequence[Signature]) -> Kind:
-    """The first field, in order of severity, on which the records differ."""
+    """The first field, in order of severity, on which the records differ (a transfer's reduce-op field holds
+    its tag: streams.py)."""
     for name, kind in _FIELD_KINDS:
         if len({getattr(s, name) for s in sigs}) > 1:
-            return kind
+            return Kind.TAG if kind is Kind.REDUCE_OP and sigs[0].kind == "p2p" else kind
     return Kind.OP
 
 

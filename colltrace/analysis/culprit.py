@@ -385,11 +385,11 @@ def in_every_pair(d: Divergence, found: list[Divergence]) -> Blame | None:
 
 
 def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame | None:
-    """The two ends of a transfer disagree on its size, with no earlier step to compare with: the end that
-    sends (or receives) a size it never sent (or received) before, on any pair, against the end that takes
-    a size it has taken before. None when both or neither are new to their end."""
+    """The two ends of a transfer disagree on its size (or dtype, or tag), with no earlier step to compare
+    with: the end that sends (or receives) one it never sent (or received) before, on any pair, against the
+    end that takes one it has taken before. None when both or neither are new to their end."""
     ends = p2p_ends(d.group)
-    if ends is None or d.kind not in (Kind.NUMEL, Kind.DTYPE) or len(d.at) != 2:
+    if ends is None or d.kind not in (Kind.NUMEL, Kind.DTYPE, Kind.TAG) or len(d.at) != 2:
         return None
     new: dict[int, bool] = {}
     for a in d.at:
@@ -399,7 +399,7 @@ def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) ->
         seen = _sizes_before(rs, a.rank == ends[0], a.idx, table)
         if not seen:
             return None  # its first transfer that way: nothing to call new
-        new[a.rank] = (a.sig.numel, a.sig.dtype) not in seen
+        new[a.rank] = (a.sig.numel, a.sig.dtype, a.sig.reduce_op) not in seen
     odd = [r for r, n in new.items() if n]
     if len(odd) != 1:
         return None
@@ -408,9 +408,9 @@ def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) ->
     return Blame((who,), other, d.kind, Confidence.LOW, (Evidence(Clue.NEW_SIZE, (who,), ",".join(map(str, other))),))
 
 
-def _sizes_before(rs: RankStreams, sending: bool, idx: int, table: SigTable) -> set[tuple[int, str]]:
-    """The (numel, dtype) of every transfer the rank sent (or received) before record idx, on any pair."""
-    out: set[tuple[int, str]] = set()
+def _sizes_before(rs: RankStreams, sending: bool, idx: int, table: SigTable) -> set[tuple[int, str, str]]:
+    """The (numel, dtype, tag) of every transfer the rank sent (or received) before record idx, on any pair."""
+    out: set[tuple[int, str, str]] = set()
     for key, st in rs.groups.items():
         ends = p2p_ends(key)
         if ends is None or (ends[0] == rs.rank) != sending:
@@ -418,8 +418,8 @@ def _sizes_before(rs: RankStreams, sending: bool, idx: int, table: SigTable) -> 
         for sid, i in zip(st.sigs, st.idxs, strict=True):
             sig = table[sid] if i < idx else None
             if sig is not None:
-                out.add((sig.numel, sig.dtype))
+                out.add((sig.numel, sig.dtype, sig.reduce_op))
     return out
 
 
-_P2P_CONTENT = frozenset({Kind.NUMEL, Kind.DTYPE, Kind.OP, Kind.PEER})
+_P2P_CONTENT = frozenset({Kind.NUMEL, Kind.DTYPE, Kind.TAG, Kind.OP, Kind.PEER})

@@ -21,7 +21,8 @@ from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.reader import RECORDING_FAILED
 from colltrace.trace.records import NOT_ENDED, RankState, Run
 
-_CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.PEER, Kind.MODULE, Kind.PHASE, Kind.STEP})
+_CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.TAG, Kind.PEER, Kind.MODULE, Kind.PHASE,
+                      Kind.STEP})  # fmt: skip
 
 
 def unseen(run: Run) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ class Change(str, enum.Enum):
     NUMEL = "numel"
     DTYPE = "dtype"
     REDUCE_OP = "reduce_op"
+    TAG = "tag"  # a transfer's tag
     PEER = "peer"
     MODULE = "module"
     PHASE = "phase"
@@ -59,7 +60,7 @@ class Unlike(str, enum.Enum):
 
 
 _CONTENT = {Kind.OP: Change.OP, Kind.NUMEL: Change.NUMEL, Kind.DTYPE: Change.DTYPE, Kind.REDUCE_OP: Change.REDUCE_OP,
-            Kind.PEER: Change.PEER, Kind.MODULE: Change.MODULE, Kind.PHASE: Change.PHASE}  # fmt: skip
+            Kind.TAG: Change.TAG, Kind.PEER: Change.PEER, Kind.MODULE: Change.MODULE, Kind.PHASE: Change.PHASE}  # fmt: skip
 MAX_SHIFT = 4  # records skipped or added that a difference is read as (MISSING, EXTRA) ...
 AHEAD = 8  # ... when this many records after them agree (all that is left, if fewer)
 

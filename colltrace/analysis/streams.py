@@ -235,8 +235,9 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
             # receiver posted (a receive's tensor is its output)
             src, dst = (rank, peer) if op in schema.SEND_OPS else (peer, rank)
             size = nin if op in schema.SEND_OPS else nout
+            # the recorder writes a transfer's tag where a collective's reduce op goes ("tag=7"; "" for 0)
             return direction(g, rank, peer, op), table.intern(
-                Signature("p2p", f"{src}->{dst}", size, dtype, "", -1, "", "")
+                Signature("p2p", f"{src}->{dst}", size, dtype, redop, -1, "", "")
             )
         numel = 0 if op in _OWN_SIZES else nout if op in _OUT_COUNTED else nin
         sid = table.intern(Signature("collective", op, numel, dtype, redop, peer, module, phase))

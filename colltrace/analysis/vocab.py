@@ -22,6 +22,7 @@ class Kind(str, enum.Enum):
     DTYPE = "dtype"
     REDUCE_OP = "reduce_op"
     PEER = "peer"  # root or p2p peer
+    TAG = "tag"  # a transfer's send and receive posted with different tags: gloo and NCCL never match them
     MODULE = "module"  # same op and size, different module: the silent mispairing
     PHASE = "phase"
     MEMBERSHIP = "membership"  # the group itself differs across ranks

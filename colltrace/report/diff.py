@@ -58,7 +58,7 @@ def _field(change: Change, sig: Signature | None) -> str:
     """The value of the field that changed: 'blocks.1', '102', 'none'."""
     if sig is None:
         return "—"
-    value = getattr(sig, change.value, "")
+    value = getattr(sig, "reduce_op" if change is Change.TAG else change.value, "")  # a transfer's tag is there
     return str(value) if value not in ("", -1) else "none"
 
 
@@ -74,7 +74,8 @@ def _short(sig: Signature | None) -> str:
 def what(g: GroupDiff) -> str:
     """What changed at a group's first difference, from the good run to the bad."""
     c = g.change
-    if c in (Change.OP, Change.NUMEL, Change.DTYPE, Change.REDUCE_OP, Change.PEER, Change.MODULE, Change.PHASE):
+    if c in (Change.OP, Change.NUMEL, Change.DTYPE, Change.REDUCE_OP, Change.TAG, Change.PEER, Change.MODULE,
+             Change.PHASE):  # fmt: skip
         said = f"{c.value}: {_field(c, g.good)} → {_field(c, g.bad)}"
         plain_ = c in (Change.OP, Change.MODULE, Change.PHASE) or g.group.startswith("p2p:")
         return said if plain_ else f"{said} ({_short(g.good)})"

@@ -167,7 +167,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.SCHEDULE: _schedule(who if e.ranks else "", detail),
         Clue.EVERY_PAIR: f"{who} is an end of every pair whose transfers disagree ({_pairs(detail)}); every "
         "other pair agrees",
-        Clue.NEW_SIZE: f"{who} issued a size (or dtype) on this transfer that it never sent or received before, "
+        Clue.NEW_SIZE: f"{who} issued a size, dtype or tag on this transfer that it never sent or received before, "
         f"while {_ranks_detail(detail).rsplit(' ', 1)[0]} expected one it had taken before",
         Clue.UNDECIDED: f"nothing in the traces tells {who} apart (none left its own earlier pattern, and there is "
         "no majority): which is wrong is for you to judge",
