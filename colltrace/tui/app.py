@@ -9,290 +9,31 @@ from __future__ import annotations
 
 import gc
 import os
-import re
 import time
-from typing import Any
 
 from rich.markdown import Markdown as RichMarkdown
-from rich.segment import Segment
-from rich.style import Style
-from textual import work
+from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Vertical, VerticalScroll
-from textual.geometry import Size
-from textual.screen import ModalScreen
 from textual.scroll_view import ScrollView
-from textual.strip import Strip
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Static
+from textual.worker import get_current_worker
 
 from colltrace.report import markdown, words
 from colltrace.tui import model as m
+from colltrace.tui.help import Help, legend
+from colltrace.tui.messages import Expanded, Loaded, LoadFailed
+from colltrace.tui.palette import PALETTE, Jump
+from colltrace.tui.timeline import Timeline
 
-LABEL = 14  # cells of the rank label column
 REFRESH_S = 2.0
 LIVE_REREAD_S = 5.0
 
-STYLES = {
-    "idle": Style(dim=True),
-    "data": Style(color="black", bgcolor="yellow"),
-    "forward": Style(color="black", bgcolor="green"),
-    "backward": Style(color="white", bgcolor="blue"),
-    "recompute": Style(color="black", bgcolor="cyan"),
-    "optimizer": Style(color="white", bgcolor="magenta"),
-    "checkpoint": Style(color="black", bgcolor="white"),
-    "phase": Style(color="white", bgcolor="grey37"),
-    "all_gather": Style(color="black", bgcolor="bright_green"),
-    "reduce_scatter": Style(color="black", bgcolor="bright_blue"),
-    "all_reduce": Style(color="black", bgcolor="bright_magenta"),
-    "open": Style(color="white", bgcolor="red", bold=True),
-    "failed": Style(color="white", bgcolor="dark_red", bold=True),
-    "divergence": Style(color="black", bgcolor="bright_red", bold=True, reverse=True),
-}
-DEFAULT_STYLE = Style(color="black", bgcolor="bright_white")
-SELECTED = Style(bold=True, reverse=True)
-MARKER = Style(color="bright_red", bold=True)
-PLAIN = Style()
-
-
-class Timeline(ScrollView):
-    """One lane per rank, two rows each: its compute spans, its collectives. Only visible lines are drawn."""
-
-    can_focus = False  # the app takes every key (see CollTraceApp): focus never moves, the footer never changes
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.model: m.Model | None = None
-        self.lanes: dict[int, m.Lane] = {}
-        self.t0 = 0
-        self.t1 = 1
-        self.selected = 0  # index into model.rows
-        self.call: m.Call | None = None  # the selected collective (on the selected rank)
-        self._cache: dict[tuple[int, ...], Strip] = {}
-
-    def show(self, model: m.Model, keep_window: bool) -> None:
-        follow = not keep_window or self.whole  # showing the whole run: go on showing all of it
-        self.model = model
-        self.lanes = {r: m.lane(tl) for r, tl in model.lines.items()}
-        if follow:
-            self.t0, self.t1 = model.t_min, model.t_max
-        self.selected = min(self.selected, max(0, len(model.rows) - 1))
-        self.virtual_size = Size(self.size.width, 1 + 2 * len(model.rows))
-        self._cache.clear()
-        self.refresh()
-
-    # -- navigation (the app's keys call these) -----------------------------------------------------
-
-    @property
-    def width_cells(self) -> int:
-        return max(1, self.size.width - LABEL)
-
-    def set_window(self, t0: int, t1: int) -> None:
-        """Show [t0, t1): at least a microsecond, at most the run and a tenth more on either side."""
-        if self.model is not None:
-            whole = self.model.t_max - self.model.t_min
-            lo, hi = self.model.t_min - whole // 10, self.model.t_max + whole // 10
-            t1 = min(t1, t0 + (hi - lo))
-            if t0 < lo:
-                t0, t1 = lo, lo + (t1 - t0)
-            if t1 > hi:
-                t0, t1 = hi - (t1 - t0), hi
-        self.t0, self.t1 = int(t0), int(max(t0 + 1000, t1))
-        self._cache.clear()
-        self.refresh()
-
-    @property
-    def whole(self) -> bool:
-        return self.model is not None and (self.t0, self.t1) == (self.model.t_min, self.model.t_max)
-
-    def zoom(self, factor: float) -> None:
-        mid = (self.t0 + self.t1) / 2
-        half = (self.t1 - self.t0) / 2 * factor
-        self.set_window(int(mid - half), int(mid + half))
-
-    def pan(self, fraction: float) -> None:
-        shift = (self.t1 - self.t0) * fraction
-        self.set_window(int(self.t0 + shift), int(self.t1 + shift))
-
-    def center(self, t: int) -> None:
-        half = (self.t1 - self.t0) / 2
-        self.set_window(int(t - half), int(t + half))
-
-    def select_rank(self, delta: int) -> None:
-        if self.model and self.model.rows:
-            self.selected = max(0, min(len(self.model.rows) - 1, self.selected + delta))
-            self.call = None
-            self.scroll_to(y=max(0, 1 + 2 * self.selected - self.size.height // 2), animate=False)
-            self._cache.clear()
-            self.refresh()
-
-    def select_call(self, step: int) -> m.Call | None:
-        """The next (step 1) or previous (-1) collective of the selected rank from the window's middle."""
-        if not self.model or not self.model.rows:
-            return None
-        tl = self.model.lines[self.model.rows[self.selected].rank]
-        mid = self.call.t0 if self.call is not None else (self.t0 + self.t1) // 2
-        calls = [c for c in tl.calls if (c.t0 > mid if step > 0 else c.t0 < mid)]
-        if not calls:
-            return None
-        self.call = min(calls, key=lambda c: c.t0) if step > 0 else max(calls, key=lambda c: c.t0)
-        if not self.t0 <= self.call.t0 <= self.t1:
-            self.center(self.call.t0)
-        self._cache.clear()
-        self.refresh()
-        return self.call
-
-    # -- drawing --------------------------------------------------------------------------------------
-
-    def render_line(self, y: int) -> Strip:
-        row = 0 if y == 0 else y + int(self.scroll_offset.y)  # the time axis stays on top when scrolled
-        width = self.size.width
-        model = self.model
-        if model is None:
-            return Strip([Segment("loading…".ljust(width), PLAIN)], width)
-        key = (row, width, self.t0, self.t1, self.selected, int(time.time()) if model.live else 0)
-        hit = self._cache.get(key)
-        if hit is not None and self.call is None:
-            return hit
-        strip = self._line(row, width, model)
-        if len(self._cache) > 4096:
-            self._cache.clear()
-        self._cache[key] = strip
-        return strip
-
-    def _line(self, row: int, width: int, model: m.Model) -> Strip:
-        cells = self.width_cells
-        if row == 0:
-            axis = m.axis(self.t0, self.t1, cells, model.t_min, self._marker_x(model, cells))
-            return Strip([Segment("time".ljust(LABEL), Style(bold=True)), Segment(axis, Style(dim=True))], width)
-        i, which = divmod(row - 1, 2)
-        if i >= len(model.rows):
-            return Strip([Segment(" " * width, PLAIN)], width)
-        lane = model.rows[i]
-        rank = lane.rank
-        ln = self.lanes[rank]
-        end = model.dx.ranks.get(rank)
-        if which == 0:
-            state = m.STATE_WORD.get(end.state.value, end.state.value) if end else ""
-            culprit = bool(set(lane.ranks) & set(model.dx.culprits))
-            label = f"{'▶' if i == self.selected else ' '}{lane.label}{'!' if culprit else ''} {state}"
-            lstyle = Style(bold=True, color="bright_red" if culprit else None, reverse=i == self.selected)
-            row_cells = m.span_cells(ln, self.t0, self.t1, cells)
-        else:
-            label = f"  {m.ago(model.last_progress_ns(rank))} ago"
-            lstyle = Style(dim=True)
-            d = model.dx.divergence
-            div = (d.group, d.seq) if d is not None and d.seq is not None else None
-            row_cells = m.call_cells(ln, self.t0, self.t1, cells, div)
-        segs = [Segment(label[:LABEL].ljust(LABEL), lstyle)]
-        marker = self._marker_x(model, cells)
-        sel = self._selected_x(cells) if i == self.selected and which == 1 else None
-        for x, c in enumerate(row_cells):
-            style = STYLES.get(c.style, DEFAULT_STYLE)
-            mark = c.mark
-            if x == marker and c.style == "idle":
-                mark, style = "│", MARKER
-            if sel is not None and x == sel:
-                style = style + SELECTED
-            segs.append(Segment(mark, style))
-        return Strip(segs, width)
-
-    def _marker_x(self, model: m.Model, cells: int) -> int | None:
-        t = model.divergence_ns
-        if t is None or not self.t0 <= t < self.t1:
-            return None
-        return int((t - self.t0) / (self.t1 - self.t0) * cells)
-
-    def _selected_x(self, cells: int) -> int | None:
-        c = self.call
-        if c is None or not self.t0 <= c.t0 < self.t1:
-            return None
-        return int((c.t0 - self.t0) / (self.t1 - self.t0) * cells)
-
-
-HELP = """\
-# colltrace tui: keys
-
-`escape`, `?` or `q` closes this; `↑` `↓` `pgup` `pgdn` scroll it.
-
-| key | does |
-|---|---|
-| `1` `2` `3` `4` `5` | Summary, Timeline, Aligned, Stats, Detail |
-| `d` | the divergence: its window on the timeline, the collective selected |
-| `+` / `-` | zoom in / out |
-| `←` `→` or `h` `l` | pan the timeline; scroll a wide table sideways |
-| `↑` `↓` or `k` `j` | select a rank on the timeline; scroll the other views |
-| `n` / `p` | the selected rank's next / previous collective (see Detail) |
-| `0` | the whole run |
-| `e` | show the selected class of ranks (`79×r0`) rank by rank, its first 32 on lanes of their own; again: fold it |
-| `home` `end` `pgup` `pgdn` | scroll the view (on the timeline: its lanes) |
-| `ctrl+p` | command palette: go to a rank or a step, the divergence, write the report |
-| `w` | write the report (Markdown) to ./colltrace-report-RUN.md |
-| `r` | re-read the run now (a live run is re-read every 2 s) |
-| `q` | quit |
-
-Stats columns, per step: `exposed` communication not overlapped by compute, `data` loading, `fwd` forward,
-`AG wait` all-gather wait, `recomp` recompute, `bwd` backward, `RS/AR wait` reduce-scatter and all-reduce
-wait, `comm wait` other collectives, `optim` optimizer, `ckpt` checkpoint I/O, `other` outside any span.
-
-Timeline rows: spans `D` data, `F` forward, `B` backward, `R` recompute, `O` optimizer, `C` checkpoint,
-`P` phase; collectives `G` all-gather, `S` reduce-scatter, `A` all-reduce, `b` broadcast, `X` all-to-all.
-Red: in flight, or open when the rank stopped. `▼` on the time axis: the divergence.
-"""
-
-
-class Help(ModalScreen[None]):
-    BINDINGS = [Binding("escape,question_mark,q", "dismiss", "close")]
-    CSS = "Help { align: center middle; } Help > VerticalScroll { width: 90%; height: 90%; border: round $accent; }"
-
-    def compose(self) -> ComposeResult:
-        with VerticalScroll():  # focused: the arrows scroll the help, not the view behind it
-            yield Static(RichMarkdown(HELP))
-
-    def on_mount(self) -> None:
-        self.query_one(VerticalScroll).focus()
-
-
-class Jump(Provider):
-    """The command palette: jump to a rank, a step, the divergence; write the report. Typing a number
-    offers that rank and that step at once, whatever the size of the world."""
-
-    def _commands(self, query: str = "") -> list[tuple[str, Any]]:
-        app = self.app
-        assert isinstance(app, CollTraceApp)
-        model = app.model
-        if model is None:
-            return []
-        out: list[tuple[str, Any]] = [("Jump to the divergence", app.action_divergence),
-                                      ("Write the report (Markdown)", app.action_write)]  # fmt: skip
-        culprits = set(model.dx.culprits)
-        out += [(f"Go to rank {r} (culprit)", lambda r=r: app.goto_rank(r)) for r in model.dx.culprits]
-        wanted = [int(w) for w in re.findall(r"\d+", query)]
-        ranks_asked = "step" not in query.lower()
-        steps_asked = "rank" not in query.lower()
-        for n in wanted:
-            if ranks_asked and n in model.run.ranks and n not in culprits:
-                out.append((f"Go to rank {n}", lambda n=n: app.goto_rank(n)))
-            if steps_asked and model.step_start_ns(n) is not None:
-                out.append((f"Go to step {n}", lambda n=n: app.goto_step(n)))
-        if not wanted and len(model.run.ranks) <= 64:
-            out += [(f"Go to rank {r}", lambda r=r: app.goto_rank(r)) for r in model.ranks if r not in culprits]
-        return out
-
-    async def discover(self) -> Hits:
-        for i, (text, fn) in enumerate(self._commands()):
-            yield DiscoveryHit(text, fn, help="or type a rank or a step number" if i == 0 else None)
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for text, fn in self._commands(query):
-            score = matcher.match(text)
-            if re.search(r"\d", query) and any(w in text.split() for w in re.findall(r"\d+", query)):
-                score = max(score, 1.0)  # the number asked for, even where the fuzzy match is weak
-            if score > 0:
-                yield Hit(score, matcher.highlight(text), fn, help=None)
-
+PAN = "pan the timeline by a quarter of the window; scroll a wide table sideways"
+RANK = "select a rank on the timeline; scroll the other views"
+SCROLL = "scroll the view (on the timeline: its lanes)"
+CALL = "the selected rank's next / previous collective (shown in Detail)"
 
 VIEWS = {"summary": "Summary", "timeline": "Timeline", "aligned": "Aligned", "stats": "Stats", "detail": "Detail"}
 
@@ -309,31 +50,50 @@ class CollTraceApp(App[None]):
     #views { height: 1; margin: 0 0 1 0; link-style: none; link-style-hover: bold; }
     #panes { height: 1fr; }
     """
+    # the footer shows `description`; the `?` help each binding's keys and `tooltip` (help.help_markdown)
     BINDINGS = [
-        Binding("q", "quit", "quit"),
-        Binding("question_mark", "help", "help"),
-        Binding("1", "view('summary')", "summary"),
-        Binding("2", "view('timeline')", "timeline"),
-        Binding("3", "view('aligned')", "aligned"),
-        Binding("4", "view('stats')", "stats"),
-        Binding("5", "view('detail')", "detail"),
-        Binding("d", "divergence", "divergence"),
-        Binding("plus,equals_sign", "zoom(0.5)", "zoom in"),
-        Binding("minus", "zoom(2.0)", "zoom out"),
-        Binding("left,h", "pan(-0.25)", "pan", show=False),
-        Binding("right,l", "pan(0.25)", "pan", show=False),
-        Binding("up,k", "rank(-1)", "rank", show=False),
-        Binding("down,j", "rank(1)", "rank", show=False),
-        Binding("home", "edge(False)", "top", show=False),
-        Binding("end", "edge(True)", "bottom", show=False),
-        Binding("pageup", "page(-1)", "page up", show=False),
-        Binding("pagedown", "page(1)", "page down", show=False),
-        Binding("n", "call(1)", "next collective"),
-        Binding("p", "call(-1)", "previous", show=False),
-        Binding("0", "whole", "whole run", show=False),
-        Binding("e", "expand", "expand class", show=False),
-        Binding("w", "write", "write report"),
-        Binding("r", "reload", "reload", show=False),
+        Binding("q", "quit", "quit", tooltip="quit"),
+        Binding("question_mark", "help", "help", tooltip="this help"),
+        Binding("1", "view('summary')", "summary", tooltip="Summary: the report"),
+        Binding("2", "view('timeline')", "timeline", tooltip="Timeline: each rank's compute and collectives"),
+        Binding("3", "view('aligned')", "aligned", tooltip="Aligned: the divergent group's seqs, by rank"),
+        Binding("4", "view('stats')", "stats", tooltip="Stats: step times, overlap, waits, per rank"),
+        Binding("5", "view('detail')", "detail", tooltip="Detail: the selected collective on every rank"),
+        Binding(
+            "d",
+            "divergence",
+            "divergence",
+            tooltip="the divergence: its window on the timeline, the collective selected",
+        ),
+        Binding("plus,equals_sign", "zoom(0.5)", "zoom in", tooltip="zoom in, around the window's middle"),
+        Binding("minus", "zoom(2.0)", "zoom out", tooltip="zoom out"),
+        Binding("left,h", "pan(-0.25)", "pan", show=False, tooltip=PAN),
+        Binding("right,l", "pan(0.25)", "pan", show=False, tooltip=PAN),
+        Binding("up,k", "rank(-1)", "rank", show=False, tooltip=RANK),
+        Binding("down,j", "rank(1)", "rank", show=False, tooltip=RANK),
+        Binding("home", "edge(False)", "top", show=False, tooltip=SCROLL),
+        Binding("end", "edge(True)", "bottom", show=False, tooltip=SCROLL),
+        Binding("pageup", "page(-1)", "page up", show=False, tooltip=SCROLL),
+        Binding("pagedown", "page(1)", "page down", show=False, tooltip=SCROLL),
+        Binding("n", "call(1)", "next collective", tooltip=CALL),
+        Binding("p", "call(-1)", "previous", show=False, tooltip=CALL),
+        Binding("0", "whole", "whole run", show=False, tooltip="the whole run"),
+        Binding(
+            "e",
+            "expand",
+            "expand class",
+            show=False,
+            tooltip=f"beyond {m.LANES_ONE_PER_RANK} ranks: the selected class of ranks (`79×r0`) rank by rank, "
+            f"its first {m.EXPAND} on lanes of their own; again: fold it back",
+        ),
+        Binding("w", "write", "write report", tooltip="write the report (Markdown) to ./colltrace-report-RUN.md"),
+        Binding(
+            "r",
+            "reload",
+            "reload",
+            show=False,
+            tooltip=f"re-read the run now (a live run is re-read when its files change, every {REFRESH_S:g} s)",
+        ),
     ]
 
     def __init__(self, run_dir: str, live: bool = True) -> None:
@@ -386,9 +146,13 @@ class CollTraceApp(App[None]):
         try:
             model = m.load(self.run_dir, ask=ask)
         except Exception as e:  # a run torn mid-write: keep what is shown, say so
-            self.call_from_thread(self.notify, f"could not read the run: {e}", severity="error")
+            self.post_message(LoadFailed(str(e)))
             return
-        self.call_from_thread(self.show, model)
+        self.post_message(Loaded(model))
+
+    @on(LoadFailed)
+    def _load_failed(self, message: LoadFailed) -> None:
+        self.notify(f"could not read the run: {message.error}", severity="error")
 
     def check_changed(self) -> None:
         """Re-read when a file changed, and every LIVE_REREAD_S while a rank's process still runs (a hang
@@ -404,7 +168,9 @@ class CollTraceApp(App[None]):
         if self.model is not None and self.model.live:
             self.timeline.refresh()  # "N s ago" goes on counting
 
-    def show(self, model: m.Model) -> None:
+    @on(Loaded)
+    def show(self, message: Loaded) -> None:
+        model = message.model
         first = self.model is None
         gc.unfreeze()
         self.model = model
@@ -413,7 +179,7 @@ class CollTraceApp(App[None]):
         self.title = f"colltrace: {model.report['headline']}"
         self.query_one("#report", Static).update(RichMarkdown(model.markdown))  # one widget, not one per block
         self.timeline.show(model, keep_window=not first)
-        self.query_one("#legend", Static).update(_legend())
+        self.query_one("#legend", Static).update(legend("question_mark"))
         self._aligned(model)
         self._stats(model)
         if not first and model.fingerprint != getattr(self, "_shown_stamp", model.fingerprint):
@@ -533,20 +299,24 @@ class CollTraceApp(App[None]):
         if all(len(row.ranks) == 1 and not row.of for row in self.model.rows):
             self.notify("every rank has its own lane already")
             return
-        self._expand(self.model, self.timeline.selected)
+        self._expand(self.model, self.model.expanded, self.model.rows[self.timeline.selected])
 
     @work(thread=True, exclusive=True, group="expand")
-    def _expand(self, model: m.Model, row: int) -> None:
-        lanes = m.toggled(model, row)  # reads the ranks' timelines: off the UI thread
-        if lanes is not None:
-            self.call_from_thread(self._show_lanes, model, lanes, model.rows[row].rank)
+    def _expand(self, model: m.Model, expanded: frozenset[tuple[int, ...]], lane: m.Row) -> None:
+        """Computes the lanes (reading the ranks' timelines: off the UI thread) and posts them; the model
+        shown changes in _expanded, on the UI thread."""
+        layout = m.toggled(model, expanded, lane)
+        if layout is not None and not get_current_worker().is_cancelled:
+            self.post_message(Expanded(model, layout, lane.rank))
 
-    def _show_lanes(self, model: m.Model, lanes: list[m.Row], rank: int) -> None:
-        if model is not self.model:
-            return  # re-read meanwhile
-        model.rows = lanes
+    @on(Expanded)
+    def _expanded(self, message: Expanded) -> None:
+        model = message.model
+        if model is not self.model or model.expanded == message.layout.expanded:
+            return  # re-read meanwhile, or already shown
+        model.adopt(message.layout)
         self.timeline.show(model, keep_window=True)
-        at = model.row_of(rank)
+        at = model.row_of(message.rank)
         if at is not None:
             self.timeline.select_rank(at - self.timeline.selected)
 
@@ -608,7 +378,7 @@ class CollTraceApp(App[None]):
         self.notify(f"report written to {path}", timeout=6)
 
     def action_help(self) -> None:
-        self.push_screen(Help())
+        self.push_screen(Help([*self.BINDINGS, PALETTE]))
 
     def detail(self, c: m.Call) -> str:
         """The selected collective on every rank of its group: what each issued at that seq, when, how long
@@ -658,11 +428,6 @@ def _table(id_: str, fixed_columns: int = 0) -> DataTable[str]:
 
 def _ms(v: float | None) -> str:
     return words.duration(None if v is None else v * 1e6)
-
-
-def _legend() -> str:
-    return ("D data F fwd B bwd R recomp O opt C ckpt | G AG S RS A AR b bcast X a2a | ! culprit | red: in flight, "
-            "· open span | ▼ divergence | ? keys")  # fmt: skip
 
 
 def run(run_dir: str) -> None:

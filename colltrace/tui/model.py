@@ -22,19 +22,51 @@ from colltrace.trace import live
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import Run
 
-# one letter per span kind and per collective family: readable without colour (NO_COLOR)
-SPAN_MARK = {"data": "D", "forward": "F", "backward": "B", "recompute": "R", "optimizer": "O", "checkpoint": "C",
-             "phase": "P"}  # fmt: skip
-COMM_MARK = {"all_gather": "G", "reduce_scatter": "S", "all_reduce": "A", "broadcast": "b", "all_to_all": "X"}
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """How one kind of span or collective is drawn: its letter (readable without colour, NO_COLOR), its
+    colours, and its words. The legend and the `?` help are made from these tables, so they cannot drift."""
+
+    letter: str
+    colour: str  # a Rich style definition ("black on yellow"), parsed by the UI
+    short: str  # the legend's word
+    name: str  # the help's words
+
+
+SPAN_MARKS = {  # by span kind: the compute row
+    "data": Mark("D", "black on yellow", "data", "data loading"),
+    "forward": Mark("F", "black on green", "fwd", "forward"),
+    "backward": Mark("B", "white on blue", "bwd", "backward"),
+    "recompute": Mark("R", "black on cyan", "recomp", "recompute"),
+    "optimizer": Mark("O", "white on magenta", "opt", "optimizer"),
+    "checkpoint": Mark("C", "black on white", "ckpt", "checkpoint I/O"),
+    "phase": Mark("P", "white on grey37", "phase", "a colltrace.phase block"),
+}
+UNKNOWN_SPAN = Mark("?", "black on bright_white", "", "")  # a span kind this table does not know
+COMM_MARKS = {  # by collective family (analysis.timing.op_family): the collectives row
+    "all_gather": Mark("G", "black on bright_green", "AG", "all-gather"),
+    "reduce_scatter": Mark("S", "black on bright_blue", "RS", "reduce-scatter"),
+    "all_reduce": Mark("A", "black on bright_magenta", "AR", "all-reduce"),
+    "broadcast": Mark("b", "black on bright_white", "bcast", "broadcast"),
+    "all_to_all": Mark("X", "black on bright_white", "a2a", "all-to-all"),
+    "other": Mark("c", "black on bright_white", "other", "any other collective or transfer"),
+}
 IDLE = " "
 STATE_WORD = {"finished": "done", "crashed": "crash", "hung": "hung", "killed": "killed", "running": "live",
               "missing": "none"}  # fmt: skip
 
 
+def family(op: str) -> str:
+    """The key of COMM_MARKS for an op."""
+    fam = op_family(op)
+    return fam if fam in COMM_MARKS else "other"
+
+
 @dataclass(frozen=True, slots=True)
 class Cell:
     mark: str  # one character
-    style: str  # a style key: span kind, collective family, "open", "failed", "divergence", "idle"
+    style: str  # a key of SPAN_MARKS or COMM_MARKS, or a state: "open", "failed", "divergence", "idle"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +86,21 @@ LANES_ONE_PER_RANK = 64  # up to this many ranks, one lane each; beyond, one per
 EXPAND = 32  # an expanded class: lanes of their own for this many of its ranks, one lane for the rest
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The timeline's lanes, top to bottom, with some classes of ranks shown rank by rank; and the timelines
+    read to draw them that the model did not hold yet (a worker computes it, the UI thread adopts it)."""
+
+    rows: tuple[Row, ...]
+    expanded: frozenset[tuple[int, ...]]  # the classes shown rank by rank
+    read: dict[int, Timeline]
+
+
 @dataclass(slots=True)
 class Model:
+    """A run read and diagnosed. Built whole by load() in a worker; after it is shown, only the UI thread
+    changes it, and only by adopt()."""
+
     run_dir: str
     run: Run
     dx: Diagnosis
@@ -67,9 +112,9 @@ class Model:
     divergence_ns: int | None  # where the divergence is drawn: its earliest issue on any rank
     fingerprint: tuple[tuple[str, int, int], ...] = ()
     loaded_at: float = field(default_factory=time.time)
-    rows: list[Row] = field(default_factory=list)  # the timeline's lanes, top to bottom
+    rows: tuple[Row, ...] = ()  # the timeline's lanes, top to bottom
     live: bool = False  # a rank's process still runs: the run can change without its files changing
-    expanded: set[tuple[int, ...]] = field(default_factory=set)  # classes shown rank by rank (rows())
+    expanded: frozenset[tuple[int, ...]] = frozenset()  # classes shown rank by rank (layout())
     _calls: dict[int, dict[tuple[str, int], Call]] = field(default_factory=dict, repr=False)  # call_at's index
 
     def call_at(self, rank: int, group: str, seq: int) -> Call | None:
@@ -88,6 +133,17 @@ class Model:
 
     def __post_init__(self) -> None:
         self.live = any(e.alive for e in self.dx.ranks.values())  # once: every drawn line asks
+
+    def adopt(self, layout: Layout) -> None:
+        """Show these lanes (on the UI thread: what it draws changes here only)."""
+        self.lines.update(layout.read)
+        self.rows, self.expanded = layout.rows, layout.expanded
+
+    @property
+    def divergence(self) -> tuple[str, int] | None:
+        """The divergent collective's (group, seq), if the run has one."""
+        d = self.dx.divergence
+        return (d.group, d.seq) if d is not None and d.seq is not None else None
 
     def row_of(self, rank: int) -> int | None:
         """The lane that shows `rank` (its own, or its class's)."""
@@ -221,41 +277,73 @@ def load(run_dir: str, ask: bool = False) -> Model:
     if d is not None and d.seq is not None:  # (this builds call_at's index here, in the loader, not under a key)
         at = [c.t0 for c in (model.call_at(r, d.group, d.seq) for r in lines) if c is not None]
         model.divergence_ns = min(at, default=None)
-    model.rows = rows(model)
+    model.adopt(layout(model, frozenset()))  # not shown yet: this worker still owns it
     return model
 
 
-def rows(model: Model) -> list[Row]:
+def layout(model: Model, expanded: frozenset[tuple[int, ...]]) -> Layout:
     """The lanes: one per rank up to LANES_ONE_PER_RANK ranks. Beyond, the culprits and the three most
     waited-for ranks each on their own, then one lane per class of ranks that issued the same at the
-    divergence (all the rest in one, without a divergence), drawn from a rank of it whose timeline was read."""
+    divergence (all the rest in one, without a divergence), drawn from a rank of it whose timeline was read;
+    a class in `expanded` has its first EXPAND ranks on lanes of their own. Reads timelines the timing did not
+    (a sample, in a big world) but changes nothing: call it off the UI thread, and adopt() what it returns."""
     everyone = sorted(model.run.ranks)
     if len(everyone) <= LANES_ONE_PER_RANK:
-        return [Row(r, (r,)) for r in sorted(model.lines)]
+        return Layout(tuple(Row(r, (r,)) for r in sorted(model.lines)), expanded, {})
+    read: dict[int, Timeline] = {}
     tm = model.dx.timing
-    alone = [r for r in model.dx.culprits if _ensure_line(model, r)]
-    alone += [s.rank for s in (tm.stragglers[:3] if tm else ()) if s.rank not in alone and _ensure_line(model, s.rank)]
+
+    def held(rank: int) -> bool:
+        return rank in model.lines or rank in read
+
+    def readable(rank: int) -> bool:
+        """The rank's timeline is held, or read now."""
+        if held(rank):
+            return True
+        line = read_line(tm, model.run, rank, model.t_max, TAIL) if tm is not None else None
+        if line is not None:
+            read[rank] = line
+        return line is not None
+
+    alone = [r for r in model.dx.culprits if readable(r)]
+    alone += [s.rank for s in (tm.stragglers[:3] if tm else ()) if s.rank not in alone and readable(s.rank)]
     d = model.dx.divergence
     classes = [tuple(c) for c in d.classes] if d is not None and d.classes else [tuple(everyone)]
     out = [Row(r, (r,)) for r in alone]
     for cls in classes:
         rest = tuple(r for r in cls if r not in alone)
-        if rest in model.expanded:
-            out += [Row(r, (r,), rest) for r in rest[:EXPAND] if _ensure_line(model, r)]
+        if rest in expanded:
+            out += [Row(r, (r,), rest) for r in rest[:EXPAND] if readable(r)]
             rest, of = rest[EXPAND:], rest
         else:
             of = ()
-        shown = next((r for r in rest if r in model.lines), None)
-        if shown is None and rest and _ensure_line(model, rest[0]):
+        shown = next((r for r in rest if held(r)), None)
+        if shown is None and rest and readable(rest[0]):
             shown = rest[0]
         if rest and shown is not None:
             out.append(Row(shown, rest, of))
     covered = {r for row in out for r in row.ranks}
     left = tuple(r for r in everyone if r not in covered)  # outside the divergent group
-    shown = next((r for r in left if r in model.lines), None)
+    shown = next((r for r in left if held(r)), None)
     if left and shown is not None:
         out.append(Row(shown, left))
-    return out
+    return Layout(tuple(out), expanded, read)
+
+
+@dataclass(frozen=True, slots=True)
+class LaneHead:
+    """What the label column says of a lane."""
+
+    label: str  # r2, or 79×r0 for a class
+    state: str  # how its rank ended: done, crash, hung, ... (STATE_WORD)
+    culprit: bool  # a culprit is among its ranks
+    progress_ns: int  # wall clock of its rank's last progress (0: none)
+
+
+def head(model: Model, row: Row) -> LaneHead:
+    end = model.dx.ranks.get(row.rank)
+    state = STATE_WORD.get(end.state.value, end.state.value) if end else ""
+    return LaneHead(row.label, state, bool(set(row.ranks) & set(model.dx.culprits)), model.last_progress_ns(row.rank))
 
 
 # -- the timeline's cells -------------------------------------------------------------------------------
@@ -312,7 +400,7 @@ def span_cells(ln: Lane, t0: int, t1: int, width: int) -> list[Cell]:
             out.append(Cell(IDLE, "idle"))
         else:
             style = "open" if s.t1 is None else s.kind
-            mark = SPAN_MARK.get(s.kind, "?") if s is not prev else ("·" if s.t1 is None else "─")
+            mark = SPAN_MARKS.get(s.kind, UNKNOWN_SPAN).letter if s is not prev else ("·" if s.t1 is None else "─")
             out.append(Cell(mark, style))
         prev = s
     return out
@@ -337,8 +425,8 @@ def call_cells(ln: Lane, t0: int, t1: int, width: int, divergence: tuple[str, in
         elif c.t1 is None:
             style = "open"
         else:
-            style = op_family(c.op)
-        mark = COMM_MARK.get(op_family(c.op), "c") if c is not prev else "─"
+            style = family(c.op)
+        mark = COMM_MARKS[family(c.op)].letter if c is not prev else "─"
         out.append(Cell(mark, style))
         prev = c
     return out
@@ -384,27 +472,11 @@ def ago(ns: int, now_ns: int | None = None) -> str:
     return f"{s:.0f}s"
 
 
-def _ensure_line(model: Model, rank: int) -> bool:
-    """The rank's timeline, read now if the timing did not read it (a sample, in a big world)."""
-    if rank in model.lines:
-        return True
-    tm = model.dx.timing
-    line = read_line(tm, model.run, rank, model.t_max, TAIL) if tm is not None else None
-    if line is not None:
-        model.lines[rank] = line
-    return line is not None
-
-
-def toggled(model: Model, row: int) -> list[Row] | None:
-    """The lanes with the class on lane `row` expanded (its first EXPAND ranks on lanes of their own,
-    their timelines read now: call it off the UI thread), or folded back if it was; None when the lane
-    stands for one rank of no expanded class."""
-    lane = model.rows[row]
+def toggled(model: Model, expanded: frozenset[tuple[int, ...]], lane: Row) -> Layout | None:
+    """The lanes with the class of `lane` expanded (its first EXPAND ranks on lanes of their own, their
+    timelines read now: call it off the UI thread), or folded back if it was; None when the lane stands for
+    one rank of no expanded class. `expanded`: what is expanded now (taken on the UI thread)."""
     cls = lane.of or (lane.ranks if len(lane.ranks) > 1 else None)
     if cls is None:
         return None
-    if cls in model.expanded:
-        model.expanded.discard(cls)
-    else:
-        model.expanded.add(cls)
-    return rows(model)
+    return layout(model, expanded - {cls} if cls in expanded else expanded | {cls})
