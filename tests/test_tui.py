@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("textual")
 
+from textual.binding import Binding  # noqa: E402
 from textual.widgets import DataTable  # noqa: E402
 
 from colltrace.tui import app as tui  # noqa: E402
@@ -99,6 +100,61 @@ def test_select_a_collective_and_see_it_on_every_rank() -> None:
     drive(FIXTURES / "control_flow", script)
 
 
+def test_help_and_legend_are_made_from_the_bindings_and_the_letter_tables() -> None:
+    """`?` lists every binding's keys and what it does; the legend over the timeline every letter of the span
+    and collective tables, so neither can drift from what the keys and the lanes do."""
+    from colltrace.tui import help as keys
+    from colltrace.tui import model as m
+
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, keys.Help)
+        text = app.screen.text
+        for b in [*tui.CollTraceApp.BINDINGS, keys.CLOSE, tui.PALETTE]:
+            assert isinstance(b, Binding) and b.tooltip, f"{b.key} has no words for the help"
+            assert keys.does(b) in text and all(f"`{keys.key_text(k)}`" in text for k in b.key.split(","))
+        await pilot.press("q")  # closes the help, not the app
+        assert not isinstance(app.screen, keys.Help) and app.is_running
+        legend = keys.legend("question_mark").plain
+        for marks in (m.SPAN_MARKS, m.COMM_MARKS):
+            for mk in marks.values():
+                assert f"{mk.letter} {mk.short} " in legend and f"`{mk.letter}` {mk.name}" in text
+        assert legend.endswith("? keys")
+
+    drive(FIXTURES / "control_flow", script)
+
+
+def test_selecting_redraws_only_the_lanes_it_moves_between() -> None:
+    """The timeline's drawn lines are cached by window and selection: a rank or a collective selected draws
+    the lanes that changed, not the whole screen again."""
+    from colltrace.tui import timeline
+
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        await pilot.press("2", "d")
+        await pilot.pause(0.2)
+        drawn: list[int] = []
+        draw = timeline.Timeline._line
+
+        def counted(self: timeline.Timeline, row: int, *rest: Any) -> Any:
+            drawn.append(row)
+            return draw(self, row, *rest)
+
+        app.timeline._line = counted.__get__(app.timeline)  # type: ignore[method-assign]
+        before = app.timeline.selected  # the culprit's lane, r2's
+        await pilot.press("up")
+        await pilot.pause(0.2)
+        lanes = {before, app.timeline.selected}
+        assert drawn and {(row - 1) // 2 for row in drawn} <= lanes  # the axis and the other lanes: from the cache
+        drawn.clear()
+        window = (app.timeline.t0, app.timeline.t1)
+        await pilot.press("n")  # the next collective, inside the window: only its lane's collectives row again
+        await pilot.pause(0.2)
+        assert app.timeline.call is not None and (app.timeline.t0, app.timeline.t1) == window
+        assert drawn == [2 + 2 * app.timeline.selected]
+
+    drive(FIXTURES / "control_flow", script)
+
+
 def test_aligned_and_stats_views() -> None:
     drive(FIXTURES / "control_flow", _aligned_only)
     drive(FIXTURES / "straggler", _stragglers_only)
@@ -173,12 +229,6 @@ def test_bad_input_is_one_line_before_the_screen_opens(tmp_path: Path) -> None:
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and out.stderr.startswith("colltrace: ")
 
 
-def test_the_model_needs_no_textual() -> None:
-    code = "import sys, colltrace.tui.model; print(any(m.split('.')[0] == 'textual' for m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
-
-
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 def test_in_a_real_terminal(tmp_path: Path) -> None:
     """tmux runs `colltrace tui` on a fixture: the rank lanes show after `2`, `q` quits."""
@@ -239,6 +289,14 @@ def test_a_big_world_is_drawn_one_lane_per_class(tmp_path: Path) -> None:
     assert [(row.rank, row.ranks) for row in got.rows] == [(79, (79,)), (0, tuple(range(79)))]
     assert [row.label for row in got.rows] == ["r79", "79×r0"]
     assert got.row_of(40) == 1 and got.row_of(79) == 0
+    # expanding the class (what `e`'s worker does) computes lanes and reads timelines, but changes nothing the
+    # screen draws until the UI thread adopts them
+    shown = (got.rows, got.expanded, set(got.lines))
+    layout = m.toggled(got, got.expanded, got.rows[1])
+    assert layout is not None and (got.rows, got.expanded, set(got.lines)) == shown
+    assert [row.label for row in layout.rows] == ["r79", *[f"r{r}" for r in range(32)], "47×r32"]
+    got.adopt(layout)
+    assert got.rows == layout.rows and set(layout.read) <= set(got.lines) and got.row_of(40) == 33
 
 
 def test_a_class_lane_expands_rank_by_rank_and_folds_back(tmp_path: Path) -> None:

@@ -1,0 +1,48 @@
+"""Import hygiene, as harlequin keeps it: every module of analysis/, trace/ and report/, each imported alone in a fresh
+interpreter, pulls in neither torch nor textual (a laptop without either opens a cluster's traces); the TUI's model
+pulls in no textual (what it computes is tested and benched without a screen)."""
+
+from __future__ import annotations
+
+import os
+import pkgutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import colltrace
+
+PACKAGE = Path(colltrace.__file__).parent
+HEAVY = ("torch", "textual")
+
+
+def modules(folder: str) -> list[str]:
+    """The package and each of its modules, by name, found without importing them."""
+    return [f"colltrace.{folder}"] + [
+        f"colltrace.{folder}.{info.name}" for info in pkgutil.iter_modules([str(PACKAGE / folder)])
+    ]
+
+
+def heavy_imports(module: str) -> list[str]:
+    """The top-level packages of HEAVY that importing `module` alone, in a fresh interpreter, brings in."""
+    code = (
+        f"import importlib, sys; importlib.import_module({module!r}); "
+        f"print(','.join(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r})))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLTRACE")}  # the .pth hook stays off
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, f"importing {module} failed:\n{out.stderr}"
+    return [name for name in out.stdout.strip().split(",") if name]
+
+
+def test_analysis_trace_and_report_import_neither_torch_nor_textual() -> None:
+    names = modules("analysis") + modules("trace") + modules("report") + ["colltrace.cli"]
+    assert {"colltrace.analysis.diagnose", "colltrace.trace.reader", "colltrace.report.markdown"} <= set(names)
+    with ThreadPoolExecutor(max_workers=4) as pool:  # one interpreter per module, a few at a time
+        found = dict(zip(names, pool.map(heavy_imports, names), strict=True))
+    assert {name: heavy for name, heavy in found.items() if heavy} == {}
+
+
+def test_the_tui_model_imports_no_textual() -> None:
+    assert heavy_imports("colltrace.tui.model") == []
