@@ -25,12 +25,13 @@ def _no_graph_task() -> int:
 
 def _frame_self(wrapped: object, call_impl: object, outermost: bool) -> object:
     """The `self` of the innermost (outermost) frame on this thread running `wrapped` or `call_impl`
-    (nn.Module.__call__, Module._call_impl), or None, looking from the caller's caller up (sys._getframe
-    goes there without making frame objects for the frames between, colltrace's own). Only f_back, f_code
-    and f_locals: the frame API every Python that torch supports has (3.10-3.14; f_locals is a proxy from
-    3.13 on)."""
+    (nn.Module.__call__, Module._call_impl), or None, looking from the caller of its caller's caller up: its
+    callers (current, learn_running) are called by colltrace's own code (the shim's wrapper, an adapter, a
+    hook), never by a module's __call__ itself, and sys._getframe goes there without making frame objects for
+    the frames between. Only f_back, f_code and f_locals: the frame API every Python that torch supports has
+    (3.10-3.14; f_locals is a proxy from 3.13 on)."""
     found = None
-    f: FrameType | None = _getframe(2)
+    f: FrameType | None = _getframe(3)
     while f is not None:
         code = f.f_code
         if code is wrapped or code is call_impl:
