@@ -108,6 +108,15 @@ class FakeRank:
         self.step += 1
         self.w.event({"ev": "step", "step": self.step})
 
+    def span(self, kind: str, flavour: str = "", duration_ns: int = 1_000_000) -> int:
+        """A compute span the rank ran (and ended) now: data, forward, checkpoint (flavour torch.save), ..."""
+        s = self.w.intern
+        self.t += duration_ns
+        return self.w.spans.append(
+            schema.KIND_SPAN, 0, 0, 0, 0, s(kind), 0, 0, 0, 0, s(flavour), 0, 0, -1, 0, 0, -1, self.step, 0,
+            self.t - duration_ns, self.t, 0,
+        )  # fmt: skip
+
     def footer(self) -> None:
         self.w.event({"ev": schema.EV_FOOTER, "t_ns": 0, "step": self.step, "in_flight": 0})
 

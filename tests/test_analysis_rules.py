@@ -472,3 +472,73 @@ def test_a_send_with_another_tag_than_its_receive_is_a_tag_divergence_on_the_sen
     assert dx.divergence.group == "p2p:0:2->0" and dx.divergence.seq == 3
     assert dx.culprits == (2,)
     assert dx.finding is not None and [e.ranks for e in dx.finding.evidence if e.clue is Clue.NEW_SIZE] == [(2,)]
+
+
+def test_two_ranks_that_each_dropped_tokens_after_the_count_exchange_are_both_named(tmp_path: Path) -> None:
+    """MoE with capacity clipping after the split sizes were exchanged: rank 2 sends rank 1 two rows where
+    rank 1 expects four, rank 3 sends rank 0 one where rank 0 expects four. No rank is in both pairs: each
+    pair's sender changed its split (a receiver sizes its buffer from the counts it was sent)."""
+    rs = ranks(str(tmp_path), 4)
+    ok = "4,4,4,4 -> 4,4,4,4"
+    bad = {0: ok, 1: ok, 2: "4,2,4,4 -> 4,4,4,4", 3: "1,4,4,4 -> 4,4,4,4"}
+    for r in rs:
+        r.coll("all_to_all_single", 64, "", "forward", shape=f"[16,4] -> [16,4] split {ok}")
+        r.coll("all_to_all_single", 64, "", "forward", shape=f"[16,4] -> [16,4] split {bad[r.rank]}")
+    back = {0: ok, 1: ok, 2: "4,4,4,4 -> 4,2,4,4", 3: "4,4,4,4 -> 1,4,4,4"}  # the combine: the transpose
+    for r in rs[2:]:
+        r.coll("all_to_all_single", 64, "", "forward", shape=f"[16,4] -> [16,4] split {back[r.rank]}", done=False)
+    for r in rs[:2]:
+        r.coll("all_to_all_single", 64, "", "forward", shape=f"[16,4] -> [16,4] split {back[r.rank]}")
+        r.coll("all_reduce", 1, "", "other", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (2, Kind.NUMEL)
+    assert dx.culprits == (2, 3)
+    assert dx.finding is not None and dx.finding.cause is Cause.SPLIT_MISMATCH
+    assert [e.detail for e in dx.finding.evidence if e.clue is Clue.SPLITS] == ["2>1:2:4,3>0:1:4"]
+
+
+def test_a_barrier_after_a_save_on_rank_0_only_is_control_flow_not_data_that_ran_out(tmp_path: Path) -> None:
+    """DDP: after step 3's optimizer step rank 0 alone saves (torch.save) and enters a barrier under the same
+    `if rank == 0:`; ranks 1-2 go on to step 4's gradient all-reduce. The barrier outside training reads like
+    a rank whose data ran out, but rank 0 saved a checkpoint just before, which the others did not."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(4):
+            r.coll("all_reduce", 321, "", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    rs[0].span("checkpoint", "torch.save")
+    rs[0].coll("barrier", 0, "", "other", done=False, error=True)
+    for r in rs[1:]:
+        r.coll("all_reduce", 321, "", "backward", redop="SUM", done=False, error=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.OP and dx.divergence.seq == 5
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.SAVED_APART] == [((0,), "torch.save")]
+
+
+def test_a_rank_that_built_another_mesh_is_named_where_the_others_wait_elsewhere(tmp_path: Path) -> None:
+    """A 2-D mesh (dp, tp) = (2, 2); rank 2 builds (1, 4) from a stale TP_SIZE. Every rank takes part in
+    every new_group call, so rank 2's calls asked for other members than the rest's. Ranks 0 and 3 are
+    stopped inside a later group creation (no record: the wait-for graph ends there), rank 1 waits in its tp
+    group's first collective: the rank that built the groups wrong is the culprit, not where the waits end."""
+    groups = {"0": ("default_pg", (0, 1, 2, 3)), "3": ("mesh_tp", (0, 1))}
+    rs = ranks(str(tmp_path), 4, groups=groups)
+    layouts = {r: ([[0, 1, 2, 3]], [[0], [1], [2], [3]]) if r == 2 else ([[0, 2], [1, 3]], [[0, 1], [2, 3]])
+               for r in range(4)}  # fmt: skip
+    for r in rs:
+        for calls in layouts[r.rank]:
+            for members in calls:
+                r.w.event({"ev": "group_create", "fn": "new_group", "ranks": members, "desc": "", "name": None})
+    rs[1].coll("scatter", 256, "", "init", group="3", peer=0, done=False, error=True)
+    rs[1].error("RuntimeError", TIMEOUT, in_collective=True)
+    rs[2].coll("scatter", 256, "", "init", peer=0, done=False, error=True)
+    rs[2].error("RuntimeError", TIMEOUT, in_collective=True)
+    for r in (rs[0], rs[3]):
+        r.hang_stacks("_new_process_group_helper", "backend_class = ProcessGroupGloo(")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.GROUP_CREATE] == [(2,)]

@@ -421,6 +421,36 @@ def _skewed_before(f: Facts) -> str | None:
     return None
 
 
+def saved_apart(f: Facts) -> Finding | None:
+    """The culprits saved a checkpoint (a checkpoint span: torch.save, DCP) in the step of their divergent
+    record, before it, and no victim saved one in that step: a save path that some ranks only enter (a
+    barrier or a gather inside `if rank == 0:`), not data that ran out."""
+    if f.d is None or f.d.seq is None or not f.culprits or not f.victims:
+        return None
+    saved = [_saved(f, r, before_seq=True) for r in f.culprits]
+    if not all(saved) or any(_saved(f, v, before_seq=False) for v in f.victims[:_VICTIMS]):
+        return None
+    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.SAVED_APART, f.culprits, saved[0]),))
+
+
+def _saved(f: Facts, rank: int, before_seq: bool) -> str:
+    """The flavour ("torch.save") of a checkpoint span the rank ran in the step of its record at the divergent
+    seq (before that record, with `before_seq`); "" none. A rank with no record there: its last step."""
+    rt, st = f.run.ranks.get(rank), f.stream(rank)
+    if rt is None or st is None or f.d is None or f.d.seq is None:
+        return ""
+    idx = st.idx_at(f.d.seq)
+    rec = states.record(rt, idx) if idx >= 0 else None
+    if rec is None and before_seq:
+        return ""
+    step = rec.step if rec is not None else f.ends[rank].steps if rank in f.ends else -1
+    until = rec.t_issue_ns if rec is not None and before_seq else None
+    for s in rt.spans:
+        if s.op == "checkpoint" and s.step == step and (until is None or s.t_issue_ns <= until):
+            return s.flavour or "checkpoint"
+    return ""
+
+
 def grad_skipped(f: Facts) -> Finding | None:
     """The culprit ran the backward of the step the others wait in, and its optimizer step, without their
     reduction: parameters that got no gradient there (not data that ran out)."""
@@ -548,7 +578,7 @@ def control_flow(f: Facts) -> Finding | None:
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
     schedule_mismatch, wrong_peer, p2p_order, deadlock, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
-    step_skew, skew_before, grad_skipped, recompute, uneven_data, unattributed, other_call, grad_changed, same_collective,
+    step_skew, skew_before, saved_apart, grad_skipped, recompute, uneven_data, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip
 

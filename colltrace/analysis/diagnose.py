@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from colltrace.analysis import align, causes, culprit, schedules, splits, states, timing, waitfor
+from colltrace.analysis import align, causes, culprit, groups, schedules, splits, states, timing, waitfor
 from colltrace.analysis.align import divergences
 from colltrace.analysis.results import (
     Clue,
@@ -116,16 +116,18 @@ def diagnose(run: Run) -> Diagnosis:
         blame = culprit.for_content(d, streams, table, ends)
         if not blame.culprits:  # a transfer's two ends: no majority; the other pairs, then what each end knew
             blame = culprit.in_every_pair(d, found) or culprit.new_size(d, streams, table) or blame
+    if (d is None or d.kind in (Kind.MISSING, Kind.EXTRA)) and not wf.cycle:
+        blame = _created_apart(run, blame, ends)
     split = splits.suspects(run, streams, ends, blame.culprits) if d is None or d.kind is Kind.MISSING else None
     if split is not None:  # the sizes each pair of an all-to-all must agree on say who
-        (who,), peers, group, seq, certain = split
+        who, peers, group, seq, certain = split
         members = align.members(run, group, streams)
-        others = tuple(r for r in members if r != who)
-        ev = (Evidence(Clue.SPLITS, (who,), ",".join(peers)), *blame.evidence)
-        sure = Confidence.HIGH if certain and who in blame.culprits else Confidence.MEDIUM
-        blame = culprit.Blame((who,), others, Kind.NUMEL, sure, ev)
+        others = tuple(r for r in members if r not in who)
+        ev = (Evidence(Clue.SPLITS, who, ",".join(peers)), *blame.evidence)
+        sure = Confidence.HIGH if certain and set(who) <= set(blame.culprits) else Confidence.MEDIUM
+        blame = culprit.Blame(who, others, Kind.NUMEL, sure, ev)
         at = tuple(align.at_seq(streams, r, group, seq, table) for r in members)
-        d = Divergence(group, align.label(run, group), members, seq, Kind.NUMEL, at, ((who,), others))
+        d = Divergence(group, align.label(run, group), members, seq, Kind.NUMEL, at, (who, others))
     if d is not None and blame.kind is not d.kind:
         d = Divergence(d.group, d.label, d.group_ranks, d.seq, blame.kind, d.at, d.classes)
     if cycle and not (d is not None and d.kind in _CONTENT):
@@ -259,6 +261,19 @@ def context(
             sigs.append(table[sid] if sid else None)
         rows.append(ContextRow(seq, tuple(sigs)))
     return tuple(rows)
+
+
+def _created_apart(run: Run, blame: culprit.Blame, ends: dict[int, RankEnd]) -> culprit.Blame:
+    """Every rank takes part in every new_group/split_group call: ranks whose call asked for other members
+    than the majority's built the groups the others then wait in wrong, wherever the wait-for graph ends
+    (a rank killed inside a later group creation). Not over a culprit that died of its own error."""
+    odd = groups.odd_creators(run)
+    if not odd or set(odd) == set(blame.culprits):
+        return blame
+    if any(states.self_failed(ends[r]) for r in blame.culprits if r in ends):
+        return blame
+    others = tuple(r for r in sorted(ends) if r not in odd)
+    return culprit.Blame(odd, others, blame.kind, Confidence.MEDIUM, (Evidence(Clue.GROUP_CREATE, odd),))
 
 
 def _confidence(a: Confidence, b: Confidence) -> Confidence:

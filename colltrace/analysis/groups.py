@@ -56,8 +56,10 @@ def odd_creators(run: Run) -> tuple[int, ...]:
     for k in range(max((len(c) for c in per_rank.values()), default=0)):
         seen = {c[k] for c in per_rank.values() if len(c) > k}
         if len(seen) > 1:
-            common = Counter(c[k] for c in per_rank.values() if len(c) > k).most_common(1)[0][0]
-            odd.update(r for r, c in per_rank.items() if len(c) > k and c[k] != common)
+            top = Counter(c[k] for c in per_rank.values() if len(c) > k).most_common(2)
+            if top[0][1] == top[1][1]:
+                continue  # no majority says which call is the odd one
+            odd.update(r for r, c in per_rank.items() if len(c) > k and c[k] != top[0][0])
     return tuple(sorted(odd))
 
 

@@ -63,6 +63,7 @@ class Clue(str, enum.Enum):
     MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: the peers)
     WRONG_SOURCE = "wrong_source"  # the rank waits to receive from a peer that sent nothing, another's unheard
     SAME_ORDER = "same_order"  # the ranks of a cycle each block in a blocking transfer of one kind (detail: send|recv)
+    SAVED_APART = "saved_apart"  # the rank saved a checkpoint in this step, the others did not (detail: how)
     OTHER_CALL = "other_call"  # the ranks issued it from different lines or with different reduce ops
     SCHEDULE = "schedule"  # the pipeline schedules differ (detail: theirs, the usual: name,micro-batches,stages)
     EVERY_PAIR = "every_pair"  # the rank is an end of every pair whose transfers disagree (detail: the pairs)

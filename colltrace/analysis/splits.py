@@ -80,7 +80,8 @@ def suspects(
     at the first all-to-all of the run of them that disagree and that the ranks stopped in, or None when
     they stopped in none whose split sizes were recorded or all pairs agree. A culprit is in every pair that
     disagrees; among several such (one pair: either side), those in `among` (the wait-for graph's), else
-    the pairs' one sender."""
+    the pairs' one sender. Pairs with no rank in common (two ranks each changed their splits): their
+    senders, when none of them is also a receiver of a pair that disagrees."""
     spots = {(e.blocked.group, e.blocked.seq) for e in ends.values()
              if e.blocked is not None and e.blocked.op in _SPLIT_OPS}  # fmt: skip
     for group, stop in sorted(spots):
@@ -103,9 +104,11 @@ def suspects(
             # one pair, or one sender: a receiver sizes its buffer from the counts it was sent, a sender
             # sends what it has, so the sender's split is the one that changed (a convention, not a fact)
             narrowed = senders
-        if len(narrowed) != 1:
+        if not every and not senders & {b for _, b, _, _ in pairs}:
+            narrowed = senders  # each pair's own sender: as for one pair, a convention
+        if not narrowed or len(narrowed) > 1 and every:
             continue
-        (culprit,) = narrowed
-        said = tuple(f"{a}>{b}:{sent}:{want}" for a, b, sent, want in pairs if culprit in (a, b))
-        return (culprit,), said, group, seq, certain
+        culprits = tuple(sorted(narrowed))
+        said = tuple(f"{a}>{b}:{sent}:{want}" for a, b, sent, want in pairs if a in culprits or b in culprits)
+        return culprits, said, group, seq, certain
     return None

@@ -162,6 +162,8 @@ def evidence_text(e: Evidence) -> str:
         "peer (its src, or a tag that does not match)",
         Clue.SAME_ORDER: f"{who} each block in a blocking {detail} to another of them: each posted the same side "
         f"of its transfers first, so the other side is never posted (the same code on every rank, not a branch)",
+        Clue.SAVED_APART: f"{who} saved a checkpoint ({detail}) in this step just before, which the others did "
+        "not: a save path that only some ranks enter (a collective inside `if rank == 0:`), not data that ran out",
         Clue.OTHER_CALL: f"{who} issued it from another line of code or with another reduce op than the others: "
         "a different collective, not the same one with other tensors",
         Clue.SCHEDULE: _schedule(who if e.ranks else "", detail),
