@@ -3,5 +3,6 @@
 # Extra arguments go to `colltrace demo` (e.g. --scenario rank_exception, --list).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/env.sh
 bash scripts/setup.sh
 exec .venv/bin/colltrace demo "$@"

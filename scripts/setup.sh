@@ -3,6 +3,7 @@
 # A .venv already set up from the same pyproject.toml and this script is left as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/env.sh
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
