@@ -31,6 +31,9 @@ class TraceError(Exception):
 
 
 _RANK_FILE = re.compile(r"rank(\d+)\.jsonl$")
+# how the writer's warning begins when it cannot create or write the trace: read here once, into
+# RankTrace.recording_failed
+RECORDING_FAILED = "recording failed"
 
 
 def find_rank_files(run_dir: str) -> dict[int, str]:
@@ -344,7 +347,9 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
         elif kind == schema.EV_FOOTER:
             rt.footer = ev
         elif kind == schema.EV_WARNING:
-            rt.warnings.append(str(ev.get("message", "")))
+            rt.warnings.append(message := str(ev.get("message", "")))
+            if rt.recording_failed is None and message.startswith(RECORDING_FAILED):
+                rt.recording_failed = message.removeprefix(RECORDING_FAILED).removeprefix(": ")
         elif kind == "label":
             rt.labels.append(ev)
         elif kind == "data_exhausted":
@@ -486,9 +491,6 @@ _MARKER = struct.Struct("<Q")
 _T_DONE = schema.FIELD_NAMES.index("t_done_ns")
 
 
-RECORDING_FAILED = "recording failed"  # the writer's warning when it cannot create or write the trace
-
-
 def _state(rt: RankTrace) -> RankState:
     if not _after_signal(rt, rt.error):
         if rt.error is not None or rt.fault:
@@ -499,7 +501,7 @@ def _state(rt: RankTrace) -> RankState:
     # because the same SIGTERM killed its worker), not the rank's own
     if any(st.get("reason") == "hang" for st in rt.stacks):
         return RankState.HUNG  # alive or not: its watchdog saw no progress
-    if any(w.startswith(RECORDING_FAILED) for w in rt.warnings):
+    if rt.recording_failed is not None:
         return RankState.UNTRACED  # no end of its own because the recorder gave up, not because it was killed
     return RankState.RUNNING if rt.alive else RankState.KILLED
 

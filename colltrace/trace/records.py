@@ -111,6 +111,8 @@ class RankTrace:
     fault: str | None = None  # text written by faulthandler on a fatal signal
     group_creations: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # the writer gave up on this rank (a full disk at the start): its reason, in the trace's own words
+    recording_failed: str | None = None
     dropped: int = 0  # records overwritten by the ring before the end
     torn: int = 0  # unreadable slots or lines (expected after a kill)
     skipped: int = 0  # events of a known kind left out: a field missing or of another type
