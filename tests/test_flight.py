@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from colltrace.analysis.diagnose import diagnose
+from colltrace.analysis.results import Blind, Unseen
 from colltrace.report.build import run_report
 from colltrace.trace import flight
 from colltrace.trace.reader import TraceError, read_run
@@ -56,7 +57,7 @@ def test_dumps_alone_name_the_culprit_our_trace_names(case: Path) -> None:
     assert sorted(rep["culprit_ranks"]) == sorted(exp["culprit_ranks"]), rep["headline"]
     assert rep["verdict"] == ("healthy" if exp["verdict"] == "healthy" else rep["verdict"])
     assert rep["environment"]["source"] == "flight_recorder"
-    assert any("Flight Recorder dumps hold no module" in u for u in rep["unseen"])
+    assert Unseen(Blind.FR_UNATTRIBUTED) in diagnose(read_run(str(case / "flight_recorder"))).unseen
 
 
 @pytest.mark.parametrize("case", ["pp_wrong_peer", "pp_microbatch_count"])
@@ -222,5 +223,6 @@ def test_a_dump_cut_short_is_said_and_the_rest_is_read(tmp_path: Path) -> None:
     assert any(u.startswith("rank 2: ") and "pickle data was truncated" in u for u in rep["unseen"])
     alone = json.loads(run_report(str(run / "flight_recorder"), "json")[0])
     assert sorted(alone["ranks"]) == ["0", "1", "2"] and alone["ranks"]["2"]["state"] == "missing"
-    assert not any(u == "rank 2: no Flight Recorder dump" for u in alone["unseen"])
-    assert any("not a readable Flight Recorder dump" in u for u in alone["unseen"])
+    unseen = diagnose(read_run(str(run / "flight_recorder"))).unseen
+    assert Unseen(Blind.NO_DUMP, rank=2) not in unseen  # it left one, unreadable: said with the reader's reason
+    assert [u.text for u in unseen if u.what is Blind.UNREADABLE and "not a readable Flight Recorder dump" in u.text]

@@ -5,7 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from colltrace.analysis.diagnose import diagnose
+from colltrace.analysis.results import Blind, Unseen
 from colltrace.report.build import run_report
+from colltrace.trace.reader import read_run
+from colltrace.trace.records import RankState
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -42,12 +46,10 @@ def test_a_truncated_ring_is_said_truncated_not_wrapped_and_its_lost_end_blames_
     run = tmp_path / "run"
     shutil.copytree(FIXTURES / "metric_allreduce", run)
     os.truncate(run / "rank00001.ring", 6000)
+    unseen = diagnose(read_run(str(run))).unseen
+    assert Unseen(Blind.RING_CUT, rank=1, count=14) in unseen
+    assert not any(u.what is Blind.RING_WRAPPED for u in unseen)
     report = _report(run)
-    assert (
-        "rank 1: its ring file is cut short after 14 slots (truncated, not wrapped): the records past its end are lost"
-        in report["unseen"]
-    )
-    assert not any("overwritten" in u for u in report["unseen"])
     assert report["culprit_ranks"] == [2] and report["first_divergence"]["seq"] == 23
     assert report["first_divergence"]["not_visible"] == [1]
 
@@ -60,7 +62,27 @@ def test_an_empty_ring_is_no_rank_that_issued_nothing(tmp_path: Path) -> None:
     shutil.copytree(FIXTURES / "metric_allreduce", run)
     (run / "rank00002.ring").write_bytes(b"")
     os.truncate(run / "rank00001.ring", 6000)
+    assert Unseen(Blind.RING_EMPTY, rank=2) in diagnose(read_run(str(run))).unseen
     report = _report(run)
-    assert any(u.startswith("rank 2: its ring file is empty or cut before its header") for u in report["unseen"])
     assert report["culprit_ranks"] != [2] or report["cause"]["confidence"] == "low"
     assert (report["cause"] or {}).get("confidence") in (None, "low")
+
+
+def test_a_rank_whose_writer_gave_up_is_untraced_and_says_why_once(tmp_path: Path) -> None:
+    """The writer could not create rank 1's rings (a full disk): its sidecar holds the header and the writer's
+    warning, twice over. The reader reads the state once; the report says the writer's reason once."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "healthy", run)
+    for ext in ("ring", "spans", "fault"):
+        (run / f"rank00001.{ext}").unlink()
+    header = (run / "rank00001.jsonl").read_text().splitlines()[0]
+    failed = '{"ev": "warning", "message": "recording failed: the ring files could not be created (OSError: full)"}'
+    (run / "rank00001.jsonl").write_text(f"{header}\n{failed}\n{failed}\n")
+    rt = read_run(str(run)).ranks[1]
+    assert rt.recording_failed == "the ring files could not be created (OSError: full)"
+    assert rt.state is RankState.UNTRACED and read_run(str(run)).ranks[0].recording_failed is None
+    unseen = diagnose(read_run(str(run))).unseen
+    assert [u for u in unseen if u.what is Blind.RECORDING_FAILED] == [
+        Unseen(Blind.RECORDING_FAILED, rank=1, text="the ring files could not be created (OSError: full)")
+    ]
+    assert "rank 1: recording failed: the ring files could not be created (OSError: full)" in _report(run)["unseen"]

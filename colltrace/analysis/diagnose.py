@@ -7,6 +7,7 @@ import re
 from colltrace.analysis import align, causes, culprit, groups, schedules, splits, states, timing, waitfor
 from colltrace.analysis.align import divergences
 from colltrace.analysis.results import (
+    Blind,
     Clue,
     Confidence,
     ContextRow,
@@ -15,47 +16,41 @@ from colltrace.analysis.results import (
     Evidence,
     Finding,
     RankEnd,
+    Unseen,
 )
 from colltrace.analysis.streams import RankStreams, SigTable, build_all, held, p2p_ends
 from colltrace.analysis.vocab import Cause, Kind, Verdict
-from colltrace.trace.reader import RECORDING_FAILED
 from colltrace.trace.records import NOT_ENDED, RankState, Run
 
 _CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.TAG, Kind.PEER, Kind.MODULE, Kind.PHASE,
                       Kind.STEP})  # fmt: skip
 
 
-def unseen(run: Run) -> tuple[str, ...]:
-    """What the traces cannot show, in the reader's words and ours."""
+def unseen(run: Run) -> tuple[Unseen, ...]:
+    """What the traces cannot show: the reader's findings, and the recorder's and the writer's own words."""
     fr = run.source == "flight_recorder"
-    out = [
-        f"rank {r}: no {'Flight Recorder dump' if fr else 'trace file'}" for r in run.missing if r not in run.unreadable
-    ]  # an unreadable one is said with its reason (run.problems)
+    missing = Blind.NO_DUMP if fr else Blind.NO_TRACE
+    out = [Unseen(missing, r) for r in run.missing if r not in run.unreadable]  # an unreadable one: run.problems
     if fr:
-        out.append("Flight Recorder dumps hold no module, phase, step or compute spans, nor how each rank ended: "
-                   "causes that need them cannot be told apart (said as unknown)")  # fmt: skip
+        out.append(Unseen(Blind.FR_UNATTRIBUTED))
         if any(not g.ranks for rt in run.ranks.values() for g in rt.groups.values()):
-            out.append("the dumps do not list every group's members (torch 2.13 on gloo leaves them out): a group "
-                       "built with other ranks on some rank, or a wait across groups, cannot be seen")  # fmt: skip
-    out += run.problems
+            out.append(Unseen(Blind.FR_NO_MEMBERS))
+    out += [Unseen(Blind.UNREADABLE, text=p) for p in run.problems]
     said = {str(u) for rt in run.ranks.values() for u in rt.header.get("unseen") or () if "not traced" in str(u)}
-    out += sorted(said)  # what this torch has that the recorder did not know (found at install)
+    out += [Unseen(Blind.UNTRACED_API, text=u) for u in sorted(said)]  # what the recorder did not know (install)
     for r, rt in sorted(run.ranks.items()):
         if rt.ring_cut < 0:
-            out.append(f"rank {r}: its ring file is empty or cut before its header: none of its collectives "
-                       "can be seen (the rank is left out of the comparison, not taken to have issued none)")  # fmt: skip
+            out.append(Unseen(Blind.RING_EMPTY, r))
         elif rt.ring_cut:
-            out.append(f"rank {r}: its ring file is cut short after {rt.ring_cut} slots (truncated, not "
-                       "wrapped): the records past its end are lost")  # fmt: skip
+            out.append(Unseen(Blind.RING_CUT, r, rt.ring_cut))
         elif rt.dropped:
-            out.append(f"rank {r}: the ring kept the last records only ({rt.dropped} older ones overwritten)")
+            out.append(Unseen(Blind.RING_WRAPPED, r, rt.dropped))
         if rt.torn:
-            out.append(f"rank {r}: {rt.torn} unreadable sidecar line(s) (torn by the kill)")
-        failed = [w for w in rt.warnings if w.startswith(RECORDING_FAILED)]
-        if failed:
-            out.append(f"rank {r}: {failed[0]}")
+            out.append(Unseen(Blind.TORN_LINES, r, rt.torn))
+        if rt.recording_failed is not None:
+            out.append(Unseen(Blind.RECORDING_FAILED, r, text=rt.recording_failed))
         if rt.skipped:
-            out.append(f"rank {r}: {rt.skipped} sidecar event(s) with a missing or wrong-typed field, left out")
+            out.append(Unseen(Blind.SKIPPED_EVENTS, r, rt.skipped))
     return tuple(out)
 
 

@@ -78,6 +78,33 @@ class Evidence:
     detail: str = ""  # a name or number the clue refers to (module, error type, seconds), not a sentence
 
 
+class Blind(str, enum.Enum):
+    """One kind of thing the traces could not show (rendered to sentences by the report)."""
+
+    NO_TRACE = "no_trace"  # the rank left no trace file
+    NO_DUMP = "no_dump"  # the rank left no Flight Recorder dump
+    FR_UNATTRIBUTED = "fr_unattributed"  # Flight Recorder dumps hold no module, phase, step, spans, nor rank ends
+    FR_NO_MEMBERS = "fr_no_members"  # the dumps do not list every group's members
+    UNREADABLE = "unreadable"  # the reader could not read a rank's file (text: the reader's reason)
+    UNTRACED_API = "untraced_api"  # this torch has an API the recorder does not trace (text: the recorder's)
+    RING_EMPTY = "ring_empty"  # the ring file is empty or cut before its header
+    RING_CUT = "ring_cut"  # the ring file is cut short (count: the slots it holds)
+    RING_WRAPPED = "ring_wrapped"  # the ring kept the last records only (count: those overwritten)
+    TORN_LINES = "torn_lines"  # unreadable sidecar lines (count)
+    RECORDING_FAILED = "recording_failed"  # the writer gave up on the rank (text: its reason)
+    SKIPPED_EVENTS = "skipped_events"  # sidecar events with a missing or wrong-typed field, left out (count)
+
+
+@dataclass(frozen=True, slots=True)
+class Unseen:
+    """One thing the traces could not show."""
+
+    what: Blind
+    rank: int | None = None  # the rank it concerns, None for the run
+    count: int = 0  # slots, records, lines or events, as `what` says
+    text: str = ""  # the trace's or the reader's own words (a reason), never a sentence of ours
+
+
 @dataclass(frozen=True, slots=True)
 class AtSeq:
     """What one rank did at the divergent (group, seq): its signature, or None if it never issued it."""
@@ -152,7 +179,7 @@ class Diagnosis:
     cycle: tuple[int, ...] | None
     finding: Finding | None  # None when healthy and nothing to say
     ranks: dict[int, RankEnd]
-    unseen: tuple[str, ...]  # what the traces could not show (missing files, dropped records, torn slots)
+    unseen: tuple[Unseen, ...]  # what the traces could not show (missing files, dropped records, torn slots)
     context: tuple[ContextRow, ...] = ()  # a few seqs before and at the divergence
     timing: Timing | None = None  # where each rank's time went: steps, overlap, stragglers, clocks
     # where the divergent collective was issued: (ranks, "file:line in func") per class of ranks that issued it

@@ -174,7 +174,7 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
         },  # fmt: skip
         "flight_recorder": flight_recorder(run),
         "environment": environment(run),
-        "unseen": list(dx.unseen) + _clock_unseen(run, dx.timing),
+        "unseen": [words.unseen_text(u) for u in dx.unseen] + _clock_unseen(run, dx.timing),
         "read": {
             "last_records_per_rank": dx.window,
             "ranks_read_in_part": sum(held(rt) > dx.window for rt in run.ranks.values()) if dx.window else 0,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from colltrace.analysis.results import Clue, Diagnosis, Evidence
+from colltrace.analysis.results import Blind, Clue, Diagnosis, Evidence, Unseen
 from colltrace.analysis.streams import Signature, numbered, p2p_ends
 from colltrace.analysis.vocab import Cause, Verdict
 from colltrace.trace.records import RankState
@@ -175,6 +175,30 @@ def evidence_text(e: Evidence) -> str:
         "no majority): which is wrong is for you to judge",
     }[e.clue]
     return text
+
+
+def unseen_text(u: Unseen) -> str:
+    """One item of "Not seen"."""
+    rank = f"rank {u.rank}: "
+    if u.what is Blind.RECORDING_FAILED:
+        return rank + "recording failed" + (f": {u.text}" if u.text else "")
+    return {
+        Blind.NO_TRACE: f"rank {u.rank}: no trace file",
+        Blind.NO_DUMP: f"rank {u.rank}: no Flight Recorder dump",
+        Blind.FR_UNATTRIBUTED: "Flight Recorder dumps hold no module, phase, step or compute spans, nor how each rank "
+        "ended: causes that need them cannot be told apart (said as unknown)",
+        Blind.FR_NO_MEMBERS: "the dumps do not list every group's members (torch 2.13 on gloo leaves them out): a "
+        "group built with other ranks on some rank, or a wait across groups, cannot be seen",
+        Blind.UNREADABLE: u.text,
+        Blind.UNTRACED_API: u.text,
+        Blind.RING_EMPTY: rank + "its ring file is empty or cut before its header: none of its collectives can be "
+        "seen (the rank is left out of the comparison, not taken to have issued none)",
+        Blind.RING_CUT: rank + f"its ring file is cut short after {u.count} slots (truncated, not wrapped): the "
+        "records past its end are lost",
+        Blind.RING_WRAPPED: rank + f"the ring kept the last records only ({u.count} older ones overwritten)",
+        Blind.TORN_LINES: rank + f"{u.count} unreadable sidecar line(s) (torn by the kill)",
+        Blind.SKIPPED_EVENTS: rank + f"{u.count} sidecar event(s) with a missing or wrong-typed field, left out",
+    }[u.what]
 
 
 def _pairs(detail: str) -> str:
