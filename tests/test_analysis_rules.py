@@ -13,7 +13,7 @@ from handmade import FSDP_STEP, ranks
 
 from colltrace.analysis import causes
 from colltrace.analysis.diagnose import diagnose
-from colltrace.analysis.results import Clue, Confidence
+from colltrace.analysis.results import Clue, Confidence, SplitGap
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.reader import read_run
 
@@ -145,7 +145,7 @@ def test_split_sizes_name_the_rank_whose_splits_disagree_with_every_peer(tmp_pat
     assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (2, Kind.NUMEL)
     assert dx.culprits == (2,)
     assert dx.finding is not None and dx.finding.cause is Cause.SPLIT_MISMATCH
-    assert [e.detail for e in dx.finding.evidence if e.clue is Clue.SPLITS] == ["2>0:5:10"]
+    assert [e.detail for e in dx.finding.evidence if e.clue is Clue.SPLITS] == [(SplitGap(2, 0, sent=5, expected=10),)]
 
 
 def test_an_uneven_all_to_all_that_agrees_pair_by_pair_is_healthy(tmp_path: Path) -> None:
@@ -347,7 +347,7 @@ def test_a_rank_that_swapped_its_neighbours_is_the_one_end_of_every_pair_that_di
     assert dx.culprits == (2,)
     assert dx.finding is not None
     every = [e for e in dx.finding.evidence if e.clue is Clue.EVERY_PAIR]
-    assert every and every[0].ranks == (2,) and every[0].detail == "1->2,2->1,2->3,3->2"
+    assert every and every[0].ranks == (2,) and every[0].detail == ((1, 2), (2, 1), (2, 3), (3, 2))
 
 
 def test_a_stage_that_sends_a_size_new_to_it_is_named_against_the_stage_that_expects_the_usual(
@@ -495,7 +495,9 @@ def test_two_ranks_that_each_dropped_tokens_after_the_count_exchange_are_both_na
     assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (2, Kind.NUMEL)
     assert dx.culprits == (2, 3)
     assert dx.finding is not None and dx.finding.cause is Cause.SPLIT_MISMATCH
-    assert [e.detail for e in dx.finding.evidence if e.clue is Clue.SPLITS] == ["2>1:2:4,3>0:1:4"]
+    assert [e.detail for e in dx.finding.evidence if e.clue is Clue.SPLITS] == [
+        (SplitGap(2, 1, sent=2, expected=4), SplitGap(3, 0, sent=1, expected=4))
+    ]
 
 
 def test_a_barrier_after_a_save_on_rank_0_only_is_control_flow_not_data_that_ran_out(tmp_path: Path) -> None:

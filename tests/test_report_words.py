@@ -4,8 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from colltrace.analysis.results import Blind, Unseen
+from colltrace.analysis.results import (
+    Blind,
+    Clue,
+    Evidence,
+    InSpan,
+    Lateness,
+    SchedulesApart,
+    SlowIn,
+    SplitGap,
+    StepSkew,
+    Unseen,
+)
+from colltrace.analysis.schedules import Schedule
 from colltrace.report import words
+from colltrace.report.jsonreport import detail_text
 
 
 @pytest.mark.parametrize("what", list(Blind))
@@ -26,3 +39,45 @@ def test_unseen_sentences_carry_their_values() -> None:
     assert words.unseen_text(Unseen(Blind.UNTRACED_API, text="torch.distributed.foo: not traced")) == (
         "torch.distributed.foo: not traced"
     )
+
+
+@pytest.mark.parametrize("clue", list(Clue))
+def test_every_clue_has_its_sentence_with_or_without_a_detail(clue: Clue) -> None:
+    for detail in (None, "blocks.1", 2, (0, 1), StepSkew(1, 2, 1, 3)):
+        assert words.evidence_text(Evidence(clue, (2,), detail))
+
+
+# payloads from the fixtures' reports, the JSON detail string each has always carried, and a part of its sentence
+PAYLOADS = [
+    (Evidence(Clue.STEP_SKEW, (2,), StepSkew(1, 2, 1, 3)), "1,2,1,3", "in step 1, micro-step 2, where the others "
+     "were in step 1, micro-step 3"),
+    (Evidence(Clue.SKEW_BEFORE, (2,), StepSkew(4, 0, 3, 1, seq=17)), "17,4,0,3,1", "issued seq 17 in step 4"),
+    (Evidence(Clue.IN_SPAN, (2,), InSpan("data", 3.66, "")), "data,3.7,", "was in data loading (DataLoader next()) "
+     "for 3.7 s"),
+    (Evidence(Clue.IN_SPAN, (1,), InSpan("forward", None, "blocks.1")), "forward,,blocks.1", "the forward of blocks.1 "
+     "when"),
+    (Evidence(Clue.LAST_ARRIVER, (1,), Lateness(1.6179471, 25, 88)), "1.617947,25,88", "arrived last at 25 of 88 "
+     "collectives; the others waited 1.62 s"),
+    (Evidence(Clue.SLOW_IN, (1,), SlowIn("data", 399.6e6)), "data,400", "spends 400 ms more per step in data loading"),
+    (Evidence(Clue.SCHEDULE, (1,), SchedulesApart(Schedule("Schedule1F1B", 3, 3), Schedule("Schedule1F1B", 4, 3))),
+     "Schedule1F1B,3,3,Schedule1F1B,4,3", "rank 1's Schedule1F1B over 3 stages runs 3 micro-batches a step; the "
+     "other stages' Schedule1F1B over 3 stages runs 4"),
+    (Evidence(Clue.SPLITS, (2,), (SplitGap(2, 0, 5, 10),)), "2>0:5:10", "rank 2 sent rank 0 5 rows where rank 0 "
+     "expected 10"),
+    (Evidence(Clue.EVERY_PAIR, (2,), ((1, 2), (2, 1))), "1->2,2->1", "(rank 1 → rank 2, rank 2 → rank 1)"),
+    (Evidence(Clue.WAITED_FOR, (2,), (0, 1)), "0,1", "that ranks 0-1 were blocked in"),
+    (Evidence(Clue.NO_TRACE, (2,), (0, 1)), "0,1", "while ranks 0,1 were blocked"),
+    (Evidence(Clue.MISDIRECTED, (1,), (0, 2)), "0,2", "sent ranks 0, 2 one transfer more"),
+    (Evidence(Clue.CREATION_MAJORITY, (1,), (1, 3)), "1,3", "(ranks 1,3)"),
+    (Evidence(Clue.CREATION_MAJORITY, (1,), ((0, 1), (2, 3))), "((0, 1), (2, 3))", "(ranks ((0, 1), (2, 3)))"),
+    (Evidence(Clue.MAJORITY, (2,), 2), "2", "(2 ranks agree)"),
+    (Evidence(Clue.CRASHED, (2,), "IndexError"), "IndexError", "raised IndexError on its own"),
+    (Evidence(Clue.HISTORY_DEVIATES, (2,)), "", "issued something other"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("ev", "detail", "said"), PAYLOADS, ids=[f"{e.clue.value}-{d}" for e, d, _ in PAYLOADS])
+def test_a_typed_detail_keeps_its_json_string_and_is_said_from_its_values(ev: Evidence, detail: str, said: str) -> None:
+    assert detail_text(ev) == detail
+    assert said in words.evidence_text(ev)
+    assert hash(ev) == hash(Evidence(ev.clue, ev.ranks, ev.detail))  # deduplicated with dict.fromkeys

@@ -7,7 +7,18 @@ from collections import Counter
 
 from colltrace.analysis import groups, states
 from colltrace.analysis.history import TRAINING, starts_step
-from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, Finding, RankEnd
+from colltrace.analysis.results import (
+    Clue,
+    Confidence,
+    Divergence,
+    Evidence,
+    Finding,
+    InSpan,
+    Lateness,
+    RankEnd,
+    SlowIn,
+    StepSkew,
+)
 from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
 from colltrace.analysis.timing import Straggler
 from colltrace.analysis.vocab import Cause, Kind
@@ -95,8 +106,7 @@ def stuck_in_span(f: Facts) -> Finding | None:
         if cause is None or span is None:
             return None
         causes.add(cause)
-        for_s = f"{e.open_for_s:.1f}" if e.open_for_s is not None else ""
-        ev.append(Evidence(Clue.IN_SPAN, (r,), f"{span.op},{for_s},{span.module}"))
+        ev.append(Evidence(Clue.IN_SPAN, (r,), InSpan(span.op, e.open_for_s, span.module)))
     if len(causes) != 1:
         return None
     return Finding(causes.pop(), Confidence.MEDIUM, tuple(ev))
@@ -400,9 +410,9 @@ def skew_before(f: Facts) -> Finding | None:
 _SKEW_LOOKBACK = 4096  # seqs before the divergence searched for a passing step skew
 
 
-def _skewed_before(f: Facts) -> str | None:
+def _skewed_before(f: Facts) -> StepSkew | None:
     """The latest seq before the divergence where every culprit issued at another (step, micro-step) than the
-    victims, who agree among themselves: "seq,step,micro,step,micro" (a culprit's, then the victims')."""
+    victims, who agree among themselves: a culprit's (step, micro-step) there, then the victims'."""
     assert f.d is not None and f.d.seq is not None
     mine = [st for r in f.culprits if (st := f.stream(r)) is not None]
     theirs = [st for r in f.victims[:8] if (st := f.stream(r)) is not None]
@@ -417,7 +427,7 @@ def _skewed_before(f: Facts) -> str | None:
         if other not in at and None not in at and len(at) == 1:
             (own,) = at
             assert own is not None and other is not None
-            return f"{seq},{own[0]},{own[1]},{other[0]},{other[1]}"
+            return StepSkew(own[0], own[1], other[0], other[1], seq)
     return None
 
 
@@ -458,7 +468,7 @@ def grad_skipped(f: Facts) -> Finding | None:
         return None
     if not all(_past(f, r) for r in f.culprits):
         return None
-    skipped = Evidence(Clue.GRAD_SKIPPED, f.culprits, str(_victim_step(f)))
+    skipped = Evidence(Clue.GRAD_SKIPPED, f.culprits, _victim_step(f))
     return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (skipped, Evidence(Clue.GRAD_REDUCTION, f.culprits)))
 
 
@@ -622,9 +632,9 @@ def _other_call(f: Facts) -> bool:
 
 def straggler_evidence(s: Straggler) -> tuple[Evidence, ...]:
     """How late the rank was, where its time went (from its spans), and since when."""
-    out = [Evidence(Clue.LAST_ARRIVER, (s.rank,), f"{s.waited_s:.6f},{s.last_arrivals},{s.collectives}")]
+    out = [Evidence(Clue.LAST_ARRIVER, (s.rank,), Lateness(s.waited_s, s.last_arrivals, s.collectives))]
     if s.where is not None:
-        out.append(Evidence(Clue.SLOW_IN, (s.rank,), f"{s.where},{s.where_ns / 1e6:.0f}"))
+        out.append(Evidence(Clue.SLOW_IN, (s.rank,), SlowIn(s.where, s.where_ns)))
     if s.since_step is not None:
-        out.append(Evidence(Clue.TURNED_SLOW, (s.rank,), str(s.since_step)))
+        out.append(Evidence(Clue.TURNED_SLOW, (s.rank,), s.since_step))
     return tuple(out)

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from colltrace.analysis import groups, states, waitfor
 from colltrace.analysis.history import TRAINING, Habit, periodic, precedent, starts_step
-from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, RankEnd
+from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, RankEnd, StepSkew
 from colltrace.analysis.streams import GroupStream, RankStreams, SigTable, p2p_ends
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
@@ -128,7 +128,7 @@ def for_step(d: Divergence, streams: dict[int, RankStreams], table: SigTable) ->
         culprits: tuple[int, ...] = ()  # the two disagree: say so, name nobody
     elif minority:
         culprits = tuple(sorted(minority))
-        evidence.append(Evidence(Clue.MAJORITY, culprits, str(largest)))
+        evidence.append(Evidence(Clue.MAJORITY, culprits, largest))
     elif changed and steady:
         culprits = tuple(sorted(changed))
     else:
@@ -141,8 +141,8 @@ def for_step(d: Divergence, streams: dict[int, RankStreams], table: SigTable) ->
     others = [p for r, p in here.items() if r not in culprits and p is not None]
     theirs = [p for r, p in here.items() if r in culprits and p is not None]
     if theirs and others:
-        detail = f"{theirs[0][0]},{theirs[0][1]},{others[0][0]},{others[0][1]}"
-        evidence.append(Evidence(Clue.STEP_SKEW, culprits, detail))
+        skew = StepSkew(theirs[0][0], theirs[0][1], others[0][0], others[0][1])
+        evidence.append(Evidence(Clue.STEP_SKEW, culprits, skew))
     sure = Confidence.HIGH if len({e.clue for e in evidence} - {Clue.STEP_SKEW}) >= 2 else Confidence.MEDIUM
     return Blame(culprits, _others(visible, culprits), Kind.STEP, sure, tuple(evidence))
 
@@ -196,8 +196,8 @@ def for_missing(
         # most of the group exited cleanly, as far on in training as the issuers, having issued everything
         # their code asked for; the few left waiting issued one more (a barrier on rank 0 only, in a save)
         culprits = tuple(sorted(issuers))
-        evidence.append(Evidence(Clue.MAJORITY, culprits, str(len(absent))))
-        evidence.append(Evidence(Clue.EXITED_CLEANLY, absent, str(max(ends[r].steps for r in absent))))
+        evidence.append(Evidence(Clue.MAJORITY, culprits, len(absent)))
+        evidence.append(Evidence(Clue.EXITED_CLEANLY, absent, max(ends[r].steps for r in absent)))
         return Blame(culprits, (), Kind.EXTRA, Confidence.MEDIUM, tuple(evidence))
     # the absent ranks are late: follow the wait-for graph from them to whom they wait on
     culprits_set: set[int] = set()
@@ -216,7 +216,7 @@ def for_missing(
         evidence.append(Evidence(Clue.HISTORY_CONSISTENT, con))
     waiters = [r for r in issuers if r not in culprits]
     if waitfor.edges(wf.graph) and waiters:
-        evidence.append(Evidence(Clue.WAITED_FOR, culprits, ",".join(map(str, waiters))))
+        evidence.append(Evidence(Clue.WAITED_FOR, culprits, tuple(waiters)))
     evidence.extend(_state_clues(culprits, ends))
     victims = tuple(sorted((set(waiting_on(wf, culprits)) | set(issuers)) - set(culprits)))
     timed_out = tuple(r for r in victims if ends[r].collective_failure)
@@ -270,8 +270,7 @@ def for_membership(d: Divergence, run: Run) -> Blame | None:
         return None
     members = view.members if isinstance(view.members, tuple) and all(isinstance(m, int) for m in view.members) else ()
     victims = tuple(sorted(set(members or knowing) - set(odd)))
-    detail = ",".join(map(str, members)) if members else str(view.members)
-    evidence = (Evidence(Clue.CREATION_MAJORITY, odd, detail),)
+    evidence = (Evidence(Clue.CREATION_MAJORITY, odd, view.members),)  # the rank list(s) the majority asked for
     return Blame(odd, victims, Kind.MEMBERSHIP, Confidence.HIGH, evidence)
 
 
@@ -328,7 +327,7 @@ def misdirected(streams: dict[int, RankStreams]) -> Blame | None:
             idxs = [i for i in extra.get((r, sending), []) if i >= 0]
             if idxs and all(rank_habit(streams[r], i) is Habit.CONSISTENT for i in idxs):
                 continue  # its own pattern: it waits where it always sends or receives
-            found[r] = Evidence(clue, (r,), ",".join(map(str, sorted(more | fewer))))
+            found[r] = Evidence(clue, (r,), tuple(sorted(more | fewer)))
     if not found:
         return None
     wrong = tuple(sorted(found))
@@ -380,8 +379,8 @@ def in_every_pair(d: Divergence, found: list[Divergence]) -> Blame | None:
         return None
     (who,) = common
     others = tuple(sorted(set().union(*ends) - common))
-    detail = ",".join(f"{a}->{b}" for a, b in sorted({p for p in pairs if p is not None}))
-    return Blame((who,), others, d.kind, Confidence.MEDIUM, (Evidence(Clue.EVERY_PAIR, (who,), detail),))
+    every = tuple(sorted({p for p in pairs if p is not None}))
+    return Blame((who,), others, d.kind, Confidence.MEDIUM, (Evidence(Clue.EVERY_PAIR, (who,), every),))
 
 
 def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame | None:
@@ -405,7 +404,7 @@ def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) ->
         return None
     who = odd[0]
     other = tuple(r for r in new if r != who)
-    return Blame((who,), other, d.kind, Confidence.LOW, (Evidence(Clue.NEW_SIZE, (who,), ",".join(map(str, other))),))
+    return Blame((who,), other, d.kind, Confidence.LOW, (Evidence(Clue.NEW_SIZE, (who,), other),))
 
 
 def _sizes_before(rs: RankStreams, sending: bool, idx: int, table: SigTable) -> set[tuple[int, str, str]]:

@@ -16,6 +16,7 @@ from colltrace.analysis.results import (
     Evidence,
     Finding,
     RankEnd,
+    SchedulesApart,
     Unseen,
 )
 from colltrace.analysis.streams import RankStreams, SigTable, build_all, held, p2p_ends
@@ -118,7 +119,7 @@ def diagnose(run: Run) -> Diagnosis:
         who, peers, group, seq, certain = split
         members = align.members(run, group, streams)
         others = tuple(r for r in members if r not in who)
-        ev = (Evidence(Clue.SPLITS, who, ",".join(peers)), *blame.evidence)
+        ev = (Evidence(Clue.SPLITS, who, peers), *blame.evidence)
         sure = Confidence.HIGH if certain and set(who) <= set(blame.culprits) else Confidence.MEDIUM
         blame = culprit.Blame(who, others, Kind.NUMEL, sure, ev)
         at = tuple(align.at_seq(streams, r, group, seq, table) for r in members)
@@ -137,7 +138,7 @@ def diagnose(run: Run) -> Diagnosis:
         culprits, victims = blame.culprits, blame.victims
     odd = schedules.odd(run) if d is not None else None
     if odd is not None:  # pipeline stages that built another schedule than the rest: whatever the transfers show
-        built = Evidence(Clue.SCHEDULE, odd.ranks, ",".join(map(str, (*odd.theirs, *odd.usual))))
+        built = Evidence(Clue.SCHEDULE, odd.ranks, SchedulesApart(odd.theirs, odd.usual))
         crashed_apart = any(states.self_failed(ends[r]) for r in culprits if r in ends and r not in odd.ranks)
         if odd.ranks and not crashed_apart:
             victims = tuple(sorted((set(victims) | set(culprits)) - set(odd.ranks)))
@@ -300,8 +301,7 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
     # without dumps from half the ranks or more, the ranks that left one are no majority to go by: undecided
     if unseen_ranks and (blocked or dumped and 2 * len(unseen_ranks) < len(ends)):
         # nothing can be aligned against a rank without a trace, yet the others wait: it is the suspect
-        detail = ",".join(map(str, blocked))
-        ev = tuple(Evidence(Clue.NO_DUMP if dumped else Clue.NO_TRACE, (r,), detail) for r in unseen_ranks)
+        ev = tuple(Evidence(Clue.NO_DUMP if dumped else Clue.NO_TRACE, (r,), blocked) for r in unseen_ranks)
         return culprit.Blame(unseen_ranks, blocked, Kind.MISSING, Confidence.LOW, ev)
     stuck = tuple(r for r, e in ends.items()
                   if e.blocked is None and e.state in NOT_ENDED - {RankState.DUMPED, RankState.UNTRACED})  # fmt: skip

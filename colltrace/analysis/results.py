@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
+from colltrace.analysis.schedules import Schedule
 from colltrace.analysis.streams import Signature
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.records import Collective, RankState
@@ -32,7 +33,7 @@ class Clue(str, enum.Enum):
     EXITED_CLEANLY = "exited_cleanly"  # the ranks exited cleanly as far on as the ranks waiting (detail: their steps)
     FINISHED_EARLY = "finished_early"  # the rank exited cleanly while others still waited for it
     STUCK_OUTSIDE = "stuck_outside"  # hung or killed with no collective in flight (compute, data loading)
-    IN_SPAN = "in_span"  # the rank was in this compute span when it stopped (detail: kind,seconds)
+    IN_SPAN = "in_span"  # the rank was in this compute span when it stopped (detail: InSpan)
     OUT_OF_DATA = "out_of_data"  # the rank's DataLoader iterator raised StopIteration
     KILLED = "killed"  # stopped from outside with no collective in flight
     WAITED_FOR = "waited_for"  # blocked ranks wait for this rank in the wait-for graph
@@ -52,11 +53,11 @@ class Clue(str, enum.Enum):
     LEFT_LOOP = "left_loop"  # the culprit stopped issuing training-step collectives at a step boundary
     TIMED_OUT = "timed_out"  # the victims' collectives failed (timeout, peer gone)
     LAST_ARRIVER = "last_arriver"  # the rank arrived last at most collectives, by a wide margin
-    SLOW_IN = "slow_in"  # the rank spends more per step than the median rank in one category (detail: cat,ms)
+    SLOW_IN = "slow_in"  # the rank spends more per step than the median rank in one category (detail: SlowIn)
     TURNED_SLOW = "turned_slow"  # the rank became late at a later step (detail: the step)
     STEP_BOUNDARY = "step_boundary"  # the victims were starting a new step the culprit never started
-    STEP_SKEW = "step_skew"  # the same collective issued in another step/micro-step (detail: step,micro,step,micro)
-    SKEW_BEFORE = "skew_before"  # before the divergence, the rank issued one seq at another micro-step (detail: seq,step,micro,step,micro)
+    STEP_SKEW = "step_skew"  # the same collective issued in another step/micro-step (detail: StepSkew)
+    SKEW_BEFORE = "skew_before"  # before the divergence, the rank issued one seq at another micro-step (detail: StepSkew with its seq)
     COUNT_CHANGED = "count_changed"  # the rank issued another number of collectives in this step than in the one before
     SPLITS = "splits"  # the rank's all-to-all split sizes disagree with its peers' (detail: the peers)
     FIRST_FAILED = "first_failed"  # the rank's collective failed first, with an error of its own (not a lost peer)
@@ -65,17 +66,81 @@ class Clue(str, enum.Enum):
     SAME_ORDER = "same_order"  # the ranks of a cycle each block in a blocking transfer of one kind (detail: send|recv)
     SAVED_APART = "saved_apart"  # the rank saved a checkpoint in this step, the others did not (detail: how)
     OTHER_CALL = "other_call"  # the ranks issued it from different lines or with different reduce ops
-    SCHEDULE = "schedule"  # the pipeline schedules differ (detail: theirs, the usual: name,micro-batches,stages)
+    SCHEDULE = "schedule"  # the pipeline schedules differ (detail: SchedulesApart)
     EVERY_PAIR = "every_pair"  # the rank is an end of every pair whose transfers disagree (detail: the pairs)
     NEW_SIZE = "new_size"  # the rank sent or received a size new to it; its peer one it had before (detail: peer)
     UNDECIDED = "undecided"  # the evidence does not separate the ranks
 
 
 @dataclass(frozen=True, slots=True)
+class StepSkew:
+    """STEP_SKEW, SKEW_BEFORE: the (step, micro-step) a culprit issued a collective in, and the others'."""
+
+    step: int
+    micro: int
+    other_step: int
+    other_micro: int
+    seq: int | None = None  # SKEW_BEFORE: the earlier seq where they issued it apart
+
+
+@dataclass(frozen=True, slots=True)
+class InSpan:
+    """IN_SPAN: the compute span the rank was in when it stopped."""
+
+    kind: str  # the span's kind as recorded: data, forward, backward, recompute, optimizer, checkpoint, phase
+    for_s: float | None  # how long it had been open, None when not known
+    module: str  # the module it ran, "" none
+
+
+@dataclass(frozen=True, slots=True)
+class Lateness:
+    """LAST_ARRIVER: how often the rank arrived last, and how long the others waited for it alone."""
+
+    waited_s: float
+    last_arrivals: int
+    collectives: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlowIn:
+    """SLOW_IN: the breakdown category the rank's extra time per step goes to, and how much."""
+
+    category: str  # a timing category: data, forward, allgather_wait, ...
+    extra_ns: float  # more per step than the median rank
+
+
+@dataclass(frozen=True, slots=True)
+class SplitGap:
+    """SPLITS: one pair of an all-to-all whose split sizes disagree."""
+
+    sender: int
+    receiver: int
+    sent: int  # rows the sender sent the receiver
+    expected: int  # rows the receiver expected from it
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulesApart:
+    """SCHEDULE: the schedule the odd stages built, and the one the others did."""
+
+    theirs: Schedule
+    usual: Schedule
+
+
+# what a clue refers to, by clue: a name from the trace (module, error type, label, activity, send|recv,
+# checkpoint flavour), a number (ranks that agree, steps, a step), ranks (who were blocked, the peers),
+# rank pairs (EVERY_PAIR), a group's asked members (CREATION_MAJORITY), or one of the small types above
+Detail: TypeAlias = (
+    str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
+    | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | None
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class Evidence:
     clue: Clue
     ranks: tuple[int, ...]
-    detail: str = ""  # a name or number the clue refers to (module, error type, seconds), not a sentence
+    detail: Detail = None  # what the clue refers to, as values (never a sentence): see Detail
 
 
 class Blind(str, enum.Enum):

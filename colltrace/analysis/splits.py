@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from colltrace.analysis import states
-from colltrace.analysis.results import RankEnd
+from colltrace.analysis.results import RankEnd, SplitGap
 from colltrace.analysis.streams import RankStreams
 from colltrace.trace.records import Run
 
@@ -74,8 +74,8 @@ def bad_pairs(
 
 def suspects(
     run: Run, streams: dict[int, RankStreams], ends: dict[int, RankEnd], among: tuple[int, ...]
-) -> tuple[tuple[int, ...], tuple[str, ...], str, int, bool] | None:
-    """(culprits, its pairs that disagree as "sender>receiver:sent:expected", group, seq, whether the pairs
+) -> tuple[tuple[int, ...], tuple[SplitGap, ...], str, int, bool] | None:
+    """(culprits, its pairs that disagree, group, seq, whether the pairs
     alone single it out)
     at the first all-to-all of the run of them that disagree and that the ranks stopped in, or None when
     they stopped in none whose split sizes were recorded or all pairs agree. A culprit is in every pair that
@@ -109,6 +109,6 @@ def suspects(
         if not narrowed or len(narrowed) > 1 and every:
             continue
         culprits = tuple(sorted(narrowed))
-        said = tuple(f"{a}>{b}:{sent}:{want}" for a, b, sent, want in pairs if a in culprits or b in culprits)
+        said = tuple(SplitGap(a, b, sent, want) for a, b, sent, want in pairs if a in culprits or b in culprits)
         return culprits, said, group, seq, certain
     return None

@@ -6,7 +6,18 @@ from typing import Any
 
 from colltrace.analysis import timing as tmg
 from colltrace.analysis.causes import straggler_evidence
-from colltrace.analysis.results import Diagnosis, RankEnd
+from colltrace.analysis.results import (
+    Clue,
+    Diagnosis,
+    Evidence,
+    InSpan,
+    Lateness,
+    RankEnd,
+    SchedulesApart,
+    SlowIn,
+    SplitGap,
+    StepSkew,
+)
 from colltrace.analysis.streams import Signature, held
 from colltrace.report import words
 from colltrace.trace import schema
@@ -152,7 +163,7 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
                 {
                     "clue": e.clue.value,
                     "ranks": list(e.ranks),
-                    "detail": e.detail or None,
+                    "detail": detail_text(e) or None,
                     "text": words.evidence_text(e),
                 }
                 for e in dx.finding.evidence
@@ -263,6 +274,35 @@ def timing(run: Run, tm: tmg.Timing | None) -> dict[str, Any]:
         ],  # fmt: skip
         "clock": clock,
     }
+
+
+def detail_text(e: Evidence) -> str:
+    """An evidence's detail as the JSON report has always carried it: one string, its values comma-separated
+    (steps "1,2,1,3", pairs "1->2,2->1", split gaps "2>1:20:25", a span "data,3.7,")."""
+    d = e.detail
+    if isinstance(d, StepSkew):
+        skew = (d.step, d.micro, d.other_step, d.other_micro)
+        return ",".join(map(str, skew if d.seq is None else (d.seq, *skew)))
+    if isinstance(d, InSpan):
+        return f"{d.kind},{'' if d.for_s is None else f'{d.for_s:.1f}'},{d.module}"
+    if isinstance(d, Lateness):
+        return f"{d.waited_s:.6f},{d.last_arrivals},{d.collectives}"
+    if isinstance(d, SlowIn):
+        return f"{d.category},{d.extra_ns / 1e6:.0f}"
+    if isinstance(d, SchedulesApart):
+        return ",".join(map(str, (*d.theirs, *d.usual)))
+    if e.clue is Clue.CREATION_MAJORITY:
+        return words.asked_text(d)
+    if isinstance(d, tuple):
+        return ",".join(_item(x) for x in d)
+    return "" if d is None else str(d)
+
+
+def _item(x: int | tuple[int, ...] | SplitGap) -> str:
+    """A rank, a pair of ranks (a p2p direction) or an all-to-all's split gap in a detail string."""
+    if isinstance(x, SplitGap):
+        return f"{x.sender}>{x.receiver}:{x.sent}:{x.expected}"
+    return "->".join(map(str, x)) if isinstance(x, tuple) else str(x)
 
 
 def _clock_unseen(run: Run, tm: tmg.Timing | None) -> list[str]:

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from colltrace.analysis.results import Blind, Clue, Diagnosis, Evidence, Unseen
+from colltrace.analysis.results import (
+    Blind,
+    Clue,
+    Detail,
+    Diagnosis,
+    Evidence,
+    InSpan,
+    Lateness,
+    SchedulesApart,
+    SlowIn,
+    SplitGap,
+    StepSkew,
+    Unseen,
+)
 from colltrace.analysis.streams import Signature, numbered, p2p_ends
 from colltrace.analysis.vocab import Cause, Verdict
 from colltrace.trace.records import RankState
@@ -99,18 +112,17 @@ def headline(dx: Diagnosis) -> str:
 
 def evidence_text(e: Evidence) -> str:
     who = ranks_text(e.ranks)
-    detail = e.detail
+    d = e.detail
+    detail = _named(d)  # a name or number the clue refers to
+    peers = _rank_list(d)
     its = "its" if len(e.ranks) == 1 else "their"
     s = "s" if len(e.ranks) == 1 else ""
     if e.clue is Clue.SLOW_IN:
-        return _slow_in(who, detail)
+        return _slow_in(who, d)
     if e.clue is Clue.LAST_ARRIVER:
-        return _last_arriver(who, detail)
+        return _last_arriver(who, d)
     if e.clue is Clue.IN_SPAN:
-        kind, _, rest = detail.partition(",")
-        secs, _, module = rest.partition(",")
-        what = SPAN_WORDS.get(kind, kind) + (f" of {module}" if module and kind != "data" else "")
-        return f"{who} was in {what}" + (f" for {secs} s" if secs else "") + " when it stopped, in no collective"
+        return _in_span(who, d)
     text = {
         Clue.HISTORY_DEVIATES: f"{who} issued something other than what {'it' if s else 'they'} issued at this point of {its} earlier steps",
         Clue.HISTORY_CONSISTENT: f"{who} issued the same as at this point of {its} earlier steps",
@@ -124,16 +136,16 @@ def evidence_text(e: Evidence) -> str:
         Clue.OUT_OF_DATA: f"{who}'s DataLoader ran out of batches (its iterator raised StopIteration)",
         Clue.STUCK_OUTSIDE: f"{who} was in no collective at {its} last record ({detail})",
         Clue.KILLED: f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)",
-        Clue.NO_TRACE: f"{who} left no trace while ranks {detail} were blocked: it never started tracing "
+        Clue.NO_TRACE: f"{who} left no trace while ranks {','.join(map(str, peers))} were blocked: it never started tracing "
         f"(died before init_process_group returned) or its files were not copied",
         Clue.NO_DUMP: f"{who} left no readable Flight Recorder dump while the others did (a process that aborted in C++ or "
-        "was killed writes none)" + (f"; {_ranks_detail(detail)} blocked" if detail else ""),
-        Clue.WAITED_FOR: f"{who} never reached the collective that {_ranks_detail(detail)} blocked in (wait-for graph sink)",
+        "was killed writes none)" + (f"; {_were(peers)} blocked" if peers else ""),
+        Clue.WAITED_FOR: f"{who} never reached the collective that {_were(peers)} blocked in (wait-for graph sink)",
         Clue.CYCLE: f"{who} wait on each other (a cycle in the wait-for graph: each is blocked where another has not arrived)",
         Clue.MEMBERSHIP: f"the ranks disagree on the members of group {detail}",
         Clue.GROUP_CREATE: f"{who} asked new_group/split_group for other ranks than the rest",
         Clue.CREATION_MAJORITY: f"{who} created the group with other members than most ranks' same "
-        f"new_group/split_group call asked for (ranks {detail})",
+        f"new_group/split_group call asked for (ranks {asked_text(d)})",
         Clue.SAME_MODULE: f"same op on the same module ({detail}) on every rank: the tensors themselves differ",
         Clue.RECOMPUTE: "the divergent collectives are in activation-checkpoint recompute",
         Clue.DDP_UNREDUCED: f"DDP raised on {who}: parameters got no gradient there"
@@ -150,14 +162,14 @@ def evidence_text(e: Evidence) -> str:
         Clue.TIMED_OUT: f"{who} failed in the collective {'it' if s else 'they'} waited in (timeout or peer gone): "
         f"{'a victim' if s else 'victims'}",
         Clue.TURNED_SLOW: f"{who} turned slow at step {detail}: it was on time before",
-        Clue.STEP_SKEW: _step_skew(who, detail),
-        Clue.SKEW_BEFORE: _skew_before(who, detail),
+        Clue.STEP_SKEW: _step_skew(who, d),
+        Clue.SKEW_BEFORE: _skew_before(who, d),
         Clue.COUNT_CHANGED: f"{who} issued another number of collectives in this group in this step than in {its} other steps",
-        Clue.SPLITS: _splits(who, detail),
+        Clue.SPLITS: _splits(who, d),
         Clue.FIRST_FAILED: f"{who} failed first, with an error of {its} own ({detail}), not a timeout or a lost peer",
-        Clue.MISDIRECTED: f"{who} sent {_ranks_detail(detail).rsplit(' ', 1)[0]} one transfer more than the one "
+        Clue.MISDIRECTED: f"{who} sent {ranks_text(peers)} one transfer more than the one "
         "received and the other one fewer than it waits for: a send to the wrong peer",
-        Clue.WRONG_SOURCE: f"{who} waits to receive from {_ranks_detail(detail).rsplit(' ', 1)[0]}: from one that "
+        Clue.WRONG_SOURCE: f"{who} waits to receive from {ranks_text(peers)}: from one that "
         "never sent it that transfer, while the other's transfer to it waits unreceived: a receive from the wrong "
         "peer (its src, or a tag that does not match)",
         Clue.SAME_ORDER: f"{who} each block in a blocking {detail} to another of them: each posted the same side "
@@ -166,11 +178,11 @@ def evidence_text(e: Evidence) -> str:
         "not: a save path that only some ranks enter (a collective inside `if rank == 0:`), not data that ran out",
         Clue.OTHER_CALL: f"{who} issued it from another line of code or with another reduce op than the others: "
         "a different collective, not the same one with other tensors",
-        Clue.SCHEDULE: _schedule(who if e.ranks else "", detail),
-        Clue.EVERY_PAIR: f"{who} is an end of every pair whose transfers disagree ({_pairs(detail)}); every "
+        Clue.SCHEDULE: _schedule(who if e.ranks else "", d),
+        Clue.EVERY_PAIR: f"{who} is an end of every pair whose transfers disagree ({_pairs(d)}); every "
         "other pair agrees",
         Clue.NEW_SIZE: f"{who} issued a size, dtype or tag on this transfer that it never sent or received before, "
-        f"while {_ranks_detail(detail).rsplit(' ', 1)[0]} expected one it had taken before",
+        f"while {ranks_text(peers)} expected one it had taken before",
         Clue.UNDECIDED: f"nothing in the traces tells {who} apart (none left its own earlier pattern, and there is "
         "no majority): which is wrong is for you to judge",
     }[e.clue]
@@ -201,9 +213,39 @@ def unseen_text(u: Unseen) -> str:
     }[u.what]
 
 
-def _pairs(detail: str) -> str:
-    """'1->2,2->1' as 'rank 1 → rank 2, rank 2 → rank 1'."""
-    return ", ".join(" → ".join(f"rank {r}" for r in p.split("->")) for p in detail.split(",") if p)
+def _named(d: Detail) -> str:
+    """A name or number from the trace (a module, an error type, a step), as it is; "" for other details."""
+    return str(d) if isinstance(d, (str, int)) else ""
+
+
+def _rank_list(d: Detail) -> tuple[int, ...]:
+    """The ranks a clue names (who were blocked, the peers); () for other details."""
+    return tuple(r for r in d if isinstance(r, int)) if isinstance(d, tuple) else ()
+
+
+def _were(ranks: tuple[int, ...]) -> str:
+    """(0, 1) -> 'ranks 0-1 were'; (3,) -> 'rank 3 was'."""
+    return ranks_text(ranks) + (" was" if len(ranks) == 1 else " were")
+
+
+def asked_text(d: Detail) -> str:
+    """The rank list a group creation asked for: '1,3'; split_group's lists of lists as Python writes them."""
+    flat = _rank_list(d)
+    return ",".join(map(str, flat)) if flat and flat == d else str(d)
+
+
+def _pairs(d: Detail) -> str:
+    """((1, 2), (2, 1)) as 'rank 1 → rank 2, rank 2 → rank 1'."""
+    pairs = [p for p in d if isinstance(p, tuple)] if isinstance(d, tuple) else []
+    return ", ".join(" → ".join(f"rank {r}" for r in p) for p in pairs)
+
+
+def _in_span(who: str, d: Detail) -> str:
+    if not isinstance(d, InSpan):
+        return f"{who} was in a compute span when it stopped, in no collective"
+    what = SPAN_WORDS.get(d.kind, d.kind) + (f" of {d.module}" if d.module and d.kind != "data" else "")
+    took = f" for {d.for_s:.1f} s" if d.for_s is not None else ""
+    return f"{who} was in {what}{took} when it stopped, in no collective"
 
 
 SPAN_WORDS = {
@@ -235,78 +277,58 @@ CATEGORY_SHORT = {  # column headers where space is short (the TUI's stats table
 }  # fmt: skip
 
 
-def _ranks_detail(detail: str) -> str:
-    """'0,1' -> 'ranks 0-1 were'; '3' -> 'rank 3 was'."""
-    try:
-        rs = [int(x) for x in detail.split(",") if x.strip()]
-    except ValueError:
-        return f"ranks {detail} were"
-    return ranks_text(rs) + (" was" if len(rs) == 1 else " were")
-
-
-def _schedule(who: str, detail: str) -> str:
-    """'Schedule1F1B,3,3,Schedule1F1B,4,3' -> "rank 1's Schedule1F1B runs 3 micro-batches a step, the others'
-    4" (who is empty when no majority says which is wrong)."""
-    try:
-        name, micro, stages, usual, umicro, ustages = detail.split(",")
-    except ValueError:
+def _schedule(who: str, d: Detail) -> str:
+    """ "rank 1's Schedule1F1B over 3 stages runs 3 micro-batches a step; the other stages' ... 4" (who is empty
+    when no majority says which is wrong)."""
+    if not isinstance(d, SchedulesApart):
         return "the pipeline's stages built their schedules differently"
-    theirs = f"{name} over {stages} stages runs {micro} micro-batches a step"
-    others = f"{usual} over {ustages} stages runs {umicro}"
+    theirs = f"{d.theirs.name} over {d.theirs.stages} stages runs {d.theirs.microbatches} micro-batches a step"
+    others = f"{d.usual.name} over {d.usual.stages} stages runs {d.usual.microbatches}"
     if not who:
         return f"the pipeline's stages built their schedules differently: one {theirs}, another {others}"
     return f"{who}'s {theirs}; the other stages' {others}: every stage must run the same schedule"
 
 
-def _splits(who: str, detail: str) -> str:
-    """'2>1:20:25' -> 'rank 2 sent rank 1 20 rows where rank 1 expected 25'."""
-    said = []
-    for pair in detail.split(","):
-        try:
-            ends, sent, want = pair.split(":")
-            a, b = ends.split(">")
-        except ValueError:
-            continue
-        said.append(f"rank {a} sent rank {b} {sent} rows where rank {b} expected {want}")
+def _splits(who: str, d: Detail) -> str:
+    """'rank 2 sent rank 1 20 rows where rank 1 expected 25', pair by pair."""
+    gaps = [g for g in d if isinstance(g, SplitGap)] if isinstance(d, tuple) else []
+    said = [f"rank {g.sender} sent rank {g.receiver} {g.sent} rows where rank {g.receiver} expected {g.expected}"
+            for g in gaps]  # fmt: skip
     text = "; ".join(said) or "its pairs' sizes disagree"
     return f"{who}'s all-to-all split sizes disagree with its peers': {text}"
 
 
-def _step_skew(who: str, detail: str) -> str:
-    try:
-        step, micro, o_step, o_micro = (int(x) for x in detail.split(","))
-    except ValueError:
+def _step_skew(who: str, d: Detail) -> str:
+    if not isinstance(d, StepSkew):
         return f"{who} issued the same collective in another step or micro-step than the others"
-    return (f"{who} issued it in step {step}, micro-step {micro}, where the others were in step {o_step}, "
-            f"micro-step {o_micro}: {who} issued one collective more or fewer before it, and the backend "
+    return (f"{who} issued it in step {d.step}, micro-step {d.micro}, where the others were in step {d.other_step}, "
+            f"micro-step {d.other_micro}: {who} issued one collective more or fewer before it, and the backend "
             "paired the rest silently")  # fmt: skip
 
 
-def _skew_before(who: str, detail: str) -> str:
-    try:
-        seq, step, micro, o_step, o_micro = (int(x) for x in detail.split(","))
-    except ValueError:
+def _skew_before(who: str, d: Detail) -> str:
+    if not isinstance(d, StepSkew) or d.seq is None:
         return f"{who} issued an earlier collective in another step or micro-step than the others"
-    return (f"before that, {who} issued seq {seq} in step {step}, micro-step {micro}, where the others were in "
-            f"step {o_step}, micro-step {o_micro}: it ran a forward or a step the others did not (or skipped one "
-            "they ran) on a branch of its own, not out of data")  # fmt: skip
+    return (f"before that, {who} issued seq {d.seq} in step {d.step}, micro-step {d.micro}, where the others were "
+            f"in step {d.other_step}, micro-step {d.other_micro}: it ran a forward or a step the others did not (or "
+            "skipped one they ran) on a branch of its own, not out of data")  # fmt: skip
 
 
-def _last_arriver(who: str, detail: str) -> str:
-    waited, last, n = (detail.split(",") + ["", ""])[:3]
-    try:
-        wait = duration(float(waited) * 1e9)
-    except ValueError:
-        wait = f"{waited} s"
-    at = f" at {last} of {n} collectives" if last and n else ""
-    return f"{who} arrived last{at}; the others waited {wait} for it alone"
-
-
-def _slow_in(who: str, detail: str) -> str:
-    cat, _, ms = detail.partition(",")
+def _last_arriver(who: str, d: Detail) -> str:
+    if not isinstance(d, Lateness):
+        return f"{who} arrived last; the others waited for it alone"
+    # in µs, as the JSON report's detail has it
+    wait = duration(round(d.waited_s, 6) * 1e9)
     return (
-        f"{who} spends {duration(float(ms or 0) * 1e6)} more per step in {CATEGORY.get(cat, cat)} than the median rank"
+        f"{who} arrived last at {d.last_arrivals} of {d.collectives} collectives; the others waited {wait} for it alone"
     )
+
+
+def _slow_in(who: str, d: Detail) -> str:
+    if not isinstance(d, SlowIn):
+        return f"{who} spends more per step than the median rank"
+    extra = duration(round(d.extra_ns / 1e6) * 1e6)  # in whole ms, as the JSON report's detail has it
+    return f"{who} spends {extra} more per step in {CATEGORY.get(d.category, d.category)} than the median rank"
 
 
 def duration(ns: float | None) -> str:
