@@ -1,6 +1,7 @@
 """The shim's generated wrapper and the recorder's hot path on stand-ins (no process group): the wrapper keeps
-the traced function's own signature, calls made positionally and by keyword are one cached call, a reduce
-op keyed by identity is recorded by its own name, and a call that raises is recorded as failed."""
+the traced function's own signature, calls made positionally and by keyword are one cached call, two call
+sites of the same kind of call are recorded each with its own site, a reduce op keyed by identity is recorded
+by its own name, and a call that raises is recorded as failed."""
 
 from __future__ import annotations
 
@@ -76,9 +77,13 @@ def test_the_wrapper_has_the_functions_own_signature_and_its_errors(traced: Any)
 def test_positional_and_keyword_calls_are_one_call_and_each_op_keeps_its_name(traced: Any, tmp_path: Path) -> None:
     fn, ctx, writer = traced
     x = Tensor()
-    fn(x)
-    fn(tensor=x)
-    fn(x, "SUM", None, False)
+
+    def issue(*args: Any, **kwargs: Any) -> Any:  # one call site for the three forms
+        return fn(*args, **kwargs)
+
+    issue(x)
+    issue(tensor=x)
+    issue(x, "SUM", None, False)
     assert len(ctx.state().static) == 1  # one packed slot for the three
     for name in ("MAX", "MIN", "MAX"):
         fn(x, op=RedOp(name))  # a new object each time: its id is in the key, and it stays alive with it
@@ -92,3 +97,24 @@ def test_positional_and_keyword_calls_are_one_call_and_each_op_keeps_its_name(tr
     ]  # fmt: skip
     assert [r.error for r in rt.records] == [False] * 6 + [True]
     assert all(r.t_done_ns and r.numel_in == 3 for r in rt.records)
+
+
+def test_two_call_sites_of_the_same_kind_of_call_are_recorded_each_at_its_own_line(traced: Any, tmp_path: Path) -> None:
+    """A save helper's barrier on rank 0 and a finalize barrier: the same op, group and tensors; each record
+    says where it was issued (the report's "Issued at", and other_call), not the first call's site."""
+    fn, _, writer = traced
+    x = Tensor()
+
+    def save() -> None:
+        fn(x)
+
+    def finalize() -> None:
+        fn(x)
+
+    save()
+    finalize()
+    save()
+    writer.publish_head()
+    sites = [r.site for r in read_run(str(tmp_path)).ranks[0].records]
+    assert [s.rsplit(" in ", 1)[1] for s in sites] == ["save", "finalize", "save"]
+    assert sites[0] == sites[2] != sites[1]

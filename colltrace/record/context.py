@@ -6,6 +6,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 _get_ident = threading.get_ident
 _getframe = sys._getframe
@@ -103,13 +104,18 @@ class Context:
     def in_backward(self) -> bool:
         return self.graph_task_id() != -1
 
-    def current(self, ts: ThreadState | None = None) -> tuple[str, str, str]:
-        """(module, phase, flavour) for a collective issued now on this thread (hot path)."""
+    def current(self, ts: ThreadState | None = None) -> tuple[Any, ...]:
+        """(module, phase, flavour, code, at) for a collective issued now on this thread (hot path); `code, at`,
+        the call instruction of the wrapper's caller (its code's id and last instruction), tell two call sites of the
+        same kind of call apart in the recorder's cache, so each is recorded with its own site. An adapter's
+        (module, phase, flavour) when it serves the call: the site of its first call of that kind."""
         if ts is None:
             ts = self.state()
         serve = ts.serve
         if serve is not None:
             return serve
+        caller = _getframe(2)
+        code, at = id(caller.f_code), caller.f_lasti  # by id: a code object's hash reads its whole body
         codes = self.call_codes
         if codes is not None:  # the innermost module whose forward runs on this thread, from the frames
             found = _frame_self(codes[0], codes[1], False)
@@ -119,16 +125,16 @@ class Context:
             module = stack[-1] if stack else ""
         labels = ts.labels
         if labels:  # the user's own phase label wins over the inferred one
-            return module, labels[-1], ""
+            return module, labels[-1], "", code, at
         if self.optimizer_depth or self.engine_step_depth:
-            return module, PHASE_OPTIMIZER, ""
+            return module, PHASE_OPTIMIZER, "", code, at
         if self.checkpoint_depth:
-            return module, PHASE_CHECKPOINT, ""
+            return module, PHASE_CHECKPOINT, "", code, at
         if self.graph_task_id() != -1:
-            return module, PHASE_RECOMPUTE if module else PHASE_BACKWARD, ""
+            return module, PHASE_RECOMPUTE if module else PHASE_BACKWARD, "", code, at
         if module:
-            return module, PHASE_FORWARD, ""
-        return module, PHASE_OTHER if self.seen_forward or self.step else PHASE_INIT, ""
+            return module, PHASE_FORWARD, "", code, at
+        return module, PHASE_OTHER if self.seen_forward or self.step else PHASE_INIT, "", code, at
 
     # -- which module is running: the caller's frames --------------------------------------
 

@@ -145,7 +145,8 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
         ("async_op", False),
         (inp, None),
         (out, None),
-        ("op", "SUM" if "op" in params else None),
+        # a transfer's tag takes the reduce op's place (a p2p op has none): recorded, and keyed by value
+        ("tag", 0) if kind == P2P else ("op", "SUM" if "op" in params else None),
         (root, None),
         (groot, None),
     )
@@ -205,7 +206,8 @@ def _key_expr(plan: tuple[Any, ...], splits: tuple[str, ...], by_var: bool = Fal
     # slot keeps the op alive, so no other object can take its id while the key is in the cache)
     parts = [str(key_id)]
     for what, var, _, param, _ in items:
-        parts.append((attrs[what] if var != "redop" else "id({})").format(var if by_var else param))
+        by_id = var == "redop" and param == "op"
+        parts.append((attrs[what] if not by_id else "id({})").format(var if by_var else param))
     key = f"({', '.join(parts)}, attribution)"
     if splits:
         key = f"None if {splits[0]} is not None or {splits[1]} is not None else {key}"

@@ -266,7 +266,7 @@ class Recorder:
         if root is None and groot is not None:
             root = g.ranks[groot] if 0 <= groot < len(g.ranks) else groot
         site = self.writer.site(call_site())
-        head, mid, peer = self._pack_static(spec, flags, site, g, inp, out, redop, root, *attribution)
+        head, mid, peer = self._pack_static(spec, flags, site, g, inp, out, redop, root, *attribution[:3])
         if len(call) > 7 and call[7] is not None:  # an all-to-all's split sizes, after its shapes
             head = self._with_splits(head, inp, out, call[7])
         counter = g
@@ -296,9 +296,13 @@ class Recorder:
             shape = self._shape(inp, out)
         peer = int(root) if root is not None else -1
         sid = self.sid
+        if spec.kind == schema.KIND_P2P:  # a transfer's tag where a reduce op goes ("tag=7"; none for 0)
+            reduce_op = sid(f"tag={redop}") if redop else 0
+        else:
+            reduce_op = self._redop(redop) if redop is not None else 0
         head = STATIC_HEAD.pack(
-            spec.kind, flags, site, self._tid(), g.sid, sid(spec.name), dtype,
-            self._redop(redop) if redop is not None else 0, sid(module), sid(phase), sid(flavour), shape,
+            spec.kind, flags, site, self._tid(), g.sid, sid(spec.name), dtype, reduce_op, sid(module), sid(phase),
+            sid(flavour), shape,
         )  # fmt: skip
         return head, STATIC_MID.pack(-1, numel_in, numel_out, peer), peer
 

@@ -177,7 +177,8 @@ class Shim:
             try:
                 for p2p in p2p_op_list:
                     fn_name = "irecv" if "recv" in getattr(p2p.op, "__name__", "isend") else "isend"
-                    issue: tuple[Any, ...] = (spec_for(fn_name), (p2p.tensor, p2p.peer, p2p.group), {}, tls)
+                    op_args = (p2p.tensor, p2p.peer, p2p.group, getattr(p2p, "tag", 0))
+                    issue: tuple[Any, ...] = (spec_for(fn_name), op_args, {}, tls)
                     tag = tag_of(p2p)  # what an adapter (pipelining) said the op serves
                     idx, f = (
                         rec.issue_call(*issue) if tag is None else tagged(rec.ctx, tls, tag, rec.issue_call, issue, {})
