@@ -245,14 +245,9 @@ def test_a_disk_that_fills_mid_run_stops_the_recording_not_the_job(tmp_path: Pat
 def test_a_sigterm_handler_the_script_installs_later_runs_to_its_end(tmp_path: Path) -> None:
     """colltrace takes SIGTERM only while the script has no handler of its own: one installed after
     init_process_group (a checkpoint on preemption) runs to the end; the signal is still recorded."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, str(WORKLOADS / "sigterm_late.py")],
-                            env=job_env(run, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+                            env=job_env(run, RANK="0", WORLD_SIZE="1", STORE_FILE=str(tmp_path / "store")),
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)

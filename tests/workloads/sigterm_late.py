@@ -9,7 +9,8 @@ import time
 import torch
 import torch.distributed as dist
 
-dist.init_process_group("gloo")
+# a file store: no port to race for (a free port found by the test can be taken before this binds it)
+dist.init_process_group("gloo", init_method=f"file://{os.environ['STORE_FILE']}", rank=0, world_size=1)
 out = os.path.join(os.environ["COLLTRACE_DIR"], f"saved{dist.get_rank()}")
 
 
