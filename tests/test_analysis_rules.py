@@ -544,3 +544,41 @@ def test_a_rank_that_built_another_mesh_is_named_where_the_others_wait_elsewhere
     assert dx.culprits == (2,)
     assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.GROUP_CREATE] == [(2,)]
+
+
+def test_a_receive_posted_for_a_peer_that_never_sends_it_names_the_receiver(tmp_path: Path) -> None:
+    """A 3-rank ring: each rank isends to its right and receives from its left; rank 2 computes its left as
+    rank 0 (a copy-paste of right). Rank 0 never sends to rank 2, and rank 1's send to rank 2 waits unreceived:
+    rank 2 has no stream of its own from rank 1 at all, and is named all the same."""
+    rs = ranks(str(tmp_path), 3)
+    rs[0].p2p("isend", 1, 4)
+    rs[0].p2p("recv", 2, 4)
+    rs[0].coll("all_reduce", 1, "", "other", redop="SUM", done=False, error=True)
+    rs[1].p2p("isend", 2, 4, done=False)
+    rs[1].p2p("recv", 0, 4)
+    rs[2].p2p("isend", 0, 4, done=False)
+    rs[2].p2p("recv", 0, 4, done=False)
+    for r in rs:
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.WRONG_PEER
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.WRONG_SOURCE] == [(2,)]
+
+
+def test_a_rank_polling_the_file_system_from_its_own_code_is_stuck_in_it(tmp_path: Path) -> None:
+    """Rank 0 polls os.path.exists for a cache file with no deadline: its innermost frame is the stdlib's
+    (genericpath), called from the job's own loop, not a library's read: stuck_compute, low."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+    for r in rs[1:]:
+        r.coll("all_gather_single", 34, "<root>", "forward", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    frames = [["train.py", 40, "main", "wait_for_cache(path)"], ["train.py", 13, "wait_for_cache", "while not ok:"],
+              ["<frozen genericpath>", 19, "exists", "os.stat(path)"]]  # fmt: skip
+    rs[0].w.event({"ev": "stacks", "reason": "hang", "threads": [{"thread": "MainThread", "frames": frames}]})
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and dx.finding.cause is Cause.STUCK_COMPUTE
+    assert dx.finding.confidence is Confidence.LOW

@@ -317,6 +317,8 @@ def misdirected(streams: dict[int, RankStreams]) -> Blame | None:
             if st.last_seq > got:
                 table.setdefault(r, (set(), set()))[0].add(peer)
                 extra.setdefault((r, sending), []).append(st.idx_at(got + 1))
+                if theirs is None:  # the peer posted nothing that way: its side, which it never visits here
+                    (recvs if sending else sends).setdefault(peer, (set(), set()))[1].add(r)
             elif st.last_seq < got:
                 table.setdefault(r, (set(), set()))[1].add(peer)
     found: dict[int, Evidence] = {}

@@ -189,10 +189,16 @@ def activity_of(stack: list[str]) -> str:
     return f"{user} (in {where})"
 
 
+_STDLIB_FRAME = re.compile(r"<frozen |[/\\]lib[/\\]python3(?:\.\d+)?[/\\](?!(?:site|dist)-packages[/\\])")
+
+
 def in_own_code(end: RankEnd) -> bool:
-    """The rank's last stack stops in the user's own code (its innermost frame is no library's nor the
-    stdlib's): a loop or a call of the job's, not a read, a lock or a collective of a library's."""
+    """The rank's last stack stops in the user's own code, or in the stdlib called from it (a poll of
+    os.path.exists, a sleep): its innermost frame outside the stdlib is the job's, not an installed
+    library's (a DataLoader's read, a lock or a collective of torch's)."""
     frames = [f for f in end.stack if f != "..."]
+    while frames and _STDLIB_FRAME.search(frames[-1]):
+        frames.pop()
     return bool(frames) and not _LIBRARY_FRAME.search(frames[-1])
 
 
