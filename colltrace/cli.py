@@ -82,7 +82,7 @@ def _span(rs: list[int]) -> str:
 MAX_RANK = 1 << 24  # no job has more ranks: a range beyond is a typo, not a request for gigabytes
 
 
-def _ranks(spec: str | None) -> set[int] | None:
+def _ranks(spec: str | None, flag: str = "--rank") -> set[int] | None:
     if not spec:
         return None
     out: set[int] = set()
@@ -91,12 +91,12 @@ def _ranks(spec: str | None) -> set[int] | None:
             if "-" in part:
                 a, b = (int(x) for x in part.split("-", 1))
                 if a > b or a < 0 or b >= MAX_RANK:
-                    raise UsageError(f"--rank {spec!r}: {part} is not a range of ranks (first <= last, < {MAX_RANK})")
+                    raise UsageError(f"{flag} {spec!r}: {part} is not a range of ranks (first <= last, < {MAX_RANK})")
                 out.update(range(a, b + 1))
             else:
                 out.add(int(part))
     except ValueError:
-        raise UsageError(f"--rank {spec!r}: expected ranks like 0,2,5-7") from None
+        raise UsageError(f"{flag} {spec!r}: expected ranks like 0,2,5-7") from None
     return out
 
 
@@ -138,7 +138,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
     if args.from_step is not None and args.from_step < 0:
         raise UsageError("--from-step: a step number, 0 or more")
-    text, plan = write_repro(_run_dir(args.run_dir), ranks=args.ranks, from_step=args.from_step)
+    ranks = args.ranks if args.ranks in (None, "auto") else _ranks(args.ranks, "--ranks")
+    text, plan = write_repro(_run_dir(args.run_dir), ranks=ranks, from_step=args.from_step)
     _out(text, args.output)
     if args.output:
         print(f"colltrace: wrote {args.output}: torchrun --nproc-per-node {plan.world} {args.output}", file=sys.stderr)

@@ -100,14 +100,14 @@ def suspects(
         narrowed = every & set(among) if len(every) > 1 and set(among) & every else every
         certain = len(narrowed) == 1 and len(pairs) > 1
         senders = {a for a, _, _, _ in pairs}
-        if len(narrowed) != 1 and len(senders) == 1:
-            # one pair, or one sender: a receiver sizes its buffer from the counts it was sent, a sender
-            # sends what it has, so the sender's split is the one that changed (a convention, not a fact)
-            narrowed = senders
-        if not every and not senders & {b for _, b, _, _ in pairs}:
-            narrowed = senders  # each pair's own sender: as for one pair, a convention
-        if not narrowed or len(narrowed) > 1 and every:
-            continue
+        if len(narrowed) != 1:
+            # a receiver sizes its buffer from the counts it was sent, a sender sends what it has, so the
+            # sender's split is the one that changed (a convention, not a fact): for one pair or one sender,
+            # and for pairs with no rank in common whose senders receive in none of them
+            if len(senders) == 1 or not every and not senders & {b for _, b, _, _ in pairs}:
+                narrowed = senders
+            else:
+                continue
         culprits = tuple(sorted(narrowed))
         said = tuple(SplitGap(a, b, sent, want) for a, b, sent, want in pairs if a in culprits or b in culprits)
         return culprits, said, group, seq, certain

@@ -124,7 +124,8 @@ def _tb_frames(tb: str) -> list[str]:
 
 # colltrace's own frames: the recorder's modules, its generated wrappers, the watchdog's thread
 _OWN_FRAME = re.compile(r"[/\\]colltrace[/\\](record|trace)[/\\]|^<colltrace |[/\\]threading\.py:")
-_LIBRARY_FRAME = re.compile(r"[/\\](?:site|dist)-packages(?=[/\\])|<frozen |[/\\]lib[/\\]python3(?:\.\d+)?(?=[/\\])")
+_STDLIB = r"<frozen |[/\\]lib[/\\]python3(?:\.\d+)?[/\\](?!(?:site|dist)-packages[/\\])"  # a frame of Python's own
+_LIBRARY_FRAME = re.compile(rf"[/\\](?:site|dist)-packages(?=[/\\])|{_STDLIB}")
 
 
 def excerpt(frames: list[str]) -> list[str]:
@@ -189,7 +190,7 @@ def activity_of(stack: list[str]) -> str:
     return f"{user} (in {where})"
 
 
-_STDLIB_FRAME = re.compile(r"<frozen |[/\\]lib[/\\]python3(?:\.\d+)?[/\\](?!(?:site|dist)-packages[/\\])")
+_STDLIB_FRAME = re.compile(_STDLIB)
 
 
 def in_own_code(end: RankEnd) -> bool:

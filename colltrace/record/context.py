@@ -24,15 +24,15 @@ def _no_graph_task() -> int:
     return -1
 
 
-def _frame_self(wrapped: object, call_impl: object, outermost: bool) -> object:
+def _frame_self(wrapped: object, call_impl: object, outermost: bool, start: FrameType | None = None) -> object:
     """The `self` of the innermost (outermost) frame on this thread running `wrapped` or `call_impl`
     (nn.Module.__call__, Module._call_impl), or None, looking from the caller of its caller's caller up: its
     callers (current, learn_running) are called by colltrace's own code (the shim's wrapper, an adapter, a
     hook), never by a module's __call__ itself, and sys._getframe goes there without making frame objects for
-    the frames between. Only f_back, f_code and f_locals: the frame API every Python that torch supports has
-    (3.10-3.14; f_locals is a proxy from 3.13 on)."""
+    the frames between; or from `start`, that frame when the caller has it already. Only f_back, f_code and
+    f_locals: the frame API every Python that torch supports has (3.10-3.14; f_locals is a proxy from 3.13 on)."""
     found = None
-    f: FrameType | None = _getframe(3)
+    f: FrameType | None = start or _getframe(3)
     while f is not None:
         code = f.f_code
         if code is wrapped or code is call_impl:
@@ -118,7 +118,7 @@ class Context:
         code, at = id(caller.f_code), caller.f_lasti  # by id: a code object's hash reads its whole body
         codes = self.call_codes
         if codes is not None:  # the innermost module whose forward runs on this thread, from the frames
-            found = _frame_self(codes[0], codes[1], False)
+            found = _frame_self(codes[0], codes[1], False, caller)  # the frame it would get for itself
             module = "" if found is None else self.module_name(found)
         else:
             stack = ts.stack

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
+from colltrace.analysis.streams import p2p_key
 from colltrace.analysis.vocab import Verdict
 from colltrace.report import words
 from colltrace.report.replay_script import BODY
+from colltrace.trace import schema
 from colltrace.trace.reader import TraceError, read_run
 from colltrace.trace.records import Collective, RankState, Run
 
@@ -45,7 +47,6 @@ _RESERVED = frozenset(
         "call_super_init",
     ]
 )
-_SEND = ("send", "isend")
 
 
 @dataclass(slots=True)
@@ -69,21 +70,6 @@ class Plan:
     @property
     def world(self) -> int:
         return len(self.ranks)
-
-
-def _ranks_arg(text: str, world: int) -> set[int]:
-    out: set[int] = set()
-    for part in text.split(","):
-        a, _, b = part.strip().partition("-")
-        try:
-            lo, hi = int(a), int(b or a)
-        except ValueError:
-            raise TraceError(f"--ranks: {text!r} is not a list of ranks (0-7,9)") from None
-        out.update(range(lo, hi + 1))
-    bad = sorted(r for r in out if not 0 <= r < world)
-    if bad or not out:
-        raise TraceError(f"--ranks: rank {bad[0] if bad else text} is not in this run of {world} ranks")
-    return out
 
 
 def _group_members(run: Run) -> dict[str, tuple[int, ...]]:
@@ -112,8 +98,8 @@ def _mattering(run: Run, dx: Diagnosis, members: dict[str, tuple[int, ...]]) -> 
 
 def _stream(c: Collective) -> str:
     if c.kind == "p2p":
-        src, dst = (c.rank, c.peer) if c.op in _SEND else (c.peer, c.rank)
-        return f"p2p:{c.group}:{src}->{dst}"
+        src, dst = (c.rank, c.peer) if c.op in schema.SEND_OPS else (c.peer, c.rank)
+        return p2p_key(c.group, src, dst)
     return c.group
 
 
@@ -153,19 +139,23 @@ def _end(run: Run, dx: Diagnosis, r: int, recs: list[Collective]) -> tuple[tuple
 
 
 def plan(
-    run: Run, dx: Diagnosis, ranks: str | None = None, from_step: int | None = None, timeout_s: int = TIMEOUT_S
-) -> Plan:
-    """What to replay. ranks: None (all), "auto" (the groups that matter) or a list "0-7,9";
+    run: Run, dx: Diagnosis, ranks: str | set[int] | None = None, from_step: int | None = None,
+    timeout_s: int = TIMEOUT_S,
+) -> Plan:  # fmt: skip
+    """What to replay. ranks: None (all), "auto" (the groups that matter) or a set of ranks;
     from_step: replay from this step on (None: all of a short trace, else from the step before the divergence)."""
     members = _group_members(run)
     world = run.world_size
     everyone = set(range(world))
     if ranks is None:
         keep = set(everyone)
-    elif ranks == "auto":
+    elif isinstance(ranks, str):  # "auto"
         keep = _mattering(run, dx, members)
     else:
-        keep = _ranks_arg(ranks, world)
+        bad = sorted(r for r in ranks if not 0 <= r < world)
+        if bad or not ranks:
+            raise TraceError(f"--ranks: rank {bad[0] if bad else '(none)'} is not in this run of {world} ranks")
+        keep = set(ranks)
     absent = sorted(keep - set(run.ranks))
     if absent:
         raise TraceError(f"rank {absent[0]} left no trace: its schedule cannot be replayed")
@@ -416,7 +406,7 @@ def _end_text(end: tuple[str, ...]) -> str:
 
 
 def write_repro(
-    run_dir: str, ranks: str | None = None, from_step: int | None = None, timeout_s: int = TIMEOUT_S
+    run_dir: str, ranks: str | set[int] | None = None, from_step: int | None = None, timeout_s: int = TIMEOUT_S
 ) -> tuple[str, Plan]:
     """The script's text and its plan. Raises TraceError for unusable input."""
     run = read_run(run_dir)
