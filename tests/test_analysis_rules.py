@@ -582,3 +582,17 @@ def test_a_rank_polling_the_file_system_from_its_own_code_is_stuck_in_it(tmp_pat
     assert dx.culprits == (0,)
     assert dx.finding is not None and dx.finding.cause is Cause.STUCK_COMPUTE
     assert dx.finding.confidence is Confidence.LOW
+
+
+def test_a_run_that_matched_throughout_names_no_culprit_for_a_group_built_apart(tmp_path: Path) -> None:
+    """Rank 2 asked new_group for other members than the rest, but every collective matched and every rank
+    finished: healthy, and no culprit named beside that verdict (the group creation is blamed only for a
+    hang or a missing collective that follows)."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        members = [0, 2] if r.rank == 2 else [0, 1]
+        r.w.event({"ev": "group_create", "fn": "new_group", "ranks": members, "desc": "", "name": None})
+        r.fsdp_step()
+        r.footer()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HEALTHY and dx.culprits == () and dx.victims == ()

@@ -112,8 +112,8 @@ def diagnose(run: Run) -> Diagnosis:
         blame = culprit.for_content(d, streams, table, ends)
         if not blame.culprits:  # a transfer's two ends: no majority; the other pairs, then what each end knew
             blame = culprit.in_every_pair(d, found) or culprit.new_size(d, streams, table) or blame
-    if (d is None or d.kind in (Kind.MISSING, Kind.EXTRA)) and not wf.cycle:
-        blame = _created_apart(run, blame, ends)
+    if d is not None and d.kind in (Kind.MISSING, Kind.EXTRA) and not wf.cycle:
+        blame = _created_apart(run, blame, ends)  # a run that matched throughout names no one for it
     split = splits.suspects(run, streams, ends, blame.culprits) if d is None or d.kind is Kind.MISSING else None
     if split is not None:  # the sizes each pair of an all-to-all must agree on say who
         who, peers, group, seq, certain = split
