@@ -231,6 +231,18 @@ def stuck(kind):
     os._exit(1)
 
 
+def line_up(rank):
+    """Wait, through the launcher's store (no collective), until every rank has set up and is about to replay:
+    ranks start seconds apart, and a first collective that fails at once (a size or dtype mismatch) must not
+    let the launcher end the others before they issue it, as they did in the run."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"colltrace_repro_ready/{rank}", b"1")
+        store.wait([f"colltrace_repro_ready/{r}" for r in range(WORLD)], timedelta(seconds=TIMEOUT_S))
+    except Exception:  # an older torch, or a rank that never came: replay without lining up
+        pass
+
+
 def fail(qualname, message):
     """Raise the recorded error (its own type when it can be found, else RuntimeError naming it)."""
     mod, _, name = qualname.rpartition(".")
@@ -314,6 +326,7 @@ def main():
         for w in works:
             pending.append((at, w))
 
+    line_up(rank)
     i = 0
     while i < len(recs):
         settle(i)
