@@ -23,6 +23,7 @@ from colltrace.record.pipelining import PIPELINING
 from colltrace.record.recorder import Recorder, describe_group
 from colltrace.record.shim import SHIM
 from colltrace.record.tracer import TRACER
+from colltrace.trace import schema
 from colltrace.trace.flight import SUBDIR
 from colltrace.trace.writer import TraceWriter
 
@@ -123,7 +124,7 @@ def start_recording() -> None:
         TRACER.pending_groups.clear()
         adapters = _patch_frameworks(cfg)
         if adapters:
-            writer.event({"ev": "adapters", "names": adapters})
+            writer.event({"ev": schema.EV_ADAPTERS, "names": adapters})
         HOOKS.on_step = lambda step: writer.step(step, time.time_ns())
         if cfg.spans:
             from colltrace.record.spans import SpanRecorder
@@ -226,7 +227,7 @@ def _group_created(fn: str, args: tuple[Any, ...], kwargs: dict[str, Any], resul
     else:
         ranks = kwargs.get("split_ranks", args[1] if len(args) > 1 else None)
     event: dict[str, Any] = {
-        "ev": "group_create",
+        "ev": schema.EV_GROUP_CREATE,
         "fn": fn,
         "ranks": _plain(ranks),
         "desc": kwargs.get("group_desc"),

@@ -40,8 +40,6 @@ KINDS = (FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, DATA, CHECKPOINT, PHASE)
 NO_GRAD = "no_grad"  # a forward's mode (flavour): under torch.no_grad() or inference_mode
 EVAL = "eval"  # a forward's mode: the module in eval mode
 
-EV_EXHAUSTED = "data_exhausted"  # a DataLoader iterator raised StopIteration: this rank ran out of data
-
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
 _MID = STATIC_MID.pack(-1, 0, 0, -1)
@@ -94,7 +92,7 @@ class SpanRecorder:
     )  # fmt: skip
 
     def exhausted(self) -> None:
-        self.writer.event({"ev": EV_EXHAUSTED, "t_ns": time.time_ns(), "step": self.ctx.step})
+        self.writer.event({"ev": schema.EV_DATA_EXHAUSTED, "t_ns": time.time_ns(), "step": self.ctx.step})
 
 
 def _grad_on() -> bool:

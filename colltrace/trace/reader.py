@@ -334,7 +334,7 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
                 ranks=_members(ev.get("ranks")),
                 backend=str(ev.get("backend") or ""),
             )
-        elif kind == "group_create":
+        elif kind == schema.EV_GROUP_CREATE:
             rt.group_creations.append(ev)
         elif kind == schema.EV_STEP:
             rt.steps = max(rt.steps, int(ev.get("step", 0)))
@@ -350,9 +350,7 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
             rt.warnings.append(message := str(ev.get("message", "")))
             if rt.recording_failed is None and message.startswith(RECORDING_FAILED):
                 rt.recording_failed = message.removeprefix(RECORDING_FAILED).removeprefix(": ")
-        elif kind == "label":
-            rt.labels.append(ev)
-        elif kind == "data_exhausted":
+        elif kind == schema.EV_DATA_EXHAUSTED:
             rt.exhausted.append(ev)
         elif kind == schema.EV_PIPELINE:
             rt.pipelines.append(ev)
@@ -529,9 +527,8 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
                       "qualname": (_STR, False), "t_ns": (_INT, False)},
     schema.EV_FOOTER: {"t_ns": (_INT, False), "step": (_INT, False), "in_flight": (_INT, False)},
     schema.EV_WARNING: {"message": (_STR, False)},
-    "label": {"t_ns": (_INT, False)},
-    "data_exhausted": {"t_ns": (_INT, False), "step": (_INT, False)},
-    "group_create": {"ranks": ((list, type(None)), False)},
+    schema.EV_DATA_EXHAUSTED: {"t_ns": (_INT, False), "step": (_INT, False)},
+    schema.EV_GROUP_CREATE: {"ranks": ((list, type(None)), False)},
     schema.EV_PIPELINE: {"schedule": (_STR, True), "microbatches": (_INT, True), "stages": ((list,), True),
                          "num_stages": (_INT, True)},
 }  # fmt: skip

@@ -117,7 +117,6 @@ class RankTrace:
     torn: int = 0  # unreadable slots or lines (expected after a kill)
     skipped: int = 0  # events of a known kind left out: a field missing or of another type
     ring_cut: int = 0  # > 0: the ring file ends after that many slots (truncated); -1: too short for its header
-    labels: list[dict[str, Any]] = field(default_factory=list)
     spans: Sequence[Collective] = ()  # compute spans (kind "span", op: forward, data, ...), oldest first
     exhausted: list[dict[str, Any]] = field(default_factory=list)  # data_exhausted events: out of data
     pipelines: list[dict[str, Any]] = field(default_factory=list)  # pipeline events: how its schedules were built
