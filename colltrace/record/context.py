@@ -136,6 +136,11 @@ class Context:
             return module, PHASE_FORWARD, "", code, at
         return module, PHASE_OTHER if self.seen_forward or self.step else PHASE_INIT, "", code, at
 
+    def forward_phase(self) -> str:
+        """A forward's phase: a recompute while autograd runs a backward (activation checkpointing), else a
+        forward. The one rule, for every framework's unshard and forward span."""
+        return PHASE_RECOMPUTE if self.in_backward() else PHASE_FORWARD
+
     # -- which module is running: the caller's frames --------------------------------------
 
     def learn_running(self) -> None:

@@ -10,8 +10,6 @@ from colltrace.record import spans
 from colltrace.record.adapter import Adapter
 from colltrace.record.context import (
     PHASE_BACKWARD,
-    PHASE_FORWARD,
-    PHASE_RECOMPUTE,
 )
 from colltrace.record.fsdp import REDUCE_GRAD, UNSHARD
 from colltrace.record.hooks import spanned
@@ -47,11 +45,7 @@ class DeepSpeedAdapter(Adapter):
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def fetch_sub_module(self: Any, current_submodule: Any, forward: bool, *a: Any, **k: Any) -> Any:
-                in_bwd = ctx.in_backward()
-                if forward:
-                    phase = PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
-                else:
-                    phase = PHASE_BACKWARD
+                phase = ctx.forward_phase() if forward else PHASE_BACKWARD
                 module = ctx.module_name(current_submodule)
                 return adapter._serving((module, phase, UNSHARD), orig, self, current_submodule, forward, *a, **k)
 

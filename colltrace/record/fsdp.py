@@ -11,8 +11,6 @@ from colltrace.record import spans
 from colltrace.record.adapter import Adapter, prefetching
 from colltrace.record.context import (
     PHASE_BACKWARD,
-    PHASE_FORWARD,
-    PHASE_RECOMPUTE,
     Context,
     ThreadState,
 )
@@ -40,10 +38,9 @@ class FsdpAdapters(Adapter):
         ctx = self.ctx
         if ctx.root is None:  # the model's first forward: learn its root
             ctx.learn_running()
-        in_bwd = ctx.graph_task_id() != -1
         if forward:
-            return PHASE_RECOMPUTE if in_bwd else PHASE_FORWARD
-        if backward or in_bwd:
+            return ctx.forward_phase()
+        if backward or ctx.graph_task_id() != -1:
             return PHASE_BACKWARD
         return ctx.current(ts)[1]
 
@@ -263,8 +260,8 @@ def fsdp2_decisions(
         state = group._training_state
         if state is pre_backward:
             phase = PHASE_BACKWARD
-        elif state is forward:  # a forward while autograd runs a backward is a recompute
-            phase = PHASE_RECOMPUTE if ctx.graph_task_id() != -1 else PHASE_FORWARD
+        elif state is forward:
+            phase = ctx.forward_phase()
         elif ctx.graph_task_id() != -1:
             phase = PHASE_BACKWARD
         else:

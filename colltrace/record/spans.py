@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record.context import Context
+from colltrace.record.context import PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, Context
 from colltrace.trace import schema
 from colltrace.trace.writer import (
     APPEND,
@@ -28,9 +28,9 @@ from colltrace.trace.writer import (
     inline,
 )
 
-FORWARD = "forward"  # a unit's forward (FSDP, DeepSpeed, the DDP-wrapped model)
-BACKWARD = "backward"  # a unit's backward (FSDP: from its pre-backward to its post-backward)
-RECOMPUTE = "recompute"  # a forward while autograd runs a backward (activation checkpointing)
+FORWARD = PHASE_FORWARD  # a unit's forward (FSDP, DeepSpeed, the DDP-wrapped model)
+BACKWARD = PHASE_BACKWARD  # a unit's backward (FSDP: from its pre-backward to its post-backward)
+RECOMPUTE = PHASE_RECOMPUTE  # a forward while autograd runs a backward (activation checkpointing)
 OPTIMIZER = "optimizer"  # optimizer.step()
 DATA = "data"  # one next() on a DataLoader iterator
 CHECKPOINT = "checkpoint"  # torch.distributed.checkpoint save/load, torch.save/torch.load
@@ -106,7 +106,7 @@ def forward_kind(ctx: Context, module: Any) -> tuple[str, str]:
     """A forward span's kind and mode: recompute while autograd runs a backward (activation
     checkpointing), else forward; mode `no_grad` (torch.no_grad, inference_mode) and/or `eval` (the
     module in eval mode), "" for a training forward. The one rule for every framework's forward span."""
-    what = RECOMPUTE if ctx.graph_task_id() != -1 else FORWARD
+    what = ctx.forward_phase()
     grad, training = grad_enabled(), getattr(module, "training", True)
     if grad and training:
         return what, ""
