@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from handmade import FSDP_STEP, ranks
+from handmade import FSDP_STEP, FakeRank, ranks
 
 from colltrace.analysis import causes
 from colltrace.analysis.diagnose import diagnose
@@ -596,3 +596,57 @@ def test_a_run_that_matched_throughout_names_no_culprit_for_a_group_built_apart(
         r.footer()
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.verdict is Verdict.HEALTHY and dx.culprits == () and dx.victims == ()
+
+
+def test_a_finished_run_whose_all_to_all_pairs_disagree_is_a_divergence_of_the_sender(tmp_path: Path) -> None:
+    """MoE capacity dropping after the counts were exchanged, on gloo: rank 1 sends rank 0 four rows where rank
+    0 expects seven. gloo completes the exchange, every rank finishes: still a divergence (silent corruption)
+    at the first all-to-all whose pairs disagree, the pair's sender named, split_mismatch."""
+    rs = ranks(str(tmp_path), 3)
+    ok = {0: "3,3,3 -> 3,3,3", 1: "3,3,3 -> 3,3,3", 2: "3,3,3 -> 3,3,3"}
+    moe = {0: "2,4,3 -> 2,7,3", 1: "4,1,2 -> 4,1,1", 2: "3,1,2 -> 3,2,2"}  # rank 1 -> 0: 4 sent, 7 expected
+    for r in rs:
+        r.coll("all_reduce", 9, "", "forward", redop="SUM")  # the counts' exchange
+        r.coll("all_to_all_single", 36, "", "forward", shape=f"[9,4] -> [9,4] split {ok[r.rank]}")
+        sent, got = (sum(int(x) for x in side.split(",")) for side in moe[r.rank].split(" -> "))
+        r.coll("all_to_all_single", 4 * sent, "", "forward", shape=f"[{sent},4] -> [{got},4] split {moe[r.rank]}")
+        r.footer()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DIVERGENCE and dx.culprits == (1,)
+    assert dx.divergence is not None and (dx.divergence.group, dx.divergence.seq) == ("0", 3)
+    assert dx.divergence.kind is Kind.NUMEL
+    assert dx.finding is not None and dx.finding.cause is Cause.SPLIT_MISMATCH
+    assert [e.detail for e in dx.finding.evidence if e.clue is Clue.SPLITS] == [(SplitGap(1, 0, sent=4, expected=7),)]
+
+
+def test_groups_created_in_another_order_on_one_rank_name_it_over_the_cycle_they_make(tmp_path: Path) -> None:
+    """A 2x2 layout: tp {0,1},{2,3} then dp {0,2},{1,3} by new_group; rank 3 makes dp before tp, so its group
+    "2" is dp {1,3} where rank 2's is tp {2,3}, and its "4" is tp {2,3} where rank 1's is dp {1,3}. Its tp
+    all-reduce pairs with rank 1's dp one (a size mismatch: it aborts); rank 2 waits in "2", rank 0 in "3".
+    The wait-for graph has a cycle over groups whose members the ranks disagree on: the majority of the
+    group creations names rank 3 (group_misconfig), not the cycle (cross_group_deadlock)."""
+    layout = {r: [[0, 1], [2, 3], [0, 2], [1, 3]] for r in range(3)} | {3: [[0, 2], [1, 3], [0, 1], [2, 3]]}
+    rs = []
+    for r in range(4):
+        mine = {str(i + 1): (f"g{i + 1}", tuple(m)) for i, m in enumerate(layout[r]) if r in m}
+        rs.append(FakeRank(str(tmp_path), r, 4, groups={"0": ("default_pg", (0, 1, 2, 3))} | mine))
+        for i, m in enumerate(layout[r]):
+            name = str(i + 1) if r in m else None
+            rs[r].w.event({"ev": "group_create", "fn": "new_group", "ranks": m, "desc": "", "name": name})
+    tp = {0: "1", 1: "1", 2: "2", 3: "4"}
+    dp = {0: "3", 1: "4", 2: "3", 3: "2"}
+    for r in rs[:2]:
+        r.coll("all_reduce", 64, "", "forward", group=tp[r.rank], redop="SUM")
+    rs[0].coll("all_reduce", 272, "", "forward", group=dp[0], redop="SUM", done=False)
+    rs[1].coll("all_reduce", 272, "", "forward", group=dp[1], redop="SUM", done=False, error=True)
+    rs[2].coll("all_reduce", 64, "", "forward", group=tp[2], redop="SUM", done=False, error=True)
+    rs[3].coll("all_reduce", 64, "", "forward", group=tp[3], redop="SUM", done=False)
+    for r in rs[1:3]:
+        r.error("RuntimeError", "Connection closed by peer", in_collective=True)
+    with open(tmp_path / "rank00003.fault", "w") as f:
+        f.write("Fatal Python error: Aborted\n")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (3,) and dx.cycle is None
+    assert dx.divergence is not None and dx.divergence.kind is Kind.MEMBERSHIP
+    assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.CREATION_MAJORITY] == [(3,)]

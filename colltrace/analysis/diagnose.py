@@ -114,7 +114,9 @@ def diagnose(run: Run) -> Diagnosis:
             blame = culprit.in_every_pair(d, found) or culprit.new_size(d, streams, table) or blame
     if d is not None and d.kind in (Kind.MISSING, Kind.EXTRA) and not wf.cycle:
         blame = _created_apart(run, blame, ends)  # a run that matched throughout names no one for it
-    split = splits.suspects(run, streams, ends, blame.culprits) if d is None or d.kind is Kind.MISSING else None
+    split = None
+    if d is None or d.kind is Kind.MISSING:  # a run that matched throughout: its all-to-alls' pairs still must
+        split = splits.suspects(run, streams, ends, blame.culprits, table if d is None else None)
     if split is not None:  # the sizes each pair of an all-to-all must agree on say who
         who, peers, group, seq, certain = split
         members = align.members(run, group, streams)
@@ -126,7 +128,10 @@ def diagnose(run: Run) -> Diagnosis:
         d = Divergence(group, align.label(run, group), members, seq, Kind.NUMEL, at, (who, others))
     if d is not None and blame.kind is not d.kind:
         d = Divergence(d.group, d.label, d.group_ranks, d.seq, blame.kind, d.at, d.classes)
-    if cycle and not (d is not None and d.kind in _CONTENT):
+    # ranks that built a group with other members than the majority's call asked for: a cycle in the wait-for
+    # graph of groups whose members the ranks disagree on is their doing, not an order of entering groups
+    built_apart = any(e.clue is Clue.CREATION_MAJORITY for e in blame.evidence)
+    if cycle and not (d is not None and d.kind in _CONTENT) and not built_apart:
         culprits = cycle
         # the sender of a transfer to the wrong peer, else the part of the cycle that left its own pattern
         broke = culprit.misdirected(streams) or culprit.in_cycle(cycle, streams, ends)

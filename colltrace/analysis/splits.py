@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from colltrace.analysis import states
 from colltrace.analysis.results import RankEnd, SplitGap
-from colltrace.analysis.streams import RankStreams
+from colltrace.analysis.streams import RankStreams, SigTable
 from colltrace.trace.records import Run
 
 _SPLIT_OPS = frozenset({"all_to_all_single"})
 _LOOK_BACK = 64  # seqs before the one the ranks stopped in searched for the first that disagreed
+_SCAN_MAX = 4096  # all-to-alls of one group checked pair by pair in a run whose ranks stopped in none
 
 
 def parse(shape: str, numel_in: int, numel_out: int, n: int) -> tuple[list[int], list[int]] | None:
@@ -72,18 +73,43 @@ def bad_pairs(
             if got[a][0][j] != got[b][1][i]]  # fmt: skip
 
 
+def _first_apart(run: Run, streams: dict[int, RankStreams], table: SigTable) -> set[tuple[str, int]]:
+    """(group, seq) of each group's first all-to-all whose pairs disagree, in a run whose ranks stopped in
+    none: gloo completes an exchange that sent fewer rows than the receiver expected, so a run can finish
+    with every pair's sizes read apart (silent corruption). The first _SCAN_MAX of each group are checked."""
+    found: set[tuple[str, int]] = set()
+    keys: dict[str, tuple[int, ...]] = {}
+    for rs in streams.values():
+        for key, st in rs.groups.items():
+            if key not in keys:
+                ours = [st.seq0 + i for i, sid in enumerate(st.sigs) if (sig := table[sid]) and sig.op in _SPLIT_OPS]
+                keys[key] = tuple(ours[:_SCAN_MAX])
+    for key, seqs in sorted(keys.items()):
+        for seq in seqs:
+            if bad_pairs(run, streams, key, seq):
+                found.add((key, seq))
+                break
+    return found
+
+
 def suspects(
-    run: Run, streams: dict[int, RankStreams], ends: dict[int, RankEnd], among: tuple[int, ...]
+    run: Run,
+    streams: dict[int, RankStreams],
+    ends: dict[int, RankEnd],
+    among: tuple[int, ...],
+    table: SigTable | None = None,
 ) -> tuple[tuple[int, ...], tuple[SplitGap, ...], str, int, bool] | None:
     """(culprits, its pairs that disagree, group, seq, whether the pairs
     alone single it out)
-    at the first all-to-all of the run of them that disagree and that the ranks stopped in, or None when
-    they stopped in none whose split sizes were recorded or all pairs agree. A culprit is in every pair that
+    at the first all-to-all of the run of them that disagree and that the ranks stopped in (with `table`,
+    when they stopped in none: each group's first that disagrees), or None when all pairs agree. A culprit is in every pair that
     disagrees; among several such (one pair: either side), those in `among` (the wait-for graph's), else
     the pairs' one sender. Pairs with no rank in common (two ranks each changed their splits): their
     senders, when none of them is also a receiver of a pair that disagrees."""
     spots = {(e.blocked.group, e.blocked.seq) for e in ends.values()
              if e.blocked is not None and e.blocked.op in _SPLIT_OPS}  # fmt: skip
+    if not spots and table is not None:
+        spots = _first_apart(run, streams, table)
     for group, stop in sorted(spots):
         seq, pairs = stop, bad_pairs(run, streams, group, stop)
         if not pairs:

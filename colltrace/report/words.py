@@ -144,8 +144,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.CYCLE: f"{who} wait on each other (a cycle in the wait-for graph: each is blocked where another has not arrived)",
         Clue.MEMBERSHIP: f"the ranks disagree on the members of group {detail}",
         Clue.GROUP_CREATE: f"{who} asked new_group/split_group for other ranks than the rest",
-        Clue.CREATION_MAJORITY: f"{who} created the group with other members than most ranks' same "
-        f"new_group/split_group call asked for (ranks {asked_text(d)})",
+        Clue.CREATION_MAJORITY: f"{who} created the group with other members than most ranks asked for in the "
+        f"same new_group/split_group call (they asked for ranks {asked_text(d)})",
         Clue.SAME_MODULE: f"same op on the same module ({detail}) on every rank: the tensors themselves differ",
         Clue.RECOMPUTE: "the divergent collectives are in activation-checkpoint recompute",
         Clue.DDP_UNREDUCED: f"DDP raised on {who}: parameters got no gradient there"
