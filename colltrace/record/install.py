@@ -65,6 +65,7 @@ def _patch_torch(cfg: config_mod.Config) -> None:
     _wrap_group_creation(patches)
     HOOKS.install(modules=cfg.modules)
     LIFECYCLE.patch_spawn_wrap(patches)
+    LIFECYCLE.patch_process_bootstrap(patches)
     _rebind_stale_references(patches)
 
 

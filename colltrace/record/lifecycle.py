@@ -120,7 +120,7 @@ class Lifecycle:
 
     def error(self, exc: BaseException, tb: Any = None) -> None:
         rec = self.recorder
-        if rec is None:
+        if rec is None or self.ended:  # ended: a forked child's (its parent's trace) or after the footer
             return
         try:
             text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
@@ -176,6 +176,33 @@ class Lifecycle:
             return _wrap
 
         patches.wrap(spawn_mod, "_wrap", make)
+
+    def patch_process_bootstrap(self, patches: Any) -> None:
+        """Plain multiprocessing.Process children: BaseProcess._bootstrap catches what escapes run(), prints it
+        and exits 1, past sys.excepthook (its footer is written before, at util._exit_function): record it on
+        its way out of run().
+
+        Patched when torch is imported: a forked child inherits it; a spawned one imports torch while it
+        unpickles its Process (the target's module), before _bootstrap runs."""
+        try:
+            from multiprocessing import process
+        except Exception:
+            return
+        lifecycle = self
+
+        def make(orig: Any) -> Any:
+            def _bootstrap(proc: Any, *args: Any, **kw: Any) -> Any:
+                try:
+                    proc.run = _recording_run(proc.run, lifecycle)  # the instance's: a subclass's own run too
+                except Exception:
+                    pass  # it runs as it would untraced
+                return orig(proc, *args, **kw)
+
+            _bootstrap.__module__ = orig.__module__
+            _bootstrap.__qualname__ = orig.__qualname__
+            return _bootstrap
+
+        patches.wrap(process.BaseProcess, "_bootstrap", make)
 
     # -- fatal signals and SIGTERM ----------------------------------------------------------
 
@@ -418,6 +445,21 @@ class Watch:
             with open(f"{path}.tmp", "w") as f:
                 f.write(text)
             os.replace(f"{path}.tmp", path)
+
+
+def _recording_run(run: Any, lifecycle: Lifecycle) -> Any:
+    def recording_run() -> Any:
+        try:
+            return run()
+        except BaseException as e:
+            tb = e.__traceback__
+            if tb is not None and tb.tb_next is not None:
+                e.__traceback__ = tb.tb_next  # this frame out of the traceback the child prints (Python >= 3.11)
+            if not isinstance(e, SystemExit):  # sys.exit() is an exit, as in _excepthook
+                lifecycle.error(e)
+            raise
+
+    return recording_run
 
 
 def _raised_by_collective(rec: Any, exc: BaseException) -> int | None:
