@@ -80,7 +80,9 @@ class FakeRank:
             self.t, t_done, 0,
         )  # fmt: skip
 
-    def p2p(self, op: str, peer: int, numel: int, group: str = "0", done: bool = True, tag: int = 0) -> int:
+    def p2p(
+        self, op: str, peer: int, numel: int, group: str = "0", done: bool = True, tag: int = 0, phase: str = ""
+    ) -> int:
         """A send (numel in) or recv (numel out), numbered per (group, peer, direction) as the recorder does;
         its tag where a collective's reduce op goes."""
         s = self.w.intern
@@ -91,7 +93,7 @@ class FakeRank:
         return self.w.append(
             schema.KIND_P2P, schema.FLAG_DONE if done else 0, 0, 0, s(group), s(op), s("float32"),
             s(f"tag={tag}" if tag else ""), s(""),
-            s(""), s(""), s(""), seq, -1, numel if sent else 0, 0 if sent else numel, peer, self.step, 0,
+            s(phase), s(""), s(""), seq, -1, numel if sent else 0, 0 if sent else numel, peer, self.step, 0,
             self.t, self.t + 100_000 if done else 0, 0,
         )  # fmt: skip
 

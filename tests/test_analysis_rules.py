@@ -650,3 +650,58 @@ def test_groups_created_in_another_order_on_one_rank_name_it_over_the_cycle_they
     assert dx.divergence is not None and dx.divergence.kind is Kind.MEMBERSHIP
     assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.CREATION_MAJORITY] == [(3,)]
+
+
+def _ddp_step(r: FakeRank, done: bool = True) -> None:
+    """One DDP step: a data span, then two gradient bucket all-reduces in backward (the last maybe open)."""
+    r.span("data")
+    r.coll("all_reduce", 676, "", "backward", redop="SUM")
+    r.coll("all_reduce", 676, "", "backward", redop="SUM", done=done)
+
+
+def test_a_rank_that_exited_cleanly_at_an_epoch_boundary_left_on_its_own_decision(tmp_path: Path) -> None:
+    """DDP, a local early-stopping decision: rank 2 calls sys.exit(0) after 3 steps; the others' next step's
+    gradient all-reduce waits for it. Every rank's DataLoader ended at each epoch's end alike (no rank ran out
+    first): the rank left on its own (control_flow), not a parameter without gradient (what they wait in)."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(3):
+            _ddp_step(r)
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+        r.w.event({"ev": "data_exhausted", "t_ns": 0, "step": r.step})
+    rs[2].footer()
+    for r in rs[:2]:
+        r.span("data")
+        r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (2,)
+    assert dx.divergence is not None and dx.divergence.kind is Kind.MISSING
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.LEFT_LOOP] == [(2,)]
+
+
+def test_a_last_stage_whose_labels_ran_out_waits_in_a_barrier_its_sender_never_reaches(tmp_path: Path) -> None:
+    """A 2-stage pipeline: the last stage's label loader is one batch short, so it leaves its loop for the
+    final barrier while stage 0 sends it the next step's activation (blocked in a send, forward). The two
+    wait on each other (a cycle through a transfer and the barrier): the stage that left the loop for a
+    barrier while the other was in a training step ran out of data."""
+    rs = ranks(str(tmp_path), 2)
+    for _ in range(3):
+        rs[0].span("data")
+        rs[0].p2p("isend", 1, 64, phase="forward")
+        rs[1].span("data")
+        rs[1].p2p("irecv", 0, 64, phase="forward")
+        for r in rs:
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    rs[1].w.event({"ev": "data_exhausted", "t_ns": 0, "step": rs[1].step})
+    rs[0].p2p("isend", 1, 64, done=False, phase="forward")
+    rs[1].coll("barrier", 0, "", "other", done=False, error=True)
+    rs[0].error("RuntimeError", TIMEOUT, in_collective=True)
+    rs[1].error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.OUT_OF_DATA] == [(1,)]

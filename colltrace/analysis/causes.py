@@ -68,14 +68,18 @@ class Facts:
 
 def _left_loop(f: Facts, rank: int) -> bool:
     """The rank left the training loop: it exited cleanly, or from the divergent seq on it issued only
-    collectives outside training (a final barrier, eval) and never came back to a training step."""
+    collectives outside training (a final barrier, eval) and never came back to a training step; with nothing
+    more in the divergent stream, it stopped in a collective outside training."""
     if f.ends[rank].state is RankState.FINISHED:
         return True
     st = f.stream(rank)
     if st is None or f.d is None or f.d.seq is None:
         return False
     after = [f.table[sid] for sid in st.sigs[max(0, f.d.seq - st.seq0) :] if sid]
-    return bool(after) and not any(s is not None and s.phase in TRAINING for s in after)
+    if not after:  # nothing more in this stream (a pipeline's transfers): what it went on to instead
+        blocked = f.ends[rank].blocked
+        return blocked is not None and blocked.phase not in TRAINING
+    return not any(s is not None and s.phase in TRAINING for s in after)
 
 
 _STUCK_IN = {
@@ -530,15 +534,40 @@ def uneven_data(f: Facts) -> Finding | None:
         if exhausted:
             ev.append(Evidence(Clue.OUT_OF_DATA, exhausted))
         return Finding(Cause.UNEVEN_DATA, Confidence.HIGH if exhausted else Confidence.MEDIUM, tuple(ev))
-    victims = f.sigs(f.victims)
-    theirs = f.sigs(f.culprits)
-    if (theirs and all(s.op in _BARRIERS and s.phase not in TRAINING for s in theirs)
-            and victims and all(s.phase in TRAINING for s in victims)
+    # what each side was in: its records at the divergence, else (it never issued one there: a pipeline's
+    # transfer) what it was blocked in
+    busy = _doing(f, f.victims)
+    theirs = _doing(f, f.culprits)
+    if (theirs and all(op in _BARRIERS and phase not in TRAINING for op, phase in theirs)
+            and busy and all(phase in TRAINING for _, phase in busy)
             and not any(_past(f, r) for r in f.culprits)):  # fmt: skip
-        # no DataLoader to say it ran out (a generator, a stream): it went from training to a barrier outside
-        # it while the others were still in a training step, without completing more steps than they had
-        return Finding(Cause.UNEVEN_DATA, Confidence.MEDIUM, (Evidence(Clue.LEFT_LOOP, f.culprits, "barrier"),))
+        # it went from training to a barrier outside it while the others were still in a training step,
+        # without completing more steps than they had (a DataLoader that ran out says so; a plain generator or
+        # a stream that ran dry cannot)
+        ev = [Evidence(Clue.LEFT_LOOP, f.culprits, "barrier")]
+        if exhausted:
+            ev.append(Evidence(Clue.OUT_OF_DATA, exhausted))
+        return Finding(Cause.UNEVEN_DATA, Confidence.MEDIUM, tuple(ev))
     return None
+
+
+def _doing(f: Facts, ranks: tuple[int, ...]) -> list[tuple[str, str]]:
+    """(op, phase) of the ranks' records at the divergence; where none has one there, of what each was
+    blocked in."""
+    at = [(s.op, s.phase) for s in f.sigs(ranks)]
+    return at or [(b.op, b.phase) for r in ranks if r in f.ends and (b := f.ends[r].blocked) is not None]
+
+
+def exited_early(f: Facts) -> Finding | None:
+    """The culprits exited cleanly while the others waited for a collective they never reached, their data not
+    run out first (uneven_data above): they left the loop on a decision of their own (an early stop, a
+    rank-local condition), whatever the others wait in (a gradient reduction is not a parameter without
+    gradient here)."""
+    if f.d is None or f.d.kind is not Kind.MISSING or not f.culprits:
+        return None
+    if not all(r in f.ends and f.ends[r].state is RankState.FINISHED for r in f.culprits):
+        return None
+    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.LEFT_LOOP, f.culprits),))
 
 
 def eval_forward(f: Facts) -> Finding | None:
@@ -588,7 +617,7 @@ def control_flow(f: Facts) -> Finding | None:
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
     schedule_mismatch, wrong_peer, p2p_order, deadlock, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
-    step_skew, skew_before, saved_apart, grad_skipped, recompute, uneven_data, unattributed, other_call, grad_changed, same_collective,
+    step_skew, skew_before, saved_apart, grad_skipped, recompute, uneven_data, exited_early, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip
 
