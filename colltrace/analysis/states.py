@@ -8,6 +8,7 @@ from typing import Any
 
 from colltrace.analysis.results import RankEnd
 from colltrace.analysis.streams import RankStreams, numbered
+from colltrace.trace import frames
 from colltrace.trace.reader import RecordView
 from colltrace.trace.records import Collective, RankState, RankTrace, Run
 
@@ -123,9 +124,8 @@ def _tb_frames(tb: str) -> list[str]:
 
 
 # colltrace's own frames: the recorder's modules, its generated wrappers, the watchdog's thread
-_OWN_FRAME = re.compile(r"[/\\]colltrace[/\\](record|trace)[/\\]|^<colltrace |[/\\]threading\.py:")
-_STDLIB = r"<frozen |[/\\]lib[/\\]python3(?:\.\d+)?[/\\](?!(?:site|dist)-packages[/\\])"  # a frame of Python's own
-_LIBRARY_FRAME = re.compile(rf"[/\\](?:site|dist)-packages(?=[/\\])|{_STDLIB}")
+_OWN_FRAME = re.compile(rf"{frames.OWN}|[/\\]threading\.py:")
+_LIBRARY_FRAME = frames.LIBRARY
 
 
 def excerpt(frames: list[str]) -> list[str]:
@@ -190,17 +190,14 @@ def activity_of(stack: list[str]) -> str:
     return f"{user} (in {where})"
 
 
-_STDLIB_FRAME = re.compile(_STDLIB)
-
-
 def in_own_code(end: RankEnd) -> bool:
     """The rank's last stack stops in the user's own code, or in the stdlib called from it (a poll of
     os.path.exists, a sleep): its innermost frame outside the stdlib is the job's, not an installed
     library's (a DataLoader's read, a lock or a collective of torch's)."""
-    frames = [f for f in end.stack if f != "..."]
-    while frames and _STDLIB_FRAME.search(frames[-1]):
-        frames.pop()
-    return bool(frames) and not _LIBRARY_FRAME.search(frames[-1])
+    stack = [f for f in end.stack if f != "..."]
+    while stack and frames.STDLIB_FRAME.search(stack[-1]):
+        stack.pop()
+    return bool(stack) and not _LIBRARY_FRAME.search(stack[-1])
 
 
 def _position(c: Collective) -> str:

@@ -17,6 +17,7 @@ from colltrace.record.context import (
 )
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
+from colltrace.trace.frames import is_library
 from colltrace.trace.writer import APPEND, STATIC_HEAD, STATIC_MID, TraceWriter, hot_function, inline
 
 if TYPE_CHECKING:
@@ -503,11 +504,11 @@ class Recorder:
 
 
 _LIBRARY_DIRS: tuple[str, ...] = ()
-_STDLIB = os.path.dirname(os.__file__) + os.sep
 
 
 def _library_dirs() -> tuple[str, ...]:
-    """Where the frames that are not the user's live: colltrace's recorder, torch and the frameworks on it."""
+    """Where else frames that are not the user's live (trace.frames has the rule): colltrace's recorder
+    wherever it is, torch and the frameworks on it installed outside site-packages."""
     global _LIBRARY_DIRS
     if not _LIBRARY_DIRS:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -521,19 +522,15 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 def call_site() -> str:
-    """The innermost frame outside the libraries and the stdlib: "file:line in func", or "" when every
-    frame is theirs (a collective issued from an autograd device thread). Cold: once per new kind of call."""
+    """The innermost frame of the user's (trace.frames): "file:line in func", or "" when every frame is a
+    library's (a collective issued from an autograd device thread). Cold: once per new kind of call."""
     try:
         skip = _library_dirs()
         f: Any = sys._getframe(1)
         while f is not None:
             code = f.f_code
-            name = code.co_filename
-            ours = name.startswith("<") or name.startswith(skip)
-            if not ours and name.startswith(_STDLIB):
-                ours = "-packages" + os.sep not in name  # the stdlib's, not an installed package's
-            if not ours:
-                return f"{name}:{f.f_lineno} in {code.co_name}"
+            if not is_library(code.co_filename, skip):
+                return f"{code.co_filename}:{f.f_lineno} in {code.co_name}"
             f = f.f_back
     except Exception:  # the attribution never breaks the call
         pass

@@ -22,6 +22,7 @@ import stat
 from typing import Any
 
 from colltrace.trace import schema
+from colltrace.trace.frames import user_frame
 from colltrace.trace.records import Collective, GroupInfo, RankState, RankTrace, Run, backend_seqs
 
 SUBDIR = "flight_recorder"  # where a colltrace run keeps the dumps of its ranks (COLLTRACE=1 steers them there)
@@ -35,10 +36,6 @@ _DTYPES = {
     "ComplexDouble": "complex128", "Float8_e4m3fn": "float8_e4m3fn", "Float8_e5m2": "float8_e5m2",
     "UInt16": "uint16", "UInt32": "uint32", "UInt64": "uint64",
 }  # fmt: skip
-# frames that are not the user's: torch and the frameworks on it, colltrace's recorder, the stdlib
-_LIBRARY = re.compile(
-    r"^<|/(torch|deepspeed|accelerate|transformers|megatron)/|/colltrace/(record|trace)/|/lib/python3\.\d+/(?!site-packages/|dist-packages/)"
-)
 
 
 class DumpError(Exception):
@@ -141,14 +138,6 @@ def _ranks(text: Any) -> tuple[int, ...]:
         return tuple(int(r) for r in value or ())
     except (TypeError, ValueError):
         return ()
-
-
-def user_frame(frames: list[tuple[str, int, str]]) -> str:
-    """The innermost frame of the user's code (frames innermost first), "file:line in func"; "" if none."""
-    for path, line, func in frames:
-        if not _LIBRARY.search(path):
-            return f"{path}:{line} in {func}"
-    return ""
 
 
 def _frames(entry: dict[str, Any]) -> list[tuple[str, int, str]]:
