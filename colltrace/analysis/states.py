@@ -9,7 +9,6 @@ from typing import Any
 from colltrace.analysis.results import RankEnd
 from colltrace.analysis.streams import RankStreams, numbered
 from colltrace.trace import frames
-from colltrace.trace.reader import RecordView
 from colltrace.trace.records import Collective, RankState, RankTrace, Run
 
 _OOM = re.compile(r"out of memory|OutOfMemory|MemoryError|can't allocate memory|std::bad_alloc|not enough memory", re.I)
@@ -27,13 +26,7 @@ _MAX_FRAMES = 6
 
 
 def record(rt: RankTrace, idx: int) -> Collective | None:
-    recs = rt.records
-    if isinstance(recs, RecordView):
-        return recs.by_idx(idx)
-    for c in reversed(recs):
-        if c.idx == idx:
-            return c
-    return None
+    return rt.records.by_idx(idx)
 
 
 def blocked_idx(rs: RankStreams) -> int:
@@ -170,8 +163,7 @@ def run_end_ns(run: Run, streams: dict[int, RankStreams]) -> int:
     latest = 0
     for r, rt in run.ranks.items():
         latest = max(latest, streams[r].last_t_ns)
-        spans = rt.spans
-        last = spans.by_idx(spans.info.last) if isinstance(spans, RecordView) else (spans[-1] if spans else None)
+        last = rt.spans.last()
         if last is not None:
             latest = max(latest, last.t_done_ns or last.t_issue_ns)
         for ev in (*rt.stacks, rt.signal or {}, rt.error or {}, rt.footer or {}):

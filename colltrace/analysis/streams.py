@@ -13,7 +13,6 @@ import numpy as np
 
 from colltrace.analysis import slots, workers
 from colltrace.trace import schema
-from colltrace.trace.reader import RecordView
 from colltrace.trace.records import RankTrace, Run
 
 # ops whose receive-side count is the one all ranks agree on (non-root ranks pass no scatter list)
@@ -171,32 +170,9 @@ _KEY_B = schema.run_struct("numel_in", "peer")
 
 
 def _chunks(rt: RankTrace) -> tuple[Iterator[tuple[int, bytes]], dict[int, str], int]:
-    """Raw slot blocks, their string table and clock offset; a plain list of records is packed the same way."""
+    """Raw slot blocks, their string table and clock offset."""
     recs = rt.records
-    if isinstance(recs, RecordView):
-        return recs.chunks(), recs.strings, recs.offset
-    ids: dict[str, int] = {"": 0}
-
-    def sid(text: str) -> int:
-        return ids.setdefault(text, len(ids))
-
-    kinds = {"collective": schema.KIND_COLLECTIVE, "p2p": schema.KIND_P2P, "span": schema.KIND_SPAN}
-    ordered = sorted(recs, key=lambda c: c.idx)
-    slots = [
-        schema.SLOT.pack(
-            c.idx + 1, kinds.get(c.kind, 0), c.flags & 0xFF, 0, c.tid, sid(c.group), sid(c.op), sid(c.dtype),
-            sid(c.reduce_op), sid(c.module), sid(c.phase), sid(c.flavour), sid(c.shape), c.seq, c.backend_seq,
-            c.numel_in, c.numel_out, c.peer, c.step, c.micro_step, c.t_issue_ns, c.t_done_ns or 0, c.wait_ns,
-        ).ljust(schema.SLOT_SIZE, b"\0")
-        for c in ordered
-    ]  # fmt: skip
-    blocks: list[tuple[int, bytes]] = []  # one block per run of consecutive idx
-    start = 0
-    for i in range(1, len(ordered) + 1):
-        if i == len(ordered) or ordered[i].idx != ordered[i - 1].idx + 1:
-            blocks.append((ordered[start].idx, b"".join(slots[start:i])))
-            start = i
-    return iter(blocks), {v: k for k, v in ids.items()}, 0
+    return recs.chunks(), recs.strings, recs.offset
 
 
 def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
@@ -450,11 +426,9 @@ def tail(rt: RankTrace, n: int) -> RankTrace:
     recs = rt.records
     if held(rt) <= n:
         return rt
-    cut = recs.tail(n) if isinstance(recs, RecordView) else list(recs)[-n:]
-    return dataclasses.replace(rt, records=cut)
+    return dataclasses.replace(rt, records=recs.tail(n))
 
 
 def held(rt: RankTrace) -> int:
     """How many records the rank's trace holds (readable or torn), without reading them."""
-    recs = rt.records
-    return recs.info.last - recs.info.first + 1 if isinstance(recs, RecordView) else len(recs)
+    return rt.records.held

@@ -16,8 +16,8 @@ import numpy as np
 from colltrace.analysis import slots
 from colltrace.analysis.streams import direction
 from colltrace.trace import schema
-from colltrace.trace.reader import RecordView
 from colltrace.trace.records import Collective, RankTrace
+from colltrace.trace.store import RecordView
 
 # bytes per element, by the dtype names the recorder writes (torch's str(dtype) without "torch.")
 ITEMSIZE = {
@@ -220,14 +220,10 @@ def _columns_of(cols: Any, strings: dict[int, str], off: int) -> Columns:
 def columns(rt: RankTrace, tail: int | None = None, shift: int = 0) -> Columns:
     """A rank's calls as columns only (the clock fit's probe: no Call built), times less `shift`."""
     recs = _tail(rt.records, tail)
-    if not isinstance(recs, RecordView):
-        return Columns.of(_shift([call_of(c) for c in _records(recs, ("collective", "p2p"))], shift))
     return _columns_of(_slots(recs), recs.strings, recs.offset - shift)
 
 
-def _calls(recs: Sequence[Collective], shift: int = 0) -> tuple[list[Call], Columns | None]:
-    if not isinstance(recs, RecordView):
-        return _shift([call_of(c) for c in _records(recs, ("collective", "p2p"))], shift), None
+def _calls(recs: RecordView, shift: int = 0) -> tuple[list[Call], Columns | None]:
     cols = _slots(recs)  # straight from the slots, column by column: the timing's hot path
     strings, off = recs.strings, recs.offset - shift
     c = _columns_of(cols, strings, off)
@@ -251,10 +247,8 @@ def _calls(recs: Sequence[Collective], shift: int = 0) -> tuple[list[Call], Colu
     return calls, c
 
 
-def _tail(recs: Sequence[Collective], n: int | None) -> Sequence[Collective]:
-    if n is None:
-        return recs
-    return recs.tail(n) if isinstance(recs, RecordView) else list(recs)[-n:]
+def _tail(recs: RecordView, n: int | None) -> RecordView:
+    return recs if n is None else recs.tail(n)
 
 
 def _shift(items: list[_T], ns: int) -> list[_T]:

@@ -10,11 +10,12 @@ import stat
 import struct
 import sys
 from array import array
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, BinaryIO, NamedTuple, overload
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 from colltrace.trace import flight, schema
-from colltrace.trace.records import Collective, GroupInfo, RankState, RankTrace, Run
+from colltrace.trace.records import GroupInfo, RankState, RankTrace, Run
+from colltrace.trace.store import CHUNK_SLOTS, RecordView, RingInfo, packed
 
 try:
     import orjson
@@ -146,16 +147,6 @@ def read_events(path: str) -> tuple[list[dict[str, Any]], int]:
     return events, torn
 
 
-class RingInfo(NamedTuple):
-    """Where a ring's records lie: slots idx first..last (inclusive) of `capacity`, and records ever written."""
-
-    capacity: int
-    first: int
-    last: int
-    head: int
-    cut_to: int = 0  # > 0: the file ends after this many slots, short of its capacity (truncated, not wrapped)
-
-
 def ring_info(ring_path: str) -> RingInfo | None:
     """Read a ring's header; None when the file is too short to hold one (killed before the first record)."""
     _regular(ring_path)
@@ -186,7 +177,7 @@ def _last_marker(ring_path: str, slots: int) -> int:
     last, idx = -1, 0
     with open(ring_path, "rb") as f:
         while idx < slots:
-            block = _markers(f, idx, slots, _CHUNK_SLOTS)
+            block = _markers(f, idx, slots, CHUNK_SLOTS)
             if not block:
                 break
             for i, m in enumerate(block):
@@ -235,41 +226,6 @@ def _markers(f: BinaryIO, idx: int, capacity: int, n: int) -> list[int]:
     return words[:: schema.SLOT_SIZE // 8].tolist()
 
 
-_CHUNK_SLOTS = 32768  # 4 MiB reads: bounded memory for rings of any size
-
-
-def iter_chunks(ring_path: str, info: RingInfo) -> Iterator[tuple[int, bytes]]:
-    """Yield (idx of the first slot, raw bytes of consecutive slots) in idx order, torn slots included."""
-    cap = info.capacity
-    size = schema.SLOT_SIZE
-    with open(ring_path, "rb") as f:
-        idx = info.first
-        while idx <= info.last:
-            pos = idx % cap
-            n = min(info.last + 1 - idx, cap - pos, _CHUNK_SLOTS)
-            f.seek(schema.RING_HEADER_SIZE + pos * size)
-            chunk = f.read(n * size)
-            n = len(chunk) // size
-            if n == 0:
-                return
-            yield idx, chunk[: n * size]
-            idx += n
-
-
-def _scan(ring_path: str, info: RingInfo, layout: struct.Struct) -> Iterator[tuple[int, tuple[Any, ...]]]:
-    """Yield (idx, unpacked slot) in idx order, skipping torn or stale slots (marker != idx + 1).
-
-    `layout` unpacks a whole slot and must begin with the marker; the file is read in
-    chunks so a million-record ring never sits in memory at once.
-    """
-    pad = schema.SLOT_SIZE - layout.size
-    unpack = struct.Struct(layout.format + (f"{pad}x" if pad else "")).iter_unpack
-    for idx, chunk in iter_chunks(ring_path, info):
-        for i, raw in zip(range(idx, idx + len(chunk) // schema.SLOT_SIZE), unpack(chunk)):
-            if raw[0] == i + 1:
-                yield i, raw
-
-
 def _clock_offset(header: dict[str, Any]) -> int:
     clock = header.get("clock") or {}
     try:
@@ -315,7 +271,8 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
     strings: dict[int, str] = {0: ""}
     sites: dict[int, str] = {0: ""}
     groups: dict[str, GroupInfo] = {}
-    rt = RankTrace(rank=rank, header=header, records=[], groups=groups, state=RankState.KILLED, torn=torn)
+    rt = RankTrace(rank=rank, header=header, records=packed(rank, ()), groups=groups, state=RankState.KILLED,
+                   torn=torn)  # fmt: skip
     for ev in events[1:]:
         kind = ev.get("ev")
         spec = _EVENTS.get(kind) if isinstance(kind, str) else None
@@ -378,115 +335,6 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
     rt.alive = rt.footer is None and rt.error is None and rt.signal is None and not rt.fault and _alive(header)
     rt.state = _state(rt)
     return rt
-
-
-class RecordView(Sequence[Collective]):
-    """One rank's records, decoded from its ring on demand: a million-record rank costs no memory until read.
-
-    Iterating streams the ring in chunks; indexing reads single slots. `raw()` is the fast path
-    for analysis: slot tuples with string ids unresolved (see `strings`).
-    """
-
-    def __init__(
-        self, rank: int, ring_path: str, info: RingInfo, strings: dict[int, str], offset: int,
-        sites: dict[int, str] | None = None,
-    ) -> None:  # fmt: skip
-        self.rank = rank
-        self.ring_path = ring_path
-        self.info = info
-        self.strings = strings
-        self.offset = offset  # monotonic -> wall clock
-        self.sites = sites or {}  # call-site ids (schema.EV_SITE) -> "file:line in func"
-        self._idxs: array[int] | None = None
-
-    def tail(self, n: int) -> RecordView:
-        """The same rank's last n records only."""
-        first = max(self.info.first, self.info.last - n + 1)
-        return RecordView(self.rank, self.ring_path, self.info._replace(first=first), self.strings, self.offset,
-                          self.sites)  # fmt: skip
-
-    def raw(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
-        """(idx, slot tuple as in schema.SLOT_FIELDS) for every readable record, oldest first."""
-        return _scan(self.ring_path, self.info, schema.SLOT)
-
-    def chunks(self) -> Iterator[tuple[int, bytes]]:
-        """(first idx, raw slots) blocks for columnar readers; slots whose marker != idx + 1 are torn."""
-        return iter_chunks(self.ring_path, self.info)
-
-    def decode(self, idx: int, raw: tuple[Any, ...]) -> Collective:
-        s = self.strings.get
-        off = self.offset
-        (
-            _m, kind, flags, site, tid, group, op, dtype, redop, module, phase, flavour, shape,
-            seq, bseq, nin, nout, peer, step, micro, t_issue, t_done, wait,
-        ) = raw  # fmt: skip
-        return Collective(
-            self.rank, idx, schema.KIND_NAMES.get(kind, str(kind)), s(group, "?"), seq, bseq, s(op, "?"), nin, nout,
-            s(shape, ""), s(dtype, ""), s(redop, ""), peer, s(module, ""), s(phase, ""), s(flavour, ""),
-            step, micro, t_issue + off, (t_done + off) if t_done else None, wait, flags, tid,
-            self.sites.get(site, "") if site else "",
-        )  # fmt: skip
-
-    def undone(self) -> list[Collective]:
-        """The records never completed (t_done_ns 0), decoding only those."""
-        return [self.decode(idx, raw) for idx, raw in self.raw() if not raw[_T_DONE]]
-
-    def __iter__(self) -> Iterator[Collective]:
-        decode = self.decode
-        for idx, raw in self.raw():
-            yield decode(idx, raw)
-
-    def _index(self) -> array[int]:
-        if self._idxs is None:
-            self._idxs = array("q", (i for i, _ in _scan(self.ring_path, self.info, _MARKER)))
-        return self._idxs
-
-    def __len__(self) -> int:
-        return len(self._index())
-
-    @overload
-    def __getitem__(self, i: int) -> Collective: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Collective]: ...
-
-    def __getitem__(self, i: int | slice) -> Collective | list[Collective]:
-        idxs = self._index()
-        if isinstance(i, slice):
-            return [self._read(idx) for idx in idxs[i]]
-        return self._read(idxs[i])
-
-    def by_idx(self, idx: int) -> Collective | None:
-        """The record written as number `idx`, if the ring still holds it."""
-        if not self.info.first <= idx <= self.info.last:
-            return None
-        try:
-            return self._read(idx)
-        except LookupError:
-            return None
-
-    def _read(self, idx: int) -> Collective:
-        with open(self.ring_path, "rb") as f:
-            f.seek(schema.RING_HEADER_SIZE + (idx % self.info.capacity) * schema.SLOT_SIZE)
-            data = f.read(schema.SLOT.size)
-        if len(data) < schema.SLOT.size:
-            raise IndexError(idx)
-        raw = schema.SLOT.unpack(data)
-        if raw[0] != idx + 1:
-            raise LookupError(f"slot {idx} was overwritten")
-        return self.decode(idx, raw)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (RecordView, list, tuple)):
-            return list(self) == list(other)
-        return NotImplemented
-
-    def __repr__(self) -> str:
-        return f"RecordView(rank={self.rank}, {self.ring_path!r}, idx {self.info.first}..{self.info.last})"
-
-
-_MARKER = struct.Struct("<Q")
-_T_DONE = schema.FIELD_NAMES.index("t_done_ns")
 
 
 def _state(rt: RankTrace) -> RankState:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from colltrace.trace.store import RecordView
 
 
 class RankState(str, enum.Enum):
@@ -94,13 +97,19 @@ class GroupInfo:
         return self.name
 
 
+def _none() -> RecordView:
+    from colltrace.trace.store import packed  # store reads Collective from here
+
+    return packed(-1, ())
+
+
 @dataclass(slots=True)
 class RankTrace:
     """Everything one rank left behind."""
 
     rank: int
     header: dict[str, Any]
-    records: Sequence[Collective]  # a list, or the reader's RecordView (decoded on demand)
+    records: RecordView  # its ring file's records (decoded on demand), or records packed in memory (store.packed)
     groups: dict[str, GroupInfo]
     state: RankState
     steps: int = 0  # optimizer steps completed
@@ -117,7 +126,7 @@ class RankTrace:
     torn: int = 0  # unreadable slots or lines (expected after a kill)
     skipped: int = 0  # events of a known kind left out: a field missing or of another type
     ring_cut: int = 0  # > 0: the ring file ends after that many slots (truncated); -1: too short for its header
-    spans: Sequence[Collective] = ()  # compute spans (kind "span", op: forward, data, ...), oldest first
+    spans: RecordView = field(default_factory=lambda: _none())  # compute spans (kind "span", op: forward, ...)
     exhausted: list[dict[str, Any]] = field(default_factory=list)  # data_exhausted events: out of data
     pipelines: list[dict[str, Any]] = field(default_factory=list)  # pipeline events: how its schedules were built
     alive: bool = False  # no end of its own yet and its process runs (this host): the job is still going
@@ -129,10 +138,7 @@ class RankTrace:
     @property
     def open_spans(self) -> list[Collective]:
         """Spans begun and never ended: what the rank was doing when its trace stopped, outermost first."""
-        undone = getattr(self.spans, "undone", None)  # the reader's view: decodes only those
-        if undone is not None:
-            return list(undone())
-        return [s for s in self.spans if s.t_done_ns is None]
+        return self.spans.undone()
 
     def after_signal(self, t_ns: int) -> bool:
         """Whether a moment is part of the stop: the rank was sent a terminating signal, and t_ns is no
