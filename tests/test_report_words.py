@@ -10,6 +10,7 @@ from colltrace.analysis.results import (
     Evidence,
     InSpan,
     Lateness,
+    PeersApart,
     SchedulesApart,
     SlowIn,
     SplitGap,
@@ -67,7 +68,10 @@ PAYLOADS = [
     (Evidence(Clue.EVERY_PAIR, (2,), ((1, 2), (2, 1))), "1->2,2->1", "(rank 1 → rank 2, rank 2 → rank 1)"),
     (Evidence(Clue.WAITED_FOR, (2,), (0, 1)), "0,1", "that ranks 0-1 were blocked in"),
     (Evidence(Clue.NO_TRACE, (2,), (0, 1)), "0,1", "while ranks 0,1 were blocked"),
-    (Evidence(Clue.MISDIRECTED, (1,), (0, 2)), "0,2", "sent ranks 0, 2 one transfer more"),
+    (Evidence(Clue.MISDIRECTED, (1,), PeersApart((2,), (0,))), "0,2", "rank 1 sent rank 2 one transfer more than it "
+     "received, and rank 0 one fewer than it waits for"),
+    (Evidence(Clue.WRONG_SOURCE, (2,), PeersApart((0,), (1,))), "0,1", "rank 2 waits to receive from rank 0, which "
+     "never sent it that transfer, while rank 1's transfer to it waits unreceived"),
     (Evidence(Clue.CREATION_MAJORITY, (1,), (1, 3)), "1,3", "(they asked for ranks 1,3)"),
     (Evidence(Clue.CREATION_MAJORITY, (1,), ((0, 1), (2, 3))), "((0, 1), (2, 3))", "(they asked for ranks ((0, 1), (2, 3)))"),
     (Evidence(Clue.MAJORITY, (2,), 2), "2", "(2 ranks agree)"),

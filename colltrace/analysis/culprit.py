@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from colltrace.analysis import groups, states, waitfor
 from colltrace.analysis.history import TRAINING, Habit, periodic, precedent, starts_step
-from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, RankEnd, StepSkew
+from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, PeersApart, RankEnd, StepSkew
 from colltrace.analysis.streams import GroupStream, RankStreams, SigTable, p2p_ends
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
@@ -329,7 +329,7 @@ def misdirected(streams: dict[int, RankStreams]) -> Blame | None:
             idxs = [i for i in extra.get((r, sending), []) if i >= 0]
             if idxs and all(rank_habit(streams[r], i) is Habit.CONSISTENT for i in idxs):
                 continue  # its own pattern: it waits where it always sends or receives
-            found[r] = Evidence(clue, (r,), tuple(sorted(more | fewer)))
+            found[r] = Evidence(clue, (r,), PeersApart(tuple(sorted(more)), tuple(sorted(fewer))))
     if not found:
         return None
     wrong = tuple(sorted(found))

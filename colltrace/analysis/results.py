@@ -61,7 +61,7 @@ class Clue(str, enum.Enum):
     COUNT_CHANGED = "count_changed"  # the rank issued another number of collectives in this step than in the one before
     SPLITS = "splits"  # the rank's all-to-all split sizes disagree with its peers' (detail: the peers)
     FIRST_FAILED = "first_failed"  # the rank's collective failed first, with an error of its own (not a lost peer)
-    MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: the peers)
+    MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: PeersApart)
     WRONG_SOURCE = "wrong_source"  # the rank waits to receive from a peer that sent nothing, another's unheard
     SAME_ORDER = "same_order"  # the ranks of a cycle each block in a blocking transfer of one kind (detail: send|recv)
     SAVED_APART = "saved_apart"  # the rank saved a checkpoint in this step, the others did not (detail: how)
@@ -120,6 +120,14 @@ class SplitGap:
 
 
 @dataclass(frozen=True, slots=True)
+class PeersApart:
+    """MISDIRECTED, WRONG_SOURCE: the peers a rank's transfers went wrong with."""
+
+    over: tuple[int, ...]  # sent one transfer more than they received / waited on for one they never sent
+    under: tuple[int, ...]  # sent one fewer than they wait for / whose transfer to it waits unreceived
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulesApart:
     """SCHEDULE: the schedule the odd stages built, and the one the others did."""
 
@@ -132,7 +140,7 @@ class SchedulesApart:
 # rank pairs (EVERY_PAIR), a group's asked members (CREATION_MAJORITY), or one of the small types above
 Detail: TypeAlias = (
     str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
-    | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | None
+    | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | None
 )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from colltrace.analysis.results import (
     Evidence,
     InSpan,
     Lateness,
+    PeersApart,
     RankEnd,
     SchedulesApart,
     SlowIn,
@@ -291,6 +292,8 @@ def detail_text(e: Evidence) -> str:
         return f"{d.category},{d.extra_ns / 1e6:.0f}"
     if isinstance(d, SchedulesApart):
         return ",".join(map(str, (*d.theirs, *d.usual)))
+    if isinstance(d, PeersApart):
+        return ",".join(map(str, sorted(d.over + d.under)))
     if e.clue is Clue.CREATION_MAJORITY:
         return words.asked_text(d)
     if isinstance(d, tuple):

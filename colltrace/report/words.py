@@ -10,6 +10,7 @@ from colltrace.analysis.results import (
     Evidence,
     InSpan,
     Lateness,
+    PeersApart,
     SchedulesApart,
     SlowIn,
     SplitGap,
@@ -110,6 +111,24 @@ def headline(dx: Diagnosis) -> str:
     return f"{dx.verdict.value.capitalize()}{live}{where}: {who}{cause}"
 
 
+def _misdirected(who: str, d: Detail) -> str:
+    if not isinstance(d, PeersApart):
+        return f"{who} sent a transfer to the wrong peer"
+    took, waits = ("it", "waits") if len(d.under) == 1 else ("they", "wait")
+    got = "it" if len(d.over) == 1 else "they"
+    return (f"{who} sent {ranks_text(d.over)} one transfer more than {got} received, and {ranks_text(d.under)} one "
+            f"fewer than {took} {waits} for: a send to the wrong peer")  # fmt: skip
+
+
+def _wrong_source(who: str, d: Detail) -> str:
+    if not isinstance(d, PeersApart):
+        return f"{who} waits to receive from the wrong peer"
+    transfers = "transfer to it waits" if len(d.under) == 1 else "transfers to it wait"
+    return (f"{who} waits to receive from {ranks_text(d.over)}, which never sent it that transfer, while "
+            f"{ranks_text(d.under)}'s {transfers} unreceived: a receive from the wrong peer (its src, or a tag that "
+            "does not match)")  # fmt: skip
+
+
 def evidence_text(e: Evidence) -> str:
     who = ranks_text(e.ranks)
     d = e.detail
@@ -167,11 +186,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.COUNT_CHANGED: f"{who} issued another number of collectives in this group in this step than in {its} other steps",
         Clue.SPLITS: _splits(who, d),
         Clue.FIRST_FAILED: f"{who} failed first, with an error of {its} own ({detail}), not a timeout or a lost peer",
-        Clue.MISDIRECTED: f"{who} sent {ranks_text(peers)} one transfer more than the one "
-        "received and the other one fewer than it waits for: a send to the wrong peer",
-        Clue.WRONG_SOURCE: f"{who} waits to receive from {ranks_text(peers)}: from one that "
-        "never sent it that transfer, while the other's transfer to it waits unreceived: a receive from the wrong "
-        "peer (its src, or a tag that does not match)",
+        Clue.MISDIRECTED: _misdirected(who, d),
+        Clue.WRONG_SOURCE: _wrong_source(who, d),
         Clue.SAME_ORDER: f"{who} each block in a blocking {detail} to another of them: each posted the same side "
         f"of its transfers first, so the other side is never posted (the same code on every rank, not a branch)",
         Clue.SAVED_APART: f"{who} saved a checkpoint ({detail}) in this step just before, which the others did "
