@@ -20,12 +20,11 @@ from colltrace.analysis.results import (
     StepSkew,
 )
 from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
-from colltrace.analysis.timing import Straggler
+from colltrace.analysis.timing import Straggler, reduces
 from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.records import NOT_ENDED, Collective, RankState, Run
 from colltrace.trace.schema import SEND_OPS
 
-_GRAD_OPS = ("reduce_scatter", "_reduce_scatter_base", "all_reduce", "reduce")
 # DDP's error at the forward after a backward whose reduction it could not finish (find_unused_parameters=False)
 _DDP_UNFINISHED = "Expected to have finished reduction in the prior iteration"
 _DDP_UNUSED = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
@@ -636,7 +635,7 @@ _BARRIERS = frozenset({"barrier", "monitored_barrier"})
 
 def _grad(f: Facts) -> bool:
     sigs = f.sigs(tuple(a.rank for a in f.d.at)) if f.d is not None else []
-    return bool(sigs) and all(s.phase == "backward" and s.op.startswith(_GRAD_OPS) for s in sigs)
+    return bool(sigs) and all(s.phase == "backward" and reduces(s.op) for s in sigs)
 
 
 def _attributed(f: Facts) -> bool:

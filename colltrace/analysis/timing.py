@@ -70,13 +70,18 @@ def op_family(op: str) -> str:
     return op
 
 
+_REDUCING = frozenset({"reduce_scatter", "all_reduce", "reduce"})
+
+
+def reduces(op: str) -> bool:
+    """A reduction (reduce-scatter, all-reduce, reduce): what a gradient sync issues."""
+    return op_family(op) in _REDUCING
+
+
 def wait_category(op: str) -> str:
-    fam = op_family(op)
-    if fam == "all_gather":
+    if op_family(op) == "all_gather":
         return ALLGATHER_WAIT
-    if fam in ("reduce_scatter", "all_reduce", "reduce"):
-        return REDUCE_WAIT
-    return COMM_WAIT
+    return REDUCE_WAIT if reduces(op) else COMM_WAIT
 
 
 def bus_factor(op: str, n: int) -> float | None:
