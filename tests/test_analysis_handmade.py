@@ -416,7 +416,7 @@ def test_wait_for_graph_components_and_reach() -> None:
 
 
 def test_last_known_activity_is_the_users_frame_and_where_in_the_library() -> None:
-    from colltrace.analysis.states import activity_of
+    from colltrace.report.words import activity_of
 
     stack = ["/home/u/train.py:40 in main: loss = step(batch)", "/home/u/model.py:82 in loss_fn: return F.ce(x)", "...",
              "/venv/lib/python3.11/site-packages/torch/_ops.py:1279 in __call__: return self._op(*args)"]  # fmt: skip

@@ -53,7 +53,7 @@ PAYLOADS = [
     (Evidence(Clue.STEP_SKEW, (2,), StepSkew(1, 2, 1, 3)), "1,2,1,3", "in step 1, micro-step 2, where the others "
      "were in step 1, micro-step 3"),
     (Evidence(Clue.SKEW_BEFORE, (2,), StepSkew(4, 0, 3, 1, seq=17)), "17,4,0,3,1", "issued seq 17 in step 4"),
-    (Evidence(Clue.IN_SPAN, (2,), InSpan("data", 3.66, "")), "data,3.7,", "was in data loading (DataLoader next()) "
+    (Evidence(Clue.IN_SPAN, (2,), InSpan("data", 3.66, "")), "data,3.7,", "was in data loading "
      "for 3.7 s"),
     (Evidence(Clue.IN_SPAN, (1,), InSpan("forward", None, "blocks.1")), "forward,,blocks.1", "the forward of blocks.1 "
      "when"),

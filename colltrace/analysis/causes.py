@@ -378,8 +378,8 @@ def stopped_outside(f: Facts) -> Finding | None:
     if all(_alive_in_own_code(ends[r]) for r in outside):
         # no span to say what, but it was running the job's own code until it was stopped: a computation
         # that did not end (a loop, a metric), not a death
-        return Finding(Cause.STUCK_COMPUTE, Confidence.LOW, tuple(Evidence(Clue.STUCK_OUTSIDE, (r,),
-                       ends[r].activity) for r in outside))  # fmt: skip
+        return Finding(Cause.STUCK_COMPUTE, Confidence.LOW,
+                       tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r]) for r in outside))  # fmt: skip
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
 
 

@@ -58,9 +58,9 @@ def _state_clues(ranks: tuple[int, ...], ends: dict[int, RankEnd]) -> list[Evide
         elif e.blocked is None and (
             e.state in (RankState.HUNG, RankState.RUNNING) or e.state is RankState.KILLED and e.signal
         ):
-            out.append(Evidence(Clue.STUCK_OUTSIDE, (r,), e.activity))
+            out.append(Evidence(Clue.STUCK_OUTSIDE, (r,), e))
         elif e.blocked is None and e.state is RankState.KILLED:
-            out.append(Evidence(Clue.KILLED, (r,), e.activity))
+            out.append(Evidence(Clue.KILLED, (r,)))
     return out
 
 

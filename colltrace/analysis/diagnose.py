@@ -311,6 +311,6 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
     stuck = tuple(r for r, e in ends.items()
                   if e.blocked is None and e.state in NOT_ENDED - {RankState.DUMPED, RankState.UNTRACED})  # fmt: skip
     if stuck and len(stuck) < len(ends):
-        ev = tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r].activity) for r in stuck)
+        ev = tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r]) for r in stuck)
         return culprit.Blame(stuck, tuple(r for r in everyone if r not in stuck), Kind.MISSING, Confidence.LOW, ev)
     return culprit.Blame((), (), Kind.MISSING, Confidence.HIGH, ())

@@ -32,7 +32,7 @@ class Clue(str, enum.Enum):
     FATAL_SIGNAL = "fatal_signal"  # faulthandler wrote a fatal error outside any collective
     EXITED_CLEANLY = "exited_cleanly"  # the ranks exited cleanly as far on as the ranks waiting (detail: their steps)
     FINISHED_EARLY = "finished_early"  # the rank exited cleanly while others still waited for it
-    STUCK_OUTSIDE = "stuck_outside"  # hung or killed with no collective in flight (compute, data loading)
+    STUCK_OUTSIDE = "stuck_outside"  # hung or killed with no collective in flight (detail: its RankEnd)
     IN_SPAN = "in_span"  # the rank was in this compute span when it stopped (detail: InSpan)
     OUT_OF_DATA = "out_of_data"  # the rank's DataLoader iterator raised StopIteration
     KILLED = "killed"  # stopped from outside with no collective in flight
@@ -138,10 +138,6 @@ class SchedulesApart:
 # what a clue refers to, by clue: a name from the trace (module, error type, label, activity, send|recv,
 # checkpoint flavour), a number (ranks that agree, steps, a step), ranks (who were blocked, the peers),
 # rank pairs (EVERY_PAIR), a group's asked members (CREATION_MAJORITY), or one of the small types above
-Detail: TypeAlias = (
-    str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
-    | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | None
-)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +206,6 @@ class RankEnd:
     state: RankState
     last: Collective | None  # last collective it issued
     blocked: Collective | None  # the collective it was stuck in (in flight or failed), if any
-    activity: str  # last known activity: innermost frame of its last stack dump, or its last collective
     error_type: str
     error_message: str
     collective_failure: bool  # its error came out of a collective (timeout, peer gone): a victim's error
@@ -226,6 +221,14 @@ class RankEnd:
     alive: bool = False  # its process is still running (the job is live)
     error_t_ns: int = 0  # when its error was recorded (wall-clock ns), 0 if none
     lost_peer: bool = False  # its error says it waited for a peer or lost one (a timeout, a closed connection)
+    idle_s: float | None = None  # its watchdog saw no progress for this long (a live run), None: no such stack
+    usual_s: float | None = None  # ... against the job's usual wait
+
+
+Detail: TypeAlias = (
+    str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
+    | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | RankEnd | None
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from colltrace.analysis.results import RankEnd
-from colltrace.analysis.streams import RankStreams, numbered
+from colltrace.analysis.streams import RankStreams
 from colltrace.trace import frames
 from colltrace.trace.records import Collective, RankState, RankTrace, Run
 
@@ -134,27 +134,6 @@ def excerpt(frames: list[str]) -> list[str]:
     return ([user[-1], "..."] if user else ["..."]) + tail
 
 
-_SPAN_WORDS = {
-    "data": "data loading",
-    "forward": "forward",
-    "backward": "backward",
-    "recompute": "recompute",
-    "optimizer": "the optimizer step",
-    "checkpoint": "checkpoint I/O",
-    "phase": "phase",
-}
-
-
-def span_text(span: Collective) -> str:
-    """'data loading', 'forward of layers.1', 'phase eval', 'checkpoint I/O (dcp.save)'."""
-    words = _SPAN_WORDS.get(span.op, span.op)
-    if span.op in ("forward", "backward", "recompute") and span.module:
-        return f"{words} of {span.module}"
-    if span.op == "phase" and span.flavour:
-        return f"phase {span.flavour}"
-    return f"{words} ({span.flavour})" if span.flavour else words
-
-
 def run_end_ns(run: Run, streams: dict[int, RankStreams]) -> int:
     """The run's last sign of life: the latest time any rank recorded (wall-clock ns); now, while a rank's
     process is still running (a span it has been in since is open until now)."""
@@ -171,17 +150,6 @@ def run_end_ns(run: Run, streams: dict[int, RankStreams]) -> int:
     return latest
 
 
-def activity_of(stack: list[str]) -> str:
-    """What a stack says the rank was doing: its innermost frame of the user's code, and the innermost
-    frame of all when that is a library's ("model.py:82 in loss_fn: ... (in torch/_ops.py:1279 in __call__)")."""
-    inner = stack[-1]
-    user = next((f for f in reversed(stack) if f != "..." and not _LIBRARY_FRAME.search(f)), None)
-    if user is None or user == inner:
-        return inner
-    where = _LIBRARY_FRAME.split(inner.split(": ", 1)[0])[-1].lstrip("/\\")  # its path inside the library dir
-    return f"{user} (in {where})"
-
-
 def in_own_code(end: RankEnd) -> bool:
     """The rank's last stack stops in the user's own code, or in the stdlib called from it (a poll of
     os.path.exists, a sleep): its innermost frame outside the stdlib is the job's, not an installed
@@ -190,10 +158,6 @@ def in_own_code(end: RankEnd) -> bool:
     while stack and frames.STDLIB_FRAME.search(stack[-1]):
         stack.pop()
     return bool(stack) and not _LIBRARY_FRAME.search(stack[-1])
-
-
-def _position(c: Collective) -> str:
-    return numbered(c.kind == "p2p", c.seq)
 
 
 def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
@@ -238,30 +202,12 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     span = max(open_spans, key=lambda s: s.t_issue_ns) if open_spans else None
     open_for = max(0.0, (end_ns - span.t_issue_ns) / 1e9) if span is not None and end_ns else None
     latest = rt.stacks[-1] if rt.stacks and rt.state is not RankState.FINISHED else {}
-    idle, usual = latest.get("idle_s"), latest.get("usual_s")
-    stuck = ""  # how long its watchdog saw no progress, against the job's usual wait (a live run's picture)
-    if isinstance(idle, (int, float)) and idle >= 1:
-        stuck = f", {idle:.0f} s without progress"
-        if isinstance(usual, (int, float)) and usual > 0:
-            stuck += f" ({idle / usual:.0f} × its usual wait)"
-    if rt.state is RankState.FINISHED:
-        activity = "exited cleanly" + (f" after {last.op} ({_position(last)})" if last is not None else "")
-    elif blocked is not None:
-        activity = f"in {blocked.op} ({_position(blocked)}){stuck}"
-    elif span is not None:
-        activity = f"in {span_text(span)}" + (f" for {open_for:.1f} s" if open_for is not None else "")
-    elif stack:
-        activity = activity_of(stack) + stuck
-    elif last is not None:
-        activity = f"after {last.op} ({_position(last)})"
-    else:
-        activity = "no record"
+    idle, usual = latest.get("idle_s"), latest.get("usual_s")  # its watchdog's: a live run's picture
     return RankEnd(
         rank=rt.rank,
         state=rt.state,
         last=last,
         blocked=blocked,
-        activity=activity,
         error_type=etype,
         error_message=message,  # whole: a later line may name what matters (DDP's unused parameters)
         collective_failure=collective_failure,
@@ -272,6 +218,8 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         signal=str((rt.signal or {}).get("signal") or ""),
         open_span=span,
         open_for_s=open_for,
+        idle_s=float(idle) if isinstance(idle, (int, float)) and not isinstance(idle, bool) else None,
+        usual_s=float(usual) if isinstance(usual, (int, float)) and not isinstance(usual, bool) else None,
         out_of_data=bool(rt.exhausted),
         out_of_data_at=_last_step(rt.exhausted),
         alive=rt.alive,
@@ -295,7 +243,7 @@ def _open_at_stop(rt: RankTrace) -> list[Collective]:
 
 
 def missing_end(rank: int) -> RankEnd:
-    return RankEnd(rank, RankState.MISSING, None, None, "no trace file", "", "", False, False, (), "", 0)
+    return RankEnd(rank, RankState.MISSING, None, None, "", "", False, False, (), "", 0)
 
 
 def rank_ends(run: Run, streams: dict[int, RankStreams]) -> dict[int, RankEnd]:

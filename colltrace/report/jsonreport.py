@@ -73,7 +73,7 @@ def _rank(e: RankEnd, flight: dict[int, Collective], labels: dict[str, str]) -> 
         "state": e.state.value,
         "last_collective": _collective(e.last, flight, labels),
         "blocked_in": _collective(e.blocked, flight, labels),
-        "last_activity": e.activity,
+        "last_activity": words.activity_text(e),
         "open_span": _span(e),
         "out_of_data": e.out_of_data,
         "alive": e.alive,
@@ -292,6 +292,8 @@ def detail_text(e: Evidence) -> str:
         return f"{d.category},{d.extra_ns / 1e6:.0f}"
     if isinstance(d, SchedulesApart):
         return ",".join(map(str, (*d.theirs, *d.usual)))
+    if isinstance(d, RankEnd):  # a rank stopped outside collectives: what it was last known to do
+        return words.activity_text(d)
     if isinstance(d, PeersApart):
         return ",".join(map(str, sorted(d.over + d.under)))
     if e.clue is Clue.CREATION_MAJORITY:

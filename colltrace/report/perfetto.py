@@ -20,6 +20,7 @@ from colltrace.analysis.results import Diagnosis
 from colltrace.analysis.streams import is_send
 from colltrace.analysis.timeline import Timeline, stream_of
 from colltrace.analysis.timing import op_family
+from colltrace.report import words
 from colltrace.trace.records import Run
 
 DEFAULT_LAST_STEPS = 20  # steps exported when no window is asked for
@@ -215,4 +216,4 @@ def _marks(ev: _Events, dx: Diagnosis, keep: dict[int, Timeline]) -> None:
             continue
         ev.out.append({"ph": "i", "s": "p", "pid": r, "tid": COMPUTE_TID, "ts": ev.us(tl.end_ns),
                        "name": f"rank {r} {end.state.value}" + (" (culprit)" if r in dx.culprits else ""),
-                       "cat": "diagnosis", "args": {"activity": end.activity}})  # fmt: skip
+                       "cat": "diagnosis", "args": {"activity": words.activity_text(end)}})  # fmt: skip

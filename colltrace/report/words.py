@@ -11,6 +11,7 @@ from colltrace.analysis.results import (
     InSpan,
     Lateness,
     PeersApart,
+    RankEnd,
     SchedulesApart,
     SlowIn,
     SplitGap,
@@ -19,7 +20,8 @@ from colltrace.analysis.results import (
 )
 from colltrace.analysis.streams import Signature, numbered, p2p_ends
 from colltrace.analysis.vocab import Cause, Verdict
-from colltrace.trace.records import RankState
+from colltrace.trace import frames
+from colltrace.trace.records import Collective, RankState
 
 
 def ranks_text(ranks: tuple[int, ...] | list[int]) -> str:
@@ -153,7 +155,8 @@ def evidence_text(e: Evidence) -> str:
         f"{'it' if s else 'they'} issued every collective {its} code asked for",
         Clue.FINISHED_EARLY: f"{who} exited cleanly after {detail} step(s) while others still waited for it",
         Clue.OUT_OF_DATA: f"{who}'s DataLoader ran out of batches (its iterator raised StopIteration)",
-        Clue.STUCK_OUTSIDE: f"{who} was in no collective at {its} last record ({detail})",
+        Clue.STUCK_OUTSIDE: f"{who} was in no collective at {its} last record"
+        + (f" ({activity_text(d)})" if isinstance(d, RankEnd) else ""),
         Clue.KILLED: f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)",
         Clue.NO_TRACE: f"{who} left no trace while ranks {','.join(map(str, peers))} were blocked: it never started tracing "
         f"(died before init_process_group returned) or its files were not copied",
@@ -259,13 +262,12 @@ def _pairs(d: Detail) -> str:
 def _in_span(who: str, d: Detail) -> str:
     if not isinstance(d, InSpan):
         return f"{who} was in a compute span when it stopped, in no collective"
-    what = SPAN_WORDS.get(d.kind, d.kind) + (f" of {d.module}" if d.module and d.kind != "data" else "")
     took = f" for {d.for_s:.1f} s" if d.for_s is not None else ""
-    return f"{who} was in {what}{took} when it stopped, in no collective"
+    return f"{who} was in {span_text(d.kind, d.module)}{took} when it stopped, in no collective"
 
 
-SPAN_WORDS = {
-    "data": "data loading (DataLoader next())",
+SPAN_WORDS = {  # a compute span's kind (record.spans), as a report says it
+    "data": "data loading",
     "forward": "the forward",
     "backward": "the backward",
     "recompute": "activation-checkpoint recompute",
@@ -273,6 +275,55 @@ SPAN_WORDS = {
     "checkpoint": "checkpoint I/O",
     "phase": "a phase block",
 }
+
+
+def span_text(kind: str, module: str = "", flavour: str = "") -> str:
+    """'data loading', 'the forward of layers.1', 'phase eval', 'checkpoint I/O (dcp.save)'."""
+    words = SPAN_WORDS.get(kind, kind)
+    if kind in ("forward", "backward", "recompute") and module:
+        return f"{words} of {module}"
+    if kind == "phase" and flavour:
+        return f"phase {flavour}"
+    return f"{words} ({flavour})" if flavour and kind != "phase" else words
+
+
+def activity_text(e: RankEnd) -> str:
+    """What a rank was last known to do: 'exited cleanly after all_reduce (seq 12)', 'in all_gather_single
+    (seq 35), 312 s without progress (40 × its usual wait)', 'in data loading for 312.0 s', its stack's frame."""
+    stuck = ""  # how long its watchdog saw no progress, against the job's usual wait (a live run's picture)
+    if e.idle_s is not None and e.idle_s >= 1:
+        stuck = f", {e.idle_s:.0f} s without progress"
+        if e.usual_s is not None and e.usual_s > 0:
+            stuck += f" ({e.idle_s / e.usual_s:.0f} × its usual wait)"
+    last, blocked, span = e.last, e.blocked, e.open_span
+    if e.state is RankState.FINISHED:
+        return "exited cleanly" + (f" after {last.op} ({_position(last)})" if last is not None else "")
+    if blocked is not None:
+        return f"in {blocked.op} ({_position(blocked)}){stuck}"
+    if span is not None:
+        took = f" for {e.open_for_s:.1f} s" if e.open_for_s is not None else ""
+        return f"in {span_text(span.op, span.module, span.flavour)}{took}"
+    if e.stack:
+        return activity_of(list(e.stack)) + stuck
+    if last is not None:
+        return f"after {last.op} ({_position(last)})"
+    return "no trace file" if e.state is RankState.MISSING else "no record"
+
+
+def _position(c: Collective) -> str:
+    return numbered(c.kind == "p2p", c.seq)
+
+
+def activity_of(stack: list[str]) -> str:
+    """What a stack says the rank was doing: its innermost frame of the user's code, and the innermost
+    frame of all when that is a library's ("model.py:82 in loss_fn: ... (in torch/_ops.py:1279 in __call__)")."""
+    inner = stack[-1]
+    user = next((f for f in reversed(stack) if f != "..." and not frames.LIBRARY.search(f)), None)
+    if user is None or user == inner:
+        return inner
+    where = frames.LIBRARY.split(inner.split(": ", 1)[0])[-1].lstrip("/\\")  # its path inside the library dir
+    return f"{user} (in {where})"
+
 
 CATEGORY = {
     "data": "data loading",
