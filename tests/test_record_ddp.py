@@ -91,3 +91,20 @@ def test_colltrace_ddp_off_leaves_ddp_alone(tmp_path: Path) -> None:
     for rt in read_run(str(run_dir)).ranks.values():  # only the construction's check and broadcast, no bucket
         ops = [r.op for r in rt.records if r.kind == "collective"]
         assert ops == ["_verify_params_across_processes", "_broadcast_coalesced"]
+
+
+def test_ranks_out_of_inputs_inside_join_shadow_the_others_and_the_run_reads_healthy(tmp_path: Path) -> None:
+    """torch's Join: a rank that ran out of batches pairs the others' forward all-reduces (and DDP's gradient
+    ones) from Join.__exit__, outside any module. Those records carry the phase "join", and the report pairs
+    them with what they shadow: healthy, exit 0 (it read a module divergence, uneven_data, before)."""
+    from colltrace.analysis.diagnose import diagnose
+    from colltrace.analysis.vocab import Verdict
+
+    run_dir = tmp_path / "run"
+    proc = torchrun("ddp_join.py", 3, run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = read_run(str(run_dir))
+    joined = {r: [c for c in rt.records if c.phase == schema.PHASE_JOIN] for r, rt in run.ranks.items()}
+    assert len(joined[0]) > len(joined[1]) > len(joined[2])  # the first out of inputs shadows the longest
+    dx = diagnose(run)
+    assert dx.verdict is Verdict.HEALTHY and dx.divergence is None and dx.culprits == ()

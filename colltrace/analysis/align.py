@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from colltrace.analysis.results import AtSeq, Divergence
 from colltrace.analysis.streams import GroupStream, RankStreams, Signature, SigTable, p2p_ends
 from colltrace.analysis.vocab import Kind
+from colltrace.trace import schema
 from colltrace.trace.records import Run
 
 _FIELD_KINDS = (
@@ -137,6 +138,18 @@ def _first_difference(windows: list[Sequence[int]]) -> tuple[int, int]:
     return first, len(ref)
 
 
+def _shadows(windows: list[Sequence[int]], i: int, table: SigTable) -> bool:
+    """Whether the records at position i differ only because some rank issued its own inside torch's Join,
+    shadowing the others' collectives (schema.PHASE_JOIN): the same op, size, dtype, reduce op and root, its
+    module and phase its own."""
+    if any(i >= len(w) for w in windows):
+        return False
+    sigs = [table[w[i]] for w in windows]
+    if any(s is None for s in sigs) or not any(s.phase == schema.PHASE_JOIN for s in sigs if s is not None):
+        return False
+    return len({(s.kind, s.op, s.numel, s.dtype, s.reduce_op, s.peer) for s in sigs if s is not None}) == 1
+
+
 def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTable) -> Divergence | None:
     """The first seq of one group where its members disagree or some stop while others go on."""
     group_ranks = members(run, key, streams)
@@ -157,20 +170,29 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
     hi = min(known)  # a rank whose ring was cut short has an unknown end: it does not end the comparison
     top = max(b for _, b in spans.values())
     seq: int | None = None
+    steps_to = hi
     if hi >= lo:
         windows = {}
         for r in spans:
             st = streams[r].groups[key]
             windows[r] = st.sigs[lo - st.seq0 : hi - st.seq0 + 1]
-        first, size = _first_difference(list(windows.values()))
+        ws: list[Sequence[int]] = list(windows.values())
+        first, size = _first_difference(ws)
         if first < size:  # compared again with no phase known read alike (SigTable.loose): rare, so done lazily
-            first, size = _first_difference([table.loose(w) for w in windows.values()])
+            ws = [table.loose(w) for w in ws]
+            first, size = _first_difference(ws)
+        shadowed = first
+        while first < size and _shadows(ws, first, table):  # a rank inside Join pairs with what it shadows
+            nxt, _ = _first_difference([w[first + 1 :] for w in ws])
+            first += 1 + nxt
         if first < size:
             seq = lo + first
+        if shadowed < first:  # a rank that joined completes no more steps: its progress is compared up to there
+            steps_to = lo + shadowed - 1
     if seq is None and top > hi:
         seq = hi + 1
     matched = hi if seq is None else min(hi, seq - 1)  # the seqs whose records all ranks issued alike
-    skew = None if key.startswith("p2p:") else progress_skew(streams, list(spans), key, lo, matched, seq)
+    skew = None if key.startswith("p2p:") else progress_skew(streams, list(spans), key, lo, min(matched, steps_to), seq)
     if skew is not None:
         seq = skew
     if seq is None:

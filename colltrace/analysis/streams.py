@@ -17,9 +17,10 @@ from colltrace.trace.records import RankTrace, Run
 
 # ops whose receive-side count is the one all ranks agree on (non-root ranks pass no scatter list)
 _OUT_COUNTED = frozenset({"scatter", "scatter_object_list"})
-# ops whose sizes differ from rank to rank in a healthy run (each rank sends and receives its own counts):
-# their split sizes are checked pair by pair instead (splits.py)
-_OWN_SIZES = frozenset({"all_to_all_single", "all_to_all"})
+# ops whose sizes differ from rank to rank in a healthy run: an all-to-all (each rank sends and receives its
+# own counts: its split sizes are checked pair by pair instead, splits.py), and the object collectives that
+# gather each rank's own object (a list of 8 predictions here, 7 there; a checkpoint's per-rank write plan)
+_OWN_SIZES = frozenset({"all_to_all_single", "all_to_all", "all_gather_object", "gather_object"})
 
 
 _NO_PHASE, _OTHER_PHASE = "init", "other"  # the recorder's phase outside training (record/context.py)

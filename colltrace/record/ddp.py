@@ -25,6 +25,7 @@ from colltrace.record.adapter import Adapter
 from colltrace.record.context import PHASE_BACKWARD
 from colltrace.record.fsdp import REDUCE_GRAD
 from colltrace.record.tracer import TRACER
+from colltrace.trace import schema
 
 _get_ident = threading.get_ident
 
@@ -95,10 +96,31 @@ class DdpAdapter(Adapter):
 
             return _register_builtin_comm_hook
 
+        self._install_join()
         done = self._patch(DDP, "__init__", make_init)
         self._patch(DDP, "register_comm_hook", make_register)
         self._patch(DDP, "_register_builtin_comm_hook", make_builtin)
         return done
+
+    def _install_join(self) -> bool:
+        """torch.distributed.algorithms.Join: a rank that ran out of inputs shadows the others' collectives from
+        Join.__exit__ (the join hooks of DDP, ZeroRedundancyOptimizer), outside any module, while they issue
+        theirs from their forward and backward: its collectives carry the phase schema.PHASE_JOIN, so the
+        analysis pairs them with what they shadow."""
+        try:
+            from torch.distributed.algorithms.join import Join
+        except Exception:
+            return False
+        from colltrace.record.hooks import phase
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            def __exit__(self: Any, *args: Any) -> Any:
+                with phase(schema.PHASE_JOIN):
+                    return orig(self, *args)
+
+            return __exit__
+
+        return self._patch(Join, "__exit__", make)
 
     # -- one DDP model -----------------------------------------------------------------------
 

@@ -137,6 +137,9 @@ EV_ERROR = "error"  # an exception escaped the training script
 EV_WARNING = "warning"  # the shim disabled part of itself
 EV_FOOTER = "footer"  # clean interpreter exit
 EV_PIPELINE = "pipeline"  # a pipeline schedule's first step: its class, micro-batches, this rank's stages, their count
+# the phase of the collectives a rank that ran out of inputs issues inside torch's Join context manager
+# (torch.distributed.algorithms.Join): they shadow the others' collectives, from outside any module
+PHASE_JOIN = "join"
 EV_GROUP_CREATE = "group_create"  # new_group / split_group as this rank called it: the ranks it asked for, its desc
 EV_DATA_EXHAUSTED = "data_exhausted"  # a DataLoader iterator raised StopIteration: this rank ran out of data
 EV_ADAPTERS = "adapters"  # the framework adapters installed (fsdp2, fsdp1, ddp, deepspeed, ...)
