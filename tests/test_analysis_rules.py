@@ -705,3 +705,16 @@ def test_a_last_stage_whose_labels_ran_out_waits_in_a_barrier_its_sender_never_r
     assert dx.culprits == (1,)
     assert dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.OUT_OF_DATA] == [(1,)]
+
+
+def test_object_collectives_that_gather_each_ranks_own_object_do_not_compare_their_sizes(tmp_path: Path) -> None:
+    """all_gather_object of per-rank prediction lists (8, 8 and 7 items: an uneven eval split), then a
+    gather_object of per-rank plans (a checkpoint's): each rank's own object, of its own size. Healthy."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.coll("all_gather_object", 7 if r.rank == 2 else 8, "", "other")
+        r.coll("gather_object", 2 if r.rank == 1 else 1, "", "checkpoint", peer=0)
+        r.coll("broadcast_object_list", 1, "", "checkpoint", peer=0)
+        r.footer()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HEALTHY and dx.divergence is None
