@@ -718,3 +718,18 @@ def test_object_collectives_that_gather_each_ranks_own_object_do_not_compare_the
         r.footer()
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.verdict is Verdict.HEALTHY and dx.divergence is None
+
+
+def test_an_error_raised_alike_on_every_rank_that_names_where_it_failed_names_that_rank(tmp_path: Path) -> None:
+    """torch.distributed.checkpoint gathers each rank's failure and raises one CheckpointException on every
+    rank: rank 1's state_dict has a key the checkpoint lacks, and all three raise 'CheckpointException
+    ranks:dict_keys([1])' after every collective matched. The error names rank 1."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.coll("gather_object", 1, "", "checkpoint", peer=0)
+        r.coll("scatter_object_list", 1, "", "checkpoint", peer=0)
+        r.error("CheckpointException", "CheckpointException ranks:dict_keys([1])")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1,) and dx.victims == (0, 2)
+    assert dx.finding is not None and dx.finding.cause is Cause.RANK_EXCEPTION
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.NAMED_BY_ERROR] == [(1,)]

@@ -25,8 +25,10 @@ class Blame(NamedTuple):
     evidence: tuple[Evidence, ...]
 
 
-def habits(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> dict[int, Habit]:
-    """For every rank that issued the divergent seq: does it match what it did there in earlier steps?"""
+def habits(d: Divergence, streams: dict[int, RankStreams], table: SigTable, run: Run | None = None) -> dict[int, Habit]:
+    """For every rank that issued the divergent seq: does it match what it did there in earlier steps? With
+    the run, the same record from another line of code than there before is not the same (a rank-only
+    evaluation forward issues the training forward's collectives from its own line)."""
     out: dict[int, Habit] = {}
     if d.seq is None:
         return out
@@ -35,7 +37,14 @@ def habits(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> d
         st = rs.groups.get(d.group) if rs else None
         if st is None or a.sig is None:
             continue
-        out[a.rank] = precedent(st, d.seq, st.sig_at(d.seq)).habit
+        found = precedent(st, d.seq, st.sig_at(d.seq))
+        habit = found.habit
+        if habit is Habit.CONSISTENT and run is not None and a.rank in run.ranks and found.at >= 0:
+            now = states.record(run.ranks[a.rank], st.idx_at(d.seq))
+            then = states.record(run.ranks[a.rank], st.idxs[found.at])
+            if now is not None and then is not None and now.site and then.site and now.site != then.site:
+                habit = Habit.DEVIATES
+        out[a.rank] = habit
     return out
 
 
@@ -68,9 +77,11 @@ def _others(ranks: tuple[int, ...], culprits: tuple[int, ...]) -> tuple[int, ...
     return tuple(r for r in ranks if r not in culprits)
 
 
-def for_content(d: Divergence, streams: dict[int, RankStreams], table: SigTable, ends: dict[int, RankEnd]) -> Blame:
+def for_content(
+    d: Divergence, streams: dict[int, RankStreams], table: SigTable, ends: dict[int, RankEnd], run: Run | None = None
+) -> Blame:
     """Ranks issued different things at one seq: which class broke from its own pattern?"""
-    hab = habits(d, streams, table)
+    hab = habits(d, streams, table, run)
     scores: dict[tuple[int, ...], float] = {}
     evidence: list[Evidence] = []
     visible = [r for c in d.classes for r in c]

@@ -107,9 +107,9 @@ def diagnose(run: Run) -> Diagnosis:
     elif d.kind is Kind.STEP:
         blame = culprit.for_step(d, streams, table)
     elif d.kind is Kind.MEMBERSHIP:
-        blame = culprit.for_membership(d, run) or culprit.for_content(d, streams, table, ends)
+        blame = culprit.for_membership(d, run) or culprit.for_content(d, streams, table, ends, run)
     else:
-        blame = culprit.for_content(d, streams, table, ends)
+        blame = culprit.for_content(d, streams, table, ends, run)
         if not blame.culprits:  # a transfer's two ends: no majority; the other pairs, then what each end knew
             blame = culprit.in_every_pair(d, found) or culprit.new_size(d, streams, table) or blame
     if d is not None and d.kind in (Kind.MISSING, Kind.EXTRA) and not wf.cycle:
@@ -282,10 +282,29 @@ def _confidence(a: Confidence, b: Confidence) -> Confidence:
     return order[min(order.index(a), order.index(b))]
 
 
+# torch.distributed.checkpoint gathers each rank's failure and raises one CheckpointException on every rank,
+# its message naming the ranks that failed: "CheckpointException ranks:dict_keys([1])"
+_FAILED_RANKS = re.compile(r"\branks:\s*dict_keys\(\[([\d,\s]+)\]\)")
+
+
+def _named_ranks(e: RankEnd, ranks: set[int]) -> tuple[int, ...]:
+    """The ranks an error raised alike on every rank names as where it came from (some of them, not all)."""
+    m = _FAILED_RANKS.search(e.error_message)
+    if m is None:
+        return ()
+    named = {int(x) for x in m.group(1).replace(",", " ").split()}
+    return tuple(sorted(named)) if named and named < ranks else ()
+
+
 def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> culprit.Blame:
     """Every collective matched: a rank that died or stopped on its own is still to blame."""
     dead = tuple(r for r, e in ends.items() if states.self_failed(e) or states.died_unseen(e))
     everyone = tuple(sorted(ends))
+    if dead and len(dead) == len(ends) and len({(ends[r].error_type, ends[r].error_message) for r in dead}) == 1:
+        named = _named_ranks(ends[dead[0]], set(dead))
+        if named:  # an error gathered from some ranks and raised on all (torch.distributed.checkpoint's)
+            ev: tuple[Evidence, ...] = (Evidence(Clue.NAMED_BY_ERROR, named, ends[dead[0]].error_type),)
+            return culprit.Blame(named, tuple(r for r in dead if r not in named), Kind.MISSING, Confidence.MEDIUM, ev)
     if dead:
         ev = tuple(Evidence(Clue.CRASHED, (r,), ends[r].error_type) for r in dead)
         return culprit.Blame(dead, tuple(r for r in everyone if r not in dead), Kind.MISSING, Confidence.MEDIUM, ev)

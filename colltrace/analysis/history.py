@@ -22,6 +22,7 @@ class Precedent(NamedTuple):
     habit: Habit
     expected: int  # signature id it issued at this point before (0: none)
     step: int | None  # the earlier step compared with (None: found by period, not by step number)
+    at: int = -1  # the position (offset in the stream) of the record compared with, -1: none
 
 
 def by_step(st: GroupStream, seq: int, sid: int) -> Precedent:
@@ -42,7 +43,7 @@ def by_step(st: GroupStream, seq: int, sid: int) -> Precedent:
         end = starts[j + 1][0]
         if pos < end - begin:
             prev = st.sigs[begin + pos]
-            return Precedent(Habit.CONSISTENT if prev == sid else Habit.DEVIATES, prev, step)
+            return Precedent(Habit.CONSISTENT if prev == sid else Habit.DEVIATES, prev, step, begin + pos)
     return Precedent(Habit.UNKNOWN, 0, None)
 
 
@@ -60,7 +61,7 @@ def periodic(sigs: Sequence[Any], off: int, sid: Any, repeats: int = 2) -> Prece
             continue
         if sigs[off - window : off] == sigs[off - window - p : off - p]:
             prev = sigs[off - p]
-            return Precedent(Habit.CONSISTENT if prev == sid else Habit.DEVIATES, prev, None)
+            return Precedent(Habit.CONSISTENT if prev == sid else Habit.DEVIATES, prev, None, off - p)
     return Precedent(Habit.UNKNOWN, 0, None)
 
 

@@ -189,6 +189,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.COUNT_CHANGED: f"{who} issued another number of collectives in this group in this step than in {its} other steps",
         Clue.SPLITS: _splits(who, d),
         Clue.FIRST_FAILED: f"{who} failed first, with an error of {its} own ({detail}), not a timeout or a lost peer",
+        Clue.NAMED_BY_ERROR: f"every rank raised the same {detail}, which names {who} as where it failed (the "
+        "error was gathered from there and raised on every rank)",
         Clue.MISDIRECTED: _misdirected(who, d),
         Clue.WRONG_SOURCE: _wrong_source(who, d),
         Clue.SAME_ORDER: f"{who} each block in a blocking {detail} to another of them: each posted the same side "
@@ -417,7 +419,7 @@ CHECK: dict[Cause, str] = {
     "and skips or adds a module call or a collective on some ranks",
     Cause.UNEVEN_DATA: "the number of batches per rank (sampler drop_last, uneven shards, an empty last batch); "
     "all ranks must run the same number of steps (or use Join)",
-    Cause.RANK_EXCEPTION: "the culprit's traceback below; the other ranks only timed out waiting for it",
+    Cause.RANK_EXCEPTION: "the culprit's traceback below; the other ranks failed because of it (a timeout, a lost peer, or its error raised on every rank)",
     Cause.OOM: "memory on the culprit's device: batch size, activation memory, a leak across steps",
     Cause.RECOMPUTE_MISMATCH: "activation checkpointing: the checkpointed region must run the same modules in "
     "forward and in recompute on every rank (no data-dependent branches, same RNG/state)",
