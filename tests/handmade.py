@@ -68,6 +68,7 @@ class FakeRank:
         delay_ns: int = 1_000_000,
         micro: int = 0,
         shape: str = "",
+        site: str = "",
     ) -> int:
         s = self.w.intern
         seq = self.seq[group] = self.seq.get(group, 0) + 1
@@ -75,7 +76,7 @@ class FakeRank:
         flags = (schema.FLAG_DONE if done else 0) | (schema.FLAG_ERROR if error else 0)
         t_done = self.t + 100_000 if (done or error) else 0
         return self.w.append(
-            schema.KIND_COLLECTIVE, flags, 0, 0, s(group), s(op), s(dtype), s(redop), s(module), s(phase),
+            schema.KIND_COLLECTIVE, flags, self.w.site(site) if site else 0, 0, s(group), s(op), s(dtype), s(redop), s(module), s(phase),
             s(""), s(shape or f"[{numel}] -> [{numel}]"), seq, seq, numel, numel, peer, self.step, micro,
             self.t, t_done, 0,
         )  # fmt: skip

@@ -733,3 +733,25 @@ def test_an_error_raised_alike_on_every_rank_that_names_where_it_failed_names_th
     assert dx.culprits == (1,) and dx.victims == (0, 2)
     assert dx.finding is not None and dx.finding.cause is Cause.RANK_EXCEPTION
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.NAMED_BY_ERROR] == [(1,)]
+
+
+def test_the_same_record_from_another_line_than_before_breaks_the_ranks_pattern(tmp_path: Path) -> None:
+    """DDP with BatchNorm: each training forward broadcasts the buffers (train.py:33), then the gradients are
+    all-reduced. After its last step rank 0 alone evaluates through the DDP wrapper: the same broadcast, from
+    train.py:40, while ranks 1-2 wait in the epoch's barrier. Rank 0's record matches what it issued there
+    before but not from where: it broke its pattern too, and the majority names it."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(2):
+            r.coll("_broadcast_coalesced", 33, "<root>", "forward", peer=0, site="train.py:33 in worker")
+            r.coll("all_reduce", 195, "0..3", "backward", redop="SUM", site="train.py:35 in worker")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    rs[0].coll("_broadcast_coalesced", 33, "<root>", "forward", peer=0, site="train.py:40 in worker", done=False)
+    for r in rs[1:]:
+        r.coll("barrier", 0, "", "other", site="train.py:42 in worker", done=False, error=True)
+    for r in rs:
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
