@@ -36,7 +36,7 @@ LENGTHS = {
     "eval_forward": (4905, 956),
     "fsdp1": (3982, 849),
     "generator_uneven": (4595, 898),
-    "group_misconfig": (2590, 796),
+    "group_misconfig": (2781, 987),
     "healthy": (1866, 118),
     "healthy_accum": (1906, 118),
     "hsdp_metric": (4819, 935),

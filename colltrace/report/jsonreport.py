@@ -169,7 +169,7 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
                 }
                 for e in dx.finding.evidence
             ],
-            "check": words.CHECK.get(dx.finding.cause),
+            "check": words.check_text(dx),
         }
     return {
         "report_version": REPORT_VERSION,

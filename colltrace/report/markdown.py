@@ -327,6 +327,9 @@ def _head(report: dict[str, Any], dx: Diagnosis) -> list[str]:
     """The headline sections: the headline, culprit, victims, first divergence, cause, evidence, what to check."""
     out = [f"### colltrace: {plain(report['headline'])}", ""]
     out.append(f"- **Verdict:** {report['verdict']}")
+    silent = words.finished_apart(dx)
+    if silent:
+        out.append(f"- **Finished:** {silent}")
     out.append(
         f"- **Culprit:** {words.ranks_text(dx.culprits) if dx.culprits else ('none' if dx.verdict.value == 'healthy' else 'undecided')}"
     )

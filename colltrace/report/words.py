@@ -19,7 +19,7 @@ from colltrace.analysis.results import (
     Unseen,
 )
 from colltrace.analysis.streams import Signature, numbered, p2p_ends
-from colltrace.analysis.vocab import Cause, Verdict
+from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace import frames
 from colltrace.trace.records import Collective, RankState
 
@@ -75,6 +75,16 @@ def sig_text(sig: Signature | None) -> str:
     if sig.phase:
         bits.append(sig.phase)
     return " ".join(b for b in bits if b)
+
+
+def finished_apart(dx: Diagnosis) -> str:
+    """For a divergence in a run every rank finished: that it did, and what that means; "" otherwise."""
+    if dx.verdict is not Verdict.DIVERGENCE or not dx.ranks:
+        return ""
+    if not all(e.state is RankState.FINISHED for e in dx.ranks.values()):
+        return ""
+    return ("every rank finished: the backend paired these calls without complaint, so nothing hung, but what "
+            "they computed from the paired data may be silently wrong")
 
 
 def headline(dx: Diagnosis) -> str:
@@ -453,3 +463,21 @@ CHECK: dict[Cause, str] = {
     "share, a save that only some ranks entered",
     Cause.UNKNOWN: "the culprit's last activity and logs (kernel OOM killer, scheduler preemption)",
 }
+
+# a control-flow divergence whose records differ in one argument: that argument first
+_CHECK_ARGUMENT = {
+    Kind.PEER: "the root or peer the culprit passed (src=, dst=, group_src=): every rank must pass the same root, "
+    "and a transfer's two ends must name each other",
+    Kind.TAG: "the tag the culprit's send or receive passed: both ends of a transfer must pass the same tag",
+    Kind.REDUCE_OP: "the reduce op the culprit passed (op=): every rank must reduce with the same one",
+}
+
+
+def check_text(dx: Diagnosis) -> str | None:
+    """What to check first for the diagnosis's cause (None: nothing to say)."""
+    if dx.finding is None:
+        return None
+    d = dx.divergence
+    if dx.finding.cause is Cause.CONTROL_FLOW and d is not None and d.kind in _CHECK_ARGUMENT:
+        return f"{_CHECK_ARGUMENT[d.kind]}; or {CHECK[Cause.CONTROL_FLOW]}"
+    return CHECK.get(dx.finding.cause)
