@@ -83,8 +83,10 @@ def finished_apart(dx: Diagnosis) -> str:
         return ""
     if not all(e.state is RankState.FINISHED for e in dx.ranks.values()):
         return ""
-    return ("every rank finished: the backend paired these calls without complaint, so nothing hung, but what "
-            "they computed from the paired data may be silently wrong")
+    return (
+        "every rank finished: the backend paired these calls without complaint, so nothing hung, but what "
+        "they computed from the paired data may be silently wrong"
+    )
 
 
 def headline(dx: Diagnosis) -> str:
