@@ -144,10 +144,10 @@ def _shadows(windows: list[Sequence[int]], i: int, table: SigTable) -> bool:
     module and phase its own."""
     if any(i >= len(w) for w in windows):
         return False
-    sigs = [table[w[i]] for w in windows]
-    if any(s is None for s in sigs) or not any(s.phase == schema.PHASE_JOIN for s in sigs if s is not None):
+    sigs = [s for w in windows if (s := table[w[i]]) is not None]
+    if len(sigs) < len(windows) or not any(s.phase == schema.PHASE_JOIN for s in sigs):
         return False
-    return len({(s.kind, s.op, s.numel, s.dtype, s.reduce_op, s.peer) for s in sigs if s is not None}) == 1
+    return len({(s.kind, s.op, s.numel, s.dtype, s.reduce_op, s.peer) for s in sigs}) == 1
 
 
 def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTable) -> Divergence | None:

@@ -118,19 +118,18 @@ def _tb_frames(tb: str) -> list[str]:
 
 # colltrace's own frames: the recorder's modules, its generated wrappers, the watchdog's thread
 _OWN_FRAME = re.compile(rf"{frames.OWN}|[/\\]threading\.py:")
-_LIBRARY_FRAME = frames.LIBRARY
 
 
-def excerpt(frames: list[str]) -> list[str]:
+def excerpt(stack: list[str]) -> list[str]:
     """The innermost frames, without colltrace's own, and the user's innermost frame even when
     library frames (torch, FSDP) fill the rest: that is the line a user goes to first."""
-    frames = [f for f in frames if not _OWN_FRAME.search(f)]
-    if len(frames) <= _MAX_FRAMES:
-        return frames
-    tail = frames[-(_MAX_FRAMES - 1) :]
-    if any(not _LIBRARY_FRAME.search(f) for f in tail):
-        return frames[-_MAX_FRAMES:]
-    user = [f for f in frames[: -(_MAX_FRAMES - 1)] if not _LIBRARY_FRAME.search(f)]
+    stack = [f for f in stack if not _OWN_FRAME.search(f)]
+    if len(stack) <= _MAX_FRAMES:
+        return stack
+    tail = stack[-(_MAX_FRAMES - 1) :]
+    if any(not frames.LIBRARY.search(f) for f in tail):
+        return stack[-_MAX_FRAMES:]
+    user = [f for f in stack[: -(_MAX_FRAMES - 1)] if not frames.LIBRARY.search(f)]
     return ([user[-1], "..."] if user else ["..."]) + tail
 
 
@@ -157,7 +156,7 @@ def in_own_code(end: RankEnd) -> bool:
     stack = [f for f in end.stack if f != "..."]
     while stack and frames.STDLIB_FRAME.search(stack[-1]):
         stack.pop()
-    return bool(stack) and not _LIBRARY_FRAME.search(stack[-1])
+    return bool(stack) and not frames.LIBRARY.search(stack[-1])
 
 
 def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:

@@ -298,7 +298,7 @@ def span_text(kind: str, module: str = "", flavour: str = "") -> str:
         return f"{words} of {module}"
     if kind == "phase" and flavour:
         return f"phase {flavour}"
-    return f"{words} ({flavour})" if flavour and kind != "phase" else words
+    return f"{words} ({flavour})" if flavour else words
 
 
 def activity_text(e: RankEnd) -> str:
