@@ -289,14 +289,20 @@ def test_a_big_world_is_drawn_one_lane_per_class(tmp_path: Path) -> None:
     assert [(row.rank, row.ranks) for row in got.rows] == [(79, (79,)), (0, tuple(range(79)))]
     assert [row.label for row in got.rows] == ["r79", "79×r0"]
     assert got.row_of(40) == 1 and got.row_of(79) == 0
-    # expanding the class (what `e`'s worker does) computes lanes and reads timelines, but changes nothing the
-    # screen draws until the UI thread adopts them
-    shown = (got.rows, got.expanded, set(got.lines))
+    # expanding the class (what `e`'s worker does) computes lanes and reads timelines, and changes nothing: the
+    # UI thread shows another Model, while a worker may still be reading this one (the timing's too)
+    assert got.dx.timing is not None
+    shown = (got.rows, got.expanded, set(got.lines), set(got.dx.timing.lines))
+    sample = {*range(0, 64, 2), 79}  # the timing's sample: the culprit and evenly spaced ranks
+    assert shown[2] == shown[3] == sample
     layout = m.toggled(got, got.expanded, got.rows[1])
-    assert layout is not None and (got.rows, got.expanded, set(got.lines)) == shown
+    assert layout is not None and set(layout.read) == set(range(1, 32, 2))  # the first 32 the sample lacks
     assert [row.label for row in layout.rows] == ["r79", *[f"r{r}" for r in range(32)], "47×r32"]
-    got.adopt(layout)
-    assert got.rows == layout.rows and set(layout.read) <= set(got.lines) and got.row_of(40) == 33
+    wider = got.with_layout(layout)
+    assert (got.rows, got.expanded, set(got.lines), set(got.dx.timing.lines)) == shown
+    assert wider.rows == layout.rows and set(wider.lines) == sample | set(range(32)) and wider.row_of(40) == 33
+    assert wider.run is got.run and wider.dx is got.dx  # the same read, in other lanes
+    assert wider.with_layout(m.toggled(wider, wider.expanded, wider.rows[5]) or layout).rows == got.rows  # folded
 
 
 def test_a_class_lane_expands_rank_by_rank_and_folds_back(tmp_path: Path) -> None:
@@ -373,3 +379,118 @@ def test_detail_of_a_transfer_shows_its_send_and_its_receive() -> None:
     (mine, theirs) = (row.call for row in dt.rows)
     assert mine is send and theirs is not None and (theirs.op, theirs.peer, theirs.seq) == ("recv", 1, send.seq)
     assert not any(row.differs for row in dt.rows)  # a send and its receive of one size: nothing differs
+
+
+def test_every_span_kind_family_and_rank_state_has_its_letter_and_word() -> None:
+    """The TUI's tables are keyed by the vocabulary: every span kind the recorder writes has its letter, every
+    family that analysis.timing.op_family makes of the recorder's ops its own letter (the rest share `c`),
+    every way a rank can end its word, and every look a cell can take its colours."""
+    from colltrace.analysis.timing import op_family
+    from colltrace.record import ops, spans
+    from colltrace.trace.records import RankState
+    from colltrace.tui import model as m
+    from colltrace.tui import timeline
+
+    assert set(m.SPAN_MARKS) == set(spans.KINDS)
+    names = ops.traced_names()
+    families = {op_family(op) for op in names if sum(op_family(o) == op_family(op) for o in names) > 1}
+    assert families == set(m.COMM_MARKS) - {"other"}
+    assert {m.family(op) for op in ("all_gather_into_tensor", "_reduce_scatter_base", "all_reduce_coalesced",
+                                    "broadcast_object_list", "all_to_all_single", "barrier", "send")} == set(
+        m.COMM_MARKS
+    )  # fmt: skip
+    assert set(m.STATE_WORD) == set(RankState)
+    assert all(len(f" r0! {word}") <= timeline.LABEL for word in m.STATE_WORD.values())  # fits the label column
+    letters = [mk.letter for mk in (*m.SPAN_MARKS.values(), *m.COMM_MARKS.values())]
+    assert len(set(letters)) == len(letters) and all(len(x) == 1 for x in letters)  # told apart without colour
+    assert set(timeline.STYLES) == {*m.SPAN_MARKS, *m.COMM_MARKS, "idle", "open", "failed", "divergence"}
+
+
+def test_the_docs_name_every_letter_as_the_help_does() -> None:
+    from colltrace.tui import model as m
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "tui.md").read_text()
+    for mk in (*m.SPAN_MARKS.values(), *m.COMM_MARKS.values()):
+        assert f"`{mk.letter}` {mk.name}" in doc, f"docs/tui.md does not name {mk.letter} as {mk.name}"
+
+
+def test_stats_and_aligned_are_typed_rows_from_the_diagnosis() -> None:
+    """The Stats and Aligned views draw values the model computed from the diagnosis (not the JSON report's
+    dictionaries read back): the straggler fixture's rank 2 late in data loading, control_flow's culprit apart."""
+    from colltrace.analysis.results import Clue
+    from colltrace.tui import model as tm
+
+    slow = tm.stats(tm.load(str(FIXTURES / "straggler")))
+    assert [row.rank for row in slow.steps] == [0, 1, 2]
+    assert slow.straggler == 2 and slow.slow[0].straggler.rank == 2 and slow.slow[0].straggler.where == "data"
+    assert slow.slow[0].evidence[0].clue is Clue.LAST_ARRIVER
+    assert all(row.steps > 0 and row.p50_ns is not None and row.p50_ns <= (row.p99_ns or 0) for row in slow.steps)
+    # rank 2 loads its data slower: more of its step in data loading than either other rank
+    assert slow.steps[2].mean_ns["data"] > max(slow.steps[0].mean_ns["data"], slow.steps[1].mean_ns["data"])
+
+    mdl = tm.load(str(FIXTURES / "control_flow"))
+    got = tm.aligned(mdl)
+    assert got is not None
+    assert [(col.ranks, col.culprit) for col in got.columns] == [((0, 1), False), ((2,), True)]
+    last = got.rows[-1]
+    assert (last.seq, last.divergent, last.differs) == (14, True, True)
+    assert not any(row.divergent for row in got.rows[:-1])
+    assert tm.aligned(tm.load(str(FIXTURES / "healthy"))) is None  # no divergence: no columns to draw
+
+
+def test_expanding_a_class_redraws_only_the_lanes_that_changed(tmp_path: Path) -> None:
+    """Other lanes of the same read keep the drawn lines of the lanes that did not change: `e` on the 79 ranks'
+    lane draws the new lanes, not the axis or the culprit's lane again."""
+    from colltrace.tui import timeline
+
+    _big_world(tmp_path)
+
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        await pilot.press("2", "down")
+        await pilot.pause(0.2)
+        drawn: list[int] = []
+        draw = timeline.Timeline._line
+
+        def counted(self: timeline.Timeline, row: int, *rest: Any) -> Any:
+            drawn.append(row)
+            return draw(self, row, *rest)
+
+        app.timeline._line = counted.__get__(app.timeline)  # type: ignore[method-assign]
+        await pilot.press("e")
+        await until(pilot, lambda: app.model is not None and len(app.model.rows) > 2)
+        await pilot.pause(0.2)
+        assert drawn and 0 not in drawn and not {1, 2} & set(drawn)  # the axis, r79's two lines: from the cache
+        assert {3, 4} <= set(drawn)  # r0's lane, on its own now
+
+    drive(tmp_path, script)
+
+
+def test_a_live_runs_ticking_clock_redraws_only_the_ago_lines() -> None:
+    """A live run's lanes say how long ago each rank progressed, counting on each second: the tick redraws
+    those lines (the collectives rows' labels), not the compute rows."""
+    import dataclasses
+
+    from colltrace.tui import timeline
+
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        await pilot.press("2")
+        assert app.model is not None
+        app.timeline.show(dataclasses.replace(app.model, live=True), keep_window=True)
+        await pilot.pause(0.2)
+        drawn: list[int] = []
+        draw = timeline.Timeline._line
+
+        def counted(self: timeline.Timeline, row: int, *rest: Any) -> Any:
+            drawn.append(row)
+            return draw(self, row, *rest)
+
+        app.timeline._line = counted.__get__(app.timeline)  # type: ignore[method-assign]
+        second = int(timeline.time.time())
+        while int(timeline.time.time()) == second:  # the next second
+            await pilot.pause(0.05)
+        drawn.clear()
+        app.timeline.refresh()  # what the app's one-second tick does on a live run
+        await pilot.pause(0.2)
+        assert sorted(set(drawn)) == [2, 4, 6]  # the three ranks' collectives rows
+
+    drive(FIXTURES / "control_flow", script)

@@ -20,7 +20,7 @@ from textual.scroll_view import ScrollView
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
-from colltrace.report import markdown, words
+from colltrace.report import words
 from colltrace.tui import model as m
 from colltrace.tui.help import Help, legend
 from colltrace.tui.messages import Expanded, Loaded, LoadFailed
@@ -189,51 +189,45 @@ class CollTraceApp(App[None]):
     def _aligned(self, model: m.Model) -> None:
         table = self.query_one("#aligned-table", DataTable)
         table.clear(columns=True)
-        d = model.dx.divergence
-        if d is None or not model.dx.context:
+        got = m.aligned(model)
+        if got is None:
             table.add_column("no divergence")
             return
-        classes = markdown.context_classes(model.dx)  # one column per class of ranks that behaved alike
         table.add_column("seq")
-        for _, ranks in classes:
-            name = words.ranks_text(ranks).replace("ranks ", "r").replace("rank ", "r")
-            table.add_column(name + (" (culprit)" if set(ranks) & set(model.dx.culprits) else ""))
-        for j, row in enumerate(model.dx.context):
-            cells = [sigs[j] for sigs, _ in classes]
-            differs = len(set(cells)) > 1
-            mark = " ◀" if row.seq == d.seq else ""
-            table.add_row(f"{row.seq}{mark}", *[f"[b red]{words.sig_text(c)}[/]" if differs else words.sig_text(c)
-                                                for c in cells])  # fmt: skip
+        for col in got.columns:
+            name = words.ranks_text(col.ranks).replace("ranks ", "r").replace("rank ", "r")
+            table.add_column(name + (" (culprit)" if col.culprit else ""))
+        for row in got.rows:
+            cells = [words.sig_text(sig) for sig in row.sigs]
+            table.add_row(f"{row.seq}{' ◀' if row.divergent else ''}",
+                          *[f"[b red]{c}[/]" for c in cells] if row.differs else cells)  # fmt: skip
 
     def _stats(self, model: m.Model) -> None:
-        rep = model.report
+        got = m.stats(model)
         table = self.query_one("#stats-table", DataTable)
         table.clear(columns=True)
         cats = list(words.CATEGORY)
         table.add_columns("rank", "steps", "p50", "p99", "overlap", "exposed", "AG in flight",
                           *[words.CATEGORY_SHORT[c] for c in cats])  # fmt: skip
-        for r, st in (rep["steps"] or {}).items():
-            mean = st["mean_ms"] or {}
-            ov = (rep["overlap"] or {}).get(r, {})
-            ratio = ov.get("ratio")
+        for st in got.steps:
             table.add_row(
-                r, str(st["completed"]), _ms(st["p50_ms"]), _ms(st["p99_ms"]),
-                "—" if ratio is None else f"{ratio * 100:.0f} %", _ms(ov.get("exposed_comm_ms_per_step")),
-                str(ov.get("max_inflight_allgathers", "")), *[_ms(mean.get(c)) for c in cats],
+                str(st.rank), str(st.steps), words.duration(st.p50_ns), words.duration(st.p99_ns),
+                "—" if st.overlap is None else f"{st.overlap * 100:.0f} %", words.duration(st.exposed_ns),
+                str(st.inflight_allgathers), *[words.duration(st.mean_ns.get(c)) for c in cats],
             )  # fmt: skip
-        flagged = rep["straggler"]
-        note = (f"rank {flagged} is the run's straggler (the report names it)" if flagged is not None else
-                "no straggler: no rank kept the others waiting long enough (at least 1 s and 60 % of all such "
+        note = (f"rank {got.straggler} is the run's straggler (the report names it)" if got.straggler is not None
+                else "no straggler: no rank kept the others waiting long enough (at least 1 s and 60 % of all such "
                 "waits); the ranks below, ranked by that wait, are for comparison")  # fmt: skip
-        self.query_one("#stragglers-note", Static).update(note if rep["stragglers"] else "")
+        self.query_one("#stragglers-note", Static).update(note if got.slow else "")
         slow = self.query_one("#stragglers-table", DataTable)
         slow.clear(columns=True)
         slow.add_columns("rank", "last arrivals", "waited", "mean lateness", "since step", "where", "evidence")
-        for s in rep["stragglers"]:
+        for row in got.slow:
+            s = row.straggler
             slow.add_row(
-                str(s["rank"]), f"{s['last_arrivals']}/{s['collectives']}", _ms(s["waited_ms"]),
-                _ms(s["mean_lateness_ms"]), "—" if s["since_step"] is None else str(s["since_step"]),
-                words.CATEGORY.get(s["where"] or "", "—"), "; ".join(s["evidence"]),
+                str(s.rank), f"{s.last_arrivals}/{s.collectives}", words.duration(s.waited_s * 1e9),
+                words.duration(s.mean_lateness_ms * 1e6), "—" if s.since_step is None else str(s.since_step),
+                words.CATEGORY.get(s.where or "", "—"), "; ".join(words.evidence_text(e) for e in row.evidence),
             )  # fmt: skip
 
     # -- actions -------------------------------------------------------------------------------------------
@@ -304,17 +298,16 @@ class CollTraceApp(App[None]):
     @work(thread=True, exclusive=True, group="expand")
     def _expand(self, model: m.Model, expanded: frozenset[tuple[int, ...]], lane: m.Row) -> None:
         """Computes the lanes (reading the ranks' timelines: off the UI thread) and posts them; the model
-        shown changes in _expanded, on the UI thread."""
+        shown is replaced in _expanded, on the UI thread (no model is ever changed)."""
         layout = m.toggled(model, expanded, lane)
         if layout is not None and not get_current_worker().is_cancelled:
             self.post_message(Expanded(model, layout, lane.rank))
 
     @on(Expanded)
     def _expanded(self, message: Expanded) -> None:
-        model = message.model
-        if model is not self.model or model.expanded == message.layout.expanded:
-            return  # re-read meanwhile, or already shown
-        model.adopt(message.layout)
+        if message.model is not self.model:
+            return  # re-read, or other lanes shown, meanwhile: these were computed from what is gone
+        model = self.model = message.model.with_layout(message.layout)
         self.timeline.show(model, keep_window=True)
         at = model.row_of(message.rank)
         if at is not None:
@@ -386,7 +379,7 @@ class CollTraceApp(App[None]):
         model = self.model
         assert model is not None
         dt = m.detail(model, c, model.rank_of(c))
-        skew = _ms(dt.skew_ns / 1e6) if dt.skew_ns is not None else "—"
+        skew = words.duration(dt.skew_ns)
         where = f"{dt.group}, transfer {c.seq}" if c.p2p else f"on {dt.group} seq {c.seq}"
         head = f"{c.op} {where}: {c.nbytes or 0} bytes, arrival skew {skew}"
         if dt.divergent:
@@ -398,11 +391,11 @@ class CollTraceApp(App[None]):
             if x is None:
                 rows.append(f"{who} ≠ never issued it")
                 continue
-            took = "in flight" if x.t1 is None else ("failed" if x.error else _ms((x.t1 - x.t0) / 1e6))
-            blocked = "—" if row.blocked_ns is None else _ms(row.blocked_ns / 1e6)
+            took = "in flight" if x.t1 is None else ("failed" if x.error else words.duration(x.t1 - x.t0))
+            blocked = words.duration(row.blocked_ns)
             size = "?" if x.nbytes is None else f"{x.nbytes} B"
             rows.append(f"{who} {'≠' if row.differs else ' '} {x.op:<24} {size:>10}  "
-                        f"issued +{_ms((x.t0 - model.t_min) / 1e6):>9}  took {took:>9}  blocked {blocked:>8}  "
+                        f"issued +{words.duration(x.t0 - model.t_min):>9}  took {took:>9}  blocked {blocked:>8}  "
                         f"{x.module or '-'} {x.phase or '-'} step {x.step}")  # fmt: skip
         if dt.unread:
             rows.append(f"  … {dt.unread} more ranks of the group not read here (a sample of a big world; "
@@ -424,10 +417,6 @@ def _table(id_: str, fixed_columns: int = 0) -> DataTable[str]:
     table: DataTable[str] = DataTable(id=id_, zebra_stripes=True, show_cursor=False, fixed_columns=fixed_columns)
     table.can_focus = False
     return table
-
-
-def _ms(v: float | None) -> str:
-    return words.duration(None if v is None else v * 1e6)
 
 
 def run(run_dir: str) -> None:

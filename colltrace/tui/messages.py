@@ -26,7 +26,8 @@ class LoadFailed(Message):
 
 @dataclass
 class Expanded(Message):
-    """The lanes with a class of ranks expanded or folded back, for the model they were computed from."""
+    """The lanes with a class of ranks expanded or folded back, and the model they were computed from: shown
+    (as model.with_layout(layout)) only if that model is still the one shown."""
 
     model: m.Model
     layout: m.Layout

@@ -4,23 +4,26 @@ timeline as cells for a time window. The UI only asks this module; it decides no
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import glob
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from colltrace.analysis.causes import straggler_evidence
 from colltrace.analysis.diagnose import diagnose
-from colltrace.analysis.results import Diagnosis
-from colltrace.analysis.streams import p2p_ends
+from colltrace.analysis.results import Diagnosis, Evidence
+from colltrace.analysis.streams import Signature, p2p_ends
 from colltrace.analysis.timeline import Call, Span, Timeline, stream_of
-from colltrace.analysis.timing import TAIL, op_family, read_line
+from colltrace.analysis.timing import TAIL, Straggler, op_family, read_line
 from colltrace.report import jsonreport, markdown
 from colltrace.report.words import group_text, ranks_text
 from colltrace.trace import live
 from colltrace.trace.reader import read_run
-from colltrace.trace.records import Run
+from colltrace.trace.records import RankState, Run
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,17 +37,18 @@ class Mark:
     name: str  # the help's words
 
 
-SPAN_MARKS = {  # by span kind: the compute row
+SPAN_MARKS = {  # by span kind (record.spans.KINDS, every one: a test checks): the compute row
     "data": Mark("D", "black on yellow", "data", "data loading"),
     "forward": Mark("F", "black on green", "fwd", "forward"),
     "backward": Mark("B", "white on blue", "bwd", "backward"),
     "recompute": Mark("R", "black on cyan", "recomp", "recompute"),
     "optimizer": Mark("O", "white on magenta", "opt", "optimizer"),
     "checkpoint": Mark("C", "black on white", "ckpt", "checkpoint I/O"),
-    "phase": Mark("P", "white on grey37", "phase", "a colltrace.phase block"),
+    "phase": Mark("P", "white on grey37", "phase", "a `colltrace.phase` block"),
 }
 UNKNOWN_SPAN = Mark("?", "black on bright_white", "", "")  # a span kind this table does not know
-COMM_MARKS = {  # by collective family (analysis.timing.op_family): the collectives row
+COMM_MARKS = {  # by collective family (analysis.timing.op_family; each family of the recorder's ops, a test
+    # checks), and "other": the collectives row
     "all_gather": Mark("G", "black on bright_green", "AG", "all-gather"),
     "reduce_scatter": Mark("S", "black on bright_blue", "RS", "reduce-scatter"),
     "all_reduce": Mark("A", "black on bright_magenta", "AR", "all-reduce"),
@@ -53,8 +57,16 @@ COMM_MARKS = {  # by collective family (analysis.timing.op_family): the collecti
     "other": Mark("c", "black on bright_white", "other", "any other collective or transfer"),
 }
 IDLE = " "
-STATE_WORD = {"finished": "done", "crashed": "crash", "hung": "hung", "killed": "killed", "running": "live",
-              "missing": "none"}  # fmt: skip
+STATE_WORD = {  # how a rank ended, in the lane's label (every RankState: a test checks)
+    RankState.FINISHED: "done",
+    RankState.CRASHED: "crash",
+    RankState.HUNG: "hung",
+    RankState.KILLED: "killed",
+    RankState.RUNNING: "live",
+    RankState.DUMPED: "dumped",
+    RankState.UNTRACED: "untraced",
+    RankState.MISSING: "none",
+}
 
 
 def family(op: str) -> str:
@@ -89,24 +101,25 @@ EXPAND = 32  # an expanded class: lanes of their own for this many of its ranks,
 @dataclass(frozen=True, slots=True)
 class Layout:
     """The timeline's lanes, top to bottom, with some classes of ranks shown rank by rank; and the timelines
-    read to draw them that the model did not hold yet (a worker computes it, the UI thread adopts it)."""
+    read to draw them that the model did not hold yet (a worker computes it, the UI thread shows it)."""
 
     rows: tuple[Row, ...]
     expanded: frozenset[tuple[int, ...]]  # the classes shown rank by rank
-    read: dict[int, Timeline]
+    read: Mapping[int, Timeline]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Model:
-    """A run read and diagnosed. Built whole by load() in a worker; after it is shown, only the UI thread
-    changes it, and only by adopt()."""
+    """A run read and diagnosed, and the lanes it is drawn in. Built whole by load() in a worker and never
+    changed after: other lanes are another Model (with_layout), so a worker may read the one shown while the
+    UI thread swaps in the next."""
 
     run_dir: str
     run: Run
     dx: Diagnosis
     report: dict[str, Any]
     markdown: str
-    lines: dict[int, Timeline]
+    lines: Mapping[int, Timeline]  # the timelines read, by rank (the timing's, and those read for lanes)
     t_min: int
     t_max: int
     divergence_ns: int | None  # where the divergence is drawn: its earliest issue on any rank
@@ -115,7 +128,15 @@ class Model:
     rows: tuple[Row, ...] = ()  # the timeline's lanes, top to bottom
     live: bool = False  # a rank's process still runs: the run can change without its files changing
     expanded: frozenset[tuple[int, ...]] = frozenset()  # classes shown rank by rank (layout())
-    _calls: dict[int, dict[tuple[str, int], Call]] = field(default_factory=dict, repr=False)  # call_at's index
+    # call_at's index, by rank: filled on first use, by the loader and then by the UI thread only (a worker
+    # computing lanes never asks); shared by the Models of one read, whose timelines are the same objects
+    _calls: dict[int, dict[tuple[str, int], Call]] = field(default_factory=dict, repr=False)
+
+    def with_layout(self, layout: Layout) -> Model:
+        """This run in these lanes (a new Model: this one is not changed)."""
+        lines = {**self.lines, **layout.read} if layout.read else self.lines
+        return dataclasses.replace(self, lines=lines, rows=layout.rows, expanded=layout.expanded,
+                                   _calls=self._calls)  # fmt: skip
 
     def call_at(self, rank: int, group: str, seq: int) -> Call | None:
         """The rank's (first) call at (group, seq), by an index built on first use; `group` a p2p
@@ -130,14 +151,6 @@ class Model:
                 index.setdefault((stream_of(rank, c), c.seq), c)
             self._calls[rank] = index
         return index.get((group, seq))
-
-    def __post_init__(self) -> None:
-        self.live = any(e.alive for e in self.dx.ranks.values())  # once: every drawn line asks
-
-    def adopt(self, layout: Layout) -> None:
-        """Show these lanes (on the UI thread: what it draws changes here only)."""
-        self.lines.update(layout.read)
-        self.rows, self.expanded = layout.rows, layout.expanded
 
     @property
     def divergence(self) -> tuple[str, int] | None:
@@ -244,6 +257,89 @@ def detail(model: Model, c: Call, rank: int | None = None) -> Detail:
                   max(issued) - min(issued) if len(issued) > 1 else None)  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class AlignedColumn:
+    """A class of ranks that issued identical records over the aligned context."""
+
+    ranks: tuple[int, ...]
+    culprit: bool  # a culprit is among them
+
+
+@dataclass(frozen=True, slots=True)
+class AlignedRow:
+    seq: int
+    sigs: tuple[Signature | None, ...]  # what each column's ranks issued at this seq (None: nothing)
+    differs: bool  # the columns disagree here
+    divergent: bool  # the divergent seq
+
+
+@dataclass(frozen=True, slots=True)
+class Aligned:
+    """The Aligned view: the divergent group's last seqs, one column per class of ranks (1,024 ranks that
+    behaved alike are one column, not 1,024)."""
+
+    columns: tuple[AlignedColumn, ...]
+    rows: tuple[AlignedRow, ...]
+
+
+def aligned(model: Model) -> Aligned | None:
+    """None: the run has no divergence (or no context around it)."""
+    dx = model.dx
+    d = dx.divergence
+    if d is None or not dx.context:
+        return None
+    classes = markdown.context_classes(dx)
+    culprits = set(dx.culprits)
+    columns = tuple(AlignedColumn(tuple(ranks), bool(culprits & set(ranks))) for _, ranks in classes)
+    rows = []
+    for j, row in enumerate(dx.context):
+        sigs = tuple(col[j] for col, _ in classes)
+        rows.append(AlignedRow(row.seq, sigs, len(set(sigs)) > 1, row.seq == d.seq))
+    return Aligned(columns, tuple(rows))
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One rank's step figures in the Stats view."""
+
+    rank: int
+    steps: int  # completed
+    p50_ns: int | None
+    p99_ns: int | None
+    overlap: float | None  # share of its communication under compute; None: no compute spans, or no comm
+    exposed_ns: float | None  # communication not under compute, per step
+    inflight_allgathers: int  # the most all-gathers in flight at once
+    mean_ns: Mapping[str, float]  # per step, by timing category (timing.CATEGORIES); empty: no completed step
+
+
+@dataclass(frozen=True, slots=True)
+class SlowRow:
+    """A rank the others waited for, with the evidence the report gives for it."""
+
+    straggler: Straggler
+    evidence: tuple[Evidence, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    steps: tuple[StepRow, ...]
+    slow: tuple[SlowRow, ...]  # ranked, most waited-for first
+    straggler: int | None  # the rank the report calls the run's straggler, if any
+
+
+def stats(model: Model) -> Stats:
+    tm = model.dx.timing
+    if tm is None:
+        return Stats((), (), None)
+    steps = []
+    for r, rt in tm.ranks.items():
+        steps.append(StepRow(r, len(rt.steps), rt.step_pct_ns(0.5), rt.step_pct_ns(0.99), rt.overlap.ratio,
+                             rt.exposed_per_step_ns(), rt.max_inflight_allgathers, rt.mean_ns()))  # fmt: skip
+    top = tm.straggler()
+    return Stats(tuple(steps), tuple(SlowRow(s, straggler_evidence(s)) for s in tm.stragglers),
+                 top.rank if top is not None else None)  # fmt: skip
+
+
 def fingerprint(run_dir: str) -> tuple[tuple[str, int, int], ...]:
     """(name, size, mtime) of every rank file: a live run changes it as it writes."""
     out = []
@@ -265,20 +361,20 @@ def load(run_dir: str, ask: bool = False) -> Model:
     run = read_run(run_dir)
     dx = diagnose(run)
     report = jsonreport.build(run, dx)
-    lines = dx.timing.lines if dx.timing is not None else {}
+    lines = dx.timing.lines if dx.timing is not None else {}  # read only: with_layout copies before adding
     times = [c.t0 for tl in lines.values() for c in tl.calls[:1]] + [
         s.t0 for tl in lines.values() for s in tl.spans[:1]
     ]
     t_min = min(times, default=0)
     t_max = max((tl.end_ns for tl in lines.values()), default=t_min + 1)
+    alive = any(e.alive for e in dx.ranks.values())  # once: every drawn line asks
     model = Model(run_dir, run, dx, report, markdown.render(report, dx), lines, t_min, max(t_max, t_min + 1), None,
-                  stamp)  # fmt: skip
+                  stamp, live=alive)  # fmt: skip
     d = dx.divergence
     if d is not None and d.seq is not None:  # (this builds call_at's index here, in the loader, not under a key)
         at = [c.t0 for c in (model.call_at(r, d.group, d.seq) for r in lines) if c is not None]
-        model.divergence_ns = min(at, default=None)
-    model.adopt(layout(model, frozenset()))  # not shown yet: this worker still owns it
-    return model
+        model = dataclasses.replace(model, divergence_ns=min(at, default=None), _calls=model._calls)
+    return model.with_layout(layout(model, frozenset()))
 
 
 def layout(model: Model, expanded: frozenset[tuple[int, ...]]) -> Layout:
@@ -286,7 +382,8 @@ def layout(model: Model, expanded: frozenset[tuple[int, ...]]) -> Layout:
     waited-for ranks each on their own, then one lane per class of ranks that issued the same at the
     divergence (all the rest in one, without a divergence), drawn from a rank of it whose timeline was read;
     a class in `expanded` has its first EXPAND ranks on lanes of their own. Reads timelines the timing did not
-    (a sample, in a big world) but changes nothing: call it off the UI thread, and adopt() what it returns."""
+    (a sample, in a big world) but changes nothing: call it off the UI thread, and show model.with_layout() of
+    what it returns."""
     everyone = sorted(model.run.ranks)
     if len(everyone) <= LANES_ONE_PER_RANK:
         return Layout(tuple(Row(r, (r,)) for r in sorted(model.lines)), expanded, {})
@@ -342,7 +439,7 @@ class LaneHead:
 
 def head(model: Model, row: Row) -> LaneHead:
     end = model.dx.ranks.get(row.rank)
-    state = STATE_WORD.get(end.state.value, end.state.value) if end else ""
+    state = STATE_WORD[end.state] if end else ""
     return LaneHead(row.label, state, bool(set(row.ranks) & set(model.dx.culprits)), model.last_progress_ns(row.rank))
 
 

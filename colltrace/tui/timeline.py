@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from rich.segment import Segment
 from rich.style import Style
@@ -26,9 +27,19 @@ SELECTED = Style(bold=True, reverse=True)
 MARKER = Style(color="bright_red", bold=True)
 PLAIN = Style()
 
-# A line's key in the cache: (row, width, t0, t1, its lane selected, the selected call's x on it, the second
-# a live run's "ago" counts). A selection changes the key of the lines it moves between, no other line's.
-LineKey = tuple[int, int, int, int, bool, int | None, int]
+
+class LineKey(NamedTuple):
+    """What a drawn line shows, as its key in the cache. A selection changes the key of the lines it moves
+    between, other lanes (a class expanded) the keys of the lanes that changed; no other line's."""
+
+    lane: m.Row | None  # None: the time axis
+    which: int  # 0: the lane's compute row, 1: its collectives row
+    width: int
+    t0: int
+    t1: int
+    selected: bool  # its lane is the selected one
+    call_x: int | None  # the selected collective's cell on it
+    second: int  # a live run's "ago" (the collectives row's label) counts on: the second it was drawn in
 
 
 class Timeline(ScrollView):
@@ -48,16 +59,18 @@ class Timeline(ScrollView):
         self._cache: LRUCache[LineKey, Strip] = LRUCache(4096)
 
     def show(self, model: m.Model, keep_window: bool) -> None:
-        """Draw `model` (a new one, or the same one with other lanes)."""
+        """Draw `model`: a new read of the run, or the same read in other lanes (Model.with_layout)."""
         follow = not keep_window or self.whole  # showing the whole run: go on showing all of it
-        kept = self.lanes if model is self.model else {}
+        same_read = self.model is not None and self.model.run is model.run
+        held = self.model.lines if self.model is not None and same_read else {}
+        self.lanes = {r: self.lanes[r] if held.get(r) is tl else m.lane(tl) for r, tl in model.lines.items()}
         self.model = model
-        self.lanes = {r: kept.get(r) or m.lane(tl) for r, tl in model.lines.items()}
         if follow:
             self.t0, self.t1 = model.t_min, model.t_max
         self.selected = min(self.selected, max(0, len(model.rows) - 1))
         self.virtual_size = Size(self.size.width, 1 + 2 * len(model.rows))
-        self._cache.clear()  # the lanes may have moved
+        if not same_read:
+            self._cache.clear()  # every line may have changed (other lanes of the same read: their keys differ)
         self.refresh()
 
     # -- navigation (the app's keys call these) -----------------------------------------------------
@@ -136,9 +149,13 @@ class Timeline(ScrollView):
         if model is None:
             return Strip([Segment("loading…".ljust(width), PLAIN)], width)
         i, which = divmod(row - 1, 2)
+        if row > 0 and i >= len(model.rows):
+            return Strip([Segment(" " * width, PLAIN)], width)
+        lane = model.rows[i] if row > 0 else None
         selected = row > 0 and i == self.selected
         call_x = self._selected_x(self.width_cells) if selected and which == 1 else None
-        key = (row, width, self.t0, self.t1, selected, call_x, int(time.time()) if model.live else 0)
+        second = int(time.time()) if model.live and lane is not None and which == 1 else 0
+        key = LineKey(lane, which if lane is not None else 0, width, self.t0, self.t1, selected, call_x, second)
         strip = self._cache.get(key)
         if strip is None:
             strip = self._line(row, width, model, call_x)
@@ -152,8 +169,6 @@ class Timeline(ScrollView):
             axis = m.axis(self.t0, self.t1, cells, model.t_min, marker)
             return Strip([Segment("time".ljust(LABEL), Style(bold=True)), Segment(axis, Style(dim=True))], width)
         i, which = divmod(row - 1, 2)
-        if i >= len(model.rows):
-            return Strip([Segment(" " * width, PLAIN)], width)
         lane = model.rows[i]
         head = m.head(model, lane)
         ln = self.lanes[lane.rank]
