@@ -755,3 +755,48 @@ def test_the_same_record_from_another_line_than_before_breaks_the_ranks_pattern(
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == (0,)
     assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+
+
+def test_an_allocation_that_fails_inside_the_divergent_collective_is_the_size_mismatch_not_oom(
+    tmp_path: Path,
+) -> None:
+    """broadcast_object_list from rank 0 of a list of 3 objects; rank 2 passes a list of 4, so its size
+    tensor has another numel and it reads a garbage length: 'can't allocate memory: you tried to allocate
+    140252988916975 bytes', raised inside that very collective. The disagreement explains the error, not the
+    other way round: numel_mismatch, and the error said as its consequence."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(2):
+            r.coll("all_reduce", 4, "", "init", redop="SUM", site="train.py:11 in main")
+    for r in rs:
+        n = 4 if r.rank == 2 else 3
+        r.coll("broadcast_object_list", n, "", "init", peer=0, site="train.py:13 in main", done=False, error=True)
+    rs[2].error(
+        "RuntimeError",
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+        "memory: you tried to allocate 140252988916975 bytes. Error code 12 (Cannot allocate memory)",
+    )
+    for r in rs[:2]:
+        r.error("RuntimeError", "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:38587")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (3, Kind.NUMEL)
+    assert dx.culprits == (2,) and dx.victims == (0, 1)
+    assert dx.finding is not None and dx.finding.cause is Cause.NUMEL_MISMATCH
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.FAILED_IN_IT] == [((2,), "RuntimeError")]
+    assert not any(e.clue is Clue.OOM for e in dx.finding.evidence)
+
+
+def test_an_out_of_memory_error_outside_the_divergent_collective_is_still_oom(tmp_path: Path) -> None:
+    """The same size disagreement, but rank 2 ran out of memory in its forward before it ever issued the
+    broadcast (the others' broadcasts pair with its next all_reduce): its own error, said as oom."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(2):
+            r.coll("all_reduce", 4, "", "init", redop="SUM", site="train.py:11 in main")
+    for r in rs[:2]:
+        r.coll("broadcast_object_list", 3, "", "init", peer=0, site="train.py:13 in main", done=False, error=True)
+        r.error("RuntimeError", "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:38587")
+    rs[2].error("OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.OOM

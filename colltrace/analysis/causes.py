@@ -333,7 +333,9 @@ def split_sizes(f: Facts) -> Finding | None:
 def failed(f: Facts) -> Finding | None:
     """A culprit died of its own error: DDP's unfinished reduction, out of memory, any other exception."""
     ends = f.ends
-    dead = [ends[r] for r in f.culprits if r in ends and states.self_failed(ends[r])]
+    # an error raised inside the very collective the ranks disagree on is what the disagreement did (a
+    # broadcast_object_list sized from a peer's other length allocates garbage), not why: the rules below say why
+    dead = [ends[r] for r in f.culprits if r in ends and states.self_failed(ends[r]) and not _died_of_it(f, r)]
     own = [ends[r] for r in f.culprits if r in ends and states.own_error(ends[r])]
     if not dead and own and len(own) == len(f.culprits) and f.d is None:
         # every collective matched, and every culprit's raised an error of its own (the backend refused its
@@ -355,6 +357,26 @@ def failed(f: Facts) -> Finding | None:
         Confidence.HIGH,
         (Evidence(Clue.CRASHED, tuple(e.rank for e in dead), dead[0].error_type),),
     )
+
+
+# what the collective is: a rank that disagrees on one of these makes the backend misread its peers' data
+_WHAT_IT_IS = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.TAG, Kind.PEER})
+
+
+def _died_of_it(f: Facts, rank: int) -> bool:
+    """The rank's error came out of its own record at a divergence of what the collective is (op, size, dtype,
+    reduce op, tag, root): the disagreement's consequence, not its cause."""
+    d = f.d
+    if d is None or d.kind not in _WHAT_IT_IS or rank not in f.ends:
+        return False
+    b = f.ends[rank].blocked
+    at = next((a for a in d.at if a.rank == rank), None)
+    return b is not None and at is not None and at.idx >= 0 and b.idx == at.idx and (b.error or b.in_flight)
+
+
+def died_in_divergence(f: Facts) -> tuple[int, ...]:
+    """The culprits that died of their own error inside their record at the divergence (see failed)."""
+    return tuple(r for r in f.culprits if r in f.ends and states.self_failed(f.ends[r]) and _died_of_it(f, r))
 
 
 def no_divergence(f: Facts) -> Finding | None:
@@ -626,6 +648,10 @@ def find(f: Facts) -> Finding:
     for rule in RULES:
         got = rule(f)
         if got is not None:
+            died = died_in_divergence(f)
+            if died:  # said, so that the error the report shows is not taken for the cause
+                ev = Evidence(Clue.FAILED_IN_IT, died, f.ends[died[0]].error_type)
+                return Finding(got.cause, got.confidence, (*got.evidence, ev))
             return got
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
 

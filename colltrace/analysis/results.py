@@ -63,6 +63,8 @@ class Clue(str, enum.Enum):
     FIRST_FAILED = "first_failed"  # the rank's collective failed first, with an error of its own (not a lost peer)
     # every rank raised the same error, and the error names the ranks it came from (detail: its type)
     NAMED_BY_ERROR = "named_by_error"
+    # the rank died of its own error inside its record at the divergence: what the disagreement did (detail: type)
+    FAILED_IN_IT = "failed_in_it"
     MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: PeersApart)
     WRONG_SOURCE = "wrong_source"  # the rank waits to receive from a peer that sent nothing, another's unheard
     SAME_ORDER = "same_order"  # the ranks of a cycle each block in a blocking transfer of one kind (detail: send|recv)

@@ -203,6 +203,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.FIRST_FAILED: f"{who} failed first, with an error of {its} own ({detail}), not a timeout or a lost peer",
         Clue.NAMED_BY_ERROR: f"every rank raised the same {detail}, which names {who} as where it failed (the "
         "error was gathered from there and raised on every rank)",
+        Clue.FAILED_IN_IT: f"{who} raised {detail or 'an error'} inside the divergent collective itself: what the "
+        "disagreement did (a size or an object read from a peer that sent another), not why the ranks disagree",
         Clue.MISDIRECTED: _misdirected(who, d),
         Clue.WRONG_SOURCE: _wrong_source(who, d),
         Clue.SAME_ORDER: f"{who} each block in a blocking {detail} to another of them: each posted the same side "
