@@ -800,3 +800,43 @@ def test_an_out_of_memory_error_outside_the_divergent_collective_is_still_oom(tm
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == (2,)
     assert dx.finding is not None and dx.finding.cause is Cause.OOM
+
+
+def test_a_monitored_barrier_that_names_the_rank_it_gave_up_on_names_that_rank(tmp_path: Path) -> None:
+    """An epoch-end monitored_barrier: rank 2 stalls 30 s in a file write before it, rank 0 (the barrier's
+    checker) raises 'Rank 2 failed to pass monitoredBarrier in 5000 ms', rank 1 that it got errors from rank 0,
+    rank 2, arriving late, that its peer closed the connection. Every collective matched, so only the
+    barrier's message says whom it waited for: rank 2."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(3):
+            r.coll("all_reduce", 8, "", "other", redop="SUM")
+        r.coll("monitored_barrier", 0, "", "other", done=False, error=True)
+    rs[0].error("RuntimeError", "[Rank 0]: Rank 2 failed to pass monitoredBarrier in 5000 ms")
+    rs[1].error(
+        "RuntimeError",
+        "Rank 1 successfully reached monitoredBarrier, but received errors while waiting "
+        "for send/recv from rank 0. Please check rank 0 logs for faulty rank.",
+    )
+    rs[2].error("RuntimeError", "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:10963")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is None
+    assert dx.culprits == (2,) and dx.victims == (0, 1)
+    assert dx.finding is not None
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.MISSED_BARRIER] == [((2,), (0,))]
+    # the rank it names is not the rank that raised it, nor the rank whose message says to look at rank 0
+    assert 1 not in dx.culprits and 0 not in dx.culprits
+
+
+def test_a_monitored_barrier_waiting_for_all_ranks_names_every_rank_that_missed_it(tmp_path: Path) -> None:
+    """wait_all_ranks=True: rank 0 collects every rank that did not come, '[Rank 0]: Ranks 1, 3 failed to pass
+    monitoredBarrier in 5000 ms'."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        r.coll("all_reduce", 8, "", "other", redop="SUM")
+        r.coll("monitored_barrier", 0, "", "other", done=False, error=True)
+    rs[0].error("RuntimeError", "[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 5000 ms")
+    for r in rs[1:]:
+        r.error("RuntimeError", "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:10963")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1, 3) and dx.victims == (0, 2)

@@ -285,15 +285,36 @@ def _confidence(a: Confidence, b: Confidence) -> Confidence:
 # torch.distributed.checkpoint gathers each rank's failure and raises one CheckpointException on every rank,
 # its message naming the ranks that failed: "CheckpointException ranks:dict_keys([1])"
 _FAILED_RANKS = re.compile(r"\branks:\s*dict_keys\(\[([\d,\s]+)\]\)")
+# gloo's monitored_barrier: rank 0 waits for every other rank and raises naming those that did not come,
+# "[Rank 0]: Rank 2 failed to pass monitoredBarrier in 5000 ms" ("Ranks 1, 2 failed ..." with wait_all_ranks)
+_MISSED_BARRIER = re.compile(r"\bRanks? ([\d,\s]+?) failed to pass monitoredBarrier")
 
 
-def _named_ranks(e: RankEnd, ranks: set[int]) -> tuple[int, ...]:
-    """The ranks an error raised alike on every rank names as where it came from (some of them, not all)."""
-    m = _FAILED_RANKS.search(e.error_message)
+def _named_ranks(e: RankEnd, ranks: set[int], pattern: re.Pattern[str] = _FAILED_RANKS) -> tuple[int, ...]:
+    """The ranks an error names as where it came from (some of `ranks`, not all)."""
+    m = pattern.search(e.error_message)
     if m is None:
         return ()
     named = {int(x) for x in m.group(1).replace(",", " ").split()}
     return tuple(sorted(named)) if named and named < ranks else ()
+
+
+def _missed_barrier(ends: dict[int, RankEnd]) -> culprit.Blame | None:
+    """A rank's monitored_barrier raised naming the ranks that never passed it in time: those ranks (the
+    barrier's own check of who waited for whom), the others victims."""
+    everyone = set(ends)
+    named: set[int] = set()
+    said: list[int] = []
+    for r, e in ends.items():
+        theirs = set(_named_ranks(e, everyone, _MISSED_BARRIER)) - {r}
+        if theirs:
+            named |= theirs
+            said.append(r)
+    if not named or named == everyone:
+        return None
+    who = tuple(sorted(named))
+    ev = (Evidence(Clue.MISSED_BARRIER, who, tuple(said)),)
+    return culprit.Blame(who, tuple(r for r in sorted(ends) if r not in named), Kind.MISSING, Confidence.MEDIUM, ev)
 
 
 def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> culprit.Blame:
@@ -305,6 +326,9 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
         if named:  # an error gathered from some ranks and raised on all (torch.distributed.checkpoint's)
             ev: tuple[Evidence, ...] = (Evidence(Clue.NAMED_BY_ERROR, named, ends[dead[0]].error_type),)
             return culprit.Blame(named, tuple(r for r in dead if r not in named), Kind.MISSING, Confidence.MEDIUM, ev)
+    missed = _missed_barrier(ends) if not dead else None
+    if missed is not None:  # no rank died of its own error, and a monitored barrier says whom it waited for
+        return missed
     if dead:
         ev = tuple(Evidence(Clue.CRASHED, (r,), ends[r].error_type) for r in dead)
         return culprit.Blame(dead, tuple(r for r in everyone if r not in dead), Kind.MISSING, Confidence.MEDIUM, ev)

@@ -63,6 +63,8 @@ class Clue(str, enum.Enum):
     FIRST_FAILED = "first_failed"  # the rank's collective failed first, with an error of its own (not a lost peer)
     # every rank raised the same error, and the error names the ranks it came from (detail: its type)
     NAMED_BY_ERROR = "named_by_error"
+    # a monitored_barrier raised on another rank naming this one as not passing it in time (detail: who raised it)
+    MISSED_BARRIER = "missed_barrier"
     # the rank died of its own error inside its record at the divergence: what the disagreement did (detail: type)
     FAILED_IN_IT = "failed_in_it"
     MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: PeersApart)

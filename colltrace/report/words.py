@@ -203,6 +203,9 @@ def evidence_text(e: Evidence) -> str:
         Clue.FIRST_FAILED: f"{who} failed first, with an error of {its} own ({detail}), not a timeout or a lost peer",
         Clue.NAMED_BY_ERROR: f"every rank raised the same {detail}, which names {who} as where it failed (the "
         "error was gathered from there and raised on every rank)",
+        Clue.MISSED_BARRIER: f"{who} failed to pass the monitored barrier in time, says the error of "
+        f"{ranks_text(peers) if peers else 'the rank that checks it'} (monitored_barrier: it waited for {who} "
+        "and gave up)",
         Clue.FAILED_IN_IT: f"{who} raised {detail or 'an error'} inside the divergent collective itself: what the "
         "disagreement did (a size or an object read from a peer that sent another), not why the ranks disagree",
         Clue.MISDIRECTED: _misdirected(who, d),
