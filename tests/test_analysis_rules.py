@@ -840,3 +840,53 @@ def test_a_monitored_barrier_waiting_for_all_ranks_names_every_rank_that_missed_
         r.error("RuntimeError", "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:10963")
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == (1, 3) and dx.victims == (0, 2)
+
+
+def _ddp_steps(rs: list, steps: int, metric_on: dict[int, set[int]]) -> None:  # type: ignore[type-arg]
+    """DDP: one gradient all-reduce a step, then the optimizer step; each rank all-reduces a 2-number loss
+    metric after the steps in metric_on[rank]."""
+    for r in rs:
+        r.coll("_broadcast_coalesced", 289, "", "init", peer=0, site="train.py:12 in worker")
+    for step in range(1, steps + 1):
+        for r in rs:
+            r.coll("all_reduce", 289, "0..2", "backward", redop="SUM", site="train.py:17 in worker")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+            if step in metric_on[r.rank]:
+                r.coll("all_reduce", 2, "", "other", redop="SUM", site="train.py:20 in worker")
+
+
+def test_a_metric_the_majority_logs_for_the_first_time_names_the_rank_that_did_not(tmp_path: Path) -> None:
+    """The metric all-reduce runs under `step % log_every == 0`, log_every 2 on ranks 0-1 and 3 on rank 2
+    (an environment variable set apart). At step 2 ranks 0-1 log it, their first time; rank 2 issues its
+    next gradient all-reduce, as at every step before. Ranks 0-1 left their own pattern, but only because the
+    metric is new: their history cannot say rank 2 should not have logged too. The majority names rank 2."""
+    rs = ranks(str(tmp_path), 3)
+    _ddp_steps(rs, 2, {0: {2}, 1: {2}, 2: set()})
+    rs[2].coll("all_reduce", 289, "0..2", "backward", redop="SUM", site="train.py:17 in worker", done=False)
+    for r in rs[:2]:
+        r.w.event({"ev": "error", "type": "RuntimeError", "message": "Connection closed by peer"})
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (4, Kind.NUMEL)
+    assert dx.culprits == (2,) and dx.victims == (0, 1)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    clues = [(e.clue, e.ranks) for e in dx.finding.evidence]
+    assert (Clue.FIRST_OF_KIND, (0, 1)) in clues and (Clue.MAJORITY, (2,)) in clues
+    assert Clue.HISTORY_DEVIATES not in {c for c, _ in clues}
+    assert dx.finding.confidence is Confidence.MEDIUM  # the majority alone: no second kind of evidence
+
+
+def test_a_majority_that_skips_its_usual_metric_is_named_by_its_own_history(tmp_path: Path) -> None:
+    """The mirror, where history does say which side changed: every rank logs the metric after every step,
+    until ranks 0-1 skip it at step 3 (a guard) and issue their next gradient all-reduce, which they know;
+    rank 2 logs as always. Not new to anyone: ranks 0-1 broke their pattern, and history outweighs the
+    majority."""
+    rs = ranks(str(tmp_path), 3)
+    _ddp_steps(rs, 3, {0: {1, 2}, 1: {1, 2}, 2: {1, 2, 3}})
+    for r in rs[:2]:
+        r.coll("all_reduce", 289, "0..2", "backward", redop="SUM", site="train.py:17 in worker", done=False)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.NUMEL
+    assert dx.culprits == (0, 1) and dx.victims == (2,)
+    assert dx.finding is not None
+    assert not any(e.clue is Clue.FIRST_OF_KIND for e in dx.finding.evidence)

@@ -89,6 +89,13 @@ def for_content(
     strict_majority = len(visible) >= 3 and sum(len(c) == largest for c in d.classes) == 1
     absent = {a.rank for a in d.at if a.sig is None}
     issued = [c for c in d.classes if any(r not in absent for r in c)]
+    first = _first_of_kind(d, streams, hab) if strict_majority else ()
+    if first:
+        # the majority issued a collective none of them had issued before (a log or a save every k steps,
+        # its first time) where the rest issued their usual one: history says only that it is new, not
+        # whether the rest should have issued it too (another k there). The majority says that.
+        hab = {r: Habit.UNKNOWN for r in hab}
+        evidence.append(Evidence(Clue.FIRST_OF_KIND, first))
     for cls in d.classes:
         if len(issued) >= 2 and cls not in issued:
             # the ranks that issued it disagree among themselves: a rank not there yet (still starting, slow)
@@ -117,9 +124,31 @@ def for_content(
     if strict_majority and all(len(c) < largest for c in scores if scores[c] == top):
         evidence.append(Evidence(Clue.MAJORITY, culprits, str(largest)))
     evidence.extend(_state_clues(tuple(r for r in culprits if r in absent), ends))
-    kinds = {e.clue for e in evidence}
+    kinds = {e.clue for e in evidence} - {Clue.FIRST_OF_KIND}  # why history is set aside, no evidence of its own
     confidence = Confidence.HIGH if len(kinds) >= 2 else Confidence.MEDIUM
     return Blame(culprits, _others(tuple(sorted(visible)), culprits), d.kind, confidence, tuple(evidence))
+
+
+def _first_of_kind(d: Divergence, streams: dict[int, RankStreams], hab: dict[int, Habit]) -> tuple[int, ...]:
+    """The ranks of the largest class when each of them issued, at the divergent seq, a record it never
+    issued before in that group, and every other rank that issued one there kept its own pattern; () else."""
+    if d.seq is None:
+        return ()
+    largest = max(d.classes, key=len)
+    for a in d.at:
+        if a.sig is None:
+            continue
+        if a.rank not in largest:
+            if hab.get(a.rank) is not Habit.CONSISTENT:
+                return ()
+            continue
+        st = streams[a.rank].groups.get(d.group) if a.rank in streams else None
+        if st is None or hab.get(a.rank) is not Habit.DEVIATES:
+            return ()
+        off = d.seq - st.seq0
+        if not 0 < off < len(st.sigs) or st.sigs[off] in st.sigs[:off]:
+            return ()
+    return tuple(sorted(largest))
 
 
 def for_step(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame:

@@ -27,6 +27,9 @@ class Clue(str, enum.Enum):
     HISTORY_DEVIATES = "history_deviates"  # the rank did something else at this point of its earlier steps
     HISTORY_CONSISTENT = "history_consistent"  # the rank did the same at this point of its earlier steps
     MAJORITY = "majority"  # the rank is in a minority of the group at this seq
+    # the majority issued a collective new to each of them where the rest issued their usual one: their own
+    # history cannot say whether the rest should have issued it too, so the majority decides
+    FIRST_OF_KIND = "first_of_kind"
     CRASHED = "crashed"  # the rank raised on its own (not inside a failing collective)
     OOM = "oom"  # the error says out of memory
     FATAL_SIGNAL = "fatal_signal"  # faulthandler wrote a fatal error outside any collective

@@ -159,6 +159,9 @@ def evidence_text(e: Evidence) -> str:
     text = {
         Clue.HISTORY_DEVIATES: f"{who} issued something other than what {'it' if s else 'they'} issued at this point of {its} earlier steps",
         Clue.HISTORY_CONSISTENT: f"{who} issued the same as at this point of {its} earlier steps",
+        Clue.FIRST_OF_KIND: f"{who} issued a collective {'it' if s else 'they'} had never issued before (the "
+        "first of its kind: a log or a save every few steps) where the others issued their usual one: history "
+        f"cannot say whether the others should have issued it too, so the majority decides",
         Clue.MAJORITY: f"{who} disagree{s} with the majority of the group ({detail} ranks agree)",
         Clue.CRASHED: f"{who} raised {detail or 'an exception'} on its own, not inside a failing collective",
         Clue.OOM: f"{who} ran out of memory ({detail})",
