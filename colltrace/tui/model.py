@@ -1,5 +1,6 @@
-"""What the terminal UI draws, computed without Textual: the diagnosis, its report, and the rank lanes of the
-timeline as cells for a time window. The UI only asks this module; it decides nothing itself."""
+"""What the terminal UI draws, computed without Textual: the diagnosis, its report, the views' rows as typed
+values, and the rank lanes of the timeline as cells for a time window. The UI only asks this module; it
+decides nothing itself."""
 
 from __future__ import annotations
 
