@@ -890,3 +890,35 @@ def test_a_majority_that_skips_its_usual_metric_is_named_by_its_own_history(tmp_
     assert dx.culprits == (0, 1) and dx.victims == (2,)
     assert dx.finding is not None
     assert not any(e.clue is Clue.FIRST_OF_KIND for e in dx.finding.evidence)
+
+
+def test_a_rank_that_skipped_a_new_group_call_and_hung_in_the_next_is_named_by_its_calls(tmp_path: Path) -> None:
+    """`if rank in (0, 1): new_group([0, 1])`, then new_group([1, 2]) on every rank: rank 2's first call
+    pairs with the others' first. Ranks 1 and 2 time out inside new_group([1, 2]) and never return; rank 0,
+    not a member, returns and waits in the first all_reduce. Each call is recorded when it begins (done false)
+    and completed when it returns (joined by its call id): the calls the ranks never returned from still
+    vote, and rank 2's first call asked for other ranks than the majority's first."""
+    rs = ranks(str(tmp_path), 3)
+
+    def call(r: FakeRank, k: int, members: list[int], name: str | None = None, returned: bool = True) -> None:
+        ev = {"ev": "group_create", "fn": "new_group", "ranks": members, "desc": None, "call": k}
+        r.w.event({**ev, "done": False, "t_ns": 1})
+        if returned:
+            r.w.event({**ev, "done": True, "t_done_ns": 2, "name": name})
+
+    call(rs[0], 1, [0, 1], "1")
+    call(rs[0], 2, [1, 2])
+    call(rs[1], 1, [0, 1], "1")
+    call(rs[1], 2, [1, 2], returned=False)
+    call(rs[2], 1, [1, 2], returned=False)
+    rs[0].coll("all_reduce", 32, "", "other", redop="SUM", done=False, error=True)
+    rs[0].error("RuntimeError", TIMEOUT, in_collective=True)
+    rs[1].error("RuntimeError", "Wait timeout")
+    rs[2].error("RuntimeError", "Gloo connectFullMesh failed with [pair.h:311] Connect timeout [none]")
+    run = read_run(str(tmp_path))
+    assert [(c["ranks"], c["done"]) for c in run.ranks[1].group_creations] == [([0, 1], True), ([1, 2], False)]
+    assert run.ranks[0].group_creations[0]["name"] == "1" and run.ranks[0].group_creations[0]["t_ns"] == 1
+    dx = diagnose(run)
+    assert dx.culprits == (2,) and dx.victims == (0, 1)
+    assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.GROUP_CREATE] == [(2,)]

@@ -6,8 +6,11 @@ both must give the same records."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
-from _jobs import torchrun
+from _jobs import job_env, torchrun
 
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import RankState
@@ -56,3 +59,50 @@ def test_module_phase_step_and_micro_step_of_each_collective(generic_run) -> Non
         assert rt.state is RankState.FINISHED and not rt.in_flight
         got = [(r.op, r.module, r.phase, r.step, r.micro_step) for r in rt.records if r.kind == "collective"]
         assert got == expected(ddp=variant == "ddp")
+
+
+# a subgroup created only on its members: `if rank in (0, 1): new_group([0, 1])`; rank 2 skips the call, so
+# every rank's next call, new_group([1, 2]), pairs rank 2's first call with the others' second
+_SKIPPED_NEW_GROUP = """
+import datetime, os
+import torch, torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=4))
+rank = dist.get_rank()
+if rank in (0, 1):
+    dist.new_group([0, 1], timeout=datetime.timedelta(seconds=4))
+pipe = dist.new_group([1, 2], timeout=datetime.timedelta(seconds=4))
+dist.all_reduce(torch.ones(4))
+dist.destroy_process_group()
+"""
+
+
+def test_a_new_group_call_a_rank_hangs_in_is_recorded_with_the_ranks_it_asked_for(tmp_path) -> None:
+    """Rank 2 never calls new_group([0, 1]); ranks 1 and 2 then time out inside new_group([1, 2]) (pairing
+    different calls), rank 0 in the next all_reduce. The call is recorded when it begins, so the ranks that
+    never returned from it still show it, with the ranks they asked for; the returned calls say the group.
+    The majority of each call names rank 2, cause group_misconfig."""
+    from colltrace.analysis.diagnose import diagnose
+    from colltrace.analysis.vocab import Cause
+
+    script = tmp_path / "skipped_new_group.py"
+    script.write_text(_SKIPPED_NEW_GROUP)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
+           "--monitor-interval=0.2", str(script)]  # fmt: skip
+    proc = subprocess.run(cmd, env=job_env(run_dir), capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    run = read_run(str(run_dir))
+    # which calls pair up, and so which ranks return from theirs, is a race between the ranks' store keys;
+    # every rank records each call it makes, in its order, whether it returns from it or not
+    asked = {r: [c["ranks"] for c in rt.group_creations] for r, rt in run.ranks.items()}
+    assert asked[2] == [[1, 2]]
+    assert all(asked[r] in ([[0, 1]], [[0, 1], [1, 2]]) for r in (0, 1))
+    creations = [c for rt in run.ranks.values() for c in rt.group_creations]
+    assert all(isinstance(c["t_ns"], int) and c["call"] >= 1 for c in creations)
+    hung = [c for c in creations if not c["done"]]
+    assert hung and all(c.get("name") is None for c in hung)  # some rank never returned from its call
+    assert all("t_done_ns" in c for c in creations if c["done"])
+    dx = diagnose(run)
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG

@@ -195,15 +195,26 @@ def _wrap_group_creation(patches: Patches) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    calls = [0]  # this process's new_group/split_group calls so far: each call's id, its start and end joined
+
     def make(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
         def created(*args: Any, **kwargs: Any) -> Any:
+            call = -1
+            if name != "init_process_group":
+                # recorded when called: a rank that hangs or times out inside it (its peers never came, or
+                # came to another call) still says which call it made and with which ranks
+                call = calls[0] = calls[0] + 1
+                try:
+                    _group_created(name, args, kwargs, None, call, done=False)
+                except Exception as e:
+                    _say(f"recording {name} failed ({type(e).__name__}: {e})")
             result = orig(*args, **kwargs)
             try:
                 if name == "init_process_group":
                     start_recording()
                 else:
-                    _group_created(name, args, kwargs, result)
+                    _group_created(name, args, kwargs, result, call)
             except Exception as e:
                 _say(f"recording {name} failed ({type(e).__name__}: {e}); the job runs untraced")
             return result
@@ -221,7 +232,11 @@ def _wrap_group_creation(patches: Patches) -> None:
             patches.set(dist, name, wrapper)
 
 
-def _group_created(fn: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+def _group_created(
+    fn: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, call: int, done: bool = True
+) -> None:
+    """One group_create event: at the call (done false: the ranks asked for), then at its return (done true,
+    with the group it made, or name null for a non-member); both carry the call's id, which the reader joins."""
     rec = TRACER.recorder
     if fn == "new_group":
         ranks = kwargs.get("ranks", args[0] if args else None)
@@ -232,13 +247,15 @@ def _group_created(fn: str, args: tuple[Any, ...], kwargs: dict[str, Any], resul
         "fn": fn,
         "ranks": _plain(ranks),
         "desc": kwargs.get("group_desc"),
-        "t_ns": time.time_ns(),
+        "call": call,
+        "done": done,
+        "t_ns" if not done else "t_done_ns": time.time_ns(),
     }
-    member = result is not None and rec is not None and result is not rec.non_member
+    member = done and result is not None and rec is not None and result is not rec.non_member
     if member and hasattr(result, "group_name"):
         name, desc, granks, backend = describe_group(result)
         event.update(name=name, group_ranks=list(granks), group_desc=desc, backend=backend)
-    else:
+    elif done:
         event["name"] = None
     if rec is None:
         TRACER.pending_groups.append(event)

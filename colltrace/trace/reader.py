@@ -271,6 +271,7 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
     strings: dict[int, str] = {0: ""}
     sites: dict[int, str] = {0: ""}
     groups: dict[str, GroupInfo] = {}
+    called: dict[int, dict[str, Any]] = {}  # a group creation's call id -> its event, completed at its return
     rt = RankTrace(rank=rank, header=header, records=packed(rank, ()), groups=groups, state=RankState.KILLED,
                    torn=torn)  # fmt: skip
     for ev in events[1:]:
@@ -292,7 +293,15 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
                 backend=str(ev.get("backend") or ""),
             )
         elif kind == schema.EV_GROUP_CREATE:
-            rt.group_creations.append(ev)
+            call = ev.get("call")  # an int or absent (_EVENTS checked it)
+            begun = called.get(call) if isinstance(call, int) else None
+            if begun is not None and ev.get("done") is True:
+                begun.update((k, v) for k, v in ev.items() if k != "t_ns")  # the call's return completes it
+            else:  # a call (an older trace's, written at its return only, counts as returned)
+                ev.setdefault("done", True)
+                rt.group_creations.append(ev)
+                if isinstance(call, int):
+                    called[call] = ev
         elif kind == schema.EV_STEP:
             rt.steps = max(rt.steps, int(ev.get("step", 0)))
         elif kind == schema.EV_STACKS:
@@ -376,7 +385,7 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     schema.EV_FOOTER: {"t_ns": (_INT, False), "step": (_INT, False), "in_flight": (_INT, False)},
     schema.EV_WARNING: {"message": (_STR, False)},
     schema.EV_DATA_EXHAUSTED: {"t_ns": (_INT, False), "step": (_INT, False)},
-    schema.EV_GROUP_CREATE: {"ranks": ((list, type(None)), False)},
+    schema.EV_GROUP_CREATE: {"ranks": ((list, type(None)), False), "call": (_INT, False), "done": ((bool,), False)},
     schema.EV_PIPELINE: {"schedule": (_STR, True), "microbatches": (_INT, True), "stages": ((list,), True),
                          "num_stages": (_INT, True)},
 }  # fmt: skip
