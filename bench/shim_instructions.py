@@ -9,7 +9,7 @@ walked to the top and no module is found), inside a stand-in module's forward (t
 and with an adapter serving the call (FSDP's case: no walk); and a compute span begun and ended.
 Beside them the same figure for a yardstick: one dict + orjson.dumps + os.write (whose system call's kernel instructions callgrind does not count, so the
 yardstick is flattered). Then the FSDP2 adapter's wrappers of FSDPParamGroup.unshard and
-post_backward (adapter.scoped and its decision, fsdp.fsdp2_decisions) on a stand-in group,
+post_backward (fsdp.fsdp2_wrappers: the decision and the serving scope in one frame) on a stand-in group,
 beyond the cost of calling the method itself. The last line is one JSON object.
 """
 
@@ -48,14 +48,13 @@ def _stand_in_torch_compiler() -> None:
 
 
 def _adapter_child(mode: str, n: int) -> None:
-    """FSDP2's unshard / post_backward as the FSDP adapter wraps them (adapter.scoped around the
-    decisions of fsdp.fsdp2_decisions), on a stand-in FSDPParamGroup in the forward state."""
+    """FSDP2's unshard / post_backward as the FSDP adapter wraps them (fsdp.fsdp2_wrappers), on a stand-in
+    FSDPParamGroup in the forward state."""
     import enum
     import functools
 
-    from colltrace.record.adapter import scoped
     from colltrace.record.context import CONTEXT
-    from colltrace.record.fsdp import fsdp2_decisions
+    from colltrace.record.fsdp import fsdp2_wrappers
 
     class State(enum.Enum):  # stands in for FSDP2's TrainingState
         FORWARD = 1
@@ -76,11 +75,11 @@ def _adapter_child(mode: str, n: int) -> None:
 
     CONTEXT.root = Group()  # a root already learned, as after the first forward
     CONTEXT.graph_task_id = functools.partial(int, -1)  # a C callable, as torch's is; -1: no backward
-    unshard, post_backward = fsdp2_decisions(CONTEXT, State.FORWARD, State.PRE_BACKWARD, "unsharded")
+    unshard, post_backward = fsdp2_wrappers(CONTEXT, State.FORWARD, State.PRE_BACKWARD, "unsharded", print)
     if mode == "unshard":
-        Group.unshard = scoped(CONTEXT, Group.unshard, unshard)  # type: ignore[method-assign]
+        Group.unshard = unshard(Group.unshard)  # type: ignore[method-assign]
     elif mode == "post_backward":
-        Group.post_backward = scoped(CONTEXT, Group.post_backward, post_backward)  # type: ignore[method-assign]
+        Group.post_backward = post_backward(Group.post_backward)  # type: ignore[method-assign]
     group = Group()
     if mode == "post_backward":
         for _ in range(n):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record import spans
+from colltrace.record import ops, spans
 from colltrace.record.adapter import Adapter, prefetching
 from colltrace.record.context import (
     PHASE_BACKWARD,
@@ -16,6 +18,9 @@ from colltrace.record.context import (
 )
 from colltrace.record.hooks import spanned
 from colltrace.record.tracer import TRACER
+from colltrace.trace.writer import hot_function
+
+_get_ident = threading.get_ident
 
 UNSHARD = "unshard"
 PREFETCH = "prefetch"
@@ -44,8 +49,8 @@ class FsdpAdapters(Adapter):
             return PHASE_BACKWARD
         return ctx.current(ts)[1]
 
-    # Each wrapper below is adapter.scoped: the framework's method, run with what a small Python
-    # decision returns as the thread's serving scope.
+    # Each wrapper below runs the framework's method with what a small Python decision returns as the thread's
+    # serving scope (adapter.scoped; FSDP2's, fsdp2_wrappers, with the decision inlined).
 
     # -- FSDP2 (fully_shard) -----------------------------------------------------------------
 
@@ -59,8 +64,9 @@ class FsdpAdapters(Adapter):
             unsharded: object = fsdp2_module("_fsdp_param").ShardedState.UNSHARDED
         except (ImportError, AttributeError):
             unsharded = object()  # matches nothing: every unshard is attributed
-        unshard, post_backward = fsdp2_decisions(ctx, TrainingState.FORWARD, TrainingState.PRE_BACKWARD, unsharded)
-        self._scope(group_cls, "unshard", unshard)
+        unshard, post_backward = fsdp2_wrappers(ctx, TrainingState.FORWARD, TrainingState.PRE_BACKWARD, unsharded,
+                                                self._failed(group_cls))  # fmt: skip
+        self._patch(group_cls, "unshard", unshard)
         if "_prefetch_unshard" in group_cls.__dict__:
             orig = group_cls.__dict__["_prefetch_unshard"]
             func = orig.__func__ if isinstance(orig, staticmethod) else orig
@@ -68,13 +74,23 @@ class FsdpAdapters(Adapter):
                 wrapped = functools.wraps(func)(prefetching(ctx, func))
                 wrapped.__colltrace__ = True  # type: ignore[attr-defined]
                 self.patches.set(group_cls, "_prefetch_unshard", staticmethod(wrapped))
-        self._fsdp2_spans(group_cls, TrainingState.PRE_BACKWARD, post_backward)
+        self._fsdp2_spans(group_cls, TrainingState.PRE_BACKWARD)
+        self._patch(group_cls, "post_backward", post_backward)  # its reduce-scatter's scope; the backward span ends
         return True
 
-    def _fsdp2_spans(self, group_cls: Any, pre_backward: object, post_backward_scope: Any) -> None:
+    @staticmethod
+    def _failed(group_cls: Any) -> Callable[[BaseException], None]:
+        what = f"attributing {group_cls.__name__}'s collectives failed (they are attributed generically)"
+
+        def failed(exc: BaseException) -> None:
+            TRACER.warn_once(what, exc)
+
+        return failed
+
+    def _fsdp2_spans(self, group_cls: Any, pre_backward: object) -> None:
         """Each unit's forward (FSDPState's pre- to post-forward hook; a recompute when autograd
-        runs a backward) and backward (its param group's pre_backward to post_backward, which is
-        also the reduce-scatter's serving scope) as spans. FSDP registers those hooks when
+        runs a backward) and backward (its param group's pre_backward to post_backward, whose wrapper,
+        fsdp2_wrappers', ends it) as spans. FSDP registers those hooks when
         fully_shard runs, so a model sharded before tracing started has no forward spans."""
         FSDPState = fsdp2_module("_fsdp_state").FSDPState  # noqa: N806 - FSDP2's class
 
@@ -136,11 +152,6 @@ class FsdpAdapters(Adapter):
         self._patch(FSDPState, "_pre_forward", hidden(make_pre_forward))
         self._patch(FSDPState, "_post_forward", hidden(ending))
         self._patch(group_cls, "pre_backward", make_pre_backward)
-        self._patch(
-            group_cls,
-            "post_backward",
-            lambda orig: ending(self._scoped(group_cls, "post_backward", orig, post_backward_scope)),
-        )
 
     # -- FSDP1 (FullyShardedDataParallel) ----------------------------------------------------
 
@@ -231,15 +242,74 @@ def fsdp2_module(name: str) -> Any:
         return importlib.import_module(f"torch.distributed._composable.fsdp.{name}")
 
 
-def fsdp2_decisions(
-    ctx: Context, forward: object, pre_backward: object, unsharded: object
-) -> tuple[
-    Callable[[ThreadState, Any], tuple[str, str, str] | None], Callable[[ThreadState, Any], tuple[str, str, str]]
-]:
-    """What an FSDP2 FSDPParamGroup's unshard and post_backward serve, read from the group's own
-    state (forward, pre_backward: its TrainingState values; unsharded: ShardedState.UNSHARDED).
-    Plain functions of (thread state, group), so bench/shim_instructions.py can count them
-    without torch."""
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+# What FSDP2's FSDPParamGroup.unshard and post_backward run as: the method, with what its collectives serve (module,
+# phase, flavour) as the thread's serving scope, read from the group's own state; post_backward then ends the unit's
+# backward span (begun by pre_backward). One Python frame each, the decision inlined and the method's own parameters
+# taken as they are ({params}, {call}: ops.passthrough): adapter.scoped, the general form, costs three frames and an
+# *args tuple and a **kwargs dict more per call, and an FSDP2 step unshards a dozen times (bench/shim_instructions.py).
+# An error in the decision goes to `failed`, and the method runs unscoped.
+_UNSHARD = """\
+    if self._all_gather_result is not None or self._sharded_state is unsharded:
+        return orig({call})  # FSDP's own no-op (already gathered or gathering)
+    try:
+        ts = threads_get(get_ident()) or state()
+        if ctx.root is None:  # the model's first forward: learn its root
+            ctx.learn_running()
+        training = self._training_state
+        if training is pre_backward:
+            phase = PHASE_BACKWARD
+        elif training is forward:
+            phase = ctx.forward_phase()
+        elif ctx.graph_task_id() != -1:
+            phase = PHASE_BACKWARD
+        else:
+            phase = ctx.current(ts)[1]
+        if ts.prefetch:
+            flavour = PREFETCH
+        elif ts.labels:
+            flavour = UNSHARD + ":" + ts.labels[-1]
+        else:
+            flavour = UNSHARD
+        serve = (self._module_fqn or fqn(self), phase, flavour)
+    except Exception as e:
+        failed(e)
+        return orig({call})
+    old = ts.serve
+    ts.serve = serve
+    try:
+        return orig({call})
+    finally:
+        ts.serve = old
+"""
+_POST_BACKWARD = """\
+    try:
+        ts = threads_get(get_ident()) or state()
+        old = ts.serve
+        ts.serve = (self._module_fqn or fqn(self), PHASE_BACKWARD, REDUCE_GRAD)
+    except Exception as e:
+        failed(e)
+        ts = None
+    try:
+        return orig({call})
+    finally:
+        if ts is not None:
+            ts.serve = old
+        idx = self.__dict__.pop("_colltrace_span", -1)  # the unit's backward span
+        if idx >= 0:
+            sp = tracer.spans
+            if sp is not None:
+                sp.end(idx)
+"""
+
+
+def fsdp2_wrappers(
+    ctx: Context, forward: object, pre_backward: object, unsharded: object, failed: Callable[[BaseException], None]
+) -> tuple[Wrap, Wrap]:
+    """What wraps FSDP2's FSDPParamGroup.unshard and post_backward (_UNSHARD, _POST_BACKWARD), reading the group's
+    state: forward, pre_backward are its TrainingState values, unsharded ShardedState.UNSHARDED. Plain functions of
+    plain objects, so bench/shim_instructions.py can count them without torch."""
 
     def fqn(group: Any) -> str:
         name = getattr(group, "_module_fqn", None)
@@ -250,34 +320,25 @@ def fsdp2_decisions(
         modules = getattr(group, "modules", ())
         return ",".join(ctx.module_name(m) for m in modules) or "?"
 
-    def unshard(ts: ThreadState, group: Any) -> tuple[str, str, str] | None:
-        # FsdpAdapters._unshard_phase inlined: an FSDP2 step runs this a dozen times, and each
-        # Python call it saves is a share of the shim's cost (bench/step_instructions.py)
-        if group._all_gather_result is not None or group._sharded_state is unsharded:
-            return None  # FSDP's own no-op (already gathered or gathering): nothing to attribute
-        if ctx.root is None:  # the model's first forward: learn its root
-            ctx.learn_running()
-        state = group._training_state
-        if state is pre_backward:
-            phase = PHASE_BACKWARD
-        elif state is forward:
-            phase = ctx.forward_phase()
-        elif ctx.graph_task_id() != -1:
-            phase = PHASE_BACKWARD
-        else:
-            phase = ctx.current(ts)[1]
-        if ts.prefetch:
-            flavour = PREFETCH
-        elif ts.labels:
-            flavour = f"{UNSHARD}:{ts.labels[-1]}"
-        else:
-            flavour = UNSHARD
-        return group._module_fqn or fqn(group), phase, flavour
+    names = {"ctx": ctx, "threads_get": ctx.threads.get, "state": ctx.state, "get_ident": _get_ident, "fqn": fqn,
+             "failed": failed, "tracer": TRACER, "forward": forward, "pre_backward": pre_backward,
+             "unsharded": unsharded, "PHASE_BACKWARD": PHASE_BACKWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
+             "REDUCE_GRAD": REDUCE_GRAD}  # fmt: skip
 
-    def post_backward(ts: ThreadState, group: Any) -> tuple[str, str, str]:
-        return group._module_fqn or fqn(group), PHASE_BACKWARD, REDUCE_GRAD
+    def maker(name: str, body: str) -> Wrap:
+        taken = (set(re.findall(r"[A-Za-z_]\w*", body)) | set(names)) - {"self"}
 
-    return unshard, post_backward
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            own = ops.passthrough(orig, taken)
+            if own is None or not own[1].startswith("self"):
+                own = ("self, *args, **kwargs", "self, *args, **kwargs", {})
+            params, call, defaults = own
+            return hot_function(name, params, body.format(call=call), {**names, **defaults, "orig": orig},
+                                f"<colltrace FSDP2 {name}>")  # fmt: skip
+
+        return make
+
+    return maker("unshard", _UNSHARD), maker("post_backward", _POST_BACKWARD)
 
 
 FSDP = FsdpAdapters()

@@ -131,6 +131,7 @@ def start_recording() -> None:
             from colltrace.record.spans import SpanRecorder
 
             rec.spans = SpanRecorder(writer, CONTEXT, rec._tid)
+        rec.arm_wait = SHIM.patch_work_wait
         TRACER.start(rec)
         LIFECYCLE.start(rec, cfg.hang_s, cfg.hang_floor_s, cfg.autoreport)
         if os.environ.get("COLLTRACE_QUIET") != "1" and rank == 0:
@@ -307,6 +308,7 @@ def resume() -> None:
             if TRACER.frameworks:
                 _patch_frameworks(cfg)
         if TRACER.paused is not None:
+            TRACER.paused.arm_wait = SHIM.patch_work_wait  # pause() took it out with the rest
             TRACER.start(TRACER.paused)
             TRACER.paused = None
 

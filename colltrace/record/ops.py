@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 from colltrace.trace import schema
@@ -169,6 +169,25 @@ def plain_params(fn: Callable[..., Any]) -> tuple[str, ...]:
     except (TypeError, ValueError):
         return ()
     return tuple(p.name for p in params) if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params) else ()
+
+
+def passthrough(fn: Callable[..., Any], taken: Collection[str]) -> tuple[str, str, dict[str, Any]] | None:
+    """How a generated wrapper of fn takes fn's own parameters and passes them on: (its parameter list, the call's
+    arguments, the namespace its defaults are in), so no *args tuple or **kwargs dict is made per call. None where
+    fn's parameters are not all plain ones or one is named like something in `taken` (the wrapper's own names):
+    then the wrapper takes *args, **kwargs."""
+    params = plain_params(fn)
+    if not params or set(params) & set(taken):
+        return None
+    defaults: dict[str, Any] = {}
+    listed = []
+    for i, p in enumerate(inspect.signature(fn).parameters.values()):
+        if p.default is not p.empty:
+            defaults[f"_default{i}"] = p.default
+            listed.append(f"{p.name}=_default{i}")
+        else:
+            listed.append(p.name)
+    return ", ".join(listed), ", ".join(params), defaults
 
 
 KEY_VALUE, KEY_SHAPE, KEY_DTYPE = 0, 1, 2

@@ -60,8 +60,8 @@ ISSUE_NAMES: dict[str, Any] = {"ANCHOR_FLAGS": ANCHOR_FLAGS, "BSEQ_MASK": BSEQ_M
 
 def issue_source(indent: int, rec: str, args: str, kwargs: str) -> str:
     """ISSUE, its slot's store (writer.APPEND) in place, as source for a function that inlines it."""
-    append = inline(APPEND, 4, idx="idx", ring="ring", head="head", seq="seq", mid="mid", step="ctx.step",
-                    micro_step="ctx.micro_step", t_issue="t_issue")  # fmt: skip
+    append = inline(APPEND, 4, idx="idx", ring="ring", pack="pack_static",
+                    fields="head, seq, mid, ctx.step, ctx.micro_step, t_issue")  # fmt: skip
     return inline(ISSUE, indent, rec=rec, args=args, kwargs=kwargs, append=append)
 
 
@@ -109,6 +109,8 @@ class Recorder:
         self.last_failure: tuple[BaseException, int] | None = None
         self.sid = writer.intern
         self.spans: SpanRecorder | None = None  # compute spans, into the same trace (COLLTRACE_SPANS)
+        # called once, at the first async Work watched: puts the Work.wait wrapper in (Shim.patch_work_wait)
+        self.arm_wait: Callable[[], None] | None = None
 
     # -- helpers (cold) ----------------------------------------------------------------------
 
@@ -430,6 +432,10 @@ class Recorder:
         works = work if type(work) is list else [work]
         if not works:
             return
+        arm = self.arm_wait
+        if arm is not None:
+            self.arm_wait = None
+            arm()
         entry = (idx, flags, [len(works)] if type(work) is list else None)
         pending = self.pending
         for w in works:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -62,6 +61,7 @@ class Shim:
         # id(torch function) -> (it, its wrapper): a wrapper and its cached calls outlive a pause
         self._made: dict[int, tuple[Any, Callable[..., Any]]] = {}
         self.untraced: list[str] = []  # what the installed torch has and this colltrace does not trace
+        self._patches: Patches | None = None  # where install() put its patches (Work.wait goes there later)
 
     # -- patching ----------------------------------------------------------------------------
 
@@ -85,7 +85,7 @@ class Shim:
         if hasattr(c10d, "batch_isend_irecv"):
             self._put(patches, c10d, "batch_isend_irecv", self._wrap_batch(c10d.batch_isend_irecv))
             wrapped.append("batch_isend_irecv")
-        self._wrap_work_wait(patches, c10d)
+        self._patches = patches  # Work.wait: at the first async collective (patch_work_wait)
         try:
             from colltrace.record import functional
 
@@ -113,15 +113,10 @@ class Shim:
         if made is not None and made[0] is orig:  # installed again (install.resume): the same wrapper
             return made[1]
         # the function's own parameters where torch's function has the ones the spec was built from
-        plain = bool(spec.params) and ops.plain_params(orig) == spec.params and not _WRAPPER_NAMES & set(spec.params)
+        own = ops.passthrough(orig, _WRAPPER_NAMES) if ops.plain_params(orig) == spec.params else None
         namespace: dict[str, Any] = {}
-        if plain:
-            for i, p in enumerate(inspect.signature(orig).parameters.values()):
-                if p.default is not p.empty:
-                    namespace[f"_default{i}"] = p.default
-            params = ", ".join(p if f"_default{i}" not in namespace else f"{p}=_default{i}"
-                               for i, p in enumerate(spec.params))  # fmt: skip
-            call = ", ".join(spec.params)
+        if own is not None:
+            params, call, namespace = own
             parts = {"params": params, "call": call, "key": spec.key, "args": f"({call},)", "kwargs": "NO_KWARGS"}
         else:
             parts = {"params": "*args, **kwargs", "call": "*args, **kwargs",
@@ -211,10 +206,16 @@ class Shim:
         traced.__colltrace__ = True  # type: ignore[attr-defined]
         return traced
 
-    def _wrap_work_wait(self, patches: Patches, c10d: Any) -> None:
-        """Work.wait: the time a rank spends blocked on an async collective, and its completion."""
+    def patch_work_wait(self) -> None:
+        """Work.wait: the time a rank spends blocked on an async collective, and its completion. Put in place by
+        the recorder when it first watches an async Work (Recorder.arm_wait), not at install: torch's blocking
+        collectives call Work.wait themselves, so a job of blocking calls (FSDP2 on the host) would pay a
+        Python call into this wrapper on every collective for nothing."""
+        import torch.distributed.distributed_c10d as c10d
+
+        patches = self._patches
         work_cls = getattr(c10d, "Work", None)
-        if work_cls is None:
+        if work_cls is None or patches is None:
             return
         orig = work_cls.wait
         if getattr(orig, "__colltrace__", False):

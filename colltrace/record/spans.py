@@ -19,9 +19,8 @@ from colltrace.record.context import PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMP
 from colltrace.trace import schema
 from colltrace.trace.writer import (
     APPEND,
+    FIXED,
     SLOT_WORD,
-    STATIC_HEAD,
-    STATIC_MID,
     TraceWriter,
     finish_source,
     hot_function,
@@ -42,7 +41,6 @@ EVAL = "eval"  # a forward's mode: the module in eval mode
 
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
-_MID = STATIC_MID.pack(-1, 0, 0, -1)
 _ERROR = schema.FLAG_DONE | schema.FLAG_ERROR
 
 
@@ -56,27 +54,27 @@ class SpanRecorder:
         self._tid = tid  # Recorder._tid: the small thread number collectives carry too
         self._static: dict[tuple[int, str, str, str], bytes] = {}
 
-    # begin(what, module="", flavour="") -> idx: the span's slot (writer.APPEND), its start now
+    # begin(what, module="", flavour="") -> idx: the span's slot (writer.APPEND), its start now; all of it but step,
+    # micro-step and start packed once per kind of span of a thread (fixed)
     begin: Callable[..., int] = hot_function(
         "begin", "self, what, module='', flavour=''",
-        "    head = self._static.get((get_ident(), what, module, flavour))\n"
-        "    if head is None:\n"
-        "        head = self.head(what, module, flavour)\n"
+        "    fixed = self._static.get((get_ident(), what, module, flavour))\n"
+        "    if fixed is None:\n"
+        "        fixed = self.fixed(what, module, flavour)\n"
         "    ring = self.ring\n"
         "    ctx = self.ctx\n"
-        + inline(APPEND, 4, idx="idx", ring="ring", head="head", seq="0", mid="_MID", step="ctx.step",
-                 micro_step="ctx.micro_step", t_issue="now()")
+        + inline(APPEND, 4, idx="idx", ring="ring", pack="pack_fixed", fields="fixed, ctx.step, ctx.micro_step, now()")
         + "    return idx\n",
-        {"get_ident": _get_ident, "now": _now, "_MID": _MID},
+        {"get_ident": _get_ident, "now": _now},
     )  # fmt: skip
 
-    def head(self, what: str, module: str, flavour: str) -> bytes:
-        """The packed static part of a span of this thread (cached)."""
+    def fixed(self, what: str, module: str, flavour: str) -> bytes:
+        """The packed part of a span of this thread that does not change (cached): writer.FIXED."""
         sid = self.writer.intern
-        head = self._static[(_get_ident(), what, module, flavour)] = STATIC_HEAD.pack(
-            schema.KIND_SPAN, 0, 0, self._tid(), 0, sid(what), 0, 0, sid(module), 0, sid(flavour), 0
+        fixed = self._static[(_get_ident(), what, module, flavour)] = FIXED.pack(
+            schema.KIND_SPAN, 0, 0, self._tid(), 0, sid(what), 0, 0, sid(module), 0, sid(flavour), 0, 0, -1, 0, 0, -1
         )
-        return head
+        return fixed
 
     # end(idx, error=False): the span ends now (writer.FINISH: its end time, what says it ended; its wait stays
     # 0), marked failed when it raised

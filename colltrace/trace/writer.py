@@ -44,6 +44,9 @@ STATIC_MID = schema.run_struct("backend_seq", "peer")
 pack_static = schema.slot_struct(
     ("kind", "shape"), "seq", ("backend_seq", "peer"), "step", "micro_step", "t_issue_ns"
 ).pack_into
+# a slot whose seq never changes (a span's: 0): kind..peer packed once (FIXED), then the three integers
+FIXED = schema.run_struct("kind", "peer")
+pack_fixed = schema.slot_struct(("kind", "peer"), "step", "micro_step", "t_issue_ns").pack_into
 
 
 # Stores of one 8-byte field go through int64 views of the map, not struct.pack_into (a third of its cost):
@@ -64,15 +67,16 @@ _STEP_LINE = b'{"ev":"%s","step":%%d,"t_ns":%%d}\n' % schema.EV_STEP.encode()
 # Ring.finish_sync below), so a collective or a span costs no call into the writer: a Python frame costs more
 # than the stores it would wrap (docs/performance.md). {names} are the caller's variables or expressions.
 #
-# APPEND: slot `idx` (a new one: the ring wraps, full mode grows) from the pre-packed head = kind..shape and
-# mid = backend_seq (-1), numel_in, numel_out, peer (STATIC_HEAD, STATIC_MID) and the fields that change per
-# call; one store for the slot (marker 0), then the marker: the commit (a reader skips a slot whose marker is
-# not its idx + 1). `slot_w` is then the slot's word in `words`. The ring's head is published every HEAD_EVERY
-# records.
+# APPEND: slot `idx` (a new one: the ring wraps, full mode grows) from {pack}(mv, offset, {fields}): pack_static
+# with the pre-packed head = kind..shape, the seq, mid = backend_seq (-1), numel_in, numel_out, peer (STATIC_HEAD,
+# STATIC_MID) and the fields that change per call; or pack_fixed, kind..peer in one (FIXED), for a slot whose seq
+# never changes. One store for the slot (marker 0), then the marker: the commit (a reader skips a slot whose
+# marker is not its idx + 1). `slot_w` is then the slot's word in `words`. The ring's head is published every
+# HEAD_EVERY records.
 APPEND = """\
 {idx} = next({ring}.counter)
 slot_off = _BASE + {idx} * _SIZE if {idx} < {ring}.capacity else {ring}.offset_of({idx})
-pack_static({ring}.mv, slot_off, {head}, {seq}, {mid}, {step}, {micro_step}, {t_issue})
+{pack}({ring}.mv, slot_off, {fields})
 slot_w = slot_off >> 3
 {ring}.words[slot_w] = {idx} + 1
 if not {idx} & _HEAD_MASK:
@@ -93,7 +97,7 @@ assert _MARKER_W == 0  # the marker is the slot's first word: words[slot_w]
 # what the templates' code refers to: the namespace of a function that inlines them
 _SOURCES = itertools.count(1)
 HOT_NAMES: dict[str, Any] = {"_BASE": _BASE, "_SIZE": _SIZE, "_HEAD_MASK": _HEAD_MASK, "pack_static": pack_static,
-                             "_T_DONE_W4": _T_DONE_W4, "_WAIT_W4": _WAIT_W4}  # fmt: skip
+                             "pack_fixed": pack_fixed, "_T_DONE_W4": _T_DONE_W4, "_WAIT_W4": _WAIT_W4}  # fmt: skip
 
 
 def inline(template: str, indent: int, **names: str) -> str:
