@@ -452,6 +452,57 @@ def test_two_stages_that_both_send_first_with_blocking_sends_are_a_p2p_order_dea
     assert [e.detail for e in dx.finding.evidence if e.clue is Clue.SAME_ORDER] == ["send"]
 
 
+def _one_f_one_b(s0: FakeRank, s1: FakeRank, steps: int) -> None:
+    """Steps of one micro-batch each: stage 0 sends the activation and receives its gradient, stage 1
+    receives it and sends the gradient back."""
+    for _ in range(steps):
+        s0.p2p("send", 1, 64)
+        s1.p2p("recv", 0, 64)
+        s1.p2p("send", 0, 64)
+        s0.p2p("recv", 1, 64)
+        for s in (s0, s1):
+            s.step += 1
+            s.w.event({"ev": "step", "step": s.step})
+
+
+def test_a_schedule_that_grows_its_micro_batches_and_sends_first_on_both_stages_blames_both(tmp_path: Path) -> None:
+    """Hand-written 1F1B with blocking send/recv and a batch-size ramp-up: steps 0-1 have one micro-batch,
+    step 2 three. In the steady state stage 0 sends the next activation before receiving the gradient, and
+    stage 1 sends the gradient before receiving the next activation: both block in a send to the other.
+    Stage 0's step 2 differs from its step 1 (the ramp-up), stage 1's does not: history would name stage 0
+    alone; the cycle of sends is the fact, and it is both stages' order of blocking calls."""
+    s0, s1 = ranks(str(tmp_path), 2)
+    _one_f_one_b(s0, s1, 2)
+    s0.p2p("send", 1, 64)
+    s1.p2p("recv", 0, 64)
+    s0.p2p("send", 1, 64, done=False)  # the next micro-batch's activation, before the first gradient
+    s1.p2p("send", 0, 64, done=False)  # the first gradient, before the next activation
+    for s in (s0, s1):
+        s.error("RuntimeError", "[gloo] Timed out waiting 10000ms for send operation to complete", in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DEADLOCK and dx.cycle == (0, 1)
+    assert dx.culprits == (0, 1)
+    assert dx.finding is not None and dx.finding.cause is Cause.P2P_ORDER
+    assert dx.finding.confidence is Confidence.MEDIUM
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.SAME_ORDER] == [((0, 1), "send")]
+
+
+def test_a_stage_that_skips_a_micro_batch_is_named_in_a_cycle_of_receives(tmp_path: Path) -> None:
+    """The mirror with receives: stage 0 leaves a micro-batch out (no send of its activation) and goes on to
+    receive its gradient, while stage 1 waits to receive that activation. Each waits for data the other has
+    not sent: stage 0 withheld it, on a branch its own history shows (a receive where it always sent)."""
+    s0, s1 = ranks(str(tmp_path), 2)
+    _one_f_one_b(s0, s1, 2)
+    s0.p2p("recv", 1, 64, done=False)
+    s1.p2p("recv", 0, 64, done=False)
+    for s in (s0, s1):
+        s.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DEADLOCK and dx.cycle == (0, 1)
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+
+
 def test_a_send_with_another_tag_than_its_receive_is_a_tag_divergence_on_the_sender(tmp_path: Path) -> None:
     """A parameter-server loop: ranks 1 and 2 send rank 0 a gradient tagged with the step, rank 0 receives
     from each with that tag, then broadcasts. At step 2 rank 2 tags its message with a sample counter: the

@@ -15,6 +15,7 @@ from colltrace.analysis.streams import GroupStream, RankStreams, SigTable, p2p_e
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
 from colltrace.trace.records import RankState, Run
+from colltrace.trace.schema import SEND_OPS
 
 
 class Blame(NamedTuple):
@@ -312,6 +313,26 @@ def for_membership(d: Divergence, run: Run) -> Blame | None:
     victims = tuple(sorted(set(members or knowing) - set(odd)))
     evidence = (Evidence(Clue.CREATION_MAJORITY, odd, view.members),)  # the rank list(s) the majority asked for
     return Blame(odd, victims, Kind.MEMBERSHIP, Confidence.HIGH, evidence)
+
+
+def sending_cycle(cycle: tuple[int, ...], ends: dict[int, RankEnd]) -> Blame | None:
+    """Every rank of the cycle is blocked in a send to another rank of it (gloo's send waits for its
+    receive): each has its data ready and offers it, none withholds what another waits for; what is missing
+    is a receive on every side, posted later in each one's own order. The order of the schedule's blocking
+    calls, so the whole cycle, whatever a rank's own history says (a schedule that grows its micro-batches
+    changes what a stage issues at a point of its step). A cycle of receives is not said so: a receive waits
+    for data a peer may have withheld on a branch of its own (a skipped micro-batch), which history names.
+    None when a rank of the cycle is elsewhere."""
+    peers = set()
+    for r in cycle:
+        b = ends[r].blocked if r in ends else None
+        if b is None or b.kind != "p2p" or b.op not in SEND_OPS or b.peer not in cycle:
+            return None
+        peers.add(b.peer)
+    if peers != set(cycle):
+        return None
+    ev = (Evidence(Clue.CYCLE, cycle), Evidence(Clue.SAME_ORDER, cycle, "send"))
+    return Blame(cycle, (), Kind.MISSING, Confidence.MEDIUM, ev)
 
 
 def in_cycle(cycle: tuple[int, ...], streams: dict[int, RankStreams], ends: dict[int, RankEnd]) -> Blame | None:

@@ -133,8 +133,10 @@ def diagnose(run: Run) -> Diagnosis:
     built_apart = any(e.clue is Clue.CREATION_MAJORITY for e in blame.evidence)
     if cycle and not (d is not None and d.kind in _CONTENT) and not built_apart:
         culprits = cycle
-        # the sender of a transfer to the wrong peer, else the part of the cycle that left its own pattern
-        broke = culprit.misdirected(streams) or culprit.in_cycle(cycle, streams, ends)
+        # the sender of a transfer to the wrong peer; a cycle of sends, every rank of it; else the part of the
+        # cycle that left its own pattern
+        broke = (culprit.misdirected(streams) or culprit.sending_cycle(cycle, ends)
+                 or culprit.in_cycle(cycle, streams, ends))  # fmt: skip
         if broke is not None:
             blame, culprits = broke, broke.culprits
         victims = tuple(sorted(set(waitfor.waiting_on(wf, cycle)) | set(cycle) - set(culprits)))
