@@ -503,6 +503,36 @@ def test_a_stage_that_skips_a_micro_batch_is_named_in_a_cycle_of_receives(tmp_pa
     assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
 
 
+def test_a_rank_that_skips_its_subgroup_collective_is_a_branch_not_a_cross_group_deadlock(tmp_path: Path) -> None:
+    """Expert replicas {0,2} and {1,3} all-reduce their expert's gradient in their subgroup, then the trunk's
+    over the world, every step. At step 3 rank 3 freezes its expert on a local figure and skips the {1,3}
+    all-reduce: rank 1 waits in it, ranks 0, 2 and 3 in the world's. Ranks 1 and 3 wait on each other across
+    two groups, but rank 3 went past a collective it issued in its step before: its branch, not an order of
+    entering groups that some ranks keep from the start."""
+    groups = {"0": ("default_pg", (0, 1, 2, 3)), "1": ("undefined", (0, 2)), "2": ("undefined", (1, 3))}
+    rs = ranks(str(tmp_path), 4, groups=groups)
+    for r in rs:
+        ep = "1" if r.rank % 2 == 0 else "2"
+        for step in range(4):
+            if step < 3 or r.rank != 3:
+                last = step == 3 and r.rank == 1
+                r.coll("all_reduce", 72, "", "other", group=ep, redop="SUM", done=not last)
+                if last:
+                    break  # rank 1 waits here
+            r.coll("all_reduce", 72, "", "other", redop="SUM", done=step < 3, error=step == 3)
+            if step == 3:
+                r.error("RuntimeError", TIMEOUT, in_collective=True)
+                break
+            r.coll("all_reduce", 9, "", "other", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DEADLOCK and dx.cycle == (1, 3)
+    assert dx.culprits == (3,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.WENT_PAST] == [((3,), "2")]
+
+
 def test_a_send_with_another_tag_than_its_receive_is_a_tag_divergence_on_the_sender(tmp_path: Path) -> None:
     """A parameter-server loop: ranks 1 and 2 send rank 0 a gradient tagged with the step, rank 0 receives
     from each with that tag, then broadcasts. At step 2 rank 2 tags its message with a sample counter: the

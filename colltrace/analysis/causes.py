@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from colltrace.analysis import groups, states
+from colltrace.analysis import align, groups, states
 from colltrace.analysis.history import TRAINING, starts_step
 from colltrace.analysis.results import (
     Clue,
@@ -290,7 +290,43 @@ def deadlock(f: Facts) -> Finding | None:
         # the part of the cycle that broke its pattern is blocked in a collective it never issued before
         # in that group: a rank-only branch (a save or a log on rank 0), not groups entered in another order
         return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.CYCLE, f.cycle),))
+    past = {r: _went_past(f, r) for r in f.culprits}
+    if set(f.culprits) < set(f.cycle) and all(past.values()):
+        # ... or it went on past a collective of the group the rest wait in, which it issued in its step
+        # before: its branch skipped it this step (a parameter frozen on a local figure). Ranks that enter
+        # groups in another order do so from their first step, each keeping its own order
+        ev = [Evidence(Clue.CYCLE, f.cycle)]
+        ev += [Evidence(Clue.WENT_PAST, tuple(rs), label) for label, rs in _by_value(past).items()]
+        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, tuple(ev))
     return Finding(Cause.CROSS_GROUP_DEADLOCK, Confidence.HIGH, (Evidence(Clue.CYCLE, f.cycle),))
+
+
+def _went_past(f: Facts, rank: int) -> str:
+    """The label of a group that another rank of the cycle is blocked in and the rank never reached, where the
+    rank issued collectives in its step before and none in the step it is blocked in (another group's); ""
+    none."""
+    e = f.ends.get(rank)
+    b = e.blocked if e is not None else None
+    rs = f.streams.get(rank)
+    if b is None or rs is None or f.cycle is None or b.step < 1:
+        return ""
+    for other in f.cycle:
+        theirs = f.ends[other].blocked if other in f.ends and other not in f.culprits else None
+        if theirs is None or theirs.kind == "p2p" or theirs.group == b.group:
+            continue
+        st = rs.groups.get(theirs.group)
+        if st is None or st.last_seq >= theirs.seq or not st.sigs:
+            continue
+        if st.last_step == b.step - 1:  # it issued in that group in its step before, and not in this one
+            return align.label(f.run, theirs.group)
+    return ""
+
+
+def _by_value(found: dict[int, str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for r, v in sorted(found.items()):
+        out.setdefault(v, []).append(r)
+    return out
 
 
 def _new_to(f: Facts, rank: int) -> bool:

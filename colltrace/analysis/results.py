@@ -72,6 +72,9 @@ class Clue(str, enum.Enum):
     FAILED_IN_IT = "failed_in_it"
     MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: PeersApart)
     WRONG_SOURCE = "wrong_source"  # the rank waits to receive from a peer that sent nothing, another's unheard
+    # the rank went past, this step, a collective of the group others of the cycle wait in, which it issued in
+    # its step before (detail: the group's label)
+    WENT_PAST = "went_past"
     SAME_ORDER = "same_order"  # the ranks of a cycle each block in a blocking transfer of one kind (detail: send|recv)
     SAVED_APART = "saved_apart"  # the rank saved a checkpoint in this step, the others did not (detail: how)
     OTHER_CALL = "other_call"  # the ranks issued it from different lines or with different reduce ops

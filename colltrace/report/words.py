@@ -213,6 +213,10 @@ def evidence_text(e: Evidence) -> str:
         "disagreement did (a size or an object read from a peer that sent another), not why the ranks disagree",
         Clue.MISDIRECTED: _misdirected(who, d),
         Clue.WRONG_SOURCE: _wrong_source(who, d),
+        Clue.WENT_PAST: f"{who} went on past the collective of {group_text(detail) if detail else 'the group'} the "
+        "others wait in, which "
+        f"{'it' if s else 'they'} issued in {its} step before: skipped this step on a branch of {its} own (ranks that "
+        "enter groups in another order do so from the start)",
         Clue.SAME_ORDER: f"{who} each block in a blocking {detail} to another of them: each posted the same side "
         f"of its transfers first, so the other side is never posted (the same code on every rank, not a branch)",
         Clue.SAVED_APART: f"{who} saved a checkpoint ({detail}) in this step just before, which the others did "
