@@ -788,6 +788,65 @@ def test_a_last_stage_whose_labels_ran_out_waits_in_a_barrier_its_sender_never_r
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.OUT_OF_DATA] == [(1,)]
 
 
+def _pipeline_then_barrier(tmp_path: Path, exhausted: bool) -> list[FakeRank]:
+    """3 steps of a 2-stage pipeline's transfers; then the last stage leaves its loop for the final barrier
+    while stage 0 sends the next step's activation (a send, forward, never received)."""
+    rs = ranks(str(tmp_path), 2)
+    for _ in range(3):
+        rs[0].p2p("isend", 1, 64, phase="forward")
+        rs[1].p2p("irecv", 0, 64, phase="forward")
+        rs[1].p2p("isend", 0, 64, phase="backward")
+        rs[0].p2p("irecv", 1, 64, phase="backward")
+        for r in rs:
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    if exhausted:
+        rs[1].w.event({"ev": "data_exhausted", "t_ns": 0, "step": rs[1].step})
+    rs[0].p2p("isend", 1, 64, done=False, phase="forward")
+    rs[1].coll("barrier", 0, "", "other", done=False, error=True)
+    for r in rs:
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    return rs
+
+
+def test_a_last_stage_that_stops_early_on_its_loss_is_control_flow_not_data_that_ran_out(tmp_path: Path) -> None:
+    """Early stopping on the loss, which only the last stage of a pipeline has: it leaves the loop for the
+    final barrier while stage 0 sends it the next step's activation. No DataLoader ran out, and the two
+    are stages of one pipeline (they step through the same batches), not replicas each reading its own
+    share: a decision of the last stage's own."""
+    _pipeline_then_barrier(tmp_path, exhausted=False)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.LEFT_LOOP] == [((1,), "barrier")]
+    # the same run where the last stage's label loader said it ran out: data that ran out
+    _pipeline_then_barrier(tmp_path / "labels", exhausted=True)
+    dx = diagnose(read_run(str(tmp_path / "labels")))
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
+
+
+def test_a_replica_whose_plain_generator_ran_dry_leaves_for_the_barrier_as_uneven_data(tmp_path: Path) -> None:
+    """DDP replicas reading a plain generator each (no DataLoader to say it ran out): rank 2's is one batch
+    shorter, so it reaches the final barrier while the others all-reduce step 2's gradient. Replicas read
+    their own share of the data: one that left the loop for the barrier ran dry (medium)."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(2 if r.rank == 2 else 3):
+            r.coll("all_reduce", 161, "", "backward", redop="SUM", done=r.rank == 2 or r.step < 2,
+                   error=r.rank != 2 and r.step == 2)  # fmt: skip
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    rs[2].coll("barrier", 0, "", "other", done=False, error=True)
+    for r in rs:
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (2,)
+    assert dx.divergence is not None and dx.divergence.kind is Kind.OP
+    assert dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
+    assert dx.finding.confidence is Confidence.MEDIUM
+
+
 def test_object_collectives_that_gather_each_ranks_own_object_do_not_compare_their_sizes(tmp_path: Path) -> None:
     """all_gather_object of per-rank prediction lists (8, 8 and 7 items: an uneven eval split), then a
     gather_object of per-rank plans (a checkpoint's): each rank's own object, of its own size. Healthy."""

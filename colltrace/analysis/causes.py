@@ -583,24 +583,22 @@ def uneven_data(f: Facts) -> Finding | None:
         return None
     if not all(_left_loop(f, r) for r in f.culprits):
         return None
-    starting = tuple(v for v in f.victims if starts_step(f.stream(v), d.seq))
     exhausted = tuple(r for r in f.culprits if ends[r].out_of_data)
+    if not exhausted and not _replicas(f):
+        # nothing says its data ran out, and it is no replica of theirs reading its own share (the stages of
+        # one pipeline step through the same batches): it left on a decision of its own (exited_early)
+        return None
+    starting = tuple(v for v in f.victims if starts_step(f.stream(v), d.seq))
     if starting and all(_ran_out(f, r) for r in f.culprits):
         # it exited cleanly, or went on to collectives outside training, at a step the others were starting
         ev = [Evidence(Clue.STEP_BOUNDARY, starting), Evidence(Clue.LEFT_LOOP, f.culprits)]
         if exhausted:
             ev.append(Evidence(Clue.OUT_OF_DATA, exhausted))
         return Finding(Cause.UNEVEN_DATA, Confidence.HIGH if exhausted else Confidence.MEDIUM, tuple(ev))
-    # what each side was in: its records at the divergence, else (it never issued one there: a pipeline's
-    # transfer) what it was blocked in
-    busy = _doing(f, f.victims)
-    theirs = _doing(f, f.culprits)
-    if (theirs and all(op in _BARRIERS and phase not in TRAINING for op, phase in theirs)
-            and busy and all(phase in TRAINING for _, phase in busy)
-            and not any(_past(f, r) for r in f.culprits)):  # fmt: skip
+    if _to_barrier(f):
         # it went from training to a barrier outside it while the others were still in a training step,
         # without completing more steps than they had (a DataLoader that ran out says so; a plain generator or
-        # a stream that ran dry cannot)
+        # a stream that ran dry on one of the replicas cannot)
         ev = [Evidence(Clue.LEFT_LOOP, f.culprits, "barrier")]
         if exhausted:
             ev.append(Evidence(Clue.OUT_OF_DATA, exhausted))
@@ -608,23 +606,67 @@ def uneven_data(f: Facts) -> Finding | None:
     return None
 
 
+def _to_barrier(f: Facts) -> bool:
+    """The culprits went from training to a barrier outside it while the others were still in a training step
+    (their records at the divergence, else what each side was blocked in: a pipeline's transfer), without
+    completing more steps than they had."""
+    busy = _doing(f, f.victims)
+    theirs = _doing(f, f.culprits)
+    return (bool(theirs) and all(op in _BARRIERS and phase not in TRAINING for op, phase in theirs)
+            and bool(busy) and all(phase in TRAINING for _, phase in busy)
+            and not any(_past(f, r) for r in f.culprits))  # fmt: skip
+
+
+def _replicas(f: Facts) -> bool:
+    """The culprits and the ranks left waiting trained side by side in the divergent group before it: at an
+    earlier seq they all issued the same record of a training phase (a gradient reduction, a gather of one
+    module). Data-parallel replicas, each reading its own share of the data, one of which can run dry
+    unseen (a plain generator); not the stages of one pipeline, which step through the same batches."""
+    d = f.d
+    if d is None or d.seq is None:
+        return False
+    mine = [st for r in f.culprits if (st := f.stream(r)) is not None]
+    theirs = [st for r in f.victims[:_VICTIMS] if (st := f.stream(r)) is not None]
+    if len(mine) != len(f.culprits) or not theirs:
+        return False
+    both = mine + theirs
+    first = max(st.seq0 for st in both)
+    for seq in range(d.seq - 1, max(first, d.seq - _SKEW_LOOKBACK) - 1, -1):
+        sids = {st.sig_at(seq) for st in both}
+        sig = f.table[sids.pop()] if len(sids) == 1 else None
+        if sig is not None and sig.phase in TRAINING:
+            return True
+    return False
+
+
 def _doing(f: Facts, ranks: tuple[int, ...]) -> list[tuple[str, str]]:
     """(op, phase) of the ranks' records at the divergence; where none has one there, of what each was
-    blocked in."""
-    at = [(s.op, s.phase) for s in f.sigs(ranks)]
+    blocked in. A transfer's signature has no phase (the stages' differ): its record's."""
+    at = []
+    for a in f.d.at if f.d is not None else ():
+        if a.rank not in ranks or a.sig is None:
+            continue
+        rt = f.run.ranks.get(a.rank)
+        rec = states.record(rt, a.idx) if rt is not None and a.idx >= 0 and not a.sig.phase else None
+        at.append((rec.op, rec.phase) if rec is not None else (a.sig.op, a.sig.phase))
     return at or [(b.op, b.phase) for r in ranks if r in f.ends and (b := f.ends[r].blocked) is not None]
 
 
 def exited_early(f: Facts) -> Finding | None:
-    """The culprits exited cleanly while the others waited for a collective they never reached, their data not
-    run out first (uneven_data above): they left the loop on a decision of their own (an early stop, a
-    rank-local condition), whatever the others wait in (a gradient reduction is not a parameter without
-    gradient here)."""
-    if f.d is None or f.d.kind is not Kind.MISSING or not f.culprits:
+    """The culprits exited cleanly while the others waited for a collective they never reached, or went from
+    training to a barrier outside it while the others were in a training step, their data not run out first
+    (uneven_data above): they left the loop on a decision of their own (an early stop, a rank-local
+    condition), whatever the others wait in (a gradient reduction is not a parameter without gradient here)."""
+    if f.d is None or not f.culprits:
         return None
-    if not all(r in f.ends and f.ends[r].state is RankState.FINISHED for r in f.culprits):
-        return None
-    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.LEFT_LOOP, f.culprits),))
+    if f.d.kind is Kind.MISSING and all(r in f.ends and f.ends[r].state is RankState.FINISHED for r in f.culprits):
+        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.LEFT_LOOP, f.culprits),))
+    if f.d.seq is not None and all(_left_loop(f, r) for r in f.culprits) and _to_barrier(f):
+        # it went from training to a barrier outside it while the others were in a training step, and
+        # nothing says its data ran out (uneven_data above): an early stop only it decided (on a loss only
+        # the last stage of a pipeline has)
+        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.LEFT_LOOP, f.culprits, "barrier"),))
+    return None
 
 
 def eval_forward(f: Facts) -> Finding | None:
