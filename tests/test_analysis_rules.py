@@ -847,6 +847,26 @@ def test_a_replica_whose_plain_generator_ran_dry_leaves_for_the_barrier_as_uneve
     assert dx.finding.confidence is Confidence.MEDIUM
 
 
+def test_a_rank_that_reaches_the_first_collective_after_the_others_timed_out_in_it_is_named(tmp_path: Path) -> None:
+    """Resume from a checkpoint: rank 2 reads it from slow storage (torch.load, 30 s), while ranks 0-1 wait
+    in DDP's first collective and time out after 10 s. Rank 2 reaches it after they are gone and fails on
+    the closed connection. Every rank issued the same collective, and each failed of a lost peer: who came
+    after the others had given up is the rank they waited for."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.span("checkpoint", "torch.load", duration_ns=30_000_000_000 if r.rank == 2 else 10_000_000)
+        r.coll("_verify_params_across_processes", 4, "", "init", done=False, error=True)
+    for r in rs[:2]:
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    rs[2].error("RuntimeError", "[gloo] Connection closed by peer [127.0.0.1]:56989", in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is None
+    assert dx.culprits == (2,) and dx.victims == (0, 1)
+    # the others waited 30 s for it alone: a straggler
+    assert dx.finding is not None and dx.finding.cause is Cause.STRAGGLER
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.ARRIVED_AFTER] == [((2,), (0, 1))]
+
+
 def test_object_collectives_that_gather_each_ranks_own_object_do_not_compare_their_sizes(tmp_path: Path) -> None:
     """all_gather_object of per-rank prediction lists (8, 8 and 7 items: an uneven eval split), then a
     gather_object of per-rank plans (a checkpoint's): each rank's own object, of its own size. Healthy."""

@@ -319,6 +319,40 @@ def _missed_barrier(ends: dict[int, RankEnd]) -> culprit.Blame | None:
     return culprit.Blame(who, tuple(r for r in sorted(ends) if r not in named), Kind.MISSING, Confidence.MEDIUM, ev)
 
 
+ARRIVAL_MARGIN_NS = 1_000_000_000  # beyond any clock error between hosts
+
+
+def _arrived_after(ends: dict[int, RankEnd]) -> culprit.Blame | None:
+    """Every collective matched, yet ranks failed in one: those that issued it only after every other rank
+    blocked in it had failed there (timed out waiting) are the ranks the others waited for, however they
+    failed afterwards (a closed connection to the ranks already gone). None when no rank came so late."""
+    at: dict[tuple[str, int], list[int]] = {}
+    for r, e in ends.items():
+        if e.blocked is not None and e.blocked.kind != "p2p":
+            at.setdefault((e.blocked.group, e.blocked.seq), []).append(r)
+    for rs in at.values():
+        if len(rs) < 2:
+            continue
+        gave_up: dict[int, int] = {}
+        for r in rs:
+            b, e = ends[r].blocked, ends[r]
+            if b is not None and e.collective_failure:
+                gave_up[r] = b.t_done_ns if b.error and b.t_done_ns else e.error_t_ns
+        late = []
+        for r in rs:
+            b = ends[r].blocked
+            others = [t for o, t in gave_up.items() if o != r]
+            if b is not None and len(others) == len(rs) - 1 and all(t and b.t_issue_ns > t + ARRIVAL_MARGIN_NS
+                                                                     for t in others):  # fmt: skip
+                late.append(r)
+        if late and len(late) < len(rs):
+            waited = tuple(r for r in sorted(rs) if r not in late)
+            ev = (Evidence(Clue.ARRIVED_AFTER, tuple(late), waited),)
+            victims = tuple(r for r in sorted(ends) if r not in late)
+            return culprit.Blame(tuple(late), victims, Kind.MISSING, Confidence.MEDIUM, ev)
+    return None
+
+
 def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> culprit.Blame:
     """Every collective matched: a rank that died or stopped on its own is still to blame."""
     dead = tuple(r for r, e in ends.items() if states.self_failed(e) or states.died_unseen(e))
@@ -345,6 +379,9 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
         # its collective failed first, with an error of its own: the one the others' failures followed
         ev = (Evidence(Clue.FIRST_FAILED, (first,), ends[first].error_type),)
         return culprit.Blame((first,), tuple(r for r in everyone if r != first), Kind.MISSING, Confidence.LOW, ev)
+    late = _arrived_after(ends)
+    if late is not None:  # the others gave up waiting in a collective before it got there
+        return late
     blocked = tuple(r for r, e in ends.items() if e.blocked is not None)
     unseen_ranks = tuple(r for r, e in ends.items() if e.state is RankState.MISSING)
     dumped = any(e.state is RankState.DUMPED for e in ends.values())  # Flight Recorder: no word of how they ended

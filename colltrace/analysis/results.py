@@ -72,6 +72,9 @@ class Clue(str, enum.Enum):
     FAILED_IN_IT = "failed_in_it"
     MISDIRECTED = "misdirected"  # the rank sent one peer more than it received, another fewer (detail: PeersApart)
     WRONG_SOURCE = "wrong_source"  # the rank waits to receive from a peer that sent nothing, another's unheard
+    # the rank reached the collective the others were blocked in only after they had failed in it (timed out):
+    # it is what they waited for (detail: the ranks that gave up)
+    ARRIVED_AFTER = "arrived_after"
     # the rank went past, this step, a collective of the group others of the cycle wait in, which it issued in
     # its step before (detail: the group's label)
     WENT_PAST = "went_past"

@@ -213,6 +213,8 @@ def evidence_text(e: Evidence) -> str:
         "disagreement did (a size or an object read from a peer that sent another), not why the ranks disagree",
         Clue.MISDIRECTED: _misdirected(who, d),
         Clue.WRONG_SOURCE: _wrong_source(who, d),
+        Clue.ARRIVED_AFTER: f"{who} reached the collective the others were blocked in only after "
+        f"{ranks_text(peers) if peers else 'they'} had given up on it (timed out): the rank they waited for",
         Clue.WENT_PAST: f"{who} went on past the collective of {group_text(detail) if detail else 'the group'} the "
         "others wait in, which "
         f"{'it' if s else 'they'} issued in {its} step before: skipped this step on a branch of {its} own (ranks that "
