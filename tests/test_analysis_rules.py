@@ -13,7 +13,7 @@ from handmade import FSDP_STEP, FakeRank, ranks
 
 from colltrace.analysis import causes
 from colltrace.analysis.diagnose import diagnose
-from colltrace.analysis.results import Clue, Confidence, SplitGap
+from colltrace.analysis.results import Clue, Confidence, InSpan, SplitGap
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.reader import read_run
 
@@ -865,6 +865,10 @@ def test_a_rank_that_reaches_the_first_collective_after_the_others_timed_out_in_
     # the others waited 30 s for it alone: a straggler
     assert dx.finding is not None and dx.finding.cause is Cause.STRAGGLER
     assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.ARRIVED_AFTER] == [((2,), (0, 1))]
+    # and where the others' wait went: its torch.load
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.LATE_IN] == [
+        ((2,), InSpan("checkpoint", 30.0, "", "torch.load"))
+    ]
 
 
 def test_object_collectives_that_gather_each_ranks_own_object_do_not_compare_their_sizes(tmp_path: Path) -> None:

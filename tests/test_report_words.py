@@ -57,6 +57,8 @@ PAYLOADS = [
      "for 3.7 s"),
     (Evidence(Clue.IN_SPAN, (1,), InSpan("forward", None, "blocks.1")), "forward,,blocks.1", "the forward of blocks.1 "
      "when"),
+    (Evidence(Clue.LATE_IN, (2,), InSpan("checkpoint", 30.02, "", "torch.load")), "checkpoint,30.0,", "rank 2 was in "
+     "checkpoint I/O (torch.load) for 30.0 s while the others waited"),
     (Evidence(Clue.LAST_ARRIVER, (1,), Lateness(1.6179471, 25, 88)), "1.617947,25,88", "arrived last at 25 of 88 "
      "collectives; the others waited 1.62 s"),
     (Evidence(Clue.SLOW_IN, (1,), SlowIn("data", 399.6e6)), "data,400", "spends 400 ms more per step in data loading"),

@@ -15,6 +15,7 @@ from colltrace.analysis.results import (
     Divergence,
     Evidence,
     Finding,
+    InSpan,
     RankEnd,
     SchedulesApart,
     Unseen,
@@ -101,7 +102,7 @@ def diagnose(run: Run) -> Diagnosis:
     slow = tm.straggler()
     cycle = wf.cycle
     if d is None:
-        blame = _no_divergence(ends, slow)
+        blame = _no_divergence(ends, slow, run)
     elif d.kind in (Kind.MISSING, Kind.EXTRA):
         blame = culprit.for_missing(d, streams, table, ends, wf)
     elif d.kind is Kind.STEP:
@@ -322,7 +323,7 @@ def _missed_barrier(ends: dict[int, RankEnd]) -> culprit.Blame | None:
 ARRIVAL_MARGIN_NS = 1_000_000_000  # beyond any clock error between hosts
 
 
-def _arrived_after(ends: dict[int, RankEnd]) -> culprit.Blame | None:
+def _arrived_after(ends: dict[int, RankEnd], run: Run) -> culprit.Blame | None:
     """Every collective matched, yet ranks failed in one: those that issued it only after every other rank
     blocked in it had failed there (timed out waiting) are the ranks the others waited for, however they
     failed afterwards (a closed connection to the ranks already gone). None when no rank came so late."""
@@ -347,13 +348,38 @@ def _arrived_after(ends: dict[int, RankEnd]) -> culprit.Blame | None:
                 late.append(r)
         if late and len(late) < len(rs):
             waited = tuple(r for r in sorted(rs) if r not in late)
-            ev = (Evidence(Clue.ARRIVED_AFTER, tuple(late), waited),)
+            ev = [Evidence(Clue.ARRIVED_AFTER, tuple(late), waited)]
+            since = min(b.t_issue_ns for r in waited if (b := ends[r].blocked) is not None)
+            for r in late:
+                b = ends[r].blocked
+                span = _spent_in(run, r, since, b.t_issue_ns) if b is not None else None
+                if span is not None:
+                    ev.append(Evidence(Clue.LATE_IN, (r,), span))
             victims = tuple(r for r in sorted(ends) if r not in late)
-            return culprit.Blame(tuple(late), victims, Kind.MISSING, Confidence.MEDIUM, ev)
+            return culprit.Blame(tuple(late), victims, Kind.MISSING, Confidence.MEDIUM, tuple(ev))
     return None
 
 
-def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> culprit.Blame:
+def _spent_in(run: Run, rank: int, since_ns: int, until_ns: int) -> InSpan | None:
+    """The compute span (data, forward, checkpoint, ...) the rank was in for at least half of the time from
+    since_ns to until_ns (the others' wait for it), the longest such; None."""
+    rt = run.ranks.get(rank)
+    if rt is None or until_ns <= since_ns:
+        return None
+    best, most = None, (until_ns - since_ns) // 2
+    for s in rt.spans:
+        if s.op == "phase":  # a colltrace.phase block says what the job calls it, not what it computed
+            continue
+        inside = min(s.t_done_ns or until_ns, until_ns) - max(s.t_issue_ns, since_ns)
+        if inside >= most:
+            best, most = s, inside
+    if best is None:
+        return None
+    took = ((best.t_done_ns or until_ns) - best.t_issue_ns) / 1e9
+    return InSpan(best.op, took, best.module, best.flavour)
+
+
+def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None, run: Run) -> culprit.Blame:
     """Every collective matched: a rank that died or stopped on its own is still to blame."""
     dead = tuple(r for r, e in ends.items() if states.self_failed(e) or states.died_unseen(e))
     everyone = tuple(sorted(ends))
@@ -379,7 +405,7 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None) -> c
         # its collective failed first, with an error of its own: the one the others' failures followed
         ev = (Evidence(Clue.FIRST_FAILED, (first,), ends[first].error_type),)
         return culprit.Blame((first,), tuple(r for r in everyone if r != first), Kind.MISSING, Confidence.LOW, ev)
-    late = _arrived_after(ends)
+    late = _arrived_after(ends, run)
     if late is not None:  # the others gave up waiting in a collective before it got there
         return late
     blocked = tuple(r for r, e in ends.items() if e.blocked is not None)

@@ -75,6 +75,7 @@ class Clue(str, enum.Enum):
     # the rank reached the collective the others were blocked in only after they had failed in it (timed out):
     # it is what they waited for (detail: the ranks that gave up)
     ARRIVED_AFTER = "arrived_after"
+    LATE_IN = "late_in"  # the compute span a rank that arrived last spent most of its lateness in (detail: InSpan)
     # the rank went past, this step, a collective of the group others of the cycle wait in, which it issued in
     # its step before (detail: the group's label)
     WENT_PAST = "went_past"
@@ -105,6 +106,7 @@ class InSpan:
     kind: str  # the span's kind as recorded: data, forward, backward, recompute, optimizer, checkpoint, phase
     for_s: float | None  # how long it had been open, None when not known
     module: str  # the module it ran, "" none
+    flavour: str = ""  # how it was entered (torch.load, dcp.save), "" none
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,6 +156,8 @@ def evidence_text(e: Evidence) -> str:
         return _last_arriver(who, d)
     if e.clue is Clue.IN_SPAN:
         return _in_span(who, d)
+    if e.clue is Clue.LATE_IN:
+        return _late_in(who, d)
     text = {
         Clue.HISTORY_DEVIATES: f"{who} issued something other than what {'it' if s else 'they'} issued at this point of {its} earlier steps",
         Clue.HISTORY_CONSISTENT: f"{who} issued the same as at this point of {its} earlier steps",
@@ -292,6 +294,13 @@ def _in_span(who: str, d: Detail) -> str:
         return f"{who} was in a compute span when it stopped, in no collective"
     took = f" for {d.for_s:.1f} s" if d.for_s is not None else ""
     return f"{who} was in {span_text(d.kind, d.module)}{took} when it stopped, in no collective"
+
+
+def _late_in(who: str, d: Detail) -> str:
+    if not isinstance(d, InSpan):
+        return f"{who} was in a compute span for most of the time the others waited"
+    took = f" for {d.for_s:.1f} s" if d.for_s is not None else ""
+    return f"{who} was in {span_text(d.kind, d.module, d.flavour)}{took} while the others waited: where their wait went"
 
 
 SPAN_WORDS = {  # a compute span's kind (record.spans), as a report says it
