@@ -53,8 +53,8 @@ def _adapter_child(mode: str, n: int) -> None:
     import enum
     import functools
 
-    from colltrace.record.context import CONTEXT
     from colltrace.record.fsdp import fsdp2_wrappers
+    from colltrace.record.tracer import Tracer
 
     class State(enum.Enum):  # stands in for FSDP2's TrainingState
         FORWARD = 1
@@ -73,9 +73,10 @@ def _adapter_child(mode: str, n: int) -> None:
         def post_backward(self) -> None:
             pass
 
-    CONTEXT.root = Group()  # a root already learned, as after the first forward
-    CONTEXT.graph_task_id = functools.partial(int, -1)  # a C callable, as torch's is; -1: no backward
-    unshard, post_backward = fsdp2_wrappers(CONTEXT, State.FORWARD, State.PRE_BACKWARD, "unsharded", print)
+    tracer = Tracer()
+    tracer.ctx.root = Group()  # a root already learned, as after the first forward
+    tracer.ctx.graph_task_id = functools.partial(int, -1)  # a C callable, as torch's is; -1: no backward
+    unshard, post_backward = fsdp2_wrappers(tracer, State.FORWARD, State.PRE_BACKWARD, "unsharded", print)
     if mode == "unshard":
         Group.unshard = unshard(Group.unshard)  # type: ignore[method-assign]
     elif mode == "post_backward":
@@ -97,10 +98,8 @@ def _child(mode: str, n: int) -> None:
 
     from colltrace.record import ops
     from colltrace.record import recorder as recorder_mod
-    from colltrace.record.context import CONTEXT
 
     _stand_in_torch_compiler()
-    from colltrace.record.shim import Shim
     from colltrace.record.tracer import Tracer
     from colltrace.trace.writer import TraceWriter
 
@@ -129,8 +128,9 @@ def _child(mode: str, n: int) -> None:
     assert spec is not None
     out = tempfile.mkdtemp()
     tracer = Tracer()
-    tracer.recorder = recorder_mod.Recorder(TraceWriter(out, 0, 100_000, False, {}), Group(), CONTEXT)
-    traced = Shim(tracer).wrap(spec, all_reduce)
+    ctx = tracer.ctx
+    tracer.recorder = recorder_mod.Recorder(TraceWriter(out, 0, 100_000, False, {}), Group(), ctx)
+    traced = tracer.shim.wrap(spec, all_reduce)
     x = Tensor()
 
     class Module:  # stands in for nn.Module: the frames of its __call__ are what the shim looks for
@@ -150,17 +150,17 @@ def _child(mode: str, n: int) -> None:
     # as in a job: the module a call serves is found from the caller's frames
     from colltrace.record.hooks import _call_codes
 
-    CONTEXT.call_codes = _call_codes(Module)
+    ctx.call_codes = _call_codes(Module)
     if mode == "span":  # a compute span begun and ended (as FSDP's forward hooks do around a unit's forward)
         from colltrace.record.spans import SpanRecorder
 
         rec = tracer.recorder
-        spans = SpanRecorder(rec.writer, CONTEXT, rec._tid)
+        spans = SpanRecorder(rec.writer, ctx, rec._tid)
         for _ in range(n):
             spans.end(spans.begin("forward", "layers.0"))
     elif mode in ("shim", "served"):
         if mode == "served":  # as inside FSDP's unshard: an adapter names what the call serves
-            CONTEXT.state().serve = ("layers.0", "forward", "unshard")
+            ctx.state().serve = ("layers.0", "forward", "unshard")
         for _ in range(n):
             traced(x)
     elif mode == "module":  # inside a module's forward, no adapter: the frame walk finds the module

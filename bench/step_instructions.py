@@ -74,17 +74,14 @@ def _worker(rank: int, port: int, rounds: int, steps: int, parts: bool, log: str
     import torch.distributed as dist
 
     from colltrace.record import install
-    from colltrace.record.fsdp import FSDP
-    from colltrace.record.hooks import HOOKS
-    from colltrace.record.shim import SHIM
-    from colltrace.record.tracer import TRACER
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
         timeout=datetime.timedelta(minutes=30),
     )  # fmt: skip
     model, opt, batch = fsdp_job()
-    rec = TRACER.recorder
+    tracer = install.current()  # None when untraced
+    rec = tracer.recorder if tracer is not None else None
 
     def run(n: int = steps) -> None:
         for _ in range(n):
@@ -93,16 +90,17 @@ def _worker(rank: int, port: int, rounds: int, steps: int, parts: bool, log: str
             opt.zero_grad()
 
     def switch(variant: str) -> None:
+        assert tracer is not None  # parts: traced
         install.pause()
-        TRACER.paused = rec  # pause() of a paused shim would forget it
+        tracer.paused = rec  # pause() of a paused shim would forget it
         for part in PARTS.get(variant, ()):
             if part == "wrappers":
-                SHIM.install(TRACER.patches)
-                TRACER.recorder = rec
+                tracer.shim.install(tracer.patches)
+                tracer.recorder = rec
             elif part == "hooks":
-                HOOKS.install()
+                tracer.hooks.install()
             elif part == "fsdp":
-                FSDP.install()
+                tracer.fsdp.install()
 
     every = ["off", *PARTS] if parts else ["this"]
     if parts:
@@ -126,8 +124,9 @@ def _worker(rank: int, port: int, rounds: int, steps: int, parts: bool, log: str
             _region(run)  # both ranks run the same steps; only rank 0 is under callgrind
             order.append(variant)
     if parts:
+        assert tracer is not None  # parts: traced
         install.pause()
-        TRACER.paused = rec
+        tracer.paused = rec
         install.resume()
     with open(log, "w") as f:
         json.dump({"order": order, "steps": steps}, f)

@@ -19,11 +19,11 @@ with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 dist.init_process_group("gloo", rank=0, world_size=1)
-from colltrace.record.tracer import TRACER
+from colltrace.record import install
 class Broken:
     def __next__(self):
         raise OSError(28, "No space left on device")
-TRACER.recorder.writer.counter = Broken()  # the slot's store fails, as on a full disk
+install.current().recorder.writer.counter = Broken()  # the slot's store fails, as on a full disk
 x = torch.ones(3)
 for _ in range(5):
     dist.all_reduce(x)

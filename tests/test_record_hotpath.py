@@ -13,8 +13,6 @@ import pytest
 
 from colltrace.record import ops
 from colltrace.record import recorder as recorder_mod
-from colltrace.record.context import Context
-from colltrace.record.shim import Shim
 from colltrace.record.tracer import Tracer
 from colltrace.trace.reader import read_run
 from colltrace.trace.writer import TraceWriter
@@ -51,14 +49,13 @@ def all_reduce(tensor: Any, op: Any = "SUM", group: Any = None, async_op: bool =
 @pytest.fixture
 def traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(recorder_mod, "describe_group", lambda pg: ("0", "default_pg", (0,), "gloo"))
-    ctx = Context()
-    tracer = Tracer()
+    tracer = Tracer()  # a fresh one: its own context, nothing installed
+    ctx = tracer.ctx
     writer = TraceWriter(str(tmp_path), 0, 1000, False, {})
     tracer.recorder = recorder_mod.Recorder(writer, Group(), ctx, backend_seq=False)
-    monkeypatch.setattr("colltrace.record.shim.CONTEXT", ctx)
     spec = ops.build_spec("all_reduce", all_reduce)
     assert spec is not None and spec.params == ("tensor", "op", "group", "async_op")
-    fn = Shim(tracer).wrap(spec, all_reduce)
+    fn = tracer.shim.wrap(spec, all_reduce)
     yield fn, ctx, writer
     writer.publish_head()
 

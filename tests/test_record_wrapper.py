@@ -26,8 +26,8 @@ with socket.socket() as s:
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 dist.init_process_group("gloo", rank=0, world_size=1)
 import colltrace
-from colltrace.record import ops, shim
-from colltrace.record.context import CONTEXT
+from colltrace.record import install, ops
+tracer = install.current()
 traced = dist.all_reduce
 x = torch.ones(4)
 for _ in range(100):
@@ -47,7 +47,7 @@ def flaky(*args, **kwargs):  # the third call fails inside torch
     if calls[0] == 3:
         raise RuntimeError("boom")
     return real(*args, **kwargs)
-flaky_traced = shim.SHIM.wrap(ops.build_spec("all_reduce", real), flaky)
+flaky_traced = tracer.shim.wrap(ops.build_spec("all_reduce", real), flaky)
 for _ in range(5):
     try:
         flaky_traced(torch.ones(3))
@@ -56,7 +56,7 @@ for _ in range(5):
 op_name = "".join(["o", "p"])  # a keyword name made at run time, not interned
 for _ in range(5):
     traced(x, **{op_name: dist.ReduceOp.MAX})
-print(json.dumps({"raised": raised, "depth": CONTEXT.state().depth,
+print(json.dumps({"raised": raised, "depth": tracer.ctx.state().depth,
                   "wait": type(dist.distributed_c10d.Work.wait).__name__}))
 dist.destroy_process_group()
 """

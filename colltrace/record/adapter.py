@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from colltrace.record.context import CONTEXT, Context, ThreadState
-from colltrace.record.patches import Patches
-from colltrace.record.tracer import TRACER
+from colltrace.record.context import Context, ThreadState
+
+if TYPE_CHECKING:
+    from colltrace.record.tracer import Tracer
 
 _get_ident = threading.get_ident
 
@@ -29,9 +30,10 @@ Decide = Callable[[ThreadState, Any], "Serve | None"]
 class Adapter:
     """Wraps methods of a framework (FSDP, DeepSpeed) so its collectives name what they serve."""
 
-    def __init__(self, ctx: Context = CONTEXT, patches: Patches = TRACER.patches) -> None:
-        self.ctx = ctx
-        self.patches = patches  # where every patch goes: install.pause() and uninstall() undo them
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+        self.ctx = tracer.ctx
+        self.patches = tracer.patches  # where every patch goes: the tracer's pause() and uninstall() undo them
 
     def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
         """Replace owner.name (defined on owner itself, not inherited) by make(original), once."""
@@ -46,8 +48,10 @@ class Adapter:
         """What _scope puts in place of owner.name (for an adapter that wraps more around it)."""
         what = f"attributing {getattr(owner, '__name__', owner)}.{name} failed (its collectives are attributed generically)"
 
+        tracer = self.tracer
+
         def failed(exc: BaseException) -> None:
-            rec = TRACER.recorder
+            rec = tracer.recorder
             if rec is not None:
                 rec.warn_once(what, exc)
 

@@ -24,6 +24,10 @@ def _no_graph_task() -> int:
     return -1
 
 
+def _grad_on() -> bool:
+    return True
+
+
 def _frame_self(wrapped: object, call_impl: object, outermost: bool, start: FrameType | None = None) -> object:
     """The `self` of the innermost (outermost) frame on this thread running `wrapped` or `call_impl`
     (nn.Module.__call__, Module._call_impl), or None, looking from the caller of its caller's caller up: its
@@ -73,6 +77,7 @@ class Context:
         self.engine_step_depth = 0  # inside a framework's step wrapper (DeepSpeedEngine.step)
         self.checkpoint_depth = 0
         self.graph_task_id: Callable[[], int] = _no_graph_task
+        self.grad_enabled: Callable[[], bool] = _grad_on  # torch.is_grad_enabled once the hooks are in
         # How the running modules are found. With `call_codes` set (the code objects of
         # nn.Module.__call__), by walking the caller's frames when a collective needs them;
         # otherwise from ThreadState.stack, kept by global module hooks when those are installed.
@@ -202,6 +207,3 @@ def clean_fqn(name: str) -> str:
     if parts and parts[0] == "module":  # DistributedDataParallel's own level
         parts = parts[1:]
     return ".".join(parts)
-
-
-CONTEXT = Context()

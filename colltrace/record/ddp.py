@@ -19,24 +19,27 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colltrace.record.adapter import Adapter
 from colltrace.record.context import PHASE_BACKWARD
 from colltrace.record.fsdp import REDUCE_GRAD
-from colltrace.record.tracer import TRACER
 from colltrace.trace import schema
+
+if TYPE_CHECKING:
+    from colltrace.record.tracer import Tracer
 
 _get_ident = threading.get_ident
 
 
 class _Hooked:
-    """What colltrace's hook on one DDP model needs: its group, the user's hook when one was
+    """What colltrace's hook on one DDP model needs: the adapter, its group, the user's hook when one was
     registered after colltrace's, and the modules of each bucket."""
 
-    __slots__ = ("ddp", "group", "user", "module_of", "names")
+    __slots__ = ("adapter", "ddp", "group", "user", "module_of", "names")
 
-    def __init__(self, ddp: Any) -> None:
+    def __init__(self, adapter: DdpAdapter, ddp: Any) -> None:
+        self.adapter = adapter
         self.ddp = weakref.ref(ddp)
         self.group = ddp.process_group
         self.user: tuple[Callable[..., Any], Any] | None = None  # (hook, state)
@@ -45,8 +48,8 @@ class _Hooked:
 
 
 class DdpAdapter(Adapter):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__(tracer)
         self.hooked: weakref.WeakKeyDictionary[Any, _Hooked] = weakref.WeakKeyDictionary()
 
     def install(self) -> bool:
@@ -126,7 +129,7 @@ class DdpAdapter(Adapter):
 
     def _attach(self, ddp: Any, register: Callable[..., Any]) -> None:
         """Register colltrace's hook on a DDP model just built, unless it has one already."""
-        rec = TRACER.recorder
+        rec = self.tracer.recorder
         if rec is None:
             return
         try:
@@ -137,7 +140,7 @@ class DdpAdapter(Adapter):
             elif getattr(ddp, "reducer", None) is None:
                 why = "the model has no reducer"
             else:
-                hooked = _Hooked(ddp)
+                hooked = _Hooked(self, ddp)
                 register(ddp, hooked, _comm_hook)
                 self.hooked[ddp] = hooked
                 return
@@ -195,12 +198,12 @@ class DdpAdapter(Adapter):
             if hooked.user is not None:
                 hook, state = hooked.user
                 return hook(state, bucket)
-            return _allreduce(hooked.group, bucket.buffer())
+            return _allreduce(self.tracer, hooked.group, bucket.buffer())
         finally:
             ts.serve = old
 
 
-def _allreduce(group: Any, tensor: Any) -> Any:
+def _allreduce(tracer: Tracer, group: Any, tensor: Any) -> Any:
     """default_hooks.allreduce_hook's reduction (divide, then all-reduce), whose Future also
     completes the record: DDP never calls wait() on the Work."""
     import torch.distributed as dist
@@ -208,7 +211,7 @@ def _allreduce(group: Any, tensor: Any) -> Any:
     group = group if group is not None else dist.group.WORLD
     tensor.div_(group.size())  # before the sum, as DDP does, against overflow
     work = dist.all_reduce(tensor, group=group, async_op=True)
-    rec = TRACER.recorder
+    rec = tracer.recorder
 
     def done(fut: Any) -> Any:
         try:
@@ -231,7 +234,4 @@ def _completed(rec: Any, work: Any, failed: bool) -> None:
 
 
 def _comm_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects hooks with annotations other than its own
-    return DDP_ADAPTER.reduce(state, bucket)
-
-
-DDP_ADAPTER = DdpAdapter()
+    return state.adapter.reduce(state, bucket)

@@ -13,7 +13,6 @@ from colltrace.record.context import (
 )
 from colltrace.record.fsdp import REDUCE_GRAD, UNSHARD
 from colltrace.record.hooks import spanned
-from colltrace.record.tracer import TRACER
 
 
 class DeepSpeedAdapter(Adapter):
@@ -75,14 +74,14 @@ class DeepSpeedAdapter(Adapter):
         overflow checks) outside torch.optim's step hooks."""
         from deepspeed.runtime.engine import DeepSpeedEngine
 
-        ctx = self.ctx
+        ctx, tracer = self.ctx, self.tracer
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def step(self: Any, *a: Any, **k: Any) -> Any:
                 # phase optimizer; the step count stays with torch.optim's hooks on the inner optimizer
                 ctx.engine_step_depth += 1
                 try:
-                    return spanned(spans.OPTIMIZER, "", "deepspeed", orig, (self, *a), k)
+                    return spanned(tracer, spans.OPTIMIZER, "", "deepspeed", orig, (self, *a), k)
                 finally:
                     ctx.engine_step_depth -= 1
 
@@ -95,20 +94,17 @@ class DeepSpeedAdapter(Adapter):
         inside a module's forward, so no frame walk would find it)."""
         from deepspeed.runtime.engine import DeepSpeedEngine
 
-        ctx = self.ctx
+        ctx, tracer = self.ctx, self.tracer
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def forward(self: Any, *a: Any, **k: Any) -> Any:
                 if ctx.root is None and ctx.call_codes is not None:
                     ctx.learn_root(self, self.named_modules, running=True)
-                if TRACER.spans is None:
+                if tracer.spans is None:
                     return orig(self, *a, **k)
                 what, mode = spans.forward_kind(ctx, self)
-                return spanned(what, "<root>", ",".join(filter(None, ("deepspeed", mode))), orig, (self, *a), k)
+                return spanned(tracer, what, "<root>", ",".join(filter(None, ("deepspeed", mode))), orig, (self, *a), k)
 
             return forward
 
         return self._patch(DeepSpeedEngine, "forward", make)
-
-
-DEEPSPEED = DeepSpeedAdapter()

@@ -7,18 +7,19 @@ import importlib
 import re
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colltrace.record import ops, spans
 from colltrace.record.adapter import Adapter, prefetching
 from colltrace.record.context import (
     PHASE_BACKWARD,
-    Context,
     ThreadState,
 )
 from colltrace.record.hooks import spanned
-from colltrace.record.tracer import TRACER
 from colltrace.trace.writer import hot_function
+
+if TYPE_CHECKING:
+    from colltrace.record.tracer import Tracer
 
 _get_ident = threading.get_ident
 
@@ -64,8 +65,8 @@ class FsdpAdapters(Adapter):
             unsharded: object = fsdp2_module("_fsdp_param").ShardedState.UNSHARDED
         except (ImportError, AttributeError):
             unsharded = object()  # matches nothing: every unshard is attributed
-        unshard, post_backward = fsdp2_wrappers(ctx, TrainingState.FORWARD, TrainingState.PRE_BACKWARD, unsharded,
-                                                self._failed(group_cls))  # fmt: skip
+        unshard, post_backward = fsdp2_wrappers(self.tracer, TrainingState.FORWARD, TrainingState.PRE_BACKWARD,
+                                                unsharded, self._failed(group_cls))  # fmt: skip
         self._patch(group_cls, "unshard", unshard)
         if "_prefetch_unshard" in group_cls.__dict__:
             orig = group_cls.__dict__["_prefetch_unshard"]
@@ -78,12 +79,12 @@ class FsdpAdapters(Adapter):
         self._patch(group_cls, "post_backward", post_backward)  # its reduce-scatter's scope; the backward span ends
         return True
 
-    @staticmethod
-    def _failed(group_cls: Any) -> Callable[[BaseException], None]:
+    def _failed(self, group_cls: Any) -> Callable[[BaseException], None]:
         what = f"attributing {group_cls.__name__}'s collectives failed (they are attributed generically)"
+        tracer = self.tracer
 
         def failed(exc: BaseException) -> None:
-            TRACER.warn_once(what, exc)
+            tracer.warn_once(what, exc)
 
         return failed
 
@@ -94,7 +95,7 @@ class FsdpAdapters(Adapter):
         fully_shard runs, so a model sharded before tracing started has no forward spans."""
         FSDPState = fsdp2_module("_fsdp_state").FSDPState  # noqa: N806 - FSDP2's class
 
-        ctx = self.ctx
+        ctx, tracer = self.ctx, self.tracer
 
         from colltrace.record.shim import compiling_check
 
@@ -103,13 +104,13 @@ class FsdpAdapters(Adapter):
         def make_pre_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def _pre_forward(state: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
                 try:
-                    sp = TRACER.spans
+                    sp = tracer.spans
                     # a compiled module runs its hooks inside the graph TorchDynamo traces: step aside
                     if sp is not None and not compiling():
                         what, mode = spans.forward_kind(ctx, module)
                         state._colltrace_span = sp.begin(what, ctx.module_name(module), mode)
                 except Exception as e:
-                    TRACER.warn_once("recording FSDP forward spans failed", e)
+                    tracer.warn_once("recording FSDP forward spans failed", e)
                 return orig(state, module, *args, **kwargs)
 
             return _pre_forward
@@ -122,7 +123,7 @@ class FsdpAdapters(Adapter):
                     return orig(obj, *args, **kwargs)
                 finally:
                     idx = obj.__dict__.pop("_colltrace_span", -1)
-                    sp = TRACER.spans
+                    sp = tracer.spans
                     if sp is not None and idx >= 0:
                         sp.end(idx)
 
@@ -130,12 +131,12 @@ class FsdpAdapters(Adapter):
 
         def make_pre_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def pre_backward(group: Any, *args: Any, **kwargs: Any) -> Any:
-                sp = TRACER.spans
+                sp = tracer.spans
                 if sp is not None and group._training_state is not pre_backward:  # FSDP's own no-op otherwise
                     try:
                         group._colltrace_span = sp.begin(spans.BACKWARD, group._module_fqn or "<root>")
                     except Exception as e:
-                        TRACER.warn_once("recording FSDP backward spans failed", e)
+                        tracer.warn_once("recording FSDP backward spans failed", e)
                 return orig(group, *args, **kwargs)
 
             return pre_backward
@@ -192,26 +193,26 @@ class FsdpAdapters(Adapter):
         backward) and backward (its handle's pre-backward hook to its post-backward hook) as spans."""
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        ctx = self.ctx
+        ctx, tracer = self.ctx, self.tracer
 
         def make_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def forward(unit: Any, *args: Any, **kwargs: Any) -> Any:
-                if TRACER.spans is None:
+                if tracer.spans is None:
                     return orig(unit, *args, **kwargs)
                 what, mode = spans.forward_kind(ctx, unit)
                 name = ctx.module_name(getattr(unit, "_fsdp_wrapped_module", unit)) or "<root>"
-                return spanned(what, name, mode, orig, (unit, *args), kwargs)
+                return spanned(tracer, what, name, mode, orig, (unit, *args), kwargs)
 
             return forward
 
         def make_pre_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
             def _pre_backward_hook(state: Any, module: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
-                sp = TRACER.spans
+                sp = tracer.spans
                 if sp is not None and handle is not None and not getattr(handle, "_ran_pre_backward_hook", True):
                     try:
                         handle._colltrace_span = sp.begin(spans.BACKWARD, fqn(handle))
                     except Exception as e:
-                        TRACER.warn_once("recording FSDP backward spans failed", e)
+                        tracer.warn_once("recording FSDP backward spans failed", e)
                 return orig(state, module, handle, *args, **kwargs)
 
             return _pre_backward_hook
@@ -222,7 +223,7 @@ class FsdpAdapters(Adapter):
                     return orig(state, handle, *args, **kwargs)
                 finally:
                     idx = handle.__dict__.pop("_colltrace_span", -1) if handle is not None else -1
-                    sp = TRACER.spans
+                    sp = tracer.spans
                     if sp is not None and idx >= 0:
                         sp.end(idx)
 
@@ -305,11 +306,12 @@ _POST_BACKWARD = """\
 
 
 def fsdp2_wrappers(
-    ctx: Context, forward: object, pre_backward: object, unsharded: object, failed: Callable[[BaseException], None]
+    tracer: Tracer, forward: object, pre_backward: object, unsharded: object, failed: Callable[[BaseException], None]
 ) -> tuple[Wrap, Wrap]:
     """What wraps FSDP2's FSDPParamGroup.unshard and post_backward (_UNSHARD, _POST_BACKWARD), reading the group's
     state: forward, pre_backward are its TrainingState values, unsharded ShardedState.UNSHARDED. Plain functions of
     plain objects, so bench/shim_instructions.py can count them without torch."""
+    ctx = tracer.ctx
 
     def fqn(group: Any) -> str:
         name = getattr(group, "_module_fqn", None)
@@ -321,7 +323,7 @@ def fsdp2_wrappers(
         return ",".join(ctx.module_name(m) for m in modules) or "?"
 
     names = {"ctx": ctx, "threads_get": ctx.threads.get, "state": ctx.state, "get_ident": _get_ident, "fqn": fqn,
-             "failed": failed, "tracer": TRACER, "forward": forward, "pre_backward": pre_backward,
+             "failed": failed, "tracer": tracer, "forward": forward, "pre_backward": pre_backward,
              "unsharded": unsharded, "PHASE_BACKWARD": PHASE_BACKWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
              "REDUCE_GRAD": REDUCE_GRAD}  # fmt: skip
 
@@ -339,6 +341,3 @@ def fsdp2_wrappers(
         return make
 
     return maker("unshard", _UNSHARD), maker("post_backward", _POST_BACKWARD)
-
-
-FSDP = FsdpAdapters()

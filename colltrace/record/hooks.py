@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colltrace.config import MODULES_FRAMES as FRAMES
 from colltrace.config import MODULES_HOOKS as HOOKS_MODE
 from colltrace.record import spans
-from colltrace.record.context import CONTEXT, Context
-from colltrace.record.patches import Patches
-from colltrace.record.tracer import TRACER
+
+if TYPE_CHECKING:
+    from colltrace.record.tracer import Tracer
 
 
 def _call_codes(module_cls: Any) -> tuple[object, object] | None:
@@ -28,9 +28,10 @@ def _call_codes(module_cls: Any) -> tuple[object, object] | None:
 
 
 class Hooks:
-    def __init__(self, ctx: Context = CONTEXT, patches: Patches = TRACER.patches) -> None:
-        self.ctx = ctx
-        self.patches = patches  # where every hook and patch goes: install.pause() and uninstall() undo them
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+        self.ctx = tracer.ctx
+        self.patches = tracer.patches  # where every hook and patch goes: the tracer's pause() and uninstall() undo them
         self.on_step: Callable[[int], object] | None = None  # set by install: writes the step event
         self._first: Any = None  # the handle of _first_forward while it is installed
         self._compiling: Callable[[], bool] = bool
@@ -47,7 +48,7 @@ class Hooks:
 
         ctx, patches = self.ctx, self.patches
         self._compiling = compiling_check()
-        spans.grad_enabled = torch.is_grad_enabled
+        patches.set(ctx, "grad_enabled", torch.is_grad_enabled)
         graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
         if graph_task_id is not None:
             patches.set(ctx, "graph_task_id", graph_task_id)
@@ -114,17 +115,17 @@ class Hooks:
     def _learn_at_forward(self, cls: Any) -> None:
         """Learn an instance of `cls` (a wrapper every step runs through) as the root at its first
         forward, when no root is known yet."""
-        ctx = self.ctx
+        ctx, tracer = self.ctx, self.tracer
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(orig)
             def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
                 if ctx.root is None:
                     ctx.learn_root(module, module.named_modules, running=True)
-                if TRACER.spans is None:
+                if tracer.spans is None:
                     return orig(module, *args, **kwargs)
                 what, mode = spans.forward_kind(ctx, module)
-                return spanned(what, "<root>", mode, orig, (module, *args), kwargs)
+                return spanned(tracer, what, "<root>", mode, orig, (module, *args), kwargs)
 
             return forward
 
@@ -156,7 +157,7 @@ class Hooks:
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         ctx = self.ctx
         ctx.optimizer_depth += 1
-        sp = TRACER.spans
+        sp = self.tracer.spans
         if sp is not None and ctx.optimizer_depth == 1:
             self._optimizer_span = sp.begin(spans.OPTIMIZER)
 
@@ -164,7 +165,7 @@ class Hooks:
         ctx = self.ctx
         ctx.optimizer_depth = max(0, ctx.optimizer_depth - 1)
         if ctx.optimizer_depth == 0:
-            sp = TRACER.spans
+            sp = self.tracer.spans
             if sp is not None and self._optimizer_span >= 0:
                 sp.end(self._optimizer_span)
             self._optimizer_span = -1
@@ -203,10 +204,10 @@ class Hooks:
         import torch
 
         for name in ("save", "load"):  # a span only: they issue no collective of their own
-            self.patches.wrap(torch, name, functools.partial(_span_of, spans.CHECKPOINT, f"torch.{name}"))
+            self.patches.wrap(torch, name, functools.partial(_span_of, self.tracer, spans.CHECKPOINT, f"torch.{name}"))
 
     def _checkpoint_phase(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        ctx = self.ctx
+        ctx, tracer = self.ctx, self.tracer
 
         flavour = f"dcp.{fn.__name__}"
 
@@ -216,7 +217,7 @@ class Hooks:
             try:
                 if ctx.checkpoint_depth > 1:
                     return fn(*args, **kwargs)
-                return spanned(spans.CHECKPOINT, "", flavour, fn, args, kwargs)
+                return spanned(tracer, spans.CHECKPOINT, "", flavour, fn, args, kwargs)
             finally:
                 ctx.checkpoint_depth -= 1
 
@@ -229,14 +230,14 @@ class Hooks:
         """torch.autograd.backward (what loss.backward() calls) as a backward span, whatever the
         framework: DDP's reducer and DeepSpeed run their backward in it; FSDP's units add their own
         spans inside."""
-        compiling = self._compiling
+        compiling, tracer = self._compiling, self.tracer
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(orig)
             def backward(*args: Any, **kwargs: Any) -> Any:
                 if compiling():
                     return orig(*args, **kwargs)
-                return spanned(spans.BACKWARD, "", "autograd", orig, args, kwargs)
+                return spanned(tracer, spans.BACKWARD, "", "autograd", orig, args, kwargs)
 
             return backward
 
@@ -248,17 +249,18 @@ class Hooks:
             from torch.utils.data import dataloader
         except Exception:
             return
+        tracer = self.tracer
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(orig)
             def __next__(it: Any) -> Any:
-                sp = TRACER.spans
+                sp = tracer.spans
                 if sp is None:
                     return orig(it)
                 try:
                     idx = sp.begin(spans.DATA)
                 except Exception as e:
-                    TRACER.warn_once("recording data loading failed", e)
+                    tracer.warn_once("recording data loading failed", e)
                     return orig(it)
                 try:
                     batch = orig(it)
@@ -278,17 +280,23 @@ class Hooks:
 
 
 def spanned(
-    what: str, module: str, flavour: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    tracer: Tracer,
+    what: str,
+    module: str,
+    flavour: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Any:
-    """fn(*args, **kwargs) as a span (when recording): begun before, ended after, marked when it
+    """fn(*args, **kwargs) as a span (when tracer records): begun before, ended after, marked when it
     raised. The call's own arguments stay apart from the span's, whatever their names."""
-    sp = TRACER.spans
+    sp = tracer.spans
     if sp is None:
         return fn(*args, **kwargs)
     try:
         idx = sp.begin(what, module, flavour)
     except Exception as e:  # the call runs all the same
-        TRACER.warn_once(f"recording a {what} span failed", e)
+        tracer.warn_once(f"recording a {what} span failed", e)
         return fn(*args, **kwargs)
     try:
         result = fn(*args, **kwargs)
@@ -299,15 +307,12 @@ def spanned(
     return result
 
 
-def _span_of(what: str, flavour: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _span_of(tracer: Tracer, what: str, flavour: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return spanned(what, "", flavour, fn, args, kwargs)
+        return spanned(tracer, what, "", flavour, fn, args, kwargs)
 
     return wrapper
-
-
-HOOKS = Hooks()
 
 
 class phase:
@@ -320,25 +325,34 @@ class phase:
 
     def __init__(self, name: str) -> None:
         self.name = str(name)
-        self._spans: list[int] = []
+        self._entered: list[tuple[Tracer, int]] = []  # the tracer each open block labelled, its span (-1: none)
 
     def __enter__(self) -> phase:
-        CONTEXT.labels().append(self.name)
-        sp = TRACER.spans
+        from colltrace.record.install import current
+
+        tracer = current()
+        if tracer is None:  # not tracing
+            return self
+        tracer.ctx.labels().append(self.name)
+        idx, sp = -1, tracer.spans
         if sp is not None:
             try:
-                self._spans.append(sp.begin(spans.PHASE, "", self.name))
+                idx = sp.begin(spans.PHASE, "", self.name)
             except Exception as e:
-                TRACER.warn_once("recording a phase span failed", e)
+                tracer.warn_once("recording a phase span failed", e)
+        self._entered.append((tracer, idx))
         return self
 
     def __exit__(self, etype: Any, *exc: Any) -> None:
-        labels = CONTEXT.labels()
+        if not self._entered:
+            return
+        tracer, idx = self._entered.pop()
+        labels = tracer.ctx.labels()
         if labels:
             labels.pop()
-        sp = TRACER.spans
-        if sp is not None and self._spans:
-            sp.end(self._spans.pop(), error=etype is not None)
+        sp = tracer.spans
+        if sp is not None and idx >= 0:
+            sp.end(idx, error=etype is not None)
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)

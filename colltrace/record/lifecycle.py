@@ -11,9 +11,12 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colltrace.trace import schema
+
+if TYPE_CHECKING:
+    from colltrace.record.tracer import Tracer
 
 _MAX_FRAMES = 40
 _MAX_DUMPS = 10
@@ -36,7 +39,8 @@ def thread_stacks() -> list[dict[str, Any]]:
 
 
 class Lifecycle:
-    def __init__(self) -> None:
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
         self.recorder: Any = None
         self.ended = False
         self._fault_file: Any = None
@@ -74,12 +78,10 @@ class Lifecycle:
         """In a forked child (a DataLoader worker): this rank's trace is its parent's. Write nothing to it,
         and hand back what was set up for the parent: the SIGTERM handler and its wakeup pipe (a worker's
         SIGTERM must not kill the parent), faulthandler's file, the footer."""
-        from colltrace.record.tracer import TRACER
-
         if self.recorder is None or self.ended:
             return
         self.ended = True
-        TRACER.stop()
+        self.tracer.stop()
         try:
             atexit.unregister(self.footer)
             if self._wakeup_r >= 0 and threading.current_thread() is threading.main_thread():
@@ -494,6 +496,3 @@ def _die_of(signum: int) -> None:
     except Exception:
         pass
     os._exit(128 + signum)
-
-
-LIFECYCLE = Lifecycle()

@@ -19,7 +19,6 @@ from colltrace.record import spans
 from colltrace.record.adapter import TAG, Adapter, at_micro_step, tag_of, tagged
 from colltrace.record.context import PHASE_BACKWARD, PHASE_FORWARD
 from colltrace.record.hooks import spanned
-from colltrace.record.tracer import TRACER
 from colltrace.trace import schema
 
 PIPELINE = "pipeline"  # the flavour of a schedule's transfers
@@ -45,7 +44,7 @@ class PipeliningAdapter(Adapter):
         done = False
         for name, phase in _GETTERS:
             if name in stage._PipelineStageBase.__dict__:
-                done = self._patch(stage._PipelineStageBase, name, _tagging(phase)) or done
+                done = self._patch(stage._PipelineStageBase, name, _tagging(self, phase)) or done
         for name, what in (("forward_one_chunk", spans.FORWARD), ("backward_one_chunk", spans.BACKWARD)):
             if name in stage._PipelineStageBase.__dict__:
                 done = self._patch(stage._PipelineStageBase, name, _chunk(self, what)) or done
@@ -59,11 +58,13 @@ class PipeliningAdapter(Adapter):
             getattr(schedules, "PipelineScheduleMulti", None),
         ):
             if cls is not None and "step" in cls.__dict__:
-                done = self._patch(cls, "step", _announcing) or done
+                done = self._patch(cls, "step", lambda orig: _announcing(self, orig)) or done
         return done
 
 
-def _tagging(phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _tagging(adapter: Adapter, phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    tracer = adapter.tracer
+
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
         def get_ops(self: Any, chunk_id: int, *args: Any, **kwargs: Any) -> Any:
             ops = orig(self, chunk_id, *args, **kwargs)
@@ -72,7 +73,7 @@ def _tagging(phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
                 for op in ops:
                     op.__dict__[TAG] = tag
             except Exception as e:
-                TRACER.warn_once("tagging pipeline transfers failed (they are attributed generically)", e)
+                tracer.warn_once("tagging pipeline transfers failed (they are attributed generically)", e)
             return ops
 
         return get_ops
@@ -83,7 +84,7 @@ def _tagging(phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 def _chunk(adapter: Adapter, what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A stage's forward or backward of one micro-batch, as a span of the stage ("stage 1"), with the
     micro-batch as the micro-step of what it records: a stage stuck in its compute says where."""
-    ctx = adapter.ctx
+    ctx, tracer = adapter.ctx, adapter.tracer
 
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
         def one_chunk(self: Any, chunk_id: int, *args: Any, **kwargs: Any) -> Any:
@@ -91,7 +92,9 @@ def _chunk(adapter: Adapter, what: str) -> Callable[[Callable[..., Any]], Callab
                 module, mb = f"stage {self.stage_index}", int(chunk_id)
             except Exception:
                 return orig(self, chunk_id, *args, **kwargs)
-            return at_micro_step(ctx, mb, spanned, (what, module, PIPELINE, orig, (self, chunk_id, *args), kwargs), {})
+            return at_micro_step(
+                ctx, mb, spanned, (tracer, what, module, PIPELINE, orig, (self, chunk_id, *args), kwargs), {}
+            )
 
         return one_chunk
 
@@ -126,15 +129,16 @@ def _listed(got: Any) -> list[Any]:
     return list(got) if isinstance(got, (list, tuple)) else [got]
 
 
-def _announcing(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _announcing(adapter: Adapter, orig: Callable[..., Any]) -> Callable[..., Any]:
     """A schedule's step: at its first, the schedule says how it was built (an event), so that stages whose
     schedules disagree (another number of micro-batches) can be told apart from the trace alone."""
+    tracer = adapter.tracer
 
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not self.__dict__.get("_colltrace_said"):
             try:
                 self._colltrace_said = True
-                rec = TRACER.recorder
+                rec = tracer.recorder
                 if rec is not None:
                     stages = self.__dict__.get("_stages") or [self.__dict__.get("_stage")]
                     rec.writer.event({
@@ -146,10 +150,7 @@ def _announcing(orig: Callable[..., Any]) -> Callable[..., Any]:
                         "num_stages": int(self._num_stages),
                     })  # fmt: skip
             except Exception as e:
-                TRACER.warn_once("recording a pipeline schedule failed", e)
+                tracer.warn_once("recording a pipeline schedule failed", e)
         return orig(self, *args, **kwargs)
 
     return step
-
-
-PIPELINING = PipeliningAdapter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -10,11 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from colltrace.record.context import (
-    CONTEXT,
-    Context,
-    ThreadState,
-)
+from colltrace.record.context import Context, ThreadState
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
 from colltrace.trace.frames import is_library
@@ -83,7 +80,7 @@ class _Seq:
 class Recorder:
     """One per process, created when the default process group exists."""
 
-    def __init__(self, writer: TraceWriter, default_pg: Any, ctx: Context = CONTEXT, backend_seq: bool = True) -> None:
+    def __init__(self, writer: TraceWriter, default_pg: Any, ctx: Context, backend_seq: bool = True) -> None:
         self._forget_calls(ctx)  # a new trace: the cached slots hold the last one's string ids
         self.writer = writer
         self.ctx = ctx
@@ -509,22 +506,17 @@ class Recorder:
         self.last_progress_ns = t
 
 
-_LIBRARY_DIRS: tuple[str, ...] = ()
-
-
+@functools.cache
 def _library_dirs() -> tuple[str, ...]:
     """Where else frames that are not the user's live (trace.frames has the rule): colltrace's recorder
-    wherever it is, torch and the frameworks on it installed outside site-packages."""
-    global _LIBRARY_DIRS
-    if not _LIBRARY_DIRS:
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        dirs = [os.path.join(here, "record") + os.sep, os.path.join(here, "trace") + os.sep]
-        for name in ("torch", "deepspeed", "accelerate", "transformers"):
-            path = getattr(sys.modules.get(name), "__file__", None)
-            if path:
-                dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
-        _LIBRARY_DIRS = tuple(dirs)
-    return _LIBRARY_DIRS
+    wherever it is, torch and the frameworks on it installed outside site-packages (read once)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dirs = [os.path.join(here, "record") + os.sep, os.path.join(here, "trace") + os.sep]
+    for name in ("torch", "deepspeed", "accelerate", "transformers"):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+    return tuple(dirs)
 
 
 def call_site() -> str:

@@ -6,15 +6,16 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colltrace.record import ops, recorder
 from colltrace.record.adapter import tag_of, tagged
-from colltrace.record.context import CONTEXT
 from colltrace.record.patches import Patches
-from colltrace.record.tracer import TRACER, Tracer
 from colltrace.trace import schema
 from colltrace.trace.writer import finish_source, hot_function
+
+if TYPE_CHECKING:
+    from colltrace.record.tracer import Tracer
 
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
@@ -56,7 +57,7 @@ def compiling_check() -> Callable[[], bool]:
 class Shim:
     """Makes the traced versions of torch.distributed's functions and puts them in place."""
 
-    def __init__(self, tracer: Tracer = TRACER) -> None:
+    def __init__(self, tracer: Tracer) -> None:
         self.tracer = tracer
         # id(torch function) -> (it, its wrapper): a wrapper and its cached calls outlive a pause
         self._made: dict[int, tuple[Any, Callable[..., Any]]] = {}
@@ -121,14 +122,15 @@ class Shim:
         else:
             parts = {"params": "*args, **kwargs", "call": "*args, **kwargs",
                      "key": "spec.extract(args, kwargs, attribution)[0]", "args": "args", "kwargs": "kwargs"}  # fmt: skip
+        ctx = self.tracer.ctx
         namespace.update(
             {
                 "tracer": self.tracer,
                 "orig": orig,
                 "spec": spec,
-                "threads_get": CONTEXT.threads.get,
-                "state": CONTEXT.state,
-                "current": CONTEXT.current,
+                "threads_get": ctx.threads.get,
+                "state": ctx.state,
+                "current": ctx.current,
                 "get_ident": _get_ident,
                 "now": _now,
                 "NO_KWARGS": {},  # what extract reads for a call not seen before: never written
@@ -146,6 +148,7 @@ class Shim:
     def _wrap_batch(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """batch_isend_irecv: one p2p record per P2POp, completed by the Works it returns."""
         tracer = self.tracer
+        state = tracer.ctx.state
         specs: dict[str, ops.OpSpec] = {}
         compiling = compiling_check()
 
@@ -164,7 +167,7 @@ class Shim:
             rec = tracer.recorder
             if rec is None or compiling():
                 return orig(p2p_op_list, *args, **kwargs)
-            tls = CONTEXT.state()
+            tls = state()
             if tls.depth:
                 return orig(p2p_op_list, *args, **kwargs)
             issued: list[int] = []
@@ -314,5 +317,3 @@ _WRAPPER_NAMES = frozenset(
     name for c in _code.co_consts if hasattr(c, "co_varnames") for name in (*c.co_varnames, *c.co_names)
 ) | {"args", "kwargs", "NO_KWARGS"}
 del _code
-
-SHIM = Shim()

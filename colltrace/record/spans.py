@@ -93,19 +93,12 @@ class SpanRecorder:
         self.writer.event({"ev": schema.EV_DATA_EXHAUSTED, "t_ns": time.time_ns(), "step": self.ctx.step})
 
 
-def _grad_on() -> bool:
-    return True
-
-
-grad_enabled: Any = _grad_on  # torch.is_grad_enabled once the hooks are in (hooks.install): no import here
-
-
 def forward_kind(ctx: Context, module: Any) -> tuple[str, str]:
     """A forward span's kind and mode: recompute while autograd runs a backward (activation
     checkpointing), else forward; mode `no_grad` (torch.no_grad, inference_mode) and/or `eval` (the
     module in eval mode), "" for a training forward. The one rule for every framework's forward span."""
     what = ctx.forward_phase()
-    grad, training = grad_enabled(), getattr(module, "training", True)
+    grad, training = ctx.grad_enabled(), getattr(module, "training", True)
     if grad and training:
         return what, ""
     return what, ",".join(m for m, on in ((NO_GRAD, not grad), (EVAL, not training)) if on)
