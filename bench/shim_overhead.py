@@ -83,9 +83,9 @@ def _interleaved(variants: dict[str, Any], x: Any, rounds: int, n: int = 200) ->
     """Batches of n calls of each variant in turn, `rounds` times: per variant, each batch's
     per-call times. A variant is (fn, traced): the shim is put in or taken out before its batch."""
     from colltrace.record import install
-    from colltrace.record.tracer import TRACER
 
-    traced_now = TRACER.recorder is not None
+    tracer = install.current()
+    traced_now = tracer is not None and tracer.recorder is not None
     out: dict[str, list[list[float]]] = {k: [] for k in variants}
     for r in range(rounds + 2):
         for k, (fn, traced) in variants.items():
@@ -185,15 +185,15 @@ def _cpu_cost(x: Any) -> dict[str, float]:
     import orjson
     import torch.distributed.distributed_c10d as c10d
 
-    from colltrace.record import ops
-    from colltrace.record.shim import SHIM
+    from colltrace.record import install, ops
+    from colltrace.record.tracer import Tracer
 
     def nothing(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> None:
         return None
 
     spec = ops.build_spec("all_reduce", c10d.all_reduce.__wrapped__)  # type: ignore[attr-defined]
     assert spec is not None
-    traced = SHIM.wrap(spec, nothing)
+    traced = (install.current() or Tracer()).shim.wrap(spec, nothing)
     mm = mmap.mmap(-1, 1 << 20)
     slot = struct.Struct("<QQqq")
     fd, path = tempfile.mkstemp()
@@ -265,9 +265,9 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
     import torch.distributed.distributed_c10d as c10d
 
     from colltrace.record import install
-    from colltrace.record.tracer import TRACER
 
     model, opt, batch = _fsdp_model(rank, world, port)
+    tracer = install.current()
 
     def steps(k: int) -> tuple[float, float]:
         """ms per step: wall clock, and CPU time of this (the training loop's) thread."""
@@ -278,7 +278,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
             opt.zero_grad()
         return (time.perf_counter_ns() - t0) / k / 1e6, (time.thread_time_ns() - c0) / k / 1e6
 
-    traced = TRACER.recorder is not None and interleave
+    traced = tracer is not None and tracer.recorder is not None and interleave
     names = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor")
     if traced:
         install.pause()
@@ -310,12 +310,12 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str, rounds: int, interl
     for r in range(rounds + 1):  # round 0 warms every variant up (first calls, caches) and is dropped
         for variant, got in results.items():
             switch(variant)
-            first = TRACER.recorder.writer.last_idx if TRACER.recorder else 0
+            first = tracer.recorder.writer.last_idx if tracer and tracer.recorder else 0
             took = steps(k)
             if r:
                 got.append(took)
             if variant == "traced":
-                per_step = ((TRACER.recorder.writer.last_idx if TRACER.recorder else 0) - first) / k
+                per_step = ((tracer.recorder.writer.last_idx if tracer and tracer.recorder else 0) - first) / k
             if traced and variant == "traced":
                 install.pause()
     if traced:
@@ -349,13 +349,10 @@ def _parts_worker(rank: int, world: int, port: int, out: str, rounds: int) -> No
     import torch.distributed as dist
 
     from colltrace.record import install
-    from colltrace.record.fsdp import FSDP
-    from colltrace.record.hooks import HOOKS
-    from colltrace.record.shim import SHIM
-    from colltrace.record.tracer import TRACER
 
     model, opt, batch = _fsdp_model(rank, world, port)
-    rec = TRACER.recorder
+    tracer = install.current()  # None when untraced
+    rec = tracer.recorder if tracer is not None else None
     parts = {
         "nothing": (),
         "collective wrappers": ("shim",),
@@ -367,14 +364,15 @@ def _parts_worker(rank: int, world: int, port: int, out: str, rounds: int) -> No
     for r in range(rounds + 2):
         for name, on in parts.items():
             install.pause()
-            TRACER.paused = rec
+            assert tracer is not None  # traced
+            tracer.paused = rec
             if "shim" in on:
-                SHIM.install(TRACER.patches)
-                TRACER.recorder = rec
+                tracer.shim.install(tracer.patches)
+                tracer.recorder = rec
             if "hooks" in on:
-                HOOKS.install()
+                tracer.hooks.install()
             if "fsdp" in on:
-                FSDP.install()
+                tracer.fsdp.install()
             c0 = time.thread_time_ns()
             for _ in range(4):
                 model(batch).sum().backward()
