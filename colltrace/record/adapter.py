@@ -46,8 +46,11 @@ class Adapter:
 
     def _scoped(self, owner: Any, name: str, orig: Callable[..., Any], decide: Decide, index: int = 0) -> Any:
         """What _scope puts in place of owner.name (for an adapter that wraps more around it)."""
-        what = f"attributing {getattr(owner, '__name__', owner)}.{name} failed (its collectives are attributed generically)"
+        return scoped(self.ctx, orig, decide, index, self._failed(f"{getattr(owner, '__name__', owner)}.{name}"))
 
+    def _failed(self, where: str) -> Callable[[BaseException], None]:
+        """What an adapter's wrapper calls when its decision fails (the method runs unscoped): said once."""
+        what = f"attributing {where} failed (its collectives are attributed generically)"
         tracer = self.tracer
 
         def failed(exc: BaseException) -> None:
@@ -55,7 +58,7 @@ class Adapter:
             if rec is not None:
                 rec.warn_once(what, exc)
 
-        return scoped(self.ctx, orig, decide, index, failed)
+        return failed
 
     def _serving(self, value: Serve, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs) with (module, phase, flavour) as the attribution of the collectives

@@ -65,8 +65,9 @@ class FsdpAdapters(Adapter):
             unsharded: object = fsdp2_module("_fsdp_param").ShardedState.UNSHARDED
         except (ImportError, AttributeError):
             unsharded = object()  # matches nothing: every unshard is attributed
+        failed = self._failed(f"{group_cls.__name__}.unshard/post_backward")
         unshard, post_backward = fsdp2_wrappers(self.tracer, TrainingState.FORWARD, TrainingState.PRE_BACKWARD,
-                                                unsharded, self._failed(group_cls))  # fmt: skip
+                                                unsharded, failed)  # fmt: skip
         self._patch(group_cls, "unshard", unshard)
         if "_prefetch_unshard" in group_cls.__dict__:
             orig = group_cls.__dict__["_prefetch_unshard"]
@@ -78,15 +79,6 @@ class FsdpAdapters(Adapter):
         self._fsdp2_spans(group_cls, TrainingState.PRE_BACKWARD)
         self._patch(group_cls, "post_backward", post_backward)  # its reduce-scatter's scope; the backward span ends
         return True
-
-    def _failed(self, group_cls: Any) -> Callable[[BaseException], None]:
-        what = f"attributing {group_cls.__name__}'s collectives failed (they are attributed generically)"
-        tracer = self.tracer
-
-        def failed(exc: BaseException) -> None:
-            tracer.warn_once(what, exc)
-
-        return failed
 
     def _fsdp2_spans(self, group_cls: Any, pre_backward: object) -> None:
         """Each unit's forward (FSDPState's pre- to post-forward hook; a recompute when autograd
@@ -248,7 +240,7 @@ Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 # What FSDP2's FSDPParamGroup.unshard and post_backward run as: the method, with what its collectives serve (module,
 # phase, flavour) as the thread's serving scope, read from the group's own state; post_backward then ends the unit's
 # backward span (begun by pre_backward). One Python frame each, the decision inlined and the method's own parameters
-# taken as they are ({params}, {call}: ops.passthrough): adapter.scoped, the general form, costs three frames and an
+# taken as they are ({call}, from ops.passthrough): adapter.scoped, the general form, costs three frames and an
 # *args tuple and a **kwargs dict more per call, and an FSDP2 step unshards a dozen times (bench/shim_instructions.py).
 # An error in the decision goes to `failed`, and the method runs unscoped.
 _UNSHARD = """\
