@@ -82,7 +82,15 @@ class FakeRank:
         )  # fmt: skip
 
     def p2p(
-        self, op: str, peer: int, numel: int, group: str = "0", done: bool = True, tag: int = 0, phase: str = ""
+        self,
+        op: str,
+        peer: int,
+        numel: int,
+        group: str = "0",
+        done: bool = True,
+        tag: int = 0,
+        phase: str = "",
+        dtype: str = "float32",
     ) -> int:
         """A send (numel in) or recv (numel out), numbered per (group, peer, direction) as the recorder does;
         its tag where a collective's reduce op goes."""
@@ -92,7 +100,7 @@ class FakeRank:
         self.t += 1_000_000
         sent = op in ("send", "isend")
         return self.w.append(
-            schema.KIND_P2P, schema.FLAG_DONE if done else 0, 0, 0, s(group), s(op), s("float32"),
+            schema.KIND_P2P, schema.FLAG_DONE if done else 0, 0, 0, s(group), s(op), s(dtype),
             s(f"tag={tag}" if tag else ""), s(""),
             s(phase), s(""), s(""), seq, -1, numel if sent else 0, 0 if sent else numel, peer, self.step, 0,
             self.t, self.t + 100_000 if done else 0, 0,

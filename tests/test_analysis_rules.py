@@ -13,7 +13,7 @@ from handmade import FSDP_STEP, FakeRank, ranks
 
 from colltrace.analysis import causes
 from colltrace.analysis.diagnose import diagnose
-from colltrace.analysis.results import Clue, Confidence, InSpan, SplitGap
+from colltrace.analysis.results import Clue, Confidence, DtypeChange, InSpan, SplitGap
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.reader import read_run
 
@@ -1086,3 +1086,72 @@ def test_a_rank_that_skipped_a_new_group_call_and_hung_in_the_next_is_named_by_i
     assert dx.culprits == (2,) and dx.victims == (0, 1)
     assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.GROUP_CREATE] == [(2,)]
+
+
+# -- outside set 11: the side of a transfer that changed its dtype, ranks that each failed on their own ------
+
+
+def _gather_scores(tmp_path: Path, sender: str, receiver: str) -> list[FakeRank]:
+    """Ranks 1 and 2 send rank 0 a count (int64) then their scores every step, a size that follows the data;
+    rank 0 posts a buffer of that count. From step 2 rank 2's scores go with dtype `sender` and rank 0's
+    buffer for them with `receiver`; rank 0's backend aborts it in that receive, ranks 1-2 lose it in the
+    next gradient all-reduce."""
+    rs = ranks(str(tmp_path), 3)
+    for step in range(3):
+        for r in rs:
+            r.coll("all_reduce", 9, "", "backward", redop="SUM")
+        for src in (1, 2):
+            n = 6 + src + step  # the payload's size changes every step, on both ends
+            last = step == 2 and src == 2
+            rs[src].p2p("send", 0, 1, dtype="int64")
+            rs[0].p2p("recv", src, 1, dtype="int64")
+            rs[src].p2p("send", 0, n, dtype=sender if last else "float32", done=not last)
+            rs[0].p2p("recv", src, n, dtype=receiver if last else "float32", done=not last)
+        if step < 2:
+            for r in rs:
+                r.step += 1
+                r.w.event({"ev": "step", "step": r.step})
+    rs[0].error("fatal signal", "Fatal Python error: Aborted", in_collective=True)
+    for r in rs[1:]:
+        r.coll("all_reduce", 9, "", "backward", redop="SUM", done=False, error=True)
+        r.error("RuntimeError", "[gloo] Connection closed by peer", in_collective=True)
+    return rs
+
+
+def test_a_sender_that_turned_to_float64_is_the_culprit_of_a_transfer_whose_sizes_follow_the_data(
+    tmp_path: Path,
+) -> None:
+    """Rank 2 calibrates its scores in numpy from step 2 on and sends torch.from_numpy(...): float64, where
+    rank 0 posts float32 as always. Both ends issued another size than at this point of their step before
+    (the size follows the data), so the whole records' history leaves them undecided; the dtype alone names
+    the end that changed it: rank 2, dtype_mismatch."""
+    _gather_scores(tmp_path, sender="float64", receiver="float32")
+    dx = diagnose(read_run(str(tmp_path)))
+    d = dx.divergence
+    assert d is not None and d.kind is Kind.DTYPE and d.group == "p2p:0:2->0" and d.seq == 6
+    assert dx.culprits == (2,) and 0 in dx.victims
+    assert dx.finding is not None and dx.finding.cause is Cause.DTYPE_MISMATCH
+    assert dx.finding.confidence is Confidence.MEDIUM
+    changed = [e for e in dx.finding.evidence if e.clue is Clue.DTYPE_CHANGED]
+    assert [e.ranks for e in changed] == [(2,)]
+    assert changed[0].detail == DtypeChange("float32", "float64", (0,))
+
+
+def test_a_receiver_that_posts_a_half_buffer_is_the_culprit_where_its_sender_kept_float32(tmp_path: Path) -> None:
+    """The mirror: rank 0 posts a float16 buffer for rank 2's scores from step 2 on while rank 2 sends
+    float32 as always: the receiver changed its dtype, so it is the culprit, not the sender."""
+    _gather_scores(tmp_path, sender="float32", receiver="float16")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.DTYPE
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and dx.finding.cause is Cause.DTYPE_MISMATCH
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.DTYPE_CHANGED] == [(0,)]
+
+
+def test_both_ends_of_a_transfer_that_changed_their_dtype_stay_undecided(tmp_path: Path) -> None:
+    """Both ends changed dtype at the same transfer (float64 sent, float16 posted): neither kept to its own
+    earlier steps, so the dtype does not say which is wrong: undecided, low."""
+    _gather_scores(tmp_path, sender="float64", receiver="float16")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == ()
+    assert dx.finding is not None and dx.finding.confidence is Confidence.LOW

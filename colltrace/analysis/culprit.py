@@ -10,7 +10,16 @@ from typing import NamedTuple
 
 from colltrace.analysis import groups, states, waitfor
 from colltrace.analysis.history import TRAINING, Habit, periodic, precedent, starts_step
-from colltrace.analysis.results import Clue, Confidence, Divergence, Evidence, PeersApart, RankEnd, StepSkew
+from colltrace.analysis.results import (
+    Clue,
+    Confidence,
+    Divergence,
+    DtypeChange,
+    Evidence,
+    PeersApart,
+    RankEnd,
+    StepSkew,
+)
 from colltrace.analysis.streams import GroupStream, RankStreams, SigTable, p2p_ends
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
@@ -444,6 +453,37 @@ def in_every_pair(d: Divergence, found: list[Divergence]) -> Blame | None:
     others = tuple(sorted(set().union(*ends) - common))
     every = tuple(sorted({p for p in pairs if p is not None}))
     return Blame((who,), others, d.kind, Confidence.MEDIUM, (Evidence(Clue.EVERY_PAIR, (who,), every),))
+
+
+def dtype_changed(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame | None:
+    """The ranks disagree on a dtype and their whole records' history leaves them undecided (the sizes of a
+    transfer or a gather follow the data, so every end issued another size than at this point of its step
+    before): the dtype alone is compared with the dtype each rank issued at this point of its earlier steps.
+    The ranks that changed it, against ranks that kept theirs, are the culprits (a sender that turned to
+    float64 where its receiver posted float32 as always). None when every rank, or none, changed it, or a
+    rank has no earlier step to compare with."""
+    if d.kind is not Kind.DTYPE or d.seq is None:
+        return None
+    changed: dict[int, tuple[str, str]] = {}
+    kept: list[int] = []
+    for a in d.at:
+        if a.sig is None:
+            continue
+        rs = streams.get(a.rank)
+        st = rs.groups.get(d.group) if rs is not None else None
+        before = table[precedent(st, d.seq, st.sig_at(d.seq)).expected] if st is not None else None
+        if before is None:
+            return None  # no earlier step to compare with: nothing to call changed
+        if before.dtype != a.sig.dtype:
+            changed[a.rank] = (before.dtype, a.sig.dtype)
+        else:
+            kept.append(a.rank)
+    if not changed or not kept or len(set(changed.values())) != 1:
+        return None
+    who = tuple(sorted(changed))
+    was, now = next(iter(changed.values()))
+    ev = Evidence(Clue.DTYPE_CHANGED, who, DtypeChange(was, now, tuple(kept)))
+    return Blame(who, tuple(kept), d.kind, Confidence.MEDIUM, (ev,))
 
 
 def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame | None:

@@ -111,8 +111,9 @@ def diagnose(run: Run) -> Diagnosis:
         blame = culprit.for_membership(d, run) or culprit.for_content(d, streams, table, ends, run)
     else:
         blame = culprit.for_content(d, streams, table, ends, run)
-        if not blame.culprits:  # a transfer's two ends: no majority; the other pairs, then what each end knew
-            blame = culprit.in_every_pair(d, found) or culprit.new_size(d, streams, table) or blame
+        if not blame.culprits:  # a transfer's two ends, no majority: other pairs, the dtype each kept, what each knew
+            blame = (culprit.in_every_pair(d, found) or culprit.dtype_changed(d, streams, table)
+                     or culprit.new_size(d, streams, table) or blame)  # fmt: skip
     if d is not None and d.kind in (Kind.MISSING, Kind.EXTRA) and not wf.cycle:
         blame = _created_apart(run, blame, ends)  # a run that matched throughout names no one for it
     split = None

@@ -85,6 +85,9 @@ class Clue(str, enum.Enum):
     SCHEDULE = "schedule"  # the pipeline schedules differ (detail: SchedulesApart)
     EVERY_PAIR = "every_pair"  # the rank is an end of every pair whose transfers disagree (detail: the pairs)
     NEW_SIZE = "new_size"  # the rank sent or received a size new to it; its peer one it had before (detail: peer)
+    # at a dtype divergence, the rank issued another dtype than at this point of its earlier steps while the
+    # others kept theirs (detail: DtypeChange)
+    DTYPE_CHANGED = "dtype_changed"
     UNDECIDED = "undecided"  # the evidence does not separate the ranks
 
 
@@ -142,6 +145,16 @@ class PeersApart:
 
     over: tuple[int, ...]  # sent one transfer more than they received / waited on for one they never sent
     under: tuple[int, ...]  # sent one fewer than they wait for / whose transfer to it waits unreceived
+
+
+@dataclass(frozen=True, slots=True)
+class DtypeChange:
+    """DTYPE_CHANGED: the dtype the culprits issued at this point of their earlier steps, the one they issued
+    now, and the ranks that kept theirs."""
+
+    was: str
+    now: str
+    kept: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +257,7 @@ class RankEnd:
 
 Detail: TypeAlias = (
     str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
-    | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | RankEnd | None
+    | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | DtypeChange | RankEnd | None
 )  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from colltrace.analysis.causes import straggler_evidence
 from colltrace.analysis.results import (
     Clue,
     Diagnosis,
+    DtypeChange,
     Evidence,
     InSpan,
     Lateness,
@@ -296,6 +297,8 @@ def detail_text(e: Evidence) -> str:
         return words.activity_text(d)
     if isinstance(d, PeersApart):
         return ",".join(map(str, sorted(d.over + d.under)))
+    if isinstance(d, DtypeChange):  # was, now, then the ranks that kept theirs
+        return ",".join((d.was, d.now, *map(str, d.kept)))
     if e.clue is Clue.CREATION_MAJORITY:
         return words.asked_text(d)
     if isinstance(d, tuple):

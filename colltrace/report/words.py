@@ -7,6 +7,7 @@ from colltrace.analysis.results import (
     Clue,
     Detail,
     Diagnosis,
+    DtypeChange,
     Evidence,
     InSpan,
     Lateness,
@@ -158,6 +159,8 @@ def evidence_text(e: Evidence) -> str:
         return _in_span(who, d)
     if e.clue is Clue.LATE_IN:
         return _late_in(who, d)
+    if e.clue is Clue.DTYPE_CHANGED:
+        return _dtype_changed(who, d, len(e.ranks) == 1)
     text = {
         Clue.HISTORY_DEVIATES: f"{who} issued something other than what {'it' if s else 'they'} issued at this point of {its} earlier steps",
         Clue.HISTORY_CONSISTENT: f"{who} issued the same as at this point of {its} earlier steps",
@@ -232,8 +235,8 @@ def evidence_text(e: Evidence) -> str:
         "other pair agrees",
         Clue.NEW_SIZE: f"{who} issued a size, dtype or tag on this transfer that it never sent or received before, "
         f"while {ranks_text(peers)} expected one it had taken before",
-        Clue.UNDECIDED: f"nothing in the traces tells {who} apart (none left its own earlier pattern, and there is "
-        "no majority): which is wrong is for you to judge",
+        Clue.UNDECIDED: f"nothing in the traces tells {who} apart (their own earlier steps do not single one out, "
+        "and there is no majority): which is wrong is for you to judge",
     }[e.clue]
     return text
 
@@ -294,6 +297,14 @@ def _in_span(who: str, d: Detail) -> str:
         return f"{who} was in a compute span when it stopped, in no collective"
     took = f" for {d.for_s:.1f} s" if d.for_s is not None else ""
     return f"{who} was in {span_text(d.kind, d.module)}{took} when it stopped, in no collective"
+
+
+def _dtype_changed(who: str, d: Detail, one: bool) -> str:
+    it, its = ("it", "its") if one else ("they", "their")
+    if not isinstance(d, DtypeChange):
+        return f"{who} issued another dtype than {it} issued at this point of {its} earlier steps"
+    return (f"{who} issued {d.now} where {it} issued {d.was} at this point of {its} earlier steps, while "
+            f"{ranks_text(d.kept)} kept to {d.was}: the side that changed its dtype")  # fmt: skip
 
 
 def _late_in(who: str, d: Detail) -> str:
@@ -505,4 +516,11 @@ def check_text(dx: Diagnosis) -> str | None:
     d = dx.divergence
     if dx.finding.cause is Cause.CONTROL_FLOW and d is not None and d.kind in _CHECK_ARGUMENT:
         return f"{_CHECK_ARGUMENT[d.kind]}; or {CHECK[Cause.CONTROL_FLOW]}"
+    if dx.finding.cause is Cause.DTYPE_MISMATCH and d is not None and p2p_ends(d.group) is not None:
+        return _CHECK_TRANSFER_DTYPE
     return CHECK.get(dx.finding.cause)
+
+
+# a transfer's two ends each choose their tensor: no policy makes them agree
+_CHECK_TRANSFER_DTYPE = ("the dtype of the tensor the sender passes against the buffer the receiver posts (a "
+                         "numpy round trip, torch.from_numpy, .double() or .half() on one side only)")  # fmt: skip
