@@ -131,8 +131,18 @@ class FakeRank:
     def footer(self) -> None:
         self.w.event({"ev": schema.EV_FOOTER, "t_ns": 0, "step": self.step, "in_flight": 0})
 
-    def error(self, etype: str, message: str, t_ns: int = 0, in_collective: bool | None = None) -> None:
-        tb = f'Traceback (most recent call last):\n  File "train.py", line 42, in main\n    loss = model(x)\n{etype}: {message}\n'
+    def error(
+        self, etype: str, message: str, t_ns: int = 0, in_collective: bool | None = None, raised_at: str = ""
+    ) -> None:
+        """An error record; `raised_at`: one more, innermost frame, "path:line in func: code" (a `raise` in
+        torch's checks), under the user's line."""
+        tb = 'Traceback (most recent call last):\n  File "train.py", line 42, in main\n    loss = model(x)\n'
+        if raised_at:
+            where, code = raised_at.split(": ", 1)
+            path, rest = where.rsplit(":", 1)
+            line, func = rest.split(" in ")
+            tb += f'  File "{path}", line {line}, in {func}\n    {code}\n'
+        tb += f"{etype}: {message}\n"
         ev: dict[str, Any] = {"ev": schema.EV_ERROR, "type": etype, "qualname": f"builtins.{etype}", "message": message,
                               "traceback": tb}  # fmt: skip
         if t_ns:

@@ -1155,3 +1155,61 @@ def test_both_ends_of_a_transfer_that_changed_their_dtype_stay_undecided(tmp_pat
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == ()
     assert dx.finding is not None and dx.finding.confidence is Confidence.LOW
+
+
+_VALIDATE = ("/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:4562 in "
+             "_validate_output_list_for_rank: raise ValueError(")  # fmt: skip
+_GATHER_LIST = "Argument ``gather_list`` must NOT be specified on non-destination ranks."
+
+
+def test_ranks_whose_own_call_raised_each_before_the_others_failed_are_all_culprits(tmp_path: Path) -> None:
+    """`dist.gather_object(stats, out, dst=0)` with `out = [None] * world` on every rank: torch's check raises
+    ValueError on ranks 1 and 2 before anything is exchanged; rank 0, in gather_object's size all-gather,
+    loses them later. Each raised an error of its own: both are culprits, not only the first to raise."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+        r.coll("gather_object", 1, "", "other", done=False, error=True)
+    rs[2].error("ValueError", _GATHER_LIST, t_ns=1_700_000_000_500_000_000, in_collective=True, raised_at=_VALIDATE)
+    rs[1].error("ValueError", _GATHER_LIST, t_ns=1_700_000_000_501_000_000, in_collective=True, raised_at=_VALIDATE)
+    rs[0].error("RuntimeError", "[gloo] Connection closed by peer", t_ns=1_700_000_001_000_000_000, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1, 2) and dx.victims == (0,) and dx.verdict is Verdict.CRASH
+    assert dx.finding is not None and dx.finding.cause is Cause.RANK_EXCEPTION
+    assert dx.finding.confidence is Confidence.MEDIUM
+    refused = [e for e in dx.finding.evidence if e.clue is Clue.REFUSED_CALL]
+    assert [(e.ranks, e.detail) for e in refused] == [((1, 2), "ValueError")]
+
+
+def test_a_call_refused_in_python_after_another_rank_failed_is_only_the_first_of_its_own(tmp_path: Path) -> None:
+    """Rank 1's call raised in Python, but only after rank 0 had timed out: its error may have followed from
+    rank 0's going. Not said as its own refused call; the first own error, with low confidence."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+        r.coll("gather_object", 1, "", "other", done=False, error=True)
+    rs[0].error("RuntimeError", TIMEOUT, t_ns=1_700_000_000_500_000_000, in_collective=True)
+    rs[1].error("ValueError", _GATHER_LIST, t_ns=1_700_000_001_000_000_000, in_collective=True, raised_at=_VALIDATE)
+    rs[2].error("RuntimeError", "[gloo] Connection closed by peer", t_ns=1_700_000_001_200_000_000, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.finding is not None and dx.finding.confidence is Confidence.LOW
+    assert not [e for e in dx.finding.evidence if e.clue is Clue.REFUSED_CALL]
+
+
+def test_two_receivers_whose_backend_refused_a_size_are_not_said_to_have_refused_their_own_call(
+    tmp_path: Path,
+) -> None:
+    """gloo's size check fires on the receiving side (an enforce out of the backend, not a `raise` of a check
+    of the rank's own arguments): two ranks that both hit it are not each a culprit; the first, low."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+        r.coll("broadcast", 48, "", "other", done=False, error=True)
+    enforce = "[enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 160 vs 80"
+    rs[1].error("RuntimeError", enforce, t_ns=1_700_000_000_500_000_000, in_collective=True)
+    rs[2].error("RuntimeError", enforce, t_ns=1_700_000_000_600_000_000, in_collective=True)
+    rs[0].error("RuntimeError", "[gloo] Connection closed by peer", t_ns=1_700_000_001_000_000_000, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.confidence is Confidence.LOW
+    assert not [e for e in dx.finding.evidence if e.clue is Clue.REFUSED_CALL]

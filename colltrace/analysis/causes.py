@@ -375,9 +375,11 @@ def failed(f: Facts) -> Finding | None:
     own = [ends[r] for r in f.culprits if r in ends and states.own_error(ends[r])]
     if not dead and own and len(own) == len(f.culprits) and f.d is None:
         # every collective matched, and every culprit's raised an error of its own (the backend refused its
-        # arguments); where the ranks disagreed, that error is the disagreement's, said by the rules below
+        # arguments, or a check in Python did: the blame says so); where the ranks disagreed, that error is the
+        # disagreement's, said by the rules below
+        refused = tuple(e for e in f.found if e.clue is Clue.REFUSED_CALL)
         return Finding(Cause.RANK_EXCEPTION, Confidence.MEDIUM,
-                       (Evidence(Clue.CRASHED, tuple(e.rank for e in own), own[0].error_type),))  # fmt: skip
+                       refused or (Evidence(Clue.CRASHED, tuple(e.rank for e in own), own[0].error_type),))  # fmt: skip
     if not dead:
         return None
     unreduced = [(e.rank, _DDP_UNUSED.search(e.error_message)) for e in dead if _DDP_UNFINISHED in e.error_message]

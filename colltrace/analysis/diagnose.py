@@ -321,6 +321,24 @@ def _missed_barrier(ends: dict[int, RankEnd]) -> culprit.Blame | None:
     return culprit.Blame(who, tuple(r for r in sorted(ends) if r not in named), Kind.MISSING, Confidence.MEDIUM, ev)
 
 
+def _refused_calls(ends: dict[int, RankEnd]) -> culprit.Blame | None:
+    """Every collective matched and no rank died outside one: the ranks whose call raised an error of its own
+    in Python (an argument check such as gather_object's `gather_list` on a non-destination rank), each
+    before any other rank failed, are each a culprit: their own exception, not a peer's, however many they
+    are. An error that names other ranks as where it failed (a checkpoint's gathered failures) is not one's
+    own. None when no rank's call was refused so."""
+    refused = [r for r, e in ends.items() if states.refused_own_call(e) and not _named_ranks(e, set(ends) - {r})]
+    if not refused:
+        return None
+    others = [e.error_t_ns for r, e in ends.items() if r not in refused and e.error_t_ns]
+    if others and any(not ends[r].error_t_ns or ends[r].error_t_ns > min(others) for r in refused):
+        return None  # another rank failed first: theirs may have followed from it
+    types = tuple(dict.fromkeys(ends[r].error_type for r in refused))
+    ev = tuple(Evidence(Clue.REFUSED_CALL, tuple(r for r in refused if ends[r].error_type == t), t) for t in types)
+    victims = tuple(r for r in sorted(ends) if r not in refused)
+    return culprit.Blame(tuple(sorted(refused)), victims, Kind.MISSING, Confidence.MEDIUM, ev)
+
+
 ARRIVAL_MARGIN_NS = 1_000_000_000  # beyond any clock error between hosts
 
 
@@ -401,6 +419,9 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None, run:
         # every rank raised the same error of its own in the same place: each is a culprit of its own
         ev = (Evidence(Clue.CRASHED, own, ends[own[0]].error_type),)
         return culprit.Blame(own, (), Kind.MISSING, Confidence.MEDIUM, ev)
+    refused = _refused_calls(ends)
+    if refused is not None:  # each raised an error of its own in its call, before any other rank failed
+        return refused
     first = states.failed_first(ends)
     if first is not None:
         # its collective failed first, with an error of its own: the one the others' failures followed

@@ -64,6 +64,9 @@ class Clue(str, enum.Enum):
     COUNT_CHANGED = "count_changed"  # the rank issued another number of collectives in this step than in the one before
     SPLITS = "splits"  # the rank's all-to-all split sizes disagree with its peers' (detail: the peers)
     FIRST_FAILED = "first_failed"  # the rank's collective failed first, with an error of its own (not a lost peer)
+    # the rank's call raised an error of its own in Python (an argument check), before any other rank failed
+    # (detail: its type)
+    REFUSED_CALL = "refused_call"
     # every rank raised the same error, and the error names the ranks it came from (detail: its type)
     NAMED_BY_ERROR = "named_by_error"
     # a monitored_barrier raised on another rank naming this one as not passing it in time (detail: who raised it)

@@ -264,6 +264,16 @@ def own_error(end: RankEnd) -> bool:
     return end.state is RankState.CRASHED and bool(end.error_type) and not end.lost_peer and not end.oom
 
 
+_RAISE = re.compile(r" in [^:\s]+: raise\b")  # a stack frame whose line is a Python `raise` statement
+
+
+def refused_own_call(end: RankEnd) -> bool:
+    """Crashed with an error of its own that Python code raised inside its call (the innermost frame of its
+    traceback a `raise` statement: torch's check of the arguments it was given, the user's code it called),
+    not one that came out of the backend (a size check of what a peer sent, a timeout, a lost peer)."""
+    return own_error(end) and bool(end.stack) and _RAISE.search(end.stack[-1]) is not None
+
+
 def failed_first(ends: dict[int, RankEnd]) -> int | None:
     """The rank whose collective failed first with an error of its own (a size the backend refused, an
     enforce), not a timeout or a lost peer, when every other rank's error came later or says it lost a peer."""

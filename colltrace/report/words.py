@@ -209,6 +209,9 @@ def evidence_text(e: Evidence) -> str:
         Clue.COUNT_CHANGED: f"{who} issued another number of collectives in this group in this step than in {its} other steps",
         Clue.SPLITS: _splits(who, d),
         Clue.FIRST_FAILED: f"{who} failed first, with an error of {its} own ({detail}), not a timeout or a lost peer",
+        Clue.REFUSED_CALL: f"{who} raised {detail or 'an error'} in {its} own call of the collective, from Python "
+        f"code (a `raise`: a check of the arguments {'it' if s else 'each'} passed), before any other rank "
+        f"failed: an error of {its} own, not a peer's",
         Clue.NAMED_BY_ERROR: f"every rank raised the same {detail}, which names {who} as where it failed (the "
         "error was gathered from there and raised on every rank)",
         Clue.MISSED_BARRIER: f"{who} failed to pass the monitored barrier in time, says the error of "
