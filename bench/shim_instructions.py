@@ -76,11 +76,11 @@ def _adapter_child(mode: str, n: int) -> None:
     tracer = Tracer()
     tracer.ctx.root = Group()  # a root already learned, as after the first forward
     tracer.ctx.graph_task_id = functools.partial(int, -1)  # a C callable, as torch's is; -1: no backward
-    unshard, post_backward = fsdp2_wrappers(tracer, State.FORWARD, State.PRE_BACKWARD, "unsharded", print)
+    wraps = fsdp2_wrappers(tracer, State.FORWARD, State.PRE_BACKWARD, "unsharded", print)
     if mode == "unshard":
-        Group.unshard = unshard(Group.unshard)  # type: ignore[method-assign]
+        Group.unshard = wraps["unshard"](Group.unshard)  # type: ignore[method-assign]
     elif mode == "post_backward":
-        Group.post_backward = post_backward(Group.post_backward)  # type: ignore[method-assign]
+        Group.post_backward = wraps["post_backward"](Group.post_backward)  # type: ignore[method-assign]
     group = Group()
     if mode == "post_backward":
         for _ in range(n):

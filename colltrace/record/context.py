@@ -8,6 +8,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from colltrace.trace.writer import hot_function
+
 _get_ident = threading.get_ident
 _getframe = sys._getframe
 
@@ -18,6 +20,11 @@ PHASE_RECOMPUTE = "recompute"
 PHASE_OPTIMIZER = "optimizer"
 PHASE_CHECKPOINT = "checkpoint"
 PHASE_OTHER = "other"
+
+# A forward's phase, with {ctx} the Context: a recompute while autograd runs a backward (activation checkpointing),
+# else a forward. The one rule, for every framework's unshard and forward span (Context.forward_phase, and inlined
+# where a generated hook decides: spans.FORWARD_KIND, fsdp's FSDP2 templates).
+FORWARD_PHASE = "PHASE_RECOMPUTE if {ctx}.graph_task_id() != -1 else PHASE_FORWARD"
 
 
 def _no_graph_task() -> int:
@@ -141,10 +148,11 @@ class Context:
             return module, PHASE_FORWARD, "", code, at
         return module, PHASE_OTHER if self.seen_forward or self.step else PHASE_INIT, "", code, at
 
-    def forward_phase(self) -> str:
-        """A forward's phase: a recompute while autograd runs a backward (activation checkpointing), else a
-        forward. The one rule, for every framework's unshard and forward span."""
-        return PHASE_RECOMPUTE if self.graph_task_id() != -1 else PHASE_FORWARD  # in_backward(), one call less
+    # forward_phase() -> a forward's phase now (FORWARD_PHASE)
+    forward_phase: Callable[..., str] = hot_function(
+        "forward_phase", "self", f"    return {FORWARD_PHASE.format(ctx='self')}\n",
+        {"PHASE_RECOMPUTE": PHASE_RECOMPUTE, "PHASE_FORWARD": PHASE_FORWARD},
+    )  # fmt: skip
 
     # -- which module is running: the caller's frames --------------------------------------
 

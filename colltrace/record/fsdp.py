@@ -5,16 +5,14 @@ from __future__ import annotations
 import functools
 import importlib
 import re
+import textwrap
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from colltrace.record import ops, spans
 from colltrace.record.adapter import Adapter, prefetching
-from colltrace.record.context import (
-    PHASE_BACKWARD,
-    ThreadState,
-)
+from colltrace.record.context import FORWARD_PHASE, PHASE_BACKWARD, ThreadState
 from colltrace.record.hooks import spanned
 from colltrace.trace.writer import hot_function
 
@@ -66,9 +64,8 @@ class FsdpAdapters(Adapter):
         except (ImportError, AttributeError):
             unsharded = object()  # matches nothing: every unshard is attributed
         failed = self._failed(f"{group_cls.__name__}.unshard/post_backward")
-        unshard, post_backward = fsdp2_wrappers(self.tracer, TrainingState.FORWARD, TrainingState.PRE_BACKWARD,
-                                                unsharded, failed)  # fmt: skip
-        self._patch(group_cls, "unshard", unshard)
+        wraps = fsdp2_wrappers(self.tracer, TrainingState.FORWARD, TrainingState.PRE_BACKWARD, unsharded, failed)
+        self._patch(group_cls, "unshard", wraps["unshard"])
         if "_prefetch_unshard" in group_cls.__dict__:
             orig = group_cls.__dict__["_prefetch_unshard"]
             func = orig.__func__ if isinstance(orig, staticmethod) else orig
@@ -76,64 +73,20 @@ class FsdpAdapters(Adapter):
                 wrapped = functools.wraps(func)(prefetching(ctx, func))
                 wrapped.__colltrace__ = True  # type: ignore[attr-defined]
                 self.patches.set(group_cls, "_prefetch_unshard", staticmethod(wrapped))
-        self._fsdp2_spans(group_cls, TrainingState.PRE_BACKWARD)
-        self._patch(group_cls, "post_backward", post_backward)  # its reduce-scatter's scope; the backward span ends
+        self._fsdp2_spans(group_cls, wraps)
+        self._patch(
+            group_cls, "post_backward", wraps["post_backward"]
+        )  # its reduce-scatter's scope; the backward span ends
         return True
 
-    def _fsdp2_spans(self, group_cls: Any, pre_backward: object) -> None:
+    def _fsdp2_spans(self, group_cls: Any, wraps: dict[str, Wrap]) -> None:
         """Each unit's forward (FSDPState's pre- to post-forward hook; a recompute when autograd
         runs a backward) and backward (its param group's pre_backward to post_backward, whose wrapper,
         fsdp2_wrappers', ends it) as spans. FSDP registers those hooks when
         fully_shard runs, so a model sharded before tracing started has no forward spans."""
         FSDPState = fsdp2_module("_fsdp_state").FSDPState  # noqa: N806 - FSDP2's class
 
-        ctx, tracer = self.ctx, self.tracer
-
-        from colltrace.record.shim import compiling_check
-
-        compiling = compiling_check()
-
-        def make_pre_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def _pre_forward(state: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
-                try:
-                    sp = tracer.spans
-                    # a compiled module runs its hooks inside the graph TorchDynamo traces: step aside
-                    if sp is not None and not compiling():
-                        what, mode = spans.forward_kind(ctx, module)
-                        state._colltrace_span = sp.begin(what, ctx.module_name(module), mode)
-                except Exception as e:
-                    tracer.warn_once("recording FSDP forward spans failed", e)
-                return orig(state, module, *args, **kwargs)
-
-            return _pre_forward
-
-        def ending(orig: Callable[..., Any]) -> Callable[..., Any]:
-            """orig, then the span its first argument (the state or group) holds ends."""
-
-            def ends(obj: Any, *args: Any, **kwargs: Any) -> Any:
-                try:
-                    return orig(obj, *args, **kwargs)
-                finally:
-                    idx = obj.__dict__.pop("_colltrace_span", -1)
-                    sp = tracer.spans
-                    if sp is not None and idx >= 0:
-                        sp.end(idx)
-
-            return ends
-
-        def make_pre_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
-            def pre_backward(group: Any, *args: Any, **kwargs: Any) -> Any:
-                sp = tracer.spans
-                if sp is not None and group._training_state is not pre_backward:  # FSDP's own no-op otherwise
-                    try:
-                        group._colltrace_span = sp.begin(spans.BACKWARD, group._module_fqn or "<root>")
-                    except Exception as e:
-                        tracer.warn_once("recording FSDP backward spans failed", e)
-                return orig(group, *args, **kwargs)
-
-            return pre_backward
-
-        def hidden(make: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def hidden(make: Wrap) -> Wrap:
             """FSDP hides its hooks from TorchDynamo (a compiled unit runs them inside its graph) with one
             _dynamo_disable layer: ours goes around the hook inside that layer, in one layer of the same."""
             try:
@@ -142,9 +95,9 @@ class FsdpAdapters(Adapter):
                 return make
             return lambda orig: _dynamo_disable(make(getattr(orig, "__wrapped__", orig)))
 
-        self._patch(FSDPState, "_pre_forward", hidden(make_pre_forward))
-        self._patch(FSDPState, "_post_forward", hidden(ending))
-        self._patch(group_cls, "pre_backward", make_pre_backward)
+        self._patch(FSDPState, "_pre_forward", hidden(wraps["pre_forward"]))
+        self._patch(FSDPState, "_post_forward", hidden(wraps["post_forward"]))
+        self._patch(group_cls, "pre_backward", wraps["pre_backward"])
 
     # -- FSDP1 (FullyShardedDataParallel) ----------------------------------------------------
 
@@ -254,7 +207,7 @@ _UNSHARD = """\
         if training is pre_backward:
             phase = PHASE_BACKWARD
         elif training is forward:
-            phase = ctx.forward_phase()
+            phase = {forward_phase}
         elif ctx.graph_task_id() != -1:
             phase = PHASE_BACKWARD
         else:
@@ -293,17 +246,59 @@ _POST_BACKWARD = """\
         if idx >= 0:
             sp = tracer.spans
             if sp is not None:
-                sp.end(idx)
+{end}"""
+# The spans of a unit: its forward (FSDPState's pre- to post-forward hook) and its backward (the param group's
+# pre_backward to post_backward, above), each begun and ended inline (spans.BEGIN, END); a unit's fixed parts are
+# found by the unit (SpanRecorder.owned), so its module is named once. A compiled module runs its hooks inside the
+# graph TorchDynamo traces: no span then. An error goes to `span_failed`, and the hook runs.
+_PRE_FORWARD = """\
+    sp = tracer.spans
+    if sp is not None and not ({compiling}):
+        try:
+{forward_kind}            fixed = sp.owned.get((self, what, mode, get_ident()))
+            if fixed is None:
+                fixed = sp.fixed_of(self, what, mode, ctx.module_name({module}))
+{begin}            self._colltrace_span = idx
+        except Exception as e:
+            span_failed(e)
+    return orig({call})
+"""
+_POST_FORWARD = """\
+    try:
+        return orig({call})
+    finally:
+        idx = self.__dict__.pop("_colltrace_span", -1)
+        if idx >= 0:
+            sp = tracer.spans
+            if sp is not None:
+{end}"""
+_PRE_BACKWARD = """\
+    sp = tracer.spans
+    if sp is not None and self._training_state is not pre_backward:  # FSDP's own no-op otherwise
+        try:
+            fixed = sp.owned.get((self, BACKWARD, "", get_ident()))
+            if fixed is None:
+                fixed = sp.fixed_of(self, BACKWARD, "", self._module_fqn or "<root>")
+{begin}            self._colltrace_span = idx
+        except Exception as e:
+            span_failed(e)
+    return orig({call})
 """
 
 
 def fsdp2_wrappers(
     tracer: Tracer, forward: object, pre_backward: object, unsharded: object, failed: Callable[[BaseException], None]
-) -> tuple[Wrap, Wrap]:
-    """What wraps FSDP2's FSDPParamGroup.unshard and post_backward (_UNSHARD, _POST_BACKWARD), reading the group's
+) -> dict[str, Wrap]:
+    """What wraps FSDP2's FSDPParamGroup.unshard, post_backward and pre_backward, and FSDPState._pre_forward and
+    _post_forward (_UNSHARD, _POST_BACKWARD, _PRE_BACKWARD, _PRE_FORWARD, _POST_FORWARD), by name, reading the group's
     state: forward, pre_backward are its TrainingState values, unsharded ShardedState.UNSHARDED. Plain functions of
     plain objects, so bench/shim_instructions.py can count them without torch."""
+    from colltrace.record.shim import COMPILING, compiling_names  # the shim imports the adapters' helpers
+
     ctx = tracer.ctx
+
+    def span_failed(exc: BaseException) -> None:
+        tracer.warn_once("recording FSDP2 spans failed", exc)
 
     def fqn(group: Any) -> str:
         name = getattr(group, "_module_fqn", None)
@@ -317,9 +312,16 @@ def fsdp2_wrappers(
     names = {"ctx": ctx, "threads_get": ctx.threads.get, "state": ctx.state, "get_ident": _get_ident, "fqn": fqn,
              "failed": failed, "tracer": tracer, "forward": forward, "pre_backward": pre_backward,
              "unsharded": unsharded, "PHASE_BACKWARD": PHASE_BACKWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
-             "REDUCE_GRAD": REDUCE_GRAD}  # fmt: skip
+             "REDUCE_GRAD": REDUCE_GRAD, "BACKWARD": spans.BACKWARD, "span_failed": span_failed,
+             **spans.SPAN_NAMES, **spans.KIND_NAMES, **compiling_names()}  # fmt: skip
+    parts = {"begin": spans.span_source(spans.BEGIN, 12, "sp"), "end": spans.span_source(spans.END, 16, "sp"),
+             "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 12),
+             "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING}  # fmt: skip
 
-    def maker(name: str, body: str) -> Wrap:
+    def maker(name: str, template: str) -> Wrap:
+        body = template
+        for part, source in parts.items():
+            body = body.replace("{" + part + "}", source)
         taken = (set(re.findall(r"[A-Za-z_]\w*", body)) | set(names)) - {"self"}
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -327,9 +329,13 @@ def fsdp2_wrappers(
             if own is None or not own[1].startswith("self"):
                 own = ("self, *args, **kwargs", "self, *args, **kwargs", {})
             params, call, defaults = own
-            return hot_function(name, params, body.format(call=call), {**names, **defaults, "orig": orig},
-                                f"<colltrace FSDP2 {name}>")  # fmt: skip
+            # {module}: the method's first argument after self (FSDPState._pre_forward's module)
+            module = call.split(", ")[1] if call.count(", ") and "*" not in call else "args[0]"
+            source = body.replace("{call}", call).replace("{module}", module)
+            return hot_function(name, params, source, {**names, **defaults, "orig": orig}, f"<colltrace FSDP2 {name}>")
 
         return make
 
-    return maker("unshard", _UNSHARD), maker("post_backward", _POST_BACKWARD)
+    templates = {"unshard": _UNSHARD, "post_backward": _POST_BACKWARD, "pre_backward": _PRE_BACKWARD,
+                 "pre_forward": _PRE_FORWARD, "post_forward": _POST_FORWARD}  # fmt: skip
+    return {name: maker(name, template) for name, template in templates.items()}

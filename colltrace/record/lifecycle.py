@@ -292,7 +292,7 @@ class Lifecycle:
                 rec.poll()  # async Works that finished with nobody waiting on them
             except Exception as e:
                 rec.warn_once("polling async collectives failed", e)
-            last = rec.last_progress_ns
+            last = rec.progress_ns()
             idle = (time.monotonic_ns() - last) / 1e9
             watch = self.watch
             if watch is not None:

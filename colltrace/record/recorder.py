@@ -15,7 +15,16 @@ from colltrace.record.context import Context, ThreadState
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
 from colltrace.trace.frames import is_library
-from colltrace.trace.writer import APPEND, STATIC_HEAD, STATIC_MID, TraceWriter, hot_function, inline
+from colltrace.trace.writer import (
+    APPEND,
+    STATIC_HEAD,
+    STATIC_MID,
+    T_DONE_W4,
+    T_ISSUE_W4,
+    TraceWriter,
+    hot_function,
+    inline,
+)
 
 if TYPE_CHECKING:
     from colltrace.record.spans import SpanRecorder
@@ -27,6 +36,7 @@ _STATIC_CACHE_MAX = 65536
 BSEQ_MASK = 31  # read the backend seq at every 32nd record of a group (and after multi-op calls)
 ANCHOR_FLAGS = schema.FLAG_OBJECT | schema.FLAG_COALESCED  # calls that run several backend collectives
 _OPEN_WINDOW = 256
+_NEVER = 1 << 62  # a seq no group reaches
 _PENDING_MAX = 8192
 
 # ISSUE: the slot of call `spec` with `key`, `attribution`, `t_issue` on thread state `ts` (the shim's wrapper
@@ -45,13 +55,11 @@ else:
     head, mid, counter, flags, pg, _ = static
     seq = counter.seq = counter.seq + 1
     anchor = None
-    if flags & ANCHOR_FLAGS or counter.anchor_next or not seq & BSEQ_MASK:
-        anchor = {rec}.anchor(pg, counter, flags)
+    if seq >= counter.anchor_at:
+        anchor = {rec}.anchor(pg, counter, flags, seq)
     ring = {rec}.writer
     ctx = {rec}.ctx
-{append}    counter.last_idx = idx
-    {rec}.last_progress_ns = t_issue
-"""
+{append}"""
 ISSUE_NAMES: dict[str, Any] = {"ANCHOR_FLAGS": ANCHOR_FLAGS, "BSEQ_MASK": BSEQ_MASK}
 
 
@@ -66,15 +74,14 @@ class _Seq:
     """A sequence counter: one per process group (collectives), one per (group, peer, direction) (p2p: the
     sends to a peer and the receives from it are numbered apart, as the other side numbers its own)."""
 
-    __slots__ = ("pg", "sid", "ranks", "seq", "last_idx", "anchor_next")
+    __slots__ = ("pg", "sid", "ranks", "seq", "anchor_at")
 
     def __init__(self, pg: Any, sid: int, ranks: tuple[int, ...]) -> None:
         self.pg = pg
         self.sid = sid  # string id of the group name
         self.seq = 0
         self.ranks = ranks
-        self.anchor_next = True  # read the backend's seq after the next record
-        self.last_idx = -1  # idx of this group's last record
+        self.anchor_at = 1  # the seq of the next record after which the backend's seq is read (Recorder.anchor)
 
 
 class Recorder:
@@ -122,6 +129,17 @@ class Recorder:
         if pg is not self.default_pg:
             self.default_pg = pg
             self._forget_calls(self.ctx)
+
+    def progress_ns(self) -> int:
+        """When this rank last made progress: its newest record's issue or completion, read from the ring (the hot path
+        stores nothing else for it), or the completion of an older one (last_progress_ns)."""
+        writer = self.writer
+        last = self.last_progress_ns
+        idx = writer.last_idx
+        w = writer.live_word(idx) if idx >= 0 else -1
+        if w >= 0:
+            last = max(last, writer.words4[w + T_ISSUE_W4], writer.words4[w + T_DONE_W4])
+        return last
 
     @property
     def in_flight(self) -> int:
@@ -231,22 +249,26 @@ class Recorder:
         attribution = ts.serve or self.ctx.current(ts)
         return self.issue(spec, spec.extract(args, kwargs, attribution)[0], attribution, _now(), ts, args, kwargs)
 
-    def anchor(self, pg: Any, counter: _Seq, flags: int) -> Any:
+    def anchor(self, pg: Any, counter: _Seq, flags: int, seq: int) -> Any:
         """The backend's seq is read at every 32nd record of a group, and around calls that run
         several backend collectives (object, coalesced): before (for the record before it),
         after, and after the next. `colltrace dump` fills the ones between two reads that moved
-        exactly as our seq did. p2p records read it every time."""
+        exactly as our seq did. p2p records read it every time. Returns the group to read it from after
+        the call (None: not read), and sets the seq of the next record that comes here (counter.anchor_at;
+        a call of several collectives comes here whatever it is: _miss)."""
         multi = flags & ANCHOR_FLAGS
         if not self.backend_seq:
-            counter.anchor_next = False  # nothing to read: the next call need not come here
+            counter.anchor_at = _NEVER  # nothing to read: no call need come here
             return None
-        if multi and counter.pg is not None and counter.last_idx >= 0:
-            try:
-                self.writer.set_backend_seq(counter.last_idx, pg._get_sequence_number_for_group())
-            except Exception:
-                self.backend_seq = False
-                return None
-        counter.anchor_next = bool(multi) or counter.pg is None
+        if multi and counter.pg is not None:
+            last = self.writer.last_of(counter.sid, schema.KIND_COLLECTIVE, _OPEN_WINDOW)  # before this one's slot
+            if last >= 0:
+                try:
+                    self.writer.set_backend_seq(last, pg._get_sequence_number_for_group())
+                except Exception:
+                    self.backend_seq = False
+                    return None
+        counter.anchor_at = seq + 1 if multi or counter.pg is None else (seq | BSEQ_MASK) + 1
         return pg
 
     def _miss(
@@ -273,6 +295,8 @@ class Recorder:
         if spec.kind == schema.KIND_P2P:  # numbered per (group, peer, direction); pg None: read the backend seq always
             way = (id(pg), peer, spec.name in schema.SEND_OPS)
             counter = self._p2p.get(way) or self._p2p.setdefault(way, _Seq(None, g.sid, ()))
+        if flags & ANCHOR_FLAGS:  # several backend collectives (never cached: packed here every time): read around it
+            counter.anchor_at = 0
         static = (head, mid, counter, flags, pg, redop)  # redop: its id is in the key (ops.key_plan)
         if key is not None:
             cache = ts.static
@@ -338,7 +362,6 @@ class Recorder:
         t = _now()
         # a sync call: blocked for its whole duration
         self.writer.finish_sync(idx, bseq, t, t - t_issue)
-        self.last_progress_ns = t
 
     def on_device(self, idx: int, flags: int, bseq: int, result: Any, t_issue: int) -> None:
         """A call on CUDA tensors returns once NCCL has enqueued its collective: the record is done

@@ -296,8 +296,7 @@ _WRAPPER = """\
             rec.returned(idx, flags, anchor, result, t_issue)
         else:  # a blocking call on the host: blocked for its whole duration
             t_done = now()
-{finish}            rec.last_progress_ns = t_done
-    except Exception as e:
+{finish}    except Exception as e:
         rec.warn_once("completing a collective failed", e)
     return result
 """

@@ -10,12 +10,13 @@ end (0 while open: a set t_done_ns is what says it ended); flags FLAG_DONE | FLA
 
 from __future__ import annotations
 
+import textwrap
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record.context import PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, Context
+from colltrace.record.context import FORWARD_PHASE, PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, Context
 from colltrace.trace import schema
 from colltrace.trace.writer import (
     APPEND,
@@ -44,6 +45,25 @@ _get_ident = threading.get_ident
 _ERROR = schema.FLAG_DONE | schema.FLAG_ERROR
 
 
+# The hot paths of a span, as source for the generated functions that inline them (SpanRecorder.begin and end
+# below, FSDP2's hooks: fsdp.fsdp2_wrappers), with {sp} the SpanRecorder. BEGIN: the span whose fixed part (FIXED,
+# packed once: SpanRecorder.fixed) is `fixed` begins now, its slot `idx` (writer.APPEND). END: span `idx` ends now
+# (writer.FINISH: its end time, what says it ended; its wait stays 0).
+BEGIN = "ring = {sp}.ring\n" + inline(APPEND, 0, idx="idx", ring="ring", pack="pack_fixed",
+                                     fields="fixed, ctx.step, ctx.micro_step, now()")  # fmt: skip
+END = (
+    "ring = {sp}.ring\n"
+    + f"slot_w = {SLOT_WORD.format(idx='idx', ring='ring')}\n"
+    + finish_source(0, ring="ring", idx="idx", t_done="now()", wait=None)
+)
+SPAN_NAMES: dict[str, Any] = {"get_ident": _get_ident, "now": _now}
+
+
+def span_source(template: str, indent: int, sp: str) -> str:
+    """BEGIN or END as source for a function that inlines it, {sp} its SpanRecorder (the variable holding it)."""
+    return textwrap.indent(template.replace("{sp}", sp), " " * indent)
+
+
 class SpanRecorder:
     """Begins and ends spans in one rank's spans ring. `begin` returns the span's idx for `end`."""
 
@@ -53,19 +73,19 @@ class SpanRecorder:
         self.ctx = ctx
         self._tid = tid  # Recorder._tid: the small thread number collectives carry too
         self._static: dict[tuple[int, str, str, str], bytes] = {}
+        # (owner, what, mode, thread) -> fixed part: the spans of an object that runs the same spans again and again
+        # (an FSDP2 unit), found by it (owned) without naming its module first
+        self.owned: dict[tuple[object, str, str, int], bytes] = {}
 
-    # begin(what, module="", flavour="") -> idx: the span's slot (writer.APPEND), its start now; all of it but step,
+    # begin(what, module="", flavour="") -> idx: the span's slot (BEGIN), its start now; all of it but step,
     # micro-step and start packed once per kind of span of a thread (fixed)
     begin: Callable[..., int] = hot_function(
         "begin", "self, what, module='', flavour=''",
         "    fixed = self._static.get((get_ident(), what, module, flavour))\n"
         "    if fixed is None:\n"
         "        fixed = self.fixed(what, module, flavour)\n"
-        "    ring = self.ring\n"
-        "    ctx = self.ctx\n"
-        + inline(APPEND, 4, idx="idx", ring="ring", pack="pack_fixed", fields="fixed, ctx.step, ctx.micro_step, now()")
-        + "    return idx\n",
-        {"get_ident": _get_ident, "now": _now},
+        "    ctx = self.ctx\n" + span_source(BEGIN, 4, "self") + "    return idx\n",
+        SPAN_NAMES,
     )  # fmt: skip
 
     def fixed(self, what: str, module: str, flavour: str) -> bytes:
@@ -76,29 +96,50 @@ class SpanRecorder:
         )
         return fixed
 
-    # end(idx, error=False): the span ends now (writer.FINISH: its end time, what says it ended; its wait stays
-    # 0), marked failed when it raised
+    def fixed_of(self, owner: object, what: str, mode: str, module: str) -> bytes:
+        """fixed() of a span of `owner` on this thread, cached in `owned` by the owner."""
+        fixed = self.owned[(owner, what, mode, _get_ident())] = self.fixed(what, module, mode)
+        return fixed
+
+    # end(idx, error=False): the span ends now (END), marked failed when it raised
     end: Callable[..., None] = hot_function(
         "end", "self, idx, error=False",
-        "    ring = self.ring\n"
         "    if error:\n"
-        "        ring.complete(idx, now(), _ERROR)\n"
-        "        return\n"
-        f"    slot_w = {SLOT_WORD.format(idx='idx', ring='ring')}\n"
-        + finish_source(4, ring="ring", idx="idx", t_done="now()", wait=None),
-        {"now": _now, "_ERROR": _ERROR},
+        "        self.ring.complete(idx, now(), _ERROR)\n"
+        "        return\n" + span_source(END, 4, "self"),
+        {**SPAN_NAMES, "_ERROR": _ERROR},
     )  # fmt: skip
 
     def exhausted(self) -> None:
         self.writer.event({"ev": schema.EV_DATA_EXHAUSTED, "t_ns": time.time_ns(), "step": self.ctx.step})
 
 
-def forward_kind(ctx: Context, module: Any) -> tuple[str, str]:
-    """A forward span's kind and mode: recompute while autograd runs a backward (activation
-    checkpointing), else forward; mode `no_grad` (torch.no_grad, inference_mode) and/or `eval` (the
-    module in eval mode), "" for a training forward. The one rule for every framework's forward span."""
-    what = ctx.forward_phase()
-    grad, training = ctx.grad_enabled(), getattr(module, "training", True)
-    if grad and training:
-        return what, ""
-    return what, ",".join(m for m, on in ((NO_GRAD, not grad), (EVAL, not training)) if on)
+# FORWARD_KIND: a forward span's kind (`what`) and mode (`mode`) for {module} run now, with {ctx} the Context: recompute
+# while autograd runs a backward (activation checkpointing), else forward (context.FORWARD_PHASE); mode `no_grad`
+# (torch.no_grad, inference_mode) and/or `eval` (the module in eval mode), "" for a training forward. The one rule
+# for every framework's forward span: forward_kind below, and inlined in FSDP2's forward hook (fsdp.fsdp2_wrappers).
+FORWARD_KIND = f"""\
+what = {FORWARD_PHASE}
+if {{ctx}}.grad_enabled() and getattr({{module}}, "training", True):
+    mode = ""
+else:
+    mode = forward_mode({{ctx}}.grad_enabled(), {{module}})
+"""
+
+
+def forward_mode(grad: bool, module: Any) -> str:
+    """A forward's mode where it is not a training forward (FORWARD_KIND)."""
+    training = getattr(module, "training", True)
+    return ",".join(m for m, on in ((NO_GRAD, not grad), (EVAL, not training)) if on)
+
+
+KIND_NAMES: dict[str, Any] = {"forward_mode": forward_mode, "PHASE_RECOMPUTE": PHASE_RECOMPUTE,
+                              "PHASE_FORWARD": PHASE_FORWARD}  # fmt: skip
+
+# forward_kind(ctx, module) -> (what, mode): FORWARD_KIND as a function
+forward_kind: Callable[[Context, Any], tuple[str, str]] = hot_function(
+    "forward_kind",
+    "ctx, module",
+    textwrap.indent(FORWARD_KIND.format(ctx="ctx", module="module"), "    ") + "    return what, mode\n",
+    KIND_NAMES,
+)

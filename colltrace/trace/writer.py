@@ -55,8 +55,10 @@ pack_fixed = schema.slot_struct(("kind", "peer"), "step", "micro_step", "t_issue
 _SLOT_WORDS = _SIZE // 8
 _MARKER_W = schema.field_offset("marker") // 8
 _BSEQ_W = schema.BACKEND_SEQ_OFFSET // 8
-_T_DONE_W4 = (schema.T_DONE_OFFSET - 4) // 8
+_T_DONE_W4 = T_DONE_W4 = (schema.T_DONE_OFFSET - 4) // 8
+T_ISSUE_W4 = (schema.field_offset("t_issue_ns") - 4) // 8
 _WAIT_W4 = (schema.WAIT_OFFSET - 4) // 8
+_GROUP_KIND = schema.slot_struct("kind", "group")
 assert _BASE % 8 == 0 and _SIZE % 8 == 0 and schema.BACKEND_SEQ_OFFSET % 8 == 0
 assert (schema.T_DONE_OFFSET - 4) % 8 == 0 and (schema.WAIT_OFFSET - 4) % 8 == 0
 
@@ -222,6 +224,14 @@ class Ring:
             if w >= 0 and self.words4[w + _T_DONE_W4] == 0:
                 open_ += 1
         return open_
+
+    def last_of(self, group: int, kind: int, window: int) -> int:
+        """The idx of the newest record of `kind` on group (string id) among the last `window`, -1: none."""
+        for idx in range(self.last_idx, max(-1, self.last_idx - window), -1):
+            w = self.live_word(idx)
+            if w >= 0 and _GROUP_KIND.unpack_from(self.mv, w << 3) == (kind, group):
+                return idx
+        return -1
 
     def add_wait(self, idx: int, wait_ns: int) -> None:
         w = self.live_word(idx)
