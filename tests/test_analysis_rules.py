@@ -15,6 +15,7 @@ from colltrace.analysis import causes
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Clue, Confidence, DtypeChange, InSpan, SplitGap
 from colltrace.analysis.vocab import Cause, Kind, Verdict
+from colltrace.report import words
 from colltrace.trace.reader import read_run
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "report.md"
@@ -1213,3 +1214,70 @@ def test_two_receivers_whose_backend_refused_a_size_are_not_said_to_have_refused
     assert dx.culprits == (1,)
     assert dx.finding is not None and dx.finding.confidence is Confidence.LOW
     assert not [e for e in dx.finding.evidence if e.clue is Clue.REFUSED_CALL]
+
+
+# -- a rank stopped in library code that the job's own code called ---------------------------------------
+
+_SITE = "/venv/lib/python3.11/site-packages"
+
+
+def _evaluating_alone(tmp_path: Path, frames: list[list[object]]) -> None:
+    """Ranks 1-2 wait in a barrier and time out while rank 0 is somewhere no span covers (it called the
+    wrapped module directly: `evaluate(model.module)`); the launcher's SIGTERM takes its stack."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(2):
+            r.fsdp_step()
+    for r in rs[1:]:
+        r.coll("barrier", 0, "", "other", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    rs[0].w.event({"ev": "signal", "t_ns": 1_700_000_010_000_000_000, "signal": "SIGTERM", "in_flight": 0})
+    rs[0].w.event({"ev": "stacks", "reason": "signal", "t_ns": 1_700_000_010_000_000_000, "waiting": -1,
+                   "threads": [{"thread": "MainThread", "frames": frames}]})  # fmt: skip
+
+
+def test_a_rank_stopped_in_torchs_forward_under_its_own_evaluate_loop_is_stuck_in_compute(tmp_path: Path) -> None:
+    """Rank 0 alone evaluates for longer than the others' timeout; its stack's innermost frame is torch's
+    Linear.forward, called from the job's evaluate loop: the nearest frame of the job's own code says what
+    it was running (compute it called), not a library waiting. stuck_compute, low, that frame in the
+    evidence."""
+    _evaluating_alone(tmp_path, [
+        ["train.py", 57, "main", "acc = evaluate(model.module, n_batches=12000)"],
+        ["train.py", 31, "evaluate", "correct += (net(x).argmax(-1) == y).sum().item()"],
+        [f"{_SITE}/torch/nn/modules/module.py", 1789, "_call_impl", "return forward_call(*args, **kwargs)"],
+        [f"{_SITE}/torch/nn/modules/linear.py", 134, "forward", "return F.linear(input, self.weight, self.bias)"],
+    ])  # fmt: skip
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HANG and dx.culprits == (0,) and dx.victims == (1, 2)
+    assert dx.finding is not None and dx.finding.cause is Cause.STUCK_COMPUTE
+    assert dx.finding.confidence is Confidence.LOW
+    stuck = [e for e in dx.finding.evidence if e.clue is Clue.STUCK_OUTSIDE]
+    assert [e.ranks for e in stuck] == [(0,)]
+    assert "train.py:31 in evaluate" in words.evidence_text(stuck[0])
+
+
+def test_a_rank_stopped_while_a_library_waits_on_a_queue_is_not_said_stuck_in_compute(tmp_path: Path) -> None:
+    """The same stop, but torch's DataLoader waits for its worker in the stdlib's queue: a library waiting,
+    not work the job's code runs. With no span to say data loading, the cause stays unknown, low."""
+    _evaluating_alone(tmp_path, [
+        ["train.py", 57, "main", "for x, y in loader:"],
+        [f"{_SITE}/torch/utils/data/dataloader.py", 1295, "_get_data", "success, data = self._try_get_data()"],
+        ["/usr/lib/python3.11/multiprocessing/queues.py", 113, "get", "if not self._poll(timeout):"],
+        ["/usr/lib/python3.11/threading.py", 324, "wait", "gotit = waiter.acquire(True, timeout)"],
+    ])  # fmt: skip
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.UNKNOWN, Confidence.LOW)
+
+
+def test_a_rank_stopped_in_torch_distributed_under_its_own_code_waits_for_peers_not_compute(tmp_path: Path) -> None:
+    """Rank 0 is in a store wait of torch.distributed that the trace holds no record of (a group's creation):
+    a wait for peers, whatever code called it. unknown, low."""
+    _evaluating_alone(tmp_path, [
+        ["train.py", 57, "main", "grp = dist.new_group([0, 1])"],
+        [f"{_SITE}/torch/distributed/distributed_c10d.py", 5012, "new_group", "return _new_group_with_tag("],
+        [f"{_SITE}/torch/distributed/distributed_c10d.py", 4420, "_store_based_barrier", "store.wait([key])"],
+    ])  # fmt: skip
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.UNKNOWN, Confidence.LOW)

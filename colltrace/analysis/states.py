@@ -149,14 +149,29 @@ def run_end_ns(run: Run, streams: dict[int, RankStreams]) -> int:
     return latest
 
 
+# torch.distributed's frames: a rank in one waits for its peers (a store, a group's creation), it does not compute
+_DISTRIBUTED = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+
+
 def in_own_code(end: RankEnd) -> bool:
-    """The rank's last stack stops in the user's own code, or in the stdlib called from it (a poll of
-    os.path.exists, a sleep): its innermost frame outside the stdlib is the job's, not an installed
-    library's (a DataLoader's read, a lock or a collective of torch's)."""
+    """The rank's last stack stops in work the user's own code runs: its innermost frame outside the stdlib is
+    the job's (the stdlib called from it: a poll of os.path.exists, a sleep), or a library's running what the
+    nearest frame of the job's below it called (torch's module forward from the job's evaluate loop). Not a
+    library waiting: one inside the stdlib (a DataLoader's queue, a lock, a socket), or torch.distributed's
+    (a wait for peers the trace holds no record of)."""
     stack = [f for f in end.stack if f != "..."]
+    waiting = False
     while stack and frames.STDLIB_FRAME.search(stack[-1]):
         stack.pop()
-    return bool(stack) and not frames.LIBRARY.search(stack[-1])
+        waiting = True
+    if not stack:
+        return False
+    if not frames.LIBRARY.search(stack[-1]):
+        return True
+    below = next((i for i in range(len(stack) - 1, -1, -1) if not frames.LIBRARY.search(stack[i])), None)
+    if waiting or below is None:
+        return False
+    return not any(_DISTRIBUTED.search(f) for f in stack[below + 1 :])
 
 
 def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
