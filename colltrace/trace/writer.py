@@ -13,7 +13,7 @@ import os
 import struct
 import textwrap
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from colltrace.trace import schema
@@ -69,17 +69,16 @@ _STEP_LINE = b'{"ev":"%s","step":%%d,"t_ns":%%d}\n' % schema.EV_STEP.encode()
 # Ring.finish_sync below), so a collective or a span costs no call into the writer: a Python frame costs more
 # than the stores it would wrap (docs/performance.md). {names} are the caller's variables or expressions.
 #
-# APPEND: slot `idx` (a new one: the ring wraps, full mode grows) from {pack}(mv, offset, {fields}): pack_static
+# APPEND: slot `idx` (a new one: Ring.slots, where the ring wraps and full mode grows) from
+# {pack}(mv, offset, {fields}): pack_static
 # with the pre-packed head = kind..shape, the seq, mid = backend_seq (-1), numel_in, numel_out, peer (STATIC_HEAD,
 # STATIC_MID) and the fields that change per call; or pack_fixed, kind..peer in one (FIXED), for a slot whose seq
 # never changes. One store for the slot (marker 0), then the marker: the commit (a reader skips a slot whose
-# marker is not its idx + 1). `slot_w` is then the slot's word in `words`. The ring's head is published every
+# marker is not its idx + 1). `slot_w` is the slot's word in `words`. The ring's head is published every
 # HEAD_EVERY records.
 APPEND = """\
-{idx} = next({ring}.counter)
-slot_off = _BASE + {idx} * _SIZE if {idx} < {ring}.capacity else {ring}.offset_of({idx})
+{idx}, slot_off, slot_w = next({ring}.slots)
 {pack}({ring}.mv, slot_off, {fields})
-slot_w = slot_off >> 3
 {ring}.words[slot_w] = {idx} + 1
 if not {idx} & _HEAD_MASK:
     {ring}.publish_head({idx})
@@ -135,11 +134,32 @@ class Ring:
     def __init__(self, path: str, capacity: int, full: bool, mode: int = 0o600) -> None:
         self.full = full
         self._lock = threading.Lock()
-        self.counter = itertools.count()
         self.last_idx = -1
         self.capacity = max(16, int(capacity))
         self._ring_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
         self._map(self.capacity)
+        # (idx, byte offset, word in `words`) of each new slot, taken by one next() under the GIL: the ring's slots
+        # over and over, or in full mode those once and then the file's new ones as it grows (_grown)
+        offsets, words = range(_BASE, self._end(), _SIZE), range(_BASE >> 3, self._end() >> 3, _SIZE >> 3)
+        if full:
+            self.slots: Iterator[tuple[int, int, int]] = itertools.chain(
+                zip(itertools.count(), offsets, words), self._grown(self.capacity)
+            )
+        else:
+            again = itertools.chain.from_iterable
+            self.slots = zip(itertools.count(), again(itertools.repeat(offsets)), again(itertools.repeat(words)))
+
+    def _end(self) -> int:
+        return _BASE + self.capacity * _SIZE
+
+    def _grown(self, idx: int) -> Iterator[tuple[int, int, int]]:
+        """Full mode's slots past the first capacity: the file doubles when a slot is past its end."""
+        while True:
+            if idx >= self.capacity:
+                self._grow(idx)
+            off = _BASE + idx * _SIZE
+            yield idx, off, off >> 3
+            idx += 1
 
     # -- ring ------------------------------------------------------------------------------
 
@@ -168,23 +188,13 @@ class Ring:
 
     def append(self, *fields: Any) -> int:
         """Write one slot (all SLOT_FIELDS but the marker) and return its idx."""
-        idx = next(self.counter)
-        off = self.offset_of(idx)
+        idx, off, w = next(self.slots)
         _pack_slot(self.mv, off, 0, *fields)
-        self.words[off >> 3] = idx + 1  # commit: the marker goes last
+        self.words[w] = idx + 1  # commit: the marker goes last
         if not idx & _HEAD_MASK:
             self.publish_head(idx)
         self.last_idx = idx
         return idx
-
-    def offset_of(self, idx: int) -> int:
-        """Where a new slot idx goes: the ring wraps; full mode grows the file."""
-        if idx < self.capacity:
-            return _BASE + idx * _SIZE
-        if self.full:
-            self._grow(idx)
-            return _BASE + idx * _SIZE
-        return _BASE + (idx % self.capacity) * _SIZE
 
     def publish_head(self, idx: int = -1) -> None:
         """Write a record count into the ring header: idx + 1 (every HEAD_EVERY records), or the
