@@ -1281,3 +1281,62 @@ def test_a_rank_stopped_in_torch_distributed_under_its_own_code_waits_for_peers_
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == (0,)
     assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.UNKNOWN, Confidence.LOW)
+
+
+# -- a rank whose own error came out of a collective everyone else had completed ----------------------------
+
+_CLOSED = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:36743"
+
+
+def _worker_died(tmp_path: Path, message: str, others_done: bool = True) -> None:
+    """Rank 1's DataLoader raises from its SIGCHLD handler while rank 1 waits in an all-gather (FSDP's next
+    unshard); ranks 0 and 2 completed that all-gather, went on to the next and lost rank 1 there."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(2):
+            r.fsdp_step()
+    for r in rs:
+        mine = r.rank == 1 or not others_done
+        r.coll("all_gather_single", 34, "<root>", "forward", done=not mine, error=mine)
+    rs[1].error("RuntimeError", message, t_ns=1_700_000_000_500_000_000, in_collective=True)
+    for r in (rs[0], rs[2]):
+        if others_done:
+            r.coll("all_gather_single", 136, "layers.0", "forward", done=False, error=True)
+        r.error("RuntimeError", _CLOSED if others_done else TIMEOUT, t_ns=1_700_000_001_000_000_000,
+                in_collective=True)  # fmt: skip
+
+
+def test_a_dataloader_worker_killed_by_sigkill_out_of_a_completed_collective_is_the_ranks_own_oom(
+    tmp_path: Path,
+) -> None:
+    """ "DataLoader worker (pid N) is killed by signal: Killed." surfaces inside rank 1's all-gather wait, but
+    ranks 0 and 2 completed that all-gather and went on: not the collective's failure, rank 1's own. SIGKILL's
+    usual sender is the kernel's OOM killer, which the trace cannot show: oom, medium, the worker named."""
+    _worker_died(tmp_path, "DataLoader worker (pid 15874) is killed by signal: Killed.")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.CRASH and dx.culprits == (1,) and dx.victims == (0, 2)
+    assert dx.finding is not None and dx.finding.cause is Cause.OOM
+    assert dx.finding.confidence is Confidence.MEDIUM
+    killed = [e for e in dx.finding.evidence if e.clue is Clue.WORKER_KILLED]
+    assert [(e.ranks, e.detail) for e in killed] == [((1,), "Killed")]
+    assert "OOM killer" in words.evidence_text(killed[0])
+
+
+def test_a_dataloader_worker_killed_by_another_signal_is_the_ranks_own_exception_not_oom(tmp_path: Path) -> None:
+    """The same, but the worker died of a segmentation fault: the rank's own exception, not memory."""
+    _worker_died(tmp_path, "DataLoader worker (pid 15874) is killed by signal: Segmentation fault.")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.RANK_EXCEPTION
+    assert dx.finding.confidence is Confidence.MEDIUM
+    assert [e.detail for e in dx.finding.evidence if e.clue is Clue.WORKER_KILLED] == ["Segmentation fault"]
+
+
+def test_an_own_error_out_of_a_collective_the_others_never_completed_is_not_said_to_be_its_own(tmp_path: Path) -> None:
+    """Rank 1's error came out of an all-gather that ranks 0 and 2 are still blocked in (they time out there):
+    the collective failed for everyone, so it is read as before: the first own error, low, no memory named."""
+    _worker_died(tmp_path, "DataLoader worker (pid 15874) is killed by signal: Killed.", others_done=False)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.finding is not None and dx.finding.cause is Cause.RANK_EXCEPTION
+    assert dx.finding.confidence is Confidence.LOW
+    assert [e.clue for e in dx.finding.evidence] == [Clue.FIRST_FAILED, Clue.CRASHED]

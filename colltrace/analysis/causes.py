@@ -380,8 +380,24 @@ def failed(f: Facts) -> Finding | None:
         refused = tuple(e for e in f.found if e.clue is Clue.REFUSED_CALL)
         return Finding(Cause.RANK_EXCEPTION, Confidence.MEDIUM,
                        refused or (Evidence(Clue.CRASHED, tuple(e.rank for e in own), own[0].error_type),))  # fmt: skip
+    passed = [] if dead else [ends[r] for r in f.culprits if r in ends and _own_in_passed(f, r)]
+    if not dead and passed:
+        # its error came out of a collective every other member had completed and gone past: not a peer's doing
+        # (a signal handler raising inside the wait, a DataLoader's SIGCHLD), its own
+        return _died_of(passed, Confidence.MEDIUM)
     if not dead:
         return None
+    return _died_of(dead, Confidence.HIGH)
+
+
+# torch's DataLoader, when a worker process dies of a signal: "DataLoader worker (pid 15874) is killed by signal:
+# Killed." (strsignal's name: Killed for SIGKILL, Bus error, Segmentation fault)
+_WORKER_KILLED = re.compile(r"DataLoader worker \(pids?[^)]*\) is killed by signal: ([^.\n]+)")
+
+
+def _died_of(dead: list[RankEnd], sure: Confidence) -> Finding:
+    """What the culprits that died of their own error died of: DDP's unfinished reduction, out of memory, a
+    DataLoader worker killed, any other exception."""
     unreduced = [(e.rank, _DDP_UNUSED.search(e.error_message)) for e in dead if _DDP_UNFINISHED in e.error_message]
     if unreduced:
         # DDP says it: parameters that got no gradient, so a bucket the others wait for was never reduced
@@ -389,12 +405,39 @@ def failed(f: Facts) -> Finding | None:
         return Finding(Cause.UNUSED_PARAMS, Confidence.HIGH, said)
     oom = [e.rank for e in dead if e.oom]
     if oom:
-        return Finding(Cause.OOM, Confidence.HIGH, (Evidence(Clue.OOM, tuple(oom), dead[0].error_type),))
-    return Finding(
-        Cause.RANK_EXCEPTION,
-        Confidence.HIGH,
-        (Evidence(Clue.CRASHED, tuple(e.rank for e in dead), dead[0].error_type),),
-    )
+        return Finding(Cause.OOM, sure, (Evidence(Clue.OOM, tuple(oom), dead[0].error_type),))
+    crashed = Evidence(Clue.CRASHED, tuple(e.rank for e in dead), dead[0].error_type)
+    killed = [(e.rank, m.group(1).strip()) for e in dead if (m := _WORKER_KILLED.search(e.error_message))]
+    if killed:
+        ev = tuple(Evidence(Clue.WORKER_KILLED, (r,), sig) for r, sig in killed)
+        if all(sig == "Killed" for _, sig in killed):
+            # SIGKILL, which a process cannot catch: the kernel's OOM killer is its usual sender (a scheduler's
+            # kill takes the whole job, not one worker), but the trace cannot show the kernel's log: medium
+            return Finding(Cause.OOM, Confidence.MEDIUM, (crashed, *ev))
+        return Finding(Cause.RANK_EXCEPTION, sure, (crashed, *ev))
+    return Finding(Cause.RANK_EXCEPTION, sure, (crashed,))
+
+
+def _own_in_passed(f: Facts, rank: int) -> bool:
+    """The rank crashed with an error of its own (not a timeout, a lost peer) out of a collective that every
+    other member of its group completed and went past: the recorder saw it come out of a collective, but the
+    collective was done everywhere else, so it was not the collective's failure. Only where the others wait for
+    a collective it never issued: where the ranks disagree on what one is, a rank's error after its peers
+    completed it is the disagreement's (DDP's check of the sizes it was sent)."""
+    e = f.ends[rank]
+    b = e.blocked
+    if f.d is None or f.d.kind is not Kind.MISSING or not states.own_error(e) or b is None or b.kind == "p2p":
+        return False
+    others = [(o, st) for o, rs in f.streams.items() if o != rank and (st := rs.groups.get(b.group)) is not None]
+    if not others:
+        return False
+    for o, st in others:
+        rt = f.run.ranks.get(o)
+        idx = st.idx_at(b.seq)
+        rec = states.record(rt, idx) if rt is not None and idx >= 0 else None
+        if rec is None or rec.error or rec.in_flight or st.last_seq <= b.seq:
+            return False
+    return True
 
 
 # what the collective is: a rank that disagrees on one of these makes the backend misread its peers' data

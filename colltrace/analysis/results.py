@@ -32,6 +32,8 @@ class Clue(str, enum.Enum):
     FIRST_OF_KIND = "first_of_kind"
     CRASHED = "crashed"  # the rank raised on its own (not inside a failing collective)
     OOM = "oom"  # the error says out of memory
+    # the rank's DataLoader worker died of a signal (detail: its name, "Killed" for SIGKILL: the OOM killer's)
+    WORKER_KILLED = "worker_killed"
     FATAL_SIGNAL = "fatal_signal"  # faulthandler wrote a fatal error outside any collective
     EXITED_CLEANLY = "exited_cleanly"  # the ranks exited cleanly as far on as the ranks waiting (detail: their steps)
     FINISHED_EARLY = "finished_early"  # the rank exited cleanly while others still waited for it

@@ -144,6 +144,14 @@ def _wrong_source(who: str, d: Detail) -> str:
             "does not match)")  # fmt: skip
 
 
+def _worker_killed(who: str, signal: str) -> str:
+    said = f"{who}'s DataLoader worker was killed by a signal ({signal or 'unknown'})"
+    if signal != "Killed":
+        return said
+    return (f"{said}: SIGKILL, which the kernel's OOM killer sends when memory runs out (check `dmesg` or the "
+            "node's memory; a process cannot catch it)")  # fmt: skip
+
+
 def evidence_text(e: Evidence) -> str:
     who = ranks_text(e.ranks)
     d = e.detail
@@ -170,6 +178,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.MAJORITY: f"{who} disagree{s} with the majority of the group ({detail} ranks agree)",
         Clue.CRASHED: f"{who} raised {detail or 'an exception'} on its own, not inside a failing collective",
         Clue.OOM: f"{who} ran out of memory ({detail})",
+        Clue.WORKER_KILLED: _worker_killed(who, detail),
         Clue.FATAL_SIGNAL: f"{who} died of a fatal signal outside any collective ({detail})",
         Clue.EXITED_CLEANLY: f"{who} exited cleanly after {detail} step(s), as far on as the ranks left waiting: "
         f"{'it' if s else 'they'} issued every collective {its} code asked for",
