@@ -386,12 +386,13 @@ def test_every_span_kind_family_and_rank_state_has_its_letter_and_word() -> None
     family that analysis.timing.op_family makes of the recorder's ops its own letter (the rest share `c`),
     every way a rank can end its word, and every look a cell can take its colours."""
     from colltrace.analysis.timing import op_family
-    from colltrace.record import ops, spans
+    from colltrace.record import ops
     from colltrace.trace.records import RankState
+    from colltrace.trace.vocab import SpanKind
     from colltrace.tui import model as m
     from colltrace.tui import timeline
 
-    assert set(m.SPAN_MARKS) == set(spans.KINDS)
+    assert list(m.SPAN_MARKS) == list(SpanKind)
     names = ops.traced_names()
     families = {op_family(op) for op in names if sum(op_family(o) == op_family(op) for o in names) > 1}
     assert families == set(m.COMM_MARKS) - {"other"}

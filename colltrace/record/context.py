@@ -8,18 +8,20 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from colltrace.trace.vocab import Phase
 from colltrace.trace.writer import hot_function
 
 _get_ident = threading.get_ident
 _getframe = sys._getframe
 
-PHASE_INIT = "init"
-PHASE_FORWARD = "forward"
-PHASE_BACKWARD = "backward"
-PHASE_RECOMPUTE = "recompute"
-PHASE_OPTIMIZER = "optimizer"
-PHASE_CHECKPOINT = "checkpoint"
-PHASE_OTHER = "other"
+# a record's phase (trace.vocab.Phase), as the plain strings the hot path stores
+PHASE_INIT = Phase.INIT.value
+PHASE_FORWARD = Phase.FORWARD.value
+PHASE_BACKWARD = Phase.BACKWARD.value
+PHASE_RECOMPUTE = Phase.RECOMPUTE.value
+PHASE_OPTIMIZER = Phase.OPTIMIZER.value
+PHASE_CHECKPOINT = Phase.CHECKPOINT.value
+PHASE_OTHER = Phase.OTHER.value
 
 # A forward's phase, with {ctx} the Context: a recompute while autograd runs a backward (activation checkpointing),
 # else a forward. The one rule, for every framework's unshard and forward span (Context.forward_phase, and inlined

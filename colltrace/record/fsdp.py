@@ -14,6 +14,7 @@ from colltrace.record import ops, spans
 from colltrace.record.adapter import Adapter, prefetching
 from colltrace.record.context import FORWARD_PHASE, PHASE_BACKWARD, ThreadState
 from colltrace.record.hooks import spanned
+from colltrace.trace.vocab import Role
 from colltrace.trace.writer import hot_function
 
 if TYPE_CHECKING:
@@ -21,9 +22,10 @@ if TYPE_CHECKING:
 
 _get_ident = threading.get_ident
 
-UNSHARD = "unshard"
-PREFETCH = "prefetch"
-REDUCE_GRAD = "reduce_grad"
+# what an FSDP collective is for (trace.vocab.Role), as the plain strings the hot path stores
+UNSHARD = Role.UNSHARD.value
+PREFETCH = Role.PREFETCH.value
+REDUCE_GRAD = Role.REDUCE_GRAD.value
 
 
 class FsdpAdapters(Adapter):

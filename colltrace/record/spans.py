@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record.context import FORWARD_PHASE, PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, Context
+from colltrace.record.context import FORWARD_PHASE, PHASE_FORWARD, PHASE_RECOMPUTE, Context
 from colltrace.trace import schema
+from colltrace.trace.vocab import Mode, SpanKind
 from colltrace.trace.writer import (
     APPEND,
     FIXED,
@@ -28,17 +29,16 @@ from colltrace.trace.writer import (
     inline,
 )
 
-FORWARD = PHASE_FORWARD  # a unit's forward (FSDP, DeepSpeed, the DDP-wrapped model)
-BACKWARD = PHASE_BACKWARD  # a unit's backward (FSDP: from its pre-backward to its post-backward)
-RECOMPUTE = PHASE_RECOMPUTE  # a forward while autograd runs a backward (activation checkpointing)
-OPTIMIZER = "optimizer"  # optimizer.step()
-DATA = "data"  # one next() on a DataLoader iterator
-CHECKPOINT = "checkpoint"  # torch.distributed.checkpoint save/load, torch.save/torch.load
-PHASE = "phase"  # a `with colltrace.phase(name)` block (flavour: the name)
-KINDS = (FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, DATA, CHECKPOINT, PHASE)
-
-NO_GRAD = "no_grad"  # a forward's mode (flavour): under torch.no_grad() or inference_mode
-EVAL = "eval"  # a forward's mode: the module in eval mode
+# a span's kind (trace.vocab.SpanKind) and a forward's modes (Mode), as the plain strings the hot path stores
+FORWARD = SpanKind.FORWARD.value
+BACKWARD = SpanKind.BACKWARD.value
+RECOMPUTE = SpanKind.RECOMPUTE.value
+OPTIMIZER = SpanKind.OPTIMIZER.value
+DATA = SpanKind.DATA.value
+CHECKPOINT = SpanKind.CHECKPOINT.value
+PHASE = SpanKind.PHASE.value
+NO_GRAD = Mode.NO_GRAD.value
+EVAL = Mode.EVAL.value
 
 _now = time.monotonic_ns
 _get_ident = threading.get_ident

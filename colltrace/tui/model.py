@@ -25,6 +25,7 @@ from colltrace.report.words import group_text, ranks_text
 from colltrace.trace import live
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import RankState, Run
+from colltrace.trace.vocab import SpanKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,14 +39,14 @@ class Mark:
     name: str  # the help's words
 
 
-SPAN_MARKS = {  # by span kind (record.spans.KINDS, every one: a test checks): the compute row
-    "data": Mark("D", "black on yellow", "data", "data loading"),
-    "forward": Mark("F", "black on green", "fwd", "forward"),
-    "backward": Mark("B", "white on blue", "bwd", "backward"),
-    "recompute": Mark("R", "black on cyan", "recomp", "recompute"),
-    "optimizer": Mark("O", "white on magenta", "opt", "optimizer"),
-    "checkpoint": Mark("C", "black on white", "ckpt", "checkpoint I/O"),
-    "phase": Mark("P", "white on grey37", "phase", "a `colltrace.phase` block"),
+SPAN_MARKS: dict[str, Mark] = {  # by span kind (SpanKind, every one: a test checks): the compute row
+    SpanKind.DATA: Mark("D", "black on yellow", "data", "data loading"),
+    SpanKind.FORWARD: Mark("F", "black on green", "fwd", "forward"),
+    SpanKind.BACKWARD: Mark("B", "white on blue", "bwd", "backward"),
+    SpanKind.RECOMPUTE: Mark("R", "black on cyan", "recomp", "recompute"),
+    SpanKind.OPTIMIZER: Mark("O", "white on magenta", "opt", "optimizer"),
+    SpanKind.CHECKPOINT: Mark("C", "black on white", "ckpt", "checkpoint I/O"),
+    SpanKind.PHASE: Mark("P", "white on grey37", "phase", "a `colltrace.phase` block"),
 }
 UNKNOWN_SPAN = Mark("?", "black on bright_white", "", "")  # a span kind this table does not know
 COMM_MARKS = {  # by collective family (analysis.timing.op_family; each family of the recorder's ops, a test
