@@ -13,7 +13,7 @@ from handmade import FSDP_STEP, FakeRank, ranks
 
 from colltrace.analysis import causes
 from colltrace.analysis.diagnose import diagnose
-from colltrace.analysis.results import Clue, Confidence, DtypeChange, InSpan, SplitGap
+from colltrace.analysis.results import Clue, Confidence, DtypeChange, InSpan, PeersApart, SplitGap
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report import words
 from colltrace.trace.reader import read_run
@@ -1340,3 +1340,58 @@ def test_an_own_error_out_of_a_collective_the_others_never_completed_is_not_said
     assert dx.finding is not None and dx.finding.cause is Cause.RANK_EXCEPTION
     assert dx.finding.confidence is Confidence.LOW
     assert [e.clue for e in dx.finding.evidence] == [Clue.FIRST_FAILED, Clue.CRASHED]
+
+
+# -- a transfer to (or from) a peer that is done with its transfers ------------------------------------------
+
+_PP_GROUPS = {"0": ("default_pg", (0, 1, 2, 3)), "3": ("dp0", (0, 2)), "4": ("dp1", (1, 3))}
+
+
+def _two_pipelines(tmp_path: Path, crossed: bool) -> None:
+    """Two 2-stage pipelines {0,1}, {2,3}, replicated over dp groups {0,2}, {1,3}. Pipeline {0,1} passes its
+    activation and goes on to the dp all-reduce. `crossed`: pipeline {2,3} computed its peers as ranks within
+    the pipeline group and passed them as global ranks: rank 2 sends to rank 1, rank 3 waits on rank 0. Else
+    pipeline {0,1} is the one stuck: rank 1 waits on rank 0, which is in its all-reduce, and rank 3 (in its
+    own all-reduce first) never posts rank 2's receive."""
+    rs = ranks(str(tmp_path), 4, groups=_PP_GROUPS)
+    if crossed:
+        rs[0].p2p("send", 1, 64)
+        rs[1].p2p("recv", 0, 64)
+        rs[2].p2p("send", 1, 64, done=False)
+        rs[3].p2p("recv", 0, 64, done=False)
+        for r, g in ((0, "3"), (1, "4")):
+            rs[r].coll("all_reduce", 256, "", "other", group=g, done=False)
+    else:
+        rs[2].p2p("send", 3, 64, done=False)
+        rs[1].p2p("recv", 0, 64, done=False)
+        for r, g in ((0, "3"), (3, "4")):
+            rs[r].coll("all_reduce", 256, "", "other", group=g, done=False)
+    for r in rs:
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+
+
+def test_a_pipeline_that_passed_group_ranks_as_global_peers_sends_and_receives_from_the_wrong_ranks(
+    tmp_path: Path,
+) -> None:
+    """Rank 2 sent to rank 1, which receives from rank 0 only and had every transfer it posted matched; rank 3
+    waits on rank 0, which sends to rank 1 only, matched too. Neither owes the other side anything: ranks 2
+    and 3 picked the wrong peers. wrong_peer, medium, ranks 0-1 the victims."""
+    _two_pipelines(tmp_path, crossed=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DEADLOCK and dx.culprits == (2, 3) and dx.victims == (0, 1)
+    assert dx.finding is not None and dx.finding.cause is Cause.WRONG_PEER
+    assert dx.finding.confidence is Confidence.MEDIUM
+    said = {e.clue: (e.ranks, e.detail) for e in dx.finding.evidence}
+    assert said[Clue.MISDIRECTED] == ((2,), PeersApart((1,), ()))
+    assert said[Clue.WRONG_SOURCE] == ((3,), PeersApart((0,), ()))
+    text = words.evidence_text(next(e for e in dx.finding.evidence if e.clue is Clue.MISDIRECTED))
+    assert "rank 1 receives from other ranks only" in text
+
+
+def test_a_transfer_whose_peer_never_took_one_that_way_from_anyone_is_not_a_wrong_peer(tmp_path: Path) -> None:
+    """Rank 2's send to rank 3 and rank 1's receive from rank 0 wait on peers that posted no transfer that way
+    at all (they are in their all-reduces first): behind, not done with such transfers. Not wrong_peer."""
+    _two_pipelines(tmp_path, crossed=False)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.finding is not None and dx.finding.cause is not Cause.WRONG_PEER
+    assert not [e for e in dx.finding.evidence if e.clue in (Clue.MISDIRECTED, Clue.WRONG_SOURCE)]

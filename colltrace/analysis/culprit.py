@@ -394,8 +394,14 @@ def misdirected(streams: dict[int, RankStreams]) -> Blame | None:
     found: dict[int, Evidence] = {}
     for table, sending, clue in ((sends, True, Clue.MISDIRECTED), (recvs, False, Clue.WRONG_SOURCE)):
         for r, (more, fewer) in sorted(table.items()):
-            if not (more and fewer) or r in found:
+            if not more or r in found:
                 continue
+            if not fewer:
+                # no peer it owes: where each peer it sent to (received from) never posted that way with it at all,
+                # yet posts that way with other ranks and has every transfer of its own matched, the peer is done
+                # with its transfers and has no use for this one (a pipeline-group rank passed as a global rank)
+                if not all(_posts_elsewhere(streams, p, r, sending) for p in more):
+                    continue
             idxs = [i for i in extra.get((r, sending), []) if i >= 0]
             if idxs and all(rank_habit(streams[r], i) is Habit.CONSISTENT for i in idxs):
                 continue  # its own pattern: it waits where it always sends or receives
@@ -405,6 +411,28 @@ def misdirected(streams: dict[int, RankStreams]) -> Blame | None:
     wrong = tuple(sorted(found))
     others = tuple(sorted(set(streams) - set(wrong)))
     return Blame(wrong, others, Kind.PEER, Confidence.MEDIUM, tuple(found[r] for r in wrong))
+
+
+def _posts_elsewhere(streams: dict[int, RankStreams], peer: int, rank: int, sending: bool) -> bool:
+    """The peer posted no transfer with `rank` in the direction of rank's (its receive of a send, its send for
+    a receive), posted some that way with another rank, and every transfer it posted was matched by the other
+    end: it is not behind or waiting on a transfer, it took that kind of transfer from (or gave it to) others."""
+    rs = streams.get(peer)
+    if rs is None:
+        return False
+    elsewhere = False
+    for key, st in rs.groups.items():
+        ends = p2p_ends(key)
+        if ends is None or peer not in ends or not st.sigs:
+            continue
+        other = ends[1] if ends[0] == peer else ends[0]
+        theirs = streams[other].groups.get(key) if other in streams else None
+        if theirs is None or not theirs.sigs or theirs.last_seq < st.last_seq:
+            return False  # a transfer of its own that no one matched: it may yet post the one awaited
+        if other == rank and (ends[1] == peer) == sending:
+            return False  # it did post that way with the rank: behind, not elsewhere
+        elsewhere = elsewhere or (ends[1] == peer) == sending
+    return elsewhere
 
 
 def rank_habit(rs: RankStreams, idx: int) -> Habit:

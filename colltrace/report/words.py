@@ -129,6 +129,10 @@ def headline(dx: Diagnosis) -> str:
 def _misdirected(who: str, d: Detail) -> str:
     if not isinstance(d, PeersApart):
         return f"{who} sent a transfer to the wrong peer"
+    if not d.under:
+        takes = "receives" if len(d.over) == 1 else "receive"
+        return (f"{who} sent {ranks_text(d.over)} a transfer never received: {ranks_text(d.over)} {takes} from other "
+                "ranks only, and every transfer it posted was matched (a send to the wrong peer: its dst)")  # fmt: skip
     took, waits = ("it", "waits") if len(d.under) == 1 else ("they", "wait")
     got = "it" if len(d.over) == 1 else "they"
     return (f"{who} sent {ranks_text(d.over)} one transfer more than {got} received, and {ranks_text(d.under)} one "
@@ -138,6 +142,11 @@ def _misdirected(who: str, d: Detail) -> str:
 def _wrong_source(who: str, d: Detail) -> str:
     if not isinstance(d, PeersApart):
         return f"{who} waits to receive from the wrong peer"
+    if not d.under:
+        sends = "sends" if len(d.over) == 1 else "send"
+        return (f"{who} waits to receive from {ranks_text(d.over)}, which never sent it a transfer: {ranks_text(d.over)} "
+                f"{sends} to other ranks only, and every transfer it posted was matched (a receive from the wrong "
+                "peer: its src)")  # fmt: skip
     transfers = "transfer to it waits" if len(d.under) == 1 else "transfers to it wait"
     return (f"{who} waits to receive from {ranks_text(d.over)}, which never sent it that transfer, while "
             f"{ranks_text(d.under)}'s {transfers} unreceived: a receive from the wrong peer (its src, or a tag that "
