@@ -1,11 +1,11 @@
-"""trace.store: records made in memory (a Flight Recorder dump, its join with our trace) are read as a ring
-file's are: the same RecordView, record for record."""
+"""trace.store: records made in memory (a Flight Recorder dump, its join with our trace) and a ring file's are
+the same Slots: columns, tail, by index, record for record."""
 
 from __future__ import annotations
 
 from colltrace.trace import schema
 from colltrace.trace.records import Collective
-from colltrace.trace.store import packed
+from colltrace.trace.store import of_records
 
 
 def _rec(idx: int, **kw: object) -> Collective:
@@ -23,16 +23,16 @@ def test_packed_records_read_back_as_they_went_in_with_flags_beyond_a_slots_byte
         _rec(8, kind="p2p", op="isend", peer=2, flags=schema.FLAG_FLIGHT | schema.FLAG_ASYNC),
         _rec(10, module="layers.0", phase="backward", site="train.py:9 in step"),  # 9 missing: a gap
     ]
-    view = packed(1, reversed(recs))
+    view = of_records(1, reversed(recs))
     assert list(view) == recs
     assert view.held == 4 and len(view) == 3
     assert view.by_idx(8) == recs[1] and view.by_idx(9) is None and view.last() == recs[2]
     assert list(view.tail(1)) == [recs[2]]
     assert view.undone() == recs[1:]
-    blocks = list(view.chunks())  # slots 7..10 in ring order (it wraps), the gap's slot torn
-    assert blocks[0][0] == 7 and sum(len(b) for _, b in blocks) == 4 * schema.SLOT_SIZE
+    assert view.idx.tolist() == [7, 8, 10] and view.cols["seq"].tolist() == [8, 9, 11]
+    assert view.strings[int(view.cols["module"][2])] == "layers.0"
 
 
 def test_no_records_is_an_empty_view() -> None:
-    view = packed(0, ())
+    view = of_records(0, ())
     assert list(view) == [] and view.held == 0 and view.last() is None and view.undone() == []

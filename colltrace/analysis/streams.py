@@ -7,13 +7,16 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from colltrace.analysis import slots, workers
+from colltrace.analysis import workers
 from colltrace.trace import schema
 from colltrace.trace.records import RankTrace, Run
+
+if TYPE_CHECKING:
+    from colltrace.trace.store import Slots
 
 # ops whose receive-side count is the one all ranks agree on (non-root ranks pass no scatter list)
 _OUT_COUNTED = frozenset({"scatter", "scatter_object_list"})
@@ -166,19 +169,27 @@ def direction(group: str, rank: int, peer: int, op: str) -> str:
 
 # The signature's fields, as two raw byte strings per slot (a hashable key, decoded once per distinct value):
 # the string ids group..phase, and numel_in, numel_out, peer.
-_KEY_A = schema.run_struct("group", "phase")
-_KEY_B = schema.run_struct("numel_in", "peer")
+_KEY_A = ("group", "phase")
+_KEY_B = ("numel_in", "peer")
+_NAMES_A = schema.FIELD_NAMES[schema.FIELD_NAMES.index(_KEY_A[0]) : schema.FIELD_NAMES.index(_KEY_A[1]) + 1]
+_NAMES_B = schema.FIELD_NAMES[schema.FIELD_NAMES.index(_KEY_B[0]) : schema.FIELD_NAMES.index(_KEY_B[1]) + 1]
+_STRUCT_A, _STRUCT_B = schema.run_struct(*_KEY_A), schema.run_struct(*_KEY_B)
+BLOCK_ROWS = 32768  # rows taken at a time: what ranks of one class share (SigTable.blocks)
 
 
-def _chunks(rt: RankTrace) -> tuple[Iterator[tuple[int, bytes]], dict[int, str], int]:
-    """Raw slot blocks, their string table and clock offset."""
-    recs = rt.records
-    return recs.chunks(), recs.strings, recs.offset
+def _blocks(records: Slots) -> Iterator[tuple[Any, Any, Any]]:
+    """(idxs, columns, keys) of a rank's rows, a block at a time."""
+    cols = records.cols
+    idxs = records.idx
+    keys = np.concatenate((records.words(*_KEY_A), records.words(*_KEY_B)), axis=1)
+    for lo in range(0, len(cols), BLOCK_ROWS):
+        yield idxs[lo : lo + BLOCK_ROWS], cols[lo : lo + BLOCK_ROWS], keys[lo : lo + BLOCK_ROWS]
 
 
 def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
-    """One pass over a rank's ring, a block of slots at a time, column by column (the analyzer's hot loop)."""
-    chunks, strings, offset = _chunks(rt)
+    """One pass over a rank's columns, a block of rows at a time (the analyzer's hot loop)."""
+    records = rt.records
+    strings, offset = records.strings, records.offset
     rank = rt.rank
     groups: dict[str, GroupStream] = {}
     resolved: dict[tuple[bytes, bytes], tuple[str | None, int]] = {}  # key -> (stream or None: not aligned, sig)
@@ -205,8 +216,10 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         known = decoded.get((tid, a, b)) if kind == schema.KIND_COLLECTIVE else None
         if known is not None:
             return known
-        g, op, dtype, redop, module, phase = (strings.get(x, "?") for x in _KEY_A.unpack(a))
-        nin, nout, peer = _KEY_B.unpack(b)
+        text = {name: strings.get(x, "?") for name, x in zip(_NAMES_A, _STRUCT_A.unpack(a))}
+        g, op, dtype, redop, module, phase = (text[f] for f in ("group", "op", "dtype", "reduce_op", "module", "phase"))
+        num = dict(zip(_NAMES_B, _STRUCT_B.unpack(b)))
+        nin, nout, peer = num["numel_in"], num["numel_out"], num["peer"]
         if kind == schema.KIND_P2P:
             # both sides of a transfer share one signature: its direction and the size sent, the size the
             # receiver posted (a receive's tensor is its output)
@@ -221,8 +234,7 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         decoded[(tid, a, b)] = (g, sid)
         return g, sid
 
-    for idxs, cols in slots.good(chunks, _SLOT_COLUMNS):  # torn or stale slots left out
-        rows = np.concatenate((cols["key_a"], cols["key_b"]), axis=1)
+    for idxs, cols, rows in _blocks(records):
         kinds = cols["kind"]
         # ranks of one class: the same block of keys (a block found by its ends, then compared whole)
         shared = (tid, len(rows), rows[0].tobytes(), rows[-1].tobytes())
@@ -260,11 +272,6 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
     )
 
 
-# the slot's fields the streams read, as one numpy record type over the raw slots; the keys as words
-_SLOT_COLUMNS = slots.columns("marker", "kind", "flags", "seq", "step", "micro_step", "t_issue_ns", "t_done_ns",
-                              words={"key_a": ("group", "phase"), "key_b": ("numel_in", "peer")})  # fmt: skip
-
-
 _MIX = np.array([0x9E3779B97F4A7C15 * (2 * i + 1) % 2**64 for i in range(16)], dtype=np.uint64)
 
 
@@ -285,7 +292,7 @@ def _split(rows: Any, kinds: Any, lookup: Callable[[tuple[bytes, bytes], int], t
     first, inverse = _distinct(rows)
     names: list[str | None] = []
     sids_of = np.empty(len(first), dtype=np.uint32)
-    na = _KEY_A.size
+    na = _STRUCT_A.size
     for u, f in enumerate(first.tolist()):
         raw = rows[f].tobytes()
         name, sids_of[u] = lookup((raw[:na], raw[na:]), int(kinds[f]))
@@ -424,10 +431,9 @@ def _renumber(got: list[RankStreams], base: int, ids: list[int]) -> None:
 
 def tail(rt: RankTrace, n: int) -> RankTrace:
     """The same rank with its last n records only (records after the others: its spans and events are kept)."""
-    recs = rt.records
     if held(rt) <= n:
         return rt
-    return dataclasses.replace(rt, records=recs.tail(n))
+    return dataclasses.replace(rt, records=rt.records.tail(n))
 
 
 def held(rt: RankTrace) -> int:

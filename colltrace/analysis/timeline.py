@@ -9,15 +9,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from colltrace.analysis import slots
 from colltrace.analysis.streams import direction
 from colltrace.trace import schema
 from colltrace.trace.records import Collective, RankTrace
-from colltrace.trace.store import RecordView
+
+if TYPE_CHECKING:
+    from colltrace.trace.store import Slots
 
 # bytes per element, by the dtype names the recorder writes (torch's str(dtype) without "torch.")
 ITEMSIZE = {
@@ -180,22 +181,13 @@ def _records(seq: Iterable[Collective], kinds: tuple[str, ...]) -> Iterable[Coll
     return (c for c in seq if c.kind in kinds and 0 <= c.t_issue_ns < MAX_NS and 0 <= (c.t_done_ns or 0) < MAX_NS)
 
 
-_CALL_COLUMNS = slots.columns("marker", "kind", "flags", "group", "op", "dtype", "module", "phase", "seq",
-                              "numel_in", "numel_out", "peer", "step", "t_issue_ns", "t_done_ns",
-                              "wait_ns")  # fmt: skip
-
-
-def _slots(recs: RecordView) -> Any:
-    """The rank's collective and p2p slots, as numpy records (torn and damaged ones left out: MAX_NS)."""
+def _slots(recs: Slots) -> Any:
+    """The rank's collective and p2p rows (damaged times left out: MAX_NS)."""
     top = MAX_NS - recs.offset  # compared before the offset is added: no int64 overflow
-
-    def kept(cols: Any) -> Any:
-        t0, t1 = cols["t_issue_ns"], cols["t_done_ns"]
-        calls = (cols["kind"] == schema.KIND_COLLECTIVE) | (cols["kind"] == schema.KIND_P2P)
-        return cols[calls & (t0 >= -recs.offset) & (t0 < top) & ((t1 == 0) | (t1 >= -recs.offset) & (t1 < top))]
-
-    blocks = [kept(cols) for _, cols in slots.good(recs.chunks(), _CALL_COLUMNS)]
-    return np.concatenate(blocks) if blocks else np.zeros(0, dtype=_CALL_COLUMNS)
+    cols = recs.cols
+    t0, t1, kind = cols["t_issue_ns"], cols["t_done_ns"], cols["kind"]
+    calls = (kind == schema.KIND_COLLECTIVE) | (kind == schema.KIND_P2P)
+    return cols[calls & (t0 >= -recs.offset) & (t0 < top) & ((t1 == 0) | (t1 >= -recs.offset) & (t1 < top))]
 
 
 def _coded(cols: Any, field: str, strings: dict[int, str], default: str) -> tuple[Any, tuple[str, ...]]:
@@ -223,7 +215,7 @@ def columns(rt: RankTrace, tail: int | None = None, shift: int = 0) -> Columns:
     return _columns_of(_slots(recs), recs.strings, recs.offset - shift)
 
 
-def _calls(recs: RecordView, shift: int = 0) -> tuple[list[Call], Columns | None]:
+def _calls(recs: Slots, shift: int = 0) -> tuple[list[Call], Columns | None]:
     cols = _slots(recs)  # straight from the slots, column by column: the timing's hot path
     strings, off = recs.strings, recs.offset - shift
     c = _columns_of(cols, strings, off)
@@ -247,7 +239,7 @@ def _calls(recs: RecordView, shift: int = 0) -> tuple[list[Call], Columns | None
     return calls, c
 
 
-def _tail(recs: RecordView, n: int | None) -> RecordView:
+def _tail(recs: Slots, n: int | None) -> Slots:
     return recs if n is None else recs.tail(n)
 
 

@@ -24,7 +24,6 @@ from typing import Any
 from colltrace.trace import schema
 from colltrace.trace.frames import user_frame
 from colltrace.trace.records import Collective, GroupInfo, RankState, RankTrace, Run, backend_seqs
-from colltrace.trace.store import packed
 
 SUBDIR = "flight_recorder"  # where a colltrace run keeps the dumps of its ranks (COLLTRACE=1 steers them there)
 _RANK_SUFFIX = re.compile(r"(\d+)$")  # torch names a dump <prefix><rank>: comm_lib_trace_rank_3, nccl_trace_rank_3
@@ -231,8 +230,10 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
         innermost_last: list[list[object]] = [[p, line, func, ""] for p, line, func in reversed(where)]
         stacks.append({"ev": schema.EV_STACKS, "reason": "flight_recorder",
                        "threads": [{"thread": "MainThread", "frames": innermost_last}]})  # fmt: skip
+    from colltrace.trace.store import of_records  # numpy: not at the recorder's start (it imports this module)
+
     return RankTrace(
-        rank=rank, header=header, records=packed(rank, records), groups=groups, state=RankState.DUMPED, stacks=stacks,
+        rank=rank, header=header, records=of_records(rank, records), groups=groups, state=RankState.DUMPED, stacks=stacks,
         dropped=records[0].idx if records else 0, skipped=skipped,
     )  # fmt: skip
 
@@ -368,7 +369,9 @@ def _align_with_flight(
         if not c.flags & schema.FLAG_FLIGHT:
             renumbered[c.idx] = base + n
         out.append(c._replace(idx=base + n))
-    rt.records = packed(rt.rank, out)
+    from colltrace.trace.store import of_records
+
+    rt.records = of_records(rt.rank, out)
     rt.flight = {renumbered[k]: v for k, v in rt.flight.items() if k in renumbered}
 
 

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 
 from colltrace.trace import flight, schema
 from colltrace.trace.records import GroupInfo, RankState, RankTrace, Run
-from colltrace.trace.store import CHUNK_SLOTS, RecordView, RingInfo, packed
+from colltrace.trace.store import CHUNK_SLOTS, RingInfo, of_records, of_ring
 
 try:
     import orjson
@@ -272,7 +272,7 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
     sites: dict[int, str] = {0: ""}
     groups: dict[str, GroupInfo] = {}
     called: dict[int, dict[str, Any]] = {}  # a group creation's call id -> its event, completed at its return
-    rt = RankTrace(rank=rank, header=header, records=packed(rank, ()), groups=groups, state=RankState.KILLED,
+    rt = RankTrace(rank=rank, header=header, records=of_records(rank, ()), groups=groups, state=RankState.KILLED,
                    torn=torn)  # fmt: skip
     for ev in events[1:]:
         kind = ev.get("ev")
@@ -325,8 +325,7 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
     offset = _clock_offset(header)
     info = ring_info(ring_path) if os.path.exists(ring_path) else None
     if info is not None:
-        view = RecordView(rank, ring_path, info, strings, offset, sites)
-        rt.records = view
+        rt.records = of_ring(rank, ring_path, info, strings, offset, sites)
         rt.dropped = info.first  # overwritten by the ring before the end
         rt.ring_cut = info.cut_to
     elif os.path.exists(ring_path):
@@ -334,7 +333,7 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
     spans_path = events_path[: -len(".jsonl")] + ".spans"
     spans_info = ring_info(spans_path) if os.path.exists(spans_path) else None
     if spans_info is not None:
-        rt.spans = RecordView(rank, spans_path, spans_info, strings, offset)
+        rt.spans = of_ring(rank, spans_path, spans_info, strings, offset)
     fault_path = events_path[: -len(".jsonl")] + ".fault"
     if os.path.exists(fault_path):
         _regular(fault_path)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from colltrace.trace.store import RecordView
+    from colltrace.trace.store import Slots
 
 
 class RankState(str, enum.Enum):
@@ -97,10 +97,10 @@ class GroupInfo:
         return self.name
 
 
-def _none() -> RecordView:
-    from colltrace.trace.store import packed  # store reads Collective from here
+def _none() -> Slots:
+    from colltrace.trace.store import of_records  # store reads Collective from here
 
-    return packed(-1, ())
+    return of_records(-1, ())
 
 
 @dataclass(slots=True)
@@ -109,7 +109,7 @@ class RankTrace:
 
     rank: int
     header: dict[str, Any]
-    records: RecordView  # its ring file's records (decoded on demand), or records packed in memory (store.packed)
+    records: Slots  # its records as columns: its ring file's (each slot read once), or records made elsewhere
     groups: dict[str, GroupInfo]
     state: RankState
     steps: int = 0  # optimizer steps completed
@@ -126,7 +126,7 @@ class RankTrace:
     torn: int = 0  # unreadable slots or lines (expected after a kill)
     skipped: int = 0  # events of a known kind left out: a field missing or of another type
     ring_cut: int = 0  # > 0: the ring file ends after that many slots (truncated); -1: too short for its header
-    spans: RecordView = field(default_factory=lambda: _none())  # compute spans (kind "span", op: forward, ...)
+    spans: Slots = field(default_factory=lambda: _none())  # compute spans (kind "span", op: forward, ...)
     exhausted: list[dict[str, Any]] = field(default_factory=list)  # data_exhausted events: out of data
     pipelines: list[dict[str, Any]] = field(default_factory=list)  # pipeline events: how its schedules were built
     alive: bool = False  # no end of its own yet and its process runs (this host): the job is still going
