@@ -4,6 +4,7 @@ pulls in no textual (what it computes is tested and benched without a screen).""
 
 from __future__ import annotations
 
+import ast
 import os
 import pkgutil
 import subprocess
@@ -46,3 +47,35 @@ def test_analysis_trace_and_report_import_neither_torch_nor_textual() -> None:
 
 def test_the_tui_model_imports_no_textual() -> None:
     assert heavy_imports("colltrace.tui.model") == []
+
+
+# What reads a trace: the analysis gets a run's columns (trace.store.Slots) from trace/ and never reads itself.
+READERS = {"colltrace.trace.reader", "colltrace.trace.flight", "colltrace.trace.live", "colltrace.trace.dump",
+           "colltrace.trace.writer", "colltrace.trace.store"}  # fmt: skip
+READING = {"chunks", "raw", "read_from", "iter_chunks", "read_run", "read_rank", "read_events", "ring_info",
+           "of_ring", "of_records", "_open", "_ring", "_read", "RecordView", "packed"}  # fmt: skip
+
+
+def test_no_analysis_module_calls_back_into_a_reader() -> None:
+    """Every module of analysis/, by its syntax tree: it imports no trace reader (trace.store only for the
+    Slots type, under TYPE_CHECKING) and names none of their reading functions or attributes."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((PACKAGE / "analysis").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and ast.unparse(node.test) == "TYPE_CHECKING" for n in ast.walk(node)}  # fmt: skip
+        bad = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+                if names & READERS and id(node) not in typing_only:
+                    bad.append(f"line {node.lineno}: from {node.module} import ...")
+            elif isinstance(node, ast.Import):
+                bad += [f"line {node.lineno}: import {a.name}" for a in node.names if a.name in READERS]
+            elif isinstance(node, ast.Attribute) and node.attr in READING:
+                bad.append(f"line {node.lineno}: .{node.attr}")
+            elif isinstance(node, ast.Name) and node.id in READING - {"raw", "chunks"}:  # a local's name
+                bad.append(f"line {node.lineno}: {node.id}")
+        if bad:
+            found[path.name] = bad
+    assert found == {}
