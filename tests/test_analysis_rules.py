@@ -1395,3 +1395,57 @@ def test_a_transfer_whose_peer_never_took_one_that_way_from_anyone_is_not_a_wron
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.finding is not None and dx.finding.cause is not Cause.WRONG_PEER
     assert not [e for e in dx.finding.evidence if e.clue in (Clue.MISDIRECTED, Clue.WRONG_SOURCE)]
+
+
+# -- a broadcast from another root than at this point before ---------------------------------------------------
+
+
+def _zero_broadcasts(tmp_path: Path, root: int, numel: int, from_start: bool = False) -> None:
+    """ZeroRedundancyOptimizer's step broadcasts each rank's partition from its owner: 128 floats from rank 0,
+    4 from rank 1, every step. In step 3 rank 1 broadcasts `numel` from `root` where the others broadcast 4
+    from rank 1 (`from_start`: rank 1 did so in every step)."""
+    rs = ranks(str(tmp_path), 3)
+    for step in range(4):
+        for r in rs:
+            r.coll("all_reduce", 132, "", "backward", redop="SUM")
+            r.coll("broadcast", 128, "", "optimizer", peer=0)
+            odd = r.rank == 1 and (step == 3 or from_start)
+            r.coll("broadcast", numel if odd else 4, "", "optimizer", peer=root if odd else 1, done=step < 3,
+                   error=step == 3)  # fmt: skip
+            if step < 3:
+                r.step += 1
+                r.w.event({"ev": "step", "step": r.step})
+    for r in rs:
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+
+
+def test_a_broadcast_from_another_root_than_in_earlier_steps_is_another_collective_control_flow(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 alone added a parameter group at run time: ZeRO re-partitions, and where the others broadcast
+    rank 1's 4 floats, rank 1 broadcasts 32 from rank 0. Another root than its own earlier steps had there:
+    another broadcast, chosen at run time, not the same one with another size. control_flow, medium."""
+    _zero_broadcasts(tmp_path, root=0, numel=32)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.NUMEL
+    assert dx.culprits == (1,) and dx.victims == (0, 2)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert dx.finding.confidence is Confidence.MEDIUM
+    other = [e for e in dx.finding.evidence if e.clue is Clue.OTHER_CALL]
+    assert [(e.ranks, e.detail) for e in other] == [((1,), "root")]
+    assert "another root" in words.evidence_text(other[0])
+
+
+def test_the_same_broadcast_with_another_size_is_not_read_as_another_root(tmp_path: Path) -> None:
+    """Rank 1 broadcasts from the same root as the others, a size of its own: the same collective with another
+    tensor, numel_mismatch as before; nor is a root rank 1 used from its first step on read as a run-time
+    change."""
+    _zero_broadcasts(tmp_path, root=1, numel=32)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.NUMEL_MISMATCH
+    assert not [e for e in dx.finding.evidence if e.clue is Clue.OTHER_CALL]
+    _zero_broadcasts(tmp_path / "start", root=0, numel=32, from_start=True)
+    dx = diagnose(read_run(str(tmp_path / "start")))
+    assert dx.finding is not None
+    assert not [e for e in dx.finding.evidence if e.clue is Clue.OTHER_CALL and e.detail == "root"]

@@ -583,9 +583,24 @@ def other_call(f: Facts) -> Finding | None:
     the others': another collective, not the same one with other tensors (a rank-only guard, a metric)."""
     if f.d is None or f.d.kind not in (Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP) or not f.culprits:
         return None
-    if not _other_call(f):
-        return None
-    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.OTHER_CALL, f.culprits),))
+    if _other_call(f):
+        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.OTHER_CALL, f.culprits),))
+    if f.deviates and _other_root(f):
+        # a broadcast (reduce, gather, scatter) from another root than the others', where the culprit issued
+        # another one at this point of its earlier steps: the broadcast of another tensor, which its own branch
+        # chose at run time (a parameter group added on one rank re-partitions what each rank owns); not
+        # the same one with another size, which a setting fixed from the start makes
+        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.OTHER_CALL, f.culprits, "root"),))
+    return None
+
+
+def _other_root(f: Facts) -> bool:
+    """The culprits' divergent collective has a root (src, dst) that no victim's has: another collective."""
+    mine = {s.peer for s in f.sigs(f.culprits) if s.kind != "p2p"}
+    theirs = {s.peer for s in f.sigs(f.victims) if s.kind != "p2p"}
+    if f.d is None or f.d.group.startswith("p2p:") or not mine or not theirs or -1 in mine | theirs:
+        return False
+    return not mine & theirs
 
 
 def grad_changed(f: Facts) -> Finding | None:

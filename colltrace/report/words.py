@@ -153,6 +153,17 @@ def _wrong_source(who: str, d: Detail) -> str:
             "does not match)")  # fmt: skip
 
 
+def _other_call(who: str, detail: str, its: str) -> str:
+    if detail == "root":
+        return (f"{who} issued it from another root than the others, where {its} earlier steps issued another "
+                "collective at this point: a different collective, chosen at run time, not the same one with other "
+                "tensors")  # fmt: skip
+    return (
+        f"{who} issued it from another line of code or with another reduce op than the others: a different "
+        "collective, not the same one with other tensors"
+    )
+
+
 def _worker_killed(who: str, signal: str) -> str:
     said = f"{who}'s DataLoader worker was killed by a signal ({signal or 'unknown'})"
     if signal != "Killed":
@@ -249,8 +260,7 @@ def evidence_text(e: Evidence) -> str:
         f"of its transfers first, so the other side is never posted (the same code on every rank, not a branch)",
         Clue.SAVED_APART: f"{who} saved a checkpoint ({detail}) in this step just before, which the others did "
         "not: a save path that only some ranks enter (a collective inside `if rank == 0:`), not data that ran out",
-        Clue.OTHER_CALL: f"{who} issued it from another line of code or with another reduce op than the others: "
-        "a different collective, not the same one with other tensors",
+        Clue.OTHER_CALL: _other_call(who, detail, its),
         Clue.SCHEDULE: _schedule(who if e.ranks else "", d),
         Clue.EVERY_PAIR: f"{who} is an end of every pair whose transfers disagree ({_pairs(d)}); every "
         "other pair agrees",
