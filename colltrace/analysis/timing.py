@@ -11,7 +11,7 @@ import dataclasses
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -417,90 +417,72 @@ class GroupArrivals:
 
 
 Arrivals = list[GroupArrivals]
-# what arrivals() are made of: per rank, per group, its collectives' seqs (each once), issue times and steps
-Issued = dict[int, dict[str, tuple[Any, Any, Any]]]
 
 
-def arrivals(issued: Issued, group_sizes: dict[str, int] | None = None) -> Arrivals:
-    """The collectives every member of the group issued (a hang's last collective, which some never reached,
-    says nothing about arrival): per group, by the ranks that issued them, in seq order. Without the group's
-    members known, every rank seen at the seq where most were. The one place arrivals are made, from a
-    timeline's calls (timeline_items) or from the aligner's streams (stream_items) alike."""
+def arrivals(items: Iterable[tuple[str, int, int, int, int]], group_sizes: dict[str, int] | None = None) -> Arrivals:
+    """From (group, seq, issue time, rank, step) items: the collectives every member of the group issued
+    (a hang's last collective, which some never reached, says nothing about arrival)."""
+    by: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
+    for g, seq, t, r, step in items:
+        by[(g, seq)][r] = (t, step)
+    seen: dict[str, int] = defaultdict(int)  # without the group's members: the most ranks seen at one seq
+    for (g, _), got in by.items():
+        seen[g] = max(seen[g], len(got))
     sizes = group_sizes or {}
-    by_group: dict[str, list[tuple[int, Any, Any, Any]]] = defaultdict(list)
-    for r in sorted(issued):
-        for g, (seqs, times, steps) in issued[r].items():
-            if len(seqs):
-                by_group[g].append((r, seqs, times, steps))
-    out = []
-    for g in sorted(by_group):
-        parts = by_group[g]
-        seqs, counts = np.unique(np.concatenate([q for _, q, _, _ in parts]), return_counts=True)
-        keep = seqs[counts >= (sizes.get(g) or counts.max())]
-        n = len(keep)
-        if not n:
+    rows: dict[tuple[str, tuple[int, ...]], list[tuple[int, list[tuple[int, int]]]]] = {}
+    for (g, seq), got in sorted(by.items()):
+        if len(got) < (sizes.get(g) or seen[g]):
             continue
-        present = np.zeros((n, len(parts)), dtype=bool)
-        times = np.zeros((n, len(parts)), dtype=np.int64)
-        steps = np.zeros((n, len(parts)), dtype=np.int64)
-        for j, (_, q, t, s) in enumerate(parts):
-            pos = np.searchsorted(keep, q)
-            hit = (pos < n) & (keep[np.minimum(pos, n - 1)] == q)
-            present[pos[hit], j] = True
-            times[pos[hit], j] = t[hit]
-            steps[pos[hit], j] = s[hit]
-        patterns, first, inverse = np.unique(present, axis=0, return_index=True, return_inverse=True)
-        for p in np.argsort(first).tolist():  # the ranks that issued each seq: one entry per set, by first seq
-            rows, cols = np.flatnonzero(inverse.ravel() == p), np.flatnonzero(patterns[p])
-            out.append(GroupArrivals(g, tuple(parts[c][0] for c in cols.tolist()), keep[rows],
-                                     times[np.ix_(rows, cols)], steps[np.ix_(rows, cols)]))  # fmt: skip
+        ranks = tuple(sorted(got))
+        rows.setdefault((g, ranks), []).append((seq, [got[r] for r in ranks]))
+    out = []
+    for (g, ranks), per_seq in rows.items():
+        both = np.array([pairs for _, pairs in per_seq], dtype=np.int64)  # (n, ranks, 2)
+        out.append(GroupArrivals(g, ranks, np.array([q for q, _ in per_seq], dtype=np.int64), both[:, :, 0],
+                                 both[:, :, 1]))  # fmt: skip
     return out
 
 
-def timeline_items(tls: dict[int, Timeline]) -> Issued:
-    """Every rank's issued collectives (not p2p, not setup once the rank trained in the group), for arrivals()."""
-    out: Issued = {}
+def timeline_items(tls: dict[int, Timeline]) -> Iterator[tuple[str, int, int, int, int]]:
+    """Every rank's issued collectives (not p2p, not setup), for arrivals()."""
     for r, tl in tls.items():
         trained = {c.group for c in tl.calls if c.phase != SETUP}
-        by: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
         for c in tl.calls:
             if not c.p2p and not (c.phase == SETUP and c.group in trained):
-                by[c.group][c.seq] = (c.t0, c.step)  # a seq seen twice: its last
-        out[r] = {}
-        for g, got in by.items():
-            pairs = np.array(list(got.values()), dtype=np.int64).reshape(-1, 2)
-            out[r][g] = (np.fromiter(got, dtype=np.int64, count=len(got)), pairs[:, 0], pairs[:, 1])
-    return out
-
-
-def stream_items(streams: dict[int, RankStreams], shifts: dict[int, int], table: SigTable) -> Issued:
-    """timeline_items() from the aligner's per-group streams, column by column (every rank, no record decoded):
-    torn slots left out, and setup where the rank's stream holds more than setup."""
-    setup = [i for i, sig in enumerate(table.sigs) if sig is not None and sig.phase == SETUP]
-    out: Issued = {}
-    for r, rs in streams.items():
-        if r not in shifts:
-            continue
-        out[r] = {}
-        for key, st in rs.groups.items():
-            if key.startswith("p2p:"):
-                continue
-            times = np.frombuffer(st.t_issue, dtype=np.int64)
-            kept = times != 0
-            if setup:
-                init = np.isin(np.frombuffer(st.sigs, dtype=np.uint32), setup)
-                if not init.all():
-                    kept &= ~init
-            seqs = np.arange(st.seq0, st.seq0 + len(times), dtype=np.int64)
-            out[r][key] = (seqs[kept], times[kept] - shifts[r], _steps_of(st, st.seq0, st.last_seq)[kept])
-    return out
+                yield c.group, c.seq, c.t0, r, c.step
 
 
 def stream_arrivals(
     streams: dict[int, RankStreams], shifts: dict[int, int], group_sizes: dict[str, int], table: SigTable
 ) -> Arrivals:
-    """arrivals() from the aligner's per-group streams."""
-    return arrivals(stream_items(streams, shifts, table), group_sizes)
+    """arrivals() from the aligner's per-group streams, column by column (every rank, no record decoded)."""
+    setup = [i for i, sig in enumerate(table.sigs) if sig is not None and sig.phase == SETUP]
+    members: dict[str, list[int]] = defaultdict(list)
+    for r, rs in streams.items():
+        if r in shifts:
+            for key in rs.groups:
+                if not key.startswith("p2p:"):
+                    members[key].append(r)
+    out = []
+    for g, ranks in sorted(members.items()):
+        if len(ranks) < (group_sizes.get(g) or len(ranks)):
+            continue
+        sts = [streams[r].groups[g] for r in ranks]
+        lo, hi = max(st.seq0 for st in sts), min(st.last_seq for st in sts)
+        if hi < lo:
+            continue
+        times = np.stack([np.frombuffer(st.t_issue, dtype=np.int64)[lo - st.seq0 : hi - st.seq0 + 1] for st in sts])
+        steps = np.stack([_steps_of(st, lo, hi) for st in sts])
+        whole = (times != 0).all(axis=0)  # not a torn slot on any rank
+        if setup:
+            sigs = np.stack([np.frombuffer(st.sigs, dtype=np.uint32)[lo - st.seq0 : hi - st.seq0 + 1] for st in sts])
+            init = np.isin(sigs, setup)
+            trained = np.array([not np.isin(np.frombuffer(st.sigs, dtype=np.uint32), setup).all() for st in sts])
+            whole &= ~(init & trained[:, None]).any(axis=0)  # nor setup on any rank
+        times -= np.array([shifts[r] for r in ranks], dtype=np.int64)[:, None]
+        out.append(GroupArrivals(g, tuple(ranks), np.flatnonzero(whole) + lo, np.ascontiguousarray(times.T[whole]),
+                                 np.ascontiguousarray(steps.T[whole])))  # fmt: skip
+    return out
 
 
 def _steps_of(st: Any, lo: int, hi: int) -> Any:
