@@ -13,7 +13,7 @@ from handmade import FSDP_STEP, FakeRank, ranks
 
 from colltrace.analysis import causes
 from colltrace.analysis.diagnose import diagnose
-from colltrace.analysis.results import Clue, Confidence, DtypeChange, InSpan, PeersApart, SplitGap
+from colltrace.analysis.results import Clue, Confidence, DtypeChange, InSpan, PeersApart, SplitGap, StepSkew
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report import words
 from colltrace.trace.reader import read_run
@@ -1449,3 +1449,60 @@ def test_the_same_broadcast_with_another_size_is_not_read_as_another_root(tmp_pa
     dx = diagnose(read_run(str(tmp_path / "start")))
     assert dx.finding is not None
     assert not [e for e in dx.finding.evidence if e.clue is Clue.OTHER_CALL and e.detail == "root"]
+
+
+# -- a cycle whose parts paired one group's collectives at other points of their steps -----------------------
+
+_HSDP = {"0": ("default_pg", (0, 1, 2, 3)), "1": ("mesh_replicate", (0, 2)), "2": ("mesh_replicate", (1, 3))}
+
+
+def _hsdp_accum(tmp_path: Path, every: tuple[int, int]) -> None:
+    """HSDP on a 2x2 mesh: ranks 0-1 sync gradients (an all-reduce in their replicate group) every `every[0]`
+    micro-batches, ranks 2-3 every `every[1]`, for 12 micro-batches in all; a rank steps its optimizer after
+    each sync. Ranks 0-1 run out of micro-batches first and wait in a final world all-reduce; ranks 2-3
+    wait in a replicate all-reduce ranks 0-1 never issue."""
+    rs = ranks(str(tmp_path), 4, groups=_HSDP)
+    syncs = [12 // every[0], 12 // every[0]]
+    for r in rs:
+        n = every[0] if r.rank < 2 else every[1]
+        group = "1" if r.rank in (0, 2) else "2"
+        for i in range(12 if r.rank < 2 else syncs[0] * every[1] + every[1]):
+            hang = r.rank >= 2 and i == syncs[0] * every[1] + every[1] - 1
+            if i % n == n - 1:
+                r.coll("all_reduce", 2096, "layers.0", "backward", group=group, redop="AVG", micro=i % n,
+                       done=not hang, error=hang)  # fmt: skip
+                if hang:
+                    break
+                r.step += 1
+                r.w.event({"ev": "step", "step": r.step})
+        if r.rank < 2:
+            r.coll("all_reduce", 1, "", "other", redop="SUM", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+
+
+def test_a_cycle_whose_parts_paired_a_groups_syncs_at_other_micro_steps_from_the_first_is_undecided(
+    tmp_path: Path,
+) -> None:
+    """Ranks 0-1 sync every 4 micro-batches, ranks 2-3 every 2: their replicate all-reduces pair silently,
+    ranks 0-1's at micro-step 3, ranks 2-3's at micro-step 1, from the first on. Ranks 0-1 leave the loop
+    first (a collective they never issued before), but that only says they ran out of syncs first, not whose
+    schedule is wrong: undecided, control_flow, low, the skew said."""
+    _hsdp_accum(tmp_path, every=(4, 2))
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DEADLOCK and dx.cycle is not None and set(dx.cycle) == {0, 1, 2, 3}
+    assert dx.culprits == () and dx.victims == (0, 1, 2, 3)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert dx.finding.confidence is Confidence.LOW
+    apart = [e for e in dx.finding.evidence if e.clue is Clue.PAIRED_APART]
+    assert [(e.ranks, e.detail) for e in apart] == [((2, 3), StepSkew(0, 1, 0, 3, 1))]
+    assert "micro-step 1, against step 0, micro-step 3" in words.evidence_text(apart[0])
+
+
+def test_a_cycle_whose_parts_paired_alike_is_still_blamed_on_the_part_that_broke_its_pattern(tmp_path: Path) -> None:
+    """The same shape with syncs on the same micro-steps (every 2 on both sides) but ranks 2-3 go on to a
+    fourth sync ranks 0-1 never issue after their loop: the pairs agreed on when to sync, so history names the
+    part that left its pattern, as before (no paired_apart)."""
+    _hsdp_accum(tmp_path, every=(2, 2))
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.finding is not None and dx.culprits == (0, 1)
+    assert not [e for e in dx.finding.evidence if e.clue is Clue.PAIRED_APART]

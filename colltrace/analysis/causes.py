@@ -286,6 +286,11 @@ def deadlock(f: Facts) -> Finding | None:
     stuck_in = [f.ends[r].blocked for r in f.cycle if r in f.ends]
     if any(b is not None and b.kind == "p2p" for b in stuck_in):
         return None
+    apart = tuple(e for e in f.found if e.clue is Clue.PAIRED_APART)
+    if not f.culprits and apart:
+        # no part of the cycle named: its parts paired one group's collectives at other points of their steps
+        # from the first on (a sync schedule that differs by rank), which a branch or a setting of its own made
+        return Finding(Cause.CONTROL_FLOW, Confidence.LOW, (Evidence(Clue.CYCLE, f.cycle), *apart))
     if set(f.culprits) < set(f.cycle) and all(_new_to(f, r) for r in f.culprits):
         # the part of the cycle that broke its pattern is blocked in a collective it never issued before
         # in that group: a rank-only branch (a save or a log on rank 0), not groups entered in another order

@@ -358,10 +358,45 @@ def in_cycle(cycle: tuple[int, ...], streams: dict[int, RankStreams], ends: dict
     if not changed or len(changed) == len(cycle):
         return None
     culprits = tuple(sorted(changed))
+    apart = [_paired_apart(k, changed, streams, ends) for k in kept]
+    if kept and all(apart):
+        # each part kept a schedule of its own from the first collective they paired in the group the kept part
+        # waits in (a gradient sync every 2 micro-batches against every 4): the part that broke its pattern only
+        # ran out of them first (its loop ended); history cannot say whose schedule is wrong
+        skew = Evidence(Clue.PAIRED_APART, tuple(sorted(kept)), apart[0])
+        said = (Evidence(Clue.CYCLE, cycle), skew, Evidence(Clue.UNDECIDED, tuple(sorted(cycle))))
+        return Blame((), tuple(sorted(cycle)), Kind.MISSING, Confidence.LOW, said)
     ev = [Evidence(Clue.CYCLE, cycle), Evidence(Clue.HISTORY_DEVIATES, culprits)]
     if kept:
         ev.append(Evidence(Clue.HISTORY_CONSISTENT, tuple(sorted(kept))))
     return Blame(culprits, tuple(r for r in cycle if r not in culprits), Kind.MISSING, Confidence.MEDIUM, tuple(ev))
+
+
+def _paired_apart(
+    rank: int, others: list[int], streams: dict[int, RankStreams], ends: dict[int, RankEnd]
+) -> StepSkew | None:
+    """The rank is blocked in a collective that some of `others` (members of its group) never issued, and at
+    every earlier seq of that group the two issued alike (two at least), they issued it at another (step,
+    micro-step) than that rank: they paired the same collectives at other points of their steps from the
+    first on. The rank's (step, micro-step) at the first such seq, then the other's, and the seq."""
+    e = ends.get(rank)
+    b = e.blocked if e is not None else None
+    if b is None or b.kind == "p2p" or rank not in streams:
+        return None
+    mine = streams[rank].groups.get(b.group)
+    for o in others:
+        theirs = streams[o].groups.get(b.group) if o in streams else None
+        if mine is None or theirs is None or not theirs.sigs or theirs.last_seq >= b.seq:
+            continue
+        seqs = range(max(mine.seq0, theirs.seq0), theirs.last_seq + 1)
+        if len(seqs) < 2 or any(mine.sig_at(q) != theirs.sig_at(q) for q in seqs):
+            continue
+        at = [(mine.progress_at(q), theirs.progress_at(q)) for q in seqs]
+        if all(p is not None and t is not None and p != t for p, t in at):
+            (p, t) = at[0]
+            assert p is not None and t is not None
+            return StepSkew(p[0], p[1], t[0], t[1], seqs[0])
+    return None
 
 
 def misdirected(streams: dict[int, RankStreams]) -> Blame | None:

@@ -234,6 +234,7 @@ def evidence_text(e: Evidence) -> str:
         f"{'a victim' if s else 'victims'}",
         Clue.TURNED_SLOW: f"{who} turned slow at step {detail}: it was on time before",
         Clue.STEP_SKEW: _step_skew(who, d),
+        Clue.PAIRED_APART: _paired_apart(who, d),
         Clue.SKEW_BEFORE: _skew_before(who, d),
         Clue.COUNT_CHANGED: f"{who} issued another number of collectives in this group in this step than in {its} other steps",
         Clue.SPLITS: _splits(who, d),
@@ -450,6 +451,17 @@ def _step_skew(who: str, d: Detail) -> str:
     return (f"{who} issued it in step {d.step}, micro-step {d.micro}, where the others were in step {d.other_step}, "
             f"micro-step {d.other_micro}: {who} issued one collective more or fewer before it, and the backend "
             "paired the rest silently")  # fmt: skip
+
+
+def _paired_apart(who: str, d: Detail) -> str:
+    where = ""
+    if isinstance(d, StepSkew):
+        where = (f" (seq {d.seq}: step {d.step}, micro-step {d.micro}, against step {d.other_step}, micro-step "
+                 f"{d.other_micro})")  # fmt: skip
+    return (f"{who} had issued every earlier collective of the group they wait in at another point of the step than "
+            f"the ranks they paired with, from the first on{where}: each side kept a schedule of its own (a "
+            "gradient sync every few micro-batches, another count on each side), paired silently until one side "
+            "had issued all of its; neither side's own history says whose schedule is wrong")  # fmt: skip
 
 
 def _skew_before(who: str, d: Detail) -> str:
