@@ -1506,3 +1506,50 @@ def test_a_cycle_whose_parts_paired_alike_is_still_blamed_on_the_part_that_broke
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.finding is not None and dx.culprits == (0, 1)
     assert not [e for e in dx.finding.evidence if e.clue is Clue.PAIRED_APART]
+
+
+# -- a gradient all-reduce of a fixed buffer that changed size ------------------------------------------------
+
+
+def test_a_bucket_all_reduce_that_shrank_against_its_own_steps_is_a_changed_reduction_not_unused_params(
+    tmp_path: Path,
+) -> None:
+    """DDP all-reduces one 8,320-element bucket per step; in step 3 rank 2's comm hook switches to PowerSGD
+    (a start iteration from its local loader length) and all-reduces 128 elements. A bucket keeps its size
+    when parameters get no gradient: the reduction itself changed. control_flow, medium, both sizes said."""
+    rs = ranks(str(tmp_path), 3)
+    for step in range(4):
+        for r in rs:
+            last = step == 3
+            n = 128 if last and r.rank == 2 else 8320
+            r.coll("all_reduce", n, "0..2", "backward", redop="SUM", done=not last, error=last)
+            if not last:
+                r.step += 1
+                r.w.event({"ev": "step", "step": r.step})
+    for r in rs:
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.NUMEL
+    assert dx.culprits == (2,) and dx.victims == (0, 1)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert dx.finding.confidence is Confidence.MEDIUM
+    resized = [e for e in dx.finding.evidence if e.clue is Clue.GRAD_RESIZED]
+    assert [(e.ranks, e.detail) for e in resized] == [((2,), (8320, 128))]
+    assert "8320 elements before, 128 now" in words.evidence_text(resized[0])
+
+
+def test_a_reduce_scatter_that_shrank_against_its_own_steps_is_still_unused_params(tmp_path: Path) -> None:
+    """FSDP reduce-scatters only the parameters that got a gradient: rank 2's reduce-scatter of layers.1
+    shrinks in step 2 (a branch left a parameter unused). unused_params, as before; no grad_resized."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(2):
+            r.fsdp_step()
+        for i, (op, numel, module, phase) in enumerate(FSDP_STEP[:9]):
+            odd = r.rank == 2 and i == 8
+            r.coll(op, 136 if odd else numel, module, phase, done=i < 8, error=i == 8)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNUSED_PARAMS
+    assert not [e for e in dx.finding.evidence if e.clue is Clue.GRAD_RESIZED]

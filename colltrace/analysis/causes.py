@@ -6,7 +6,7 @@ import re
 from collections import Counter
 
 from colltrace.analysis import align, groups, states
-from colltrace.analysis.history import TRAINING, starts_step
+from colltrace.analysis.history import TRAINING, precedent, starts_step
 from colltrace.analysis.results import (
     Clue,
     Confidence,
@@ -609,10 +609,43 @@ def _other_root(f: Facts) -> bool:
 
 
 def grad_changed(f: Facts) -> Finding | None:
-    """Gradient reductions that changed from the culprit's own earlier steps: parameters without gradients."""
+    """Gradient reductions that changed from the culprit's own earlier steps: parameters without gradients.
+    Not an all-reduce of gradients that changed size on a rank that reduce-scatters none: it reduces a
+    fixed buffer (DDP's bucket, a flat parameter), in which a parameter without gradient is zeros, never
+    left out; the reduction itself changed on the culprit (a comm hook that switches to compression at a
+    step of its own), so a branch of its own, not unused parameters."""
     if f.d is None or not (_grad(f) and f.deviates and f.d.kind in (Kind.NUMEL, Kind.MODULE, Kind.OP)):
         return None
+    resized = _resized(f) if f.d.kind is Kind.NUMEL else None
+    if resized is not None:
+        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.GRAD_RESIZED, f.culprits, resized),))
     return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
+
+
+def _resized(f: Facts) -> tuple[int, int] | None:
+    """(the size it all-reduced at this point of its earlier steps, the size now) where every culprit's
+    divergent record is a gradient all-reduce of another size than there before, and none of them ever
+    reduce-scattered (FSDP's reduce-scatters leave out parameters without gradients); None else."""
+    assert f.d is not None and f.d.seq is not None
+    out = None
+    for a in f.d.at:
+        if a.rank not in f.culprits:
+            continue
+        st, rs = f.stream(a.rank), f.streams.get(a.rank)
+        if a.sig is None or a.sig.op != "all_reduce" or st is None or rs is None:
+            return None
+        if any(s is not None and s.op.startswith("reduce_scatter") for g in rs.groups.values() for s in _ops(f, g)):
+            return None
+        found = precedent(st, f.d.seq, st.sig_at(f.d.seq))
+        was = f.table[found.expected] if found.expected else None
+        if was is None or was.op != "all_reduce" or was.numel == a.sig.numel:
+            return None
+        out = (was.numel, a.sig.numel)
+    return out
+
+
+def _ops(f: Facts, st: GroupStream) -> list:  # type: ignore[type-arg]
+    return [f.table[sid] for sid in set(st.sigs) if sid]
 
 
 def same_collective(f: Facts) -> Finding | None:

@@ -52,6 +52,9 @@ class Clue(str, enum.Enum):
     RECOMPUTE = "recompute"  # the divergent records are in activation-checkpoint recompute
     DDP_UNREDUCED = "ddp_unreduced"  # DDP raised: parameters got no gradient on the rank (detail: their indices)
     GRAD_REDUCTION = "grad_reduction"  # the divergent records are gradient reductions in backward
+    # the culprit's gradient all-reduce changed size from its earlier steps, with no reduce-scatter on it: a
+    # fixed buffer (DDP's bucket) whose reduction changed (detail: (the size before, the size now))
+    GRAD_RESIZED = "grad_resized"
     GRAD_SKIPPED = "grad_skipped"  # the culprit completed the step the others wait in, without that reduction
     EVAL_FORWARD = "eval_forward"  # the culprit ran a forward without gradients / in eval mode (detail: mode)
     REPEATED_MODULE = "repeated_module"  # the culprit gathered a module more often than in its earlier steps

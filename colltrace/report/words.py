@@ -223,6 +223,7 @@ def evidence_text(e: Evidence) -> str:
         + (f" (indices {detail})" if detail else "")
         + ", so the gradient bucket holding them was never reduced",
         Clue.GRAD_REDUCTION: "the divergent collectives are gradient reductions in backward",
+        Clue.GRAD_RESIZED: _grad_resized(who, d, its),
         Clue.GRAD_SKIPPED: f"{who} completed step {detail} (its backward and optimizer step) without the gradient "
         "reduction the others wait for in that step: it did not run out of data",
         Clue.EVAL_FORWARD: f"{who} ran a forward without gradients ({detail}: an evaluation pass) in this step, "
@@ -451,6 +452,15 @@ def _step_skew(who: str, d: Detail) -> str:
     return (f"{who} issued it in step {d.step}, micro-step {d.micro}, where the others were in step {d.other_step}, "
             f"micro-step {d.other_micro}: {who} issued one collective more or fewer before it, and the backend "
             "paired the rest silently")  # fmt: skip
+
+
+def _grad_resized(who: str, d: Detail, its: str) -> str:
+    sizes = f" ({d[0]} elements before, {d[1]} now)" if isinstance(d, tuple) and len(d) == 2 else ""
+    return (
+        f"{who} all-reduced gradients of another size than at this point of {its} earlier steps{sizes}, and "
+        "never reduce-scattered: a fixed buffer (DDP's bucket) keeps its size when parameters get no gradient, "
+        "so the reduction itself changed (a comm hook that starts compressing at a step of its own)"
+    )
 
 
 def _paired_apart(who: str, d: Detail) -> str:
