@@ -1553,3 +1553,59 @@ def test_a_reduce_scatter_that_shrank_against_its_own_steps_is_still_unused_para
     assert dx.culprits == (2,)
     assert dx.finding is not None and dx.finding.cause is Cause.UNUSED_PARAMS
     assert not [e for e in dx.finding.evidence if e.clue is Clue.GRAD_RESIZED]
+
+
+# -- a rank that joined (torch's Join) before the divergence ----------------------------------------------------
+
+
+def _join_loss(tmp_path: Path, phase: str) -> None:
+    """DDP under Join with 6/6/4 batches; each step all-reduces a 1-float flag twice in forward, the bucket in
+    backward, then the job's own loss all-reduce (1 float) that Join cannot shadow. Rank 2 runs out after 4
+    steps: its Join shadows the flags and the bucket (`phase`), its 1-float all-reduces pair with the others'
+    loss all-reduce, and the streams drift until its bucket meets their flag."""
+    rs = ranks(str(tmp_path), 3)
+    step = [("all_reduce", 1, "<root>", "forward"), ("all_reduce", 1, "<root>", "forward"),
+            ("all_reduce", 771, "0..2", "backward"), ("all_reduce", 1, "", "other")]  # fmt: skip
+    for r in rs:
+        for _ in range(4):
+            for op, n, module, ph in step:
+                r.coll(op, n, module, ph, redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    for r in rs[:2]:
+        for i, (op, n, module, ph) in enumerate(step * 2):
+            last = i == 5
+            r.coll(op, n, module, ph, redop="SUM", done=not last, error=last)
+            if last:
+                break
+            if i == 3:
+                r.step += 1
+                r.w.event({"ev": "step", "step": r.step})
+    for i, (n, module, ph) in enumerate([(1, "", phase), (1, "", phase), (771, "0..2", "backward"),
+                                         (1, "", phase), (1, "", phase), (771, "0..2", "backward")]):  # fmt: skip
+        rs[2].coll("all_reduce", n, module, ph, redop="SUM", done=i < 5, error=i == 5)
+    for r in rs:
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+
+
+def test_a_rank_that_joined_before_the_divergence_ran_out_of_inputs_first(tmp_path: Path) -> None:
+    """Rank 2 issued records inside Join (phase join) from seq 17 on, the others none: its inputs ran out
+    first, and the divergence is a collective Join does not shadow. uneven_data, medium, the join said."""
+    _join_loss(tmp_path, "join")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (2,) and dx.victims == (0, 1)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
+    assert dx.finding.confidence is Confidence.MEDIUM
+    said = [e for e in dx.finding.evidence if e.clue is Clue.JOINED]
+    assert [(e.ranks, e.detail) for e in said] == [((2,), 17)]
+    assert "joined" in words.evidence_text(said[0])
+
+
+def test_the_same_drift_without_join_is_not_read_as_data_run_out(tmp_path: Path) -> None:
+    """The same records, none inside Join (a rank-only 1-float all-reduce of its own): nothing says its data
+    ran out. Not uneven_data, no joined clue."""
+    _join_loss(tmp_path, "other")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is not Cause.UNEVEN_DATA
+    assert not [e for e in dx.finding.evidence if e.clue is Clue.JOINED]

@@ -23,7 +23,7 @@ from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
 from colltrace.analysis.timing import Straggler, reduces
 from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.records import NOT_ENDED, Collective, RankState, Run
-from colltrace.trace.schema import SEND_OPS
+from colltrace.trace.schema import PHASE_JOIN, SEND_OPS
 
 # DDP's error at the forward after a backward whose reduction it could not finish (find_unused_parameters=False)
 _DDP_UNFINISHED = "Expected to have finished reduction in the prior iteration"
@@ -506,6 +506,30 @@ def step_skew(f: Facts) -> Finding | None:
     return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, ())
 
 
+def joined(f: Facts) -> Finding | None:
+    """The culprits had entered torch's Join before the divergence (records of phase join: a rank that ran out
+    of inputs shadows the others' collectives from Join.__exit__), and no victim had: their inputs ran out
+    first, and the divergence is a collective Join does not shadow (one the job issues itself in its loop)."""
+    if f.d is None or f.d.seq is None or not f.culprits or not f.victims:
+        return None
+    first = [_joined_at(f, r) for r in f.culprits]
+    if not all(first) or any(_joined_at(f, v) for v in f.victims[:_VICTIMS]):
+        return None
+    return Finding(Cause.UNEVEN_DATA, Confidence.MEDIUM, (Evidence(Clue.JOINED, f.culprits, min(first)),))
+
+
+def _joined_at(f: Facts, rank: int) -> int:
+    """The first seq of the divergent group, up to the divergence, that the rank issued inside Join; 0 none."""
+    st = f.stream(rank)
+    if st is None or f.d is None or f.d.seq is None:
+        return 0
+    for off, sid in enumerate(st.sigs[: max(0, f.d.seq - st.seq0 + 1)]):
+        sig = f.table[sid] if sid else None
+        if sig is not None and sig.phase == PHASE_JOIN:
+            return st.seq0 + off
+    return 0
+
+
 def skew_before(f: Facts) -> Finding | None:
     """Before the divergence the culprit issued one of the same collectives at another step or micro-step
     than the others, and they realigned after: it ran work the others did not, or skipped work they ran (a
@@ -814,7 +838,7 @@ def control_flow(f: Facts) -> Finding | None:
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
     schedule_mismatch, wrong_peer, p2p_order, deadlock, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
-    step_skew, skew_before, saved_apart, grad_skipped, recompute, uneven_data, exited_early, unattributed, other_call, grad_changed, same_collective,
+    joined, step_skew, skew_before, saved_apart, grad_skipped, recompute, uneven_data, exited_early, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip
 

@@ -58,6 +58,9 @@ class Clue(str, enum.Enum):
     GRAD_SKIPPED = "grad_skipped"  # the culprit completed the step the others wait in, without that reduction
     EVAL_FORWARD = "eval_forward"  # the culprit ran a forward without gradients / in eval mode (detail: mode)
     REPEATED_MODULE = "repeated_module"  # the culprit gathered a module more often than in its earlier steps
+    # the culprit issued records inside torch's Join (it ran out of inputs, shadowing the others' collectives)
+    # before the divergence, the others none (detail: the first such seq)
+    JOINED = "joined"
     LEFT_LOOP = "left_loop"  # the culprit stopped issuing training-step collectives at a step boundary
     TIMED_OUT = "timed_out"  # the victims' collectives failed (timeout, peer gone)
     LAST_ARRIVER = "last_arriver"  # the rank arrived last at most collectives, by a wide margin

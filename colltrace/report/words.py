@@ -224,6 +224,9 @@ def evidence_text(e: Evidence) -> str:
         + ", so the gradient bucket holding them was never reduced",
         Clue.GRAD_REDUCTION: "the divergent collectives are gradient reductions in backward",
         Clue.GRAD_RESIZED: _grad_resized(who, d, its),
+        Clue.JOINED: f"{who} had run out of inputs and joined (torch's Join: from seq {detail or '?'} on, {its} "
+        "records shadow the others' collectives) while the others still had inputs: the divergence is a collective "
+        "Join does not shadow (one the loop issues itself, outside the joined modules)",
         Clue.GRAD_SKIPPED: f"{who} completed step {detail} (its backward and optimizer step) without the gradient "
         "reduction the others wait for in that step: it did not run out of data",
         Clue.EVAL_FORWARD: f"{who} ran a forward without gradients ({detail}: an evaluation pass) in this step, "
