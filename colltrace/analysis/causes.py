@@ -523,11 +523,9 @@ def _joined_at(f: Facts, rank: int) -> int:
     st = f.stream(rank)
     if st is None or f.d is None or f.d.seq is None:
         return 0
-    for off, sid in enumerate(st.sigs[: max(0, f.d.seq - st.seq0 + 1)]):
-        sig = f.table[sid] if sid else None
-        if sig is not None and sig.phase == PHASE_JOIN:
-            return st.seq0 + off
-    return 0
+    upto = st.sigs[: max(0, f.d.seq - st.seq0 + 1)]
+    inside = {sid for sid in set(upto) if sid and (sig := f.table[sid]) is not None and sig.phase == PHASE_JOIN}
+    return next((st.seq0 + off for off, sid in enumerate(upto) if sid in inside), 0) if inside else 0
 
 
 def skew_before(f: Facts) -> Finding | None:
