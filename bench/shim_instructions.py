@@ -53,6 +53,7 @@ def _adapter_child(mode: str, n: int) -> None:
     import enum
     import functools
 
+    _stand_in_torch_compiler()  # the wrappers inline the compile check (shim.COMPILING) with torch.compiler's names
     from colltrace.record.fsdp import fsdp2_wrappers
     from colltrace.record.tracer import Tracer
 
