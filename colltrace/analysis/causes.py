@@ -24,6 +24,7 @@ from colltrace.analysis.timing import Straggler, reduces
 from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.records import NOT_ENDED, Collective, RankState, Run
 from colltrace.trace.schema import PHASE_JOIN, SEND_OPS
+from colltrace.trace.vocab import SpanKind
 
 # DDP's error at the forward after a backward whose reduction it could not finish (find_unused_parameters=False)
 _DDP_UNFINISHED = "Expected to have finished reduction in the prior iteration"
@@ -81,13 +82,15 @@ def _left_loop(f: Facts, rank: int) -> bool:
     return not any(s is not None and s.phase in TRAINING for s in after)
 
 
-_STUCK_IN = {
-    "data": Cause.STUCK_DATA_LOADING,
-    "checkpoint": Cause.STUCK_CHECKPOINT_IO,
-    "forward": Cause.STUCK_COMPUTE,
-    "backward": Cause.STUCK_COMPUTE,
-    "recompute": Cause.STUCK_COMPUTE,
-    "optimizer": Cause.STUCK_COMPUTE,
+_STUCK_IN: dict[
+    str, Cause
+] = {  # every span kind that says what the rank computed (not a colltrace.phase block: its name does)
+    SpanKind.DATA: Cause.STUCK_DATA_LOADING,
+    SpanKind.CHECKPOINT: Cause.STUCK_CHECKPOINT_IO,
+    SpanKind.FORWARD: Cause.STUCK_COMPUTE,
+    SpanKind.BACKWARD: Cause.STUCK_COMPUTE,
+    SpanKind.RECOMPUTE: Cause.STUCK_COMPUTE,
+    SpanKind.OPTIMIZER: Cause.STUCK_COMPUTE,
 }
 
 

@@ -23,6 +23,7 @@ from colltrace.analysis.streams import Signature, numbered, p2p_ends
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace import frames
 from colltrace.trace.records import Collective, RankState
+from colltrace.trace.vocab import SpanKind
 
 
 def ranks_text(ranks: tuple[int, ...] | list[int]) -> str:
@@ -350,14 +351,14 @@ def _late_in(who: str, d: Detail) -> str:
     return f"{who} was in {span_text(d.kind, d.module, d.flavour)}{took} while the others waited: where their wait went"
 
 
-SPAN_WORDS = {  # a compute span's kind (record.spans), as a report says it
-    "data": "data loading",
-    "forward": "the forward",
-    "backward": "the backward",
-    "recompute": "activation-checkpoint recompute",
-    "optimizer": "the optimizer step",
-    "checkpoint": "checkpoint I/O",
-    "phase": "a phase block",
+SPAN_WORDS: dict[str, str] = {  # a compute span's kind (every SpanKind: a test checks), as a report says it
+    SpanKind.DATA: "data loading",
+    SpanKind.FORWARD: "the forward",
+    SpanKind.BACKWARD: "the backward",
+    SpanKind.RECOMPUTE: "activation-checkpoint recompute",
+    SpanKind.OPTIMIZER: "the optimizer step",
+    SpanKind.CHECKPOINT: "checkpoint I/O",
+    SpanKind.PHASE: "a phase block",
 }
 
 
