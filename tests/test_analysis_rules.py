@@ -149,6 +149,40 @@ def test_split_sizes_name_the_rank_whose_splits_disagree_with_every_peer(tmp_pat
     assert [e.detail for e in dx.finding.evidence if e.clue is Clue.SPLITS] == [(SplitGap(2, 0, sent=5, expected=10),)]
 
 
+def test_an_even_all_to_all_whose_rows_are_shorter_on_one_rank_is_a_split_mismatch(tmp_path: Path) -> None:
+    """Ulysses sequence parallelism: a batch of 130 tokens gives rank 2 a shorter chunk, and every rank splits
+    its own chunk evenly (no split sizes). gloo pairs the shorter rows at seq 2 without a word; rank 0 goes on
+    to the next all-to-all and fails there. The first exchange whose pairs disagree, element for element, is
+    the divergence, ahead of the later 'missing' one."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.coll("all_to_all_single", 192, "", "forward", shape="[3,2,32] -> [3,2,32]")
+    for r in rs:
+        w = 30 if r.rank == 2 else 32
+        r.coll("all_to_all_single", 6 * w, "", "forward", shape=f"[3,2,{w}] -> [3,2,{w}]", done=r.rank == 0)
+    rs[0].coll("all_to_all_single", 192, "", "forward", shape="[3,2,32] -> [3,2,32]", done=False, error=True)
+    for r in rs:
+        r.error("RuntimeError", "Connection reset by peer", in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (2, Kind.NUMEL)
+    assert dx.culprits == (2,) and dx.verdict is Verdict.DIVERGENCE
+    assert dx.finding is not None and dx.finding.cause is Cause.SPLIT_MISMATCH
+    gaps = [g for e in dx.finding.evidence if e.clue is Clue.SPLITS for g in e.detail]  # type: ignore[union-attr]
+    assert SplitGap(0, 2, sent=64, expected=60, rows=False) in gaps and len(gaps) == 4
+    assert "64 elements where rank 2 expected 60" in words.evidence_text(dx.finding.evidence[0])
+
+
+def test_an_even_all_to_all_whose_rows_match_says_nothing_of_split_sizes(tmp_path: Path) -> None:
+    """The negative: every rank's even all-to-all is as long (the counts' exchange, a Ulysses step that
+    divides evenly): nothing disagrees, the run is healthy."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.coll("all_to_all_single", 3, "", "forward", shape="[3] -> [3]")
+        r.coll("all_to_all_single", 192, "", "forward", shape="[3,2,32] -> [3,2,32]")
+        r.footer()
+    assert diagnose(read_run(str(tmp_path))).verdict is Verdict.HEALTHY
+
+
 def test_an_uneven_all_to_all_that_agrees_pair_by_pair_is_healthy(tmp_path: Path) -> None:
     rs = ranks(str(tmp_path), 2)
     splits = {0: "[3,4] -> [5,4] split 1,2 -> 1,4", 1: "[7,4] -> [5,4] split 4,3 -> 2,3"}

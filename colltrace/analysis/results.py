@@ -151,6 +151,7 @@ class SplitGap:
     receiver: int
     sent: int  # rows the sender sent the receiver
     expected: int  # rows the receiver expected from it
+    rows: bool = True  # False: sent and expected count elements (the two ranks' rows are not as long)
 
 
 @dataclass(frozen=True, slots=True)

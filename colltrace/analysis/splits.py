@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from colltrace.analysis import states
 from colltrace.analysis.results import RankEnd, SplitGap
 from colltrace.analysis.streams import RankStreams, SigTable
@@ -18,6 +20,10 @@ def parse(shape: str, numel_in: int, numel_out: int, n: int) -> tuple[list[int],
     head, sep, tail = shape.partition(" split ")
     if not sep or n <= 0:
         return None
+    return _sides(head, tail, n)
+
+
+def _sides(head: str, tail: str, n: int) -> tuple[list[int], list[int]] | None:
     rows = [_rows(side) for side in head.split(" -> ")]
     out: list[list[int]] = []
     for i, side in enumerate(tail.split(" -> ")[:2]):
@@ -44,11 +50,58 @@ def _rows(text: str) -> int | None:
         return None
 
 
+def _widths(head: str) -> tuple[int, int] | None:
+    """Elements per row of the input and of the output ("[4,2,32] -> [4,2,30]": 64, 60); None unread."""
+    out = []
+    for side in head.split(" -> ")[:2]:
+        width = 1
+        for dim in side.strip().strip("[]").split(",")[1:]:
+            try:
+                width *= int(dim)
+            except ValueError:
+                return None
+        out.append(width)
+    return (out[0], out[1]) if len(out) == 2 else None
+
+
+class _Sizes(NamedTuple):
+    """One member's all-to-all: rows it sends each peer, rows it expects from each, and the elements in a
+    row of its input and of its output; `told` when its call passed split sizes."""
+
+    send: list[int]
+    recv: list[int]
+    width_in: int
+    width_out: int
+    told: bool
+
+
+def _sizes(shape: str, n: int) -> _Sizes | None:
+    """A record's split sizes and row widths. A call without split sizes splits both sides evenly: its rows
+    must still match its peers' element for element (a rank whose sequence chunk is shorter sends shorter
+    rows, which gloo pairs without a word until a later exchange fails)."""
+    head, sep, tail = shape.partition(" split ")
+    if n <= 0:
+        return None
+    sides = _sides(head, tail if sep else "even -> even", n)
+    widths = _widths(head)
+    if sides is None or widths is None:
+        return None
+    return _Sizes(sides[0], sides[1], widths[0], widths[1], bool(sep))
+
+
 def bad_pairs(
     run: Run, streams: dict[int, RankStreams], group: str, seq: int
 ) -> list[tuple[int, int, int, int]] | None:
     """(sender, receiver, rows sent, rows the receiver expected) of each pair of the all-to-all at
-    (group, seq) whose sizes disagree; None when some member's split sizes cannot be read there."""
+    (group, seq) whose sizes disagree; None when some member's split sizes cannot be read there, or when no
+    member passed split sizes and every pair agrees (an exchange of counts says nothing of its own)."""
+    found = gaps(run, streams, group, seq)
+    return None if found is None else [(g.sender, g.receiver, g.sent, g.expected) for g in found]
+
+
+def gaps(run: Run, streams: dict[int, RankStreams], group: str, seq: int) -> list[SplitGap] | None:
+    """Each pair of the all-to-all at (group, seq) whose sizes disagree, in rows where the two rows are as
+    long, else in elements; None as bad_pairs says."""
     order: tuple[int, ...] = ()
     for trace in run.ranks.values():
         g = trace.groups.get(group)
@@ -56,7 +109,7 @@ def bad_pairs(
             order = tuple(g.ranks)
             break
     n = len(order)
-    got: dict[int, tuple[list[int], list[int]]] = {}
+    got: dict[int, _Sizes] = {}
     for r in order:
         rs, rt = streams.get(r), run.ranks.get(r)
         st = rs.groups.get(group) if rs is not None else None
@@ -65,12 +118,23 @@ def bad_pairs(
         rec = states.record(rt, st.idx_at(seq))
         if rec is None or rec.op not in _SPLIT_OPS:
             return None
-        sizes = parse(rec.shape, rec.numel_in, rec.numel_out, n)
+        sizes = _sizes(rec.shape, n)
         if sizes is None:
             return None
         got[r] = sizes
-    return [(a, b, got[a][0][j], got[b][1][i]) for i, a in enumerate(order) for j, b in enumerate(order)
-            if got[a][0][j] != got[b][1][i]]  # fmt: skip
+    out = []
+    for i, a in enumerate(order):
+        for j, b in enumerate(order):
+            sent, want = got[a].send[j], got[b].recv[i]
+            wide, expect_wide = got[a].width_in, got[b].width_out
+            if wide == expect_wide:
+                if sent != want:
+                    out.append(SplitGap(a, b, sent, want))
+            elif sent * wide != want * expect_wide:
+                out.append(SplitGap(a, b, sent * wide, want * expect_wide, rows=False))
+    if not out and not any(s.told for s in got.values()):
+        return None
+    return out
 
 
 def _first_apart(run: Run, streams: dict[int, RankStreams], table: SigTable) -> set[tuple[str, int]]:
@@ -135,6 +199,6 @@ def suspects(
             else:
                 continue
         culprits = tuple(sorted(narrowed))
-        said = tuple(SplitGap(a, b, sent, want) for a, b, sent, want in pairs if a in culprits or b in culprits)
+        said = tuple(g for g in gaps(run, streams, group, seq) or () if g.sender in culprits or g.receiver in culprits)
         return culprits, said, group, seq, certain
     return None

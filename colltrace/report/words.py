@@ -444,8 +444,8 @@ def _schedule(who: str, d: Detail) -> str:
 def _splits(who: str, d: Detail) -> str:
     """'rank 2 sent rank 1 20 rows where rank 1 expected 25', pair by pair."""
     gaps = [g for g in d if isinstance(g, SplitGap)] if isinstance(d, tuple) else []
-    said = [f"rank {g.sender} sent rank {g.receiver} {g.sent} rows where rank {g.receiver} expected {g.expected}"
-            for g in gaps]  # fmt: skip
+    said = [f"rank {g.sender} sent rank {g.receiver} {g.sent} {'rows' if g.rows else 'elements'} where rank "
+            f"{g.receiver} expected {g.expected}" for g in gaps]  # fmt: skip
     text = "; ".join(said) or "its pairs' sizes disagree"
     return f"{who}'s all-to-all split sizes disagree with its peers': {text}"
 
