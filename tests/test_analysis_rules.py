@@ -568,6 +568,48 @@ def test_a_rank_that_skips_its_subgroup_collective_is_a_branch_not_a_cross_group
     assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.WENT_PAST] == [((3,), "2")]
 
 
+def _families_reordered(tmp_path: Path, site2: str) -> None:
+    """Ranks reduce each parameter family on a group of its own, looping over a set of family names. Steps
+    0-1 have one family (group 1); from step 2 both, and rank 2 reaches group 2 first, from `site2`."""
+    groups = {"0": ("default_pg", (0, 1, 2)), "1": ("dense", (0, 1, 2)), "2": ("embed", (0, 1, 2))}
+    line = "train.py:65 in worker"
+    for r in ranks(str(tmp_path), 3, groups=groups):
+        for _ in range(2):
+            r.coll("all_reduce", 72, "", "other", group="1", redop="SUM", site=line)
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+        if r.rank == 2:
+            r.coll("all_reduce", 40, "", "other", group="2", redop="SUM", done=False, site=site2)
+        else:
+            r.coll("all_reduce", 72, "", "other", group="1", redop="SUM", done=False, site=line)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+
+
+def test_a_rank_that_reaches_another_group_first_from_the_same_line_is_a_cross_group_deadlock(
+    tmp_path: Path,
+) -> None:
+    """A set's iteration order differs per process (its hash seed): from step 2 ranks 0-1 reduce the dense
+    family first, rank 2 the embed family, from the same loop statement. Rank 2's collective is new to it,
+    as a rank-only branch's would be, but it comes from the very line the others wait at: groups entered in
+    another order."""
+    _families_reordered(tmp_path, "train.py:65 in worker")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DEADLOCK and dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CROSS_GROUP_DEADLOCK
+    assert dx.finding.confidence is Confidence.MEDIUM
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.SAME_LINE] == [((2,), "dense")]
+
+
+def test_a_rank_blocked_in_a_new_collective_from_another_line_is_a_branch_not_an_order(tmp_path: Path) -> None:
+    """The negative: rank 2's new collective comes from another line (a save or a log only it runs): a
+    branch of its own, not the same code reaching groups in another order."""
+    _families_reordered(tmp_path, "train.py:80 in save")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.DEADLOCK and dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert not [e for e in dx.finding.evidence if e.clue is Clue.SAME_LINE]
+
+
 def test_a_send_with_another_tag_than_its_receive_is_a_tag_divergence_on_the_sender(tmp_path: Path) -> None:
     """A parameter-server loop: ranks 1 and 2 send rank 0 a gradient tagged with the step, rank 0 receives
     from each with that tag, then broadcasts. At step 2 rank 2 tags its message with a sample counter: the

@@ -294,6 +294,14 @@ def deadlock(f: Facts) -> Finding | None:
         # no part of the cycle named: its parts paired one group's collectives at other points of their steps
         # from the first on (a sync schedule that differs by rank), which a branch or a setting of its own made
         return Finding(Cause.CONTROL_FLOW, Confidence.LOW, (Evidence(Clue.CYCLE, f.cycle), *apart))
+    line = {r: _same_line(f, r) for r in f.culprits}
+    if set(f.culprits) < set(f.cycle) and all(line.values()):
+        # the part of the cycle that broke its pattern is blocked in a collective new to it, issued from the
+        # very line where the rest wait in another group: one statement (a loop over groups in an order each
+        # process draws, a set's) reached the groups in another order; a branch adds its collective elsewhere
+        ev = [Evidence(Clue.CYCLE, f.cycle)]
+        ev += [Evidence(Clue.SAME_LINE, tuple(rs), label) for label, rs in _by_value(line).items()]
+        return Finding(Cause.CROSS_GROUP_DEADLOCK, Confidence.MEDIUM, tuple(ev))
     if set(f.culprits) < set(f.cycle) and all(_new_to(f, r) for r in f.culprits):
         # the part of the cycle that broke its pattern is blocked in a collective it never issued before
         # in that group: a rank-only branch (a save or a log on rank 0), not groups entered in another order
@@ -326,6 +334,22 @@ def _went_past(f: Facts, rank: int) -> str:
         if st is None or st.last_seq >= theirs.seq or not st.sigs:
             continue
         if st.last_step == b.step - 1:  # it issued in that group in its step before, and not in this one
+            return align.label(f.run, theirs.group)
+    return ""
+
+
+def _same_line(f: Facts, rank: int) -> str:
+    """The label of the group another rank of the cycle (not a culprit) is blocked in, where the rank is
+    blocked in a collective new to it in another group, of the same op, issued from the same line; "" none."""
+    e = f.ends.get(rank)
+    b = e.blocked if e is not None else None
+    if b is None or not b.site or f.cycle is None or not _new_to(f, rank):
+        return ""
+    for other in f.cycle:
+        theirs = f.ends[other].blocked if other in f.ends and other not in f.culprits else None
+        if theirs is None or theirs.kind == "p2p" or theirs.group == b.group:
+            continue
+        if theirs.site == b.site and theirs.op == b.op:
             return align.label(f.run, theirs.group)
     return ""
 

@@ -90,6 +90,9 @@ class Clue(str, enum.Enum):
     # the rank went past, this step, a collective of the group others of the cycle wait in, which it issued in
     # its step before (detail: the group's label)
     WENT_PAST = "went_past"
+    # the rank is blocked in a collective new to it, issued from the line where others of the cycle wait in
+    # another group: the same statement reached the groups in another order (detail: the others' group label)
+    SAME_LINE = "same_line"
     SAME_ORDER = "same_order"  # the ranks of a cycle each block in a blocking transfer of one kind (detail: send|recv)
     SAVED_APART = "saved_apart"  # the rank saved a checkpoint in this step, the others did not (detail: how)
     OTHER_CALL = "other_call"  # the ranks issued it from different lines or with different reduce ops

@@ -262,6 +262,9 @@ def evidence_text(e: Evidence) -> str:
         "others wait in, which "
         f"{'it' if s else 'they'} issued in {its} step before: skipped this step on a branch of {its} own (ranks that "
         "enter groups in another order do so from the start)",
+        Clue.SAME_LINE: f"{who} {'is' if s else 'are'} blocked in a collective new to {'it' if s else 'them'}, "
+        f"issued from the very line where the others wait in {group_text(detail) if detail else 'another group'}: "
+        "the same code reached the groups in another order",
         Clue.SAME_ORDER: f"{who} each block in a blocking {detail} to another of them: each posted the same side "
         f"of its transfers first, so the other side is never posted (the same code on every rank, not a branch)",
         Clue.SAVED_APART: f"{who} saved a checkpoint ({detail}) in this step just before, which the others did "
