@@ -84,6 +84,41 @@ def test_with_two_ranks_the_step_divergence_is_told_by_the_ranks_own_count_per_s
     assert dx.culprits == (0,)
 
 
+def _async_saves(tmp_path: Path, phase: str) -> None:
+    """Ranks train on group 0 and, every 2 steps, gather their save plans on group 1 (`phase`) from a
+    background thread; rank 2's slower storage puts its second gather of each save a step later. Every
+    record alike, every one done, every rank finished."""
+    groups = {"0": ("default_pg", (0, 1, 2)), "1": ("ckpt", (0, 1, 2))}
+    for r in ranks(str(tmp_path), 3, groups=groups):
+        for step in range(6):
+            r.coll("all_reduce", 884, "", "backward", redop="SUM")
+            if step % 2 == 0:
+                r.coll("gather_object", 1, "", phase, group="1", peer=0)
+            if step % 2 == (0 if r.rank != 2 else 1):
+                r.coll("gather_object", 1, "", phase, group="1", peer=0)
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+        r.footer()
+
+
+def test_a_background_groups_records_in_other_steps_are_no_divergence_when_all_matched_and_finished(
+    tmp_path: Path,
+) -> None:
+    """An asynchronous checkpoint's own group: its collectives land in whatever step the main thread is
+    in. The same records, all done, in a finished run, on a group no training phase uses: healthy."""
+    _async_saves(tmp_path, "checkpoint")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is None and dx.verdict is Verdict.HEALTHY
+
+
+def test_the_same_step_skew_on_a_group_of_training_records_stays_a_step_divergence(tmp_path: Path) -> None:
+    """The negative: the same records issued in backward (a gradient sync that one rank runs a step later)
+    are the training loop's: their steps must agree, finished or not."""
+    _async_saves(tmp_path, "backward")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.STEP and dx.divergence.group == "1"
+
+
 def test_an_extra_forward_that_issues_nothing_is_no_step_divergence(tmp_path: Path) -> None:
     """Rank 0 runs a logging forward without collectives: its micro-steps differ until the next step,
     where the ranks agree again. Healthy."""

@@ -6,11 +6,12 @@ import functools
 from bisect import bisect_right
 from collections.abc import Sequence
 
+from colltrace.analysis.history import TRAINING
 from colltrace.analysis.results import AtSeq, Divergence
 from colltrace.analysis.streams import GroupStream, RankStreams, Signature, SigTable, p2p_ends
 from colltrace.analysis.vocab import Kind
 from colltrace.trace import schema
-from colltrace.trace.records import Run
+from colltrace.trace.records import RankState, Run
 
 _FIELD_KINDS = (
     ("kind", Kind.OP),
@@ -193,6 +194,8 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
         seq = hi + 1
     matched = hi if seq is None else min(hi, seq - 1)  # the seqs whose records all ranks issued alike
     skew = None if key.startswith("p2p:") else progress_skew(streams, list(spans), key, lo, min(matched, steps_to), seq)
+    if skew is not None and seq is None and _off_the_loop(run, streams, list(spans), key, table):
+        skew = None  # the same records, all done, on a group the training loop never used: no one's steps
     if skew is not None:
         seq = skew
     if seq is None:
@@ -221,6 +224,21 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
         at=at,
         classes=tuple(tuple(rs) for rs in sorted(classes.values(), key=lambda rs: (-len(rs), rs))),
     )
+
+
+def _off_the_loop(run: Run, streams: dict[int, RankStreams], ranks: list[int], key: str, table: SigTable) -> bool:
+    """Every rank finished, having issued the group's records alike, none of them in a training step's phase
+    (forward, backward, recompute, optimizer): a group of its own, such as an asynchronous checkpoint's in a
+    background thread, whose collectives land in whatever training step the main thread is in. The step
+    they fall in says when, not what: ranks whose storage is slower finish their saves a step later."""
+    if any(r not in run.ranks or run.ranks[r].state is not RankState.FINISHED for r in ranks):
+        return False
+    for r in ranks:
+        for sid in set(streams[r].groups[key].sigs):
+            sig = table[sid]
+            if sig is None or sig.phase in TRAINING:
+                return False
+    return True
 
 
 def progress_skew(
