@@ -1,9 +1,12 @@
 """One rank's records as columns: the slots of its ring file (or records made elsewhere: a Flight Recorder dump,
-its join with our trace, a test's) read once into one numpy array, with tail, by-index and Collective access.
-One type for every source: the analysis reads columns and never asks which it has, nor reads a file."""
+its join with our trace, a test's) as one numpy array, read when asked and held while in use, with tail,
+by-index and Collective access. One type for every source: the analysis reads columns and never asks which it
+has, nor reads a file."""
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, NamedTuple, overload
 
@@ -47,7 +50,6 @@ def iter_chunks(source: Opener, info: RingInfo) -> Iterator[tuple[int, bytes]]:
 
 
 _NUMPY = {"Q": "<u8", "q": "<i8", "I": "<u4", "i": "<i4", "H": "<u2", "B": "u1"}
-_CODES = dict(schema.SLOT_FIELDS)
 # one slot as a numpy record, every field by its schema name at its schema offset: the columns of a rank
 SLOT_DTYPE: np.dtype[Any] = np.dtype({
     "names": list(schema.FIELD_NAMES),
@@ -55,46 +57,84 @@ SLOT_DTYPE: np.dtype[Any] = np.dtype({
     "offsets": [schema.field_offset(name) for name in schema.FIELD_NAMES],
     "itemsize": schema.SLOT_SIZE,
 })  # fmt: skip
-_STRING_FIELDS = ("group", "op", "dtype", "reduce_op", "module", "phase", "flavour", "shape")  # ids into `strings`
-_NUMBERS = ("seq", "backend_seq", "numel_in", "numel_out", "peer", "step", "micro_step")
 _KINDS = {name: kind for kind, name in schema.KIND_NAMES.items()}
 MEMORY = "<memory>"
+_NONE = np.zeros(0, dtype=SLOT_DTYPE)
+
+
+@functools.cache
+def _words(first: str, last: str) -> np.dtype[Any]:
+    """The consecutive fields first..last of a slot as one field `w` of 32-bit words."""
+    size = schema.run_struct(first, last).size
+    return np.dtype({"names": ["w"], "formats": [("<u4", (size // 4,))], "offsets": [schema.field_offset(first)],
+                     "itemsize": schema.SLOT_SIZE})  # fmt: skip
 
 
 class _Ring:
-    """A ring file's slots, read newest first as far back as asked, each slot once (a widening tail reads
-    only what it lacks). Torn and stale slots (marker != idx + 1) are left out as they are read."""
+    """A ring file's slots, read newest first as far back as asked (a widening tail reads only what it lacks),
+    held while something uses them: a pass over a thousand ranks holds one rank's columns at a time, and a rank
+    read again once they are let go reads its file again. Torn and stale slots (marker != idx + 1) are left out
+    as they are read. Records made elsewhere (`rows` given) have no file to read again: held for good."""
 
     def __init__(self, path: str, info: RingInfo, rows: Any = None) -> None:
         self.path = path
         self.info = info
-        self.rows = rows if rows is not None else np.zeros(0, dtype=SLOT_DTYPE)  # sorted by marker
-        self.lo = info.first if rows is not None else info.last + 1  # the oldest idx read so far
+        self._kept = rows  # records made elsewhere, sorted by marker
+        self._weak: weakref.ref[Any] | None = None  # a file's slots read so far, while in use
+        self._lo = info.last + 1  # the oldest idx of those
 
     def _open(self) -> BinaryIO:
         return open(self.path, "rb")  # noqa: SIM115
 
-    def read_from(self, first: int) -> Any:
-        """The readable slots of idx >= first, reading those not read yet (a million-record rank: 128 MB of
-        columns, twice that for a moment while its 4 MiB reads are joined)."""
-        if first < self.lo:
-            blocks = []
-            for idx0, chunk in iter_chunks(self._open, self.info._replace(first=first, last=self.lo - 1)):
-                cols = np.frombuffer(chunk, dtype=SLOT_DTYPE)  # read-only: the columns are never written
-                ok = cols["marker"] == np.arange(idx0 + 1, idx0 + 1 + len(cols), dtype=np.uint64)
-                blocks.append(cols if ok.all() else cols[ok])
-            if len(self.rows):
-                blocks.append(self.rows)
-            if len(blocks) == 1:
-                self.rows = blocks[0]  # one read: its bytes are the columns, no copy
-            elif blocks:  # copied block by block (np.concatenate would drop the slot's padding)
-                self.rows = np.empty(sum(len(b) for b in blocks), dtype=SLOT_DTYPE)
-                at = 0
-                for b in blocks:
-                    self.rows[at : at + len(b)] = b
-                    at += len(b)
-            self.lo = first
-        return self.rows
+    def held(self) -> tuple[Any, int]:
+        """(the slots held now, sorted by marker; the oldest idx they cover)."""
+        if self._kept is not None:
+            return self._kept, self.info.first
+        rows = self._weak() if self._weak is not None else None
+        return (rows, self._lo) if rows is not None else (_NONE, self.info.last + 1)
+
+    def _read(self, first: int, last: int) -> list[Any]:
+        """The readable slots of idx first..last, a block per 4 MiB read (each a view of its bytes: no copy)."""
+        blocks = []
+        cap, _, _, head, cut = self.info
+        for idx0, chunk in iter_chunks(self._open, RingInfo(cap, first, last, head, cut)):
+            cols = np.frombuffer(chunk, dtype=SLOT_DTYPE)  # read-only: the columns are never written
+            marker = cols["marker"]
+            if len(cols) == 1:  # one slot (by_idx): a plain comparison
+                blocks.append(cols if int(marker[0]) == idx0 + 1 else cols[:0])
+                continue
+            ok = marker == np.arange(idx0 + 1, idx0 + 1 + len(cols), dtype=np.uint64)
+            blocks.append(cols if ok.all() else cols[ok])
+        return blocks
+
+    def read_from(self, first: int) -> tuple[Any, int]:
+        """(the readable slots of idx >= lo, the oldest idx they cover: first or before), reading those not held
+        (a million-record rank: 128 MB of columns, twice that for a moment while its 4 MiB reads are joined)."""
+        rows, lo = self.held()
+        if first >= lo:
+            return rows, lo
+        blocks = self._read(first, lo - 1)
+        if len(rows):
+            blocks.append(rows)
+        if len(blocks) == 1:
+            rows = blocks[0]  # one read: its bytes are the columns, no copy
+        elif blocks:  # copied block by block (np.concatenate would drop the slot's padding)
+            rows = np.empty(sum(len(b) for b in blocks), dtype=SLOT_DTYPE)
+            at = 0
+            for b in blocks:
+                rows[at : at + len(b)] = b
+                at += len(b)
+        self._weak, self._lo = weakref.ref(rows), first
+        return rows, first
+
+    def one(self, idx: int) -> Any:
+        """The slot of `idx` (no row when torn or overwritten): from those held, else read alone."""
+        rows, lo = self.held()
+        if idx < lo:
+            blocks = self._read(idx, idx)
+            return blocks[0] if blocks else rows[:0]
+        at = int(np.searchsorted(rows["marker"], np.uint64(idx + 1)))
+        return rows[at : at + 1] if at < len(rows) and int(rows["marker"][at]) == idx + 1 else rows[:0]
 
 
 class Slots(Sequence[Collective]):
@@ -114,15 +154,13 @@ class Slots(Sequence[Collective]):
         self.last_idx = ring.info.last
         self._ring = ring
         self._high = high or {}  # idx -> flags beyond the slot's byte (FLAG_FLIGHT), for records made elsewhere
-        self._cols: Any = None
 
     @property
     def cols(self) -> Any:
-        """The readable slots of idx first..last, oldest first."""
-        if self._cols is None:
-            rows = self._ring.read_from(self.first)
-            self._cols = rows[np.searchsorted(rows["marker"], np.uint64(self.first + 1)) :]
-        return self._cols
+        """The readable slots of idx first..last, oldest first: read when not held (hold them, not this, across
+        a pass: the ring lets them go when no one holds them)."""
+        rows, lo = self._ring.read_from(self.first)
+        return rows if lo >= self.first else rows[np.searchsorted(rows["marker"], np.uint64(self.first + 1)) :]
 
     @property
     def idx(self) -> Any:
@@ -131,10 +169,7 @@ class Slots(Sequence[Collective]):
 
     def words(self, first: str, last: str) -> Any:
         """The consecutive fields first..last of every row as one row of 32-bit words (a hashable key)."""
-        size = schema.run_struct(first, last).size
-        view = np.dtype({"names": ["w"], "formats": [("<u4", (size // 4,))], "offsets": [schema.field_offset(first)],
-                         "itemsize": schema.SLOT_SIZE})  # fmt: skip
-        return self.cols.view(view)["w"]
+        return self.cols.view(_words(first, last))["w"]
 
     def tail(self, n: int) -> Slots:
         """The same rank's last n records only."""
@@ -152,22 +187,17 @@ class Slots(Sequence[Collective]):
         return self._ring.info.first
 
     def decode(self, rows: Any) -> list[Collective]:
-        """Rows of `cols` as Collectives."""
-        s, sites, off, high = self.strings.get, self.sites.get, self.offset, self._high
+        """Rows of `cols` as Collectives (each row a tuple of its fields in schema order: one call for all)."""
+        s, sites, off, high, rank = self.strings.get, self.sites.get, self.offset, self._high, self.rank
         kinds = schema.KIND_NAMES.get
-        text = {f: [s(i, "?" if f in ("group", "op") else "") for i in rows[f].tolist()] for f in _STRING_FIELDS}
-        nums = [rows[f].tolist() for f in _NUMBERS]
-        idxs = (rows["marker"].astype(np.int64) - 1).tolist()
-        flags = rows["flags"].tolist()
-        if high:
-            flags = [f | high.get(i, 0) for i, f in zip(idxs, flags)]
-        done = rows["t_done_ns"].tolist()
         return [
-            Collective(self.rank, i, kinds(k, str(k)), g, seq, bseq, op, nin, nout, shape, dt, red, peer, mod, ph, fl,
-                       step, micro, t0 + off, (t1 + off) if t1 else None, wait, f, tid, sites(site, "") if site else "")
-            for i, k, g, op, dt, red, mod, ph, fl, shape, seq, bseq, nin, nout, peer, step, micro, t0, t1, wait, f, tid,
-            site in zip(idxs, rows["kind"].tolist(), *text.values(), *nums, rows["t_issue_ns"].tolist(), done,
-                        rows["wait_ns"].tolist(), flags, rows["tid"].tolist(), rows["site"].tolist())
+            Collective(
+                rank, m - 1, kinds(k, str(k)), s(g, "?"), seq, bseq, s(op, "?"), nin, nout, s(shape, ""), s(dt, ""),
+                s(red, ""), peer, s(mod, ""), s(ph, ""), s(fl, ""), step, micro, t0 + off, (t1 + off) if t1 else None,
+                wait, f | high.get(m - 1, 0) if high else f, tid, sites(site, "") if site else "",
+            )
+            for (m, k, f, site, tid, g, op, dt, red, mod, ph, fl, shape, seq, bseq, nin, nout, peer, step, micro, t0,
+                 t1, wait) in rows.tolist()
         ]  # fmt: skip
 
     def undone(self) -> list[Collective]:
@@ -201,11 +231,8 @@ class Slots(Sequence[Collective]):
         """The record written as number `idx`, if the ring still holds it."""
         if not self.first <= idx <= self.last_idx:
             return None
-        cols = self._ring.read_from(idx)
-        at = int(np.searchsorted(cols["marker"], np.uint64(idx + 1)))
-        if at >= len(cols) or int(cols["marker"][at]) != idx + 1:
-            return None
-        return self.decode(cols[at : at + 1])[0]
+        row = self._ring.one(idx)
+        return self.decode(row)[0] if len(row) else None
 
     def last(self) -> Collective | None:
         """The newest record, if its slot still holds it (without reading the others)."""
