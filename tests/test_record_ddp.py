@@ -64,6 +64,9 @@ def _buckets(run_dir: Path, dtype: str, ours: bool) -> None:
             back = spans[1]
             inside = [r for r in recs if r.step == step]
             assert all(back.t_issue_ns <= r.t_issue_ns <= (back.t_done_ns or 0) for r in inside)
+        # then the wrapped module called directly, under no_grad: a forward span of its own, ended
+        after = [(s.op, s.module, s.flavour, s.t_done_ns is not None) for s in rt.spans if s.step > max(steps)]
+        assert after == [("forward", "<root>", "no_grad", True)]
 
 
 @pytest.mark.parametrize("hook", ["none", "fp16"])

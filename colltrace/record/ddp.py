@@ -16,9 +16,11 @@ colltrace and its collectives are recorded too. COLLTRACE_DDP=off leaves DDP alo
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from colltrace.record.adapter import Adapter
@@ -65,6 +67,7 @@ class DdpAdapter(Adapter):
                 orig(self, *args, **kwargs)
                 if register is not None:
                     adapter._attach(self, register)
+                adapter._span_direct_calls(self, DDP)
 
             return __init__
 
@@ -147,6 +150,52 @@ class DdpAdapter(Adapter):
             rec.warn_once(f"DDP's gradient all-reduces are not recorded: {why}")
         except Exception as e:  # the model works as DDP built it; its all-reduces go unrecorded
             rec.warn_once("recording DDP's gradient all-reduces failed", e)
+
+    def _span_direct_calls(self, ddp: Any, ddp_cls: Any) -> None:
+        """The wrapped module called directly (`model.module(x)`, as evaluation loops do to skip DDP's own work)
+        is a forward span too: DDP's forward has its span (hooks), a direct call had none, and a rank stopped inside
+        one read as stopped in no span. Forward hooks on that one module, which step aside inside DDP's forward
+        (_run_ddp_forward among the hook's callers) and while torch.compile traces."""
+        from colltrace.record import spans
+        from colltrace.record.shim import compiling_check
+
+        inner, tracer, ctx = getattr(ddp, "module", None), self.tracer, self.ctx
+        run_ddp = getattr(getattr(ddp_cls, "_run_ddp_forward", None), "__code__", None)
+        if inner is None or run_ddp is None or not hasattr(inner, "register_forward_pre_hook"):
+            return
+        compiling = compiling_check()
+
+        def direct(module: Any, args: Any) -> None:
+            sp = tracer.spans
+            if sp is None or compiling():
+                return
+            try:
+                f: FrameType | None = sys._getframe(1)
+                for _ in range(6):  # nn.Module's call frames, then DDP's own when it is the caller
+                    if f is None:
+                        break
+                    if f.f_code is run_ddp:
+                        return
+                    f = f.f_back
+                what, mode = spans.forward_kind(ctx, module)
+                module.__dict__["_colltrace_span"] = sp.begin(what, "<root>", mode)
+            except Exception as e:
+                tracer.warn_once("recording a DDP module's direct forward failed", e)
+
+        def ended(module: Any, args: Any, output: Any) -> None:
+            idx = module.__dict__.pop("_colltrace_span", -1)
+            sp = tracer.spans
+            if idx >= 0 and sp is not None:
+                sp.end(idx)
+
+        try:
+            inner.register_forward_pre_hook(direct)
+            try:
+                inner.register_forward_hook(ended, always_call=True)  # ended even when the forward raises
+            except TypeError:  # a torch before 2.1
+                inner.register_forward_hook(ended)
+        except Exception as e:
+            tracer.warn_once("recording a DDP module's direct forward failed", e)
 
     @staticmethod
     def _name_hook(ddp: Any, name: str) -> None:

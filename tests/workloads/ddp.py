@@ -3,7 +3,8 @@
 HOOK=none: DDP's own reduction (colltrace's hook stands in for the built-in one).
 HOOK=user: the user registers a hook of their own after building the model (it counts its calls).
 HOOK=fp16: the user registers the built-in FP16_COMPRESS hook.
-Small buckets (one per parameter), 3 steps of SGD on data that differs by rank. Each rank writes
+Small buckets (one per parameter), 3 steps of SGD on data that differs by rank, then one forward of the
+wrapped module called directly, under no_grad. Each rank writes
 the bytes of its final parameters' hash and the user hook's call count to $OUT/rank{r}.json.
 """
 
@@ -45,6 +46,8 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+    with torch.no_grad():  # an evaluation on the wrapped module itself, as eval loops do to skip DDP's work
+        model.module(torch.randn(8, 16, generator=gen))
     with open(os.path.join(os.environ["OUT"], f"rank{rank}.json"), "w") as f:
         json.dump({"params": digest, "user_calls": CALLS[0]}, f)
     # DDP's reducer first, then the group: untraced too, gloo aborted the process now and then
