@@ -23,7 +23,7 @@ from colltrace.record import install
 class Broken:
     def __next__(self):
         raise OSError(28, "No space left on device")
-install.current().recorder.writer.counter = Broken()  # the slot's store fails, as on a full disk
+install.current().recorder.writer.slots = Broken()  # the slot's store fails, as on a full disk
 x = torch.ones(3)
 for _ in range(5):
     dist.all_reduce(x)
