@@ -200,7 +200,7 @@ def cmd_stacks(args: argparse.Namespace) -> int:
     if got is None:
         lines.append("No rank of this run is running (no fresh heartbeat): the last stacks each rank wrote.")
     for rank, rt in sorted(run.ranks.items()):
-        mine = [st for st in rt.stacks if got is not None and st.get("request") == got.request]
+        mine = [st for st in rt.stacks if got is not None and st.request == got.request]
         if got is not None and rank in got.silent:
             lines.append(f"rank {rank}: did not answer within {args.wait:g} s (its main thread holds the GIL in "
                          "native code, or its process is gone)")  # fmt: skip
@@ -212,21 +212,15 @@ def cmd_stacks(args: argparse.Namespace) -> int:
         if not latest:
             lines.append(f"rank {rank}: no stacks")
             continue
-        ev = latest[-1]
-        idle = ev.get("idle_s")
-        when = f", {idle:.1f} s after its last collective" if isinstance(idle, (int, float)) else ""
-        lines.append(f"rank {rank} ({ev.get('reason') or 'stacks'}{when}):")
-        threads = [th for th in ev.get("threads") or [] if isinstance(th, dict)]
-        for th in sorted(threads, key=lambda th: th.get("thread") != "MainThread"):  # the main thread first
-            if str(th.get("thread", "")).startswith("colltrace"):
+        st = latest[-1]
+        when = f", {st.idle_s:.1f} s after its last collective" if st.idle_s is not None else ""
+        lines.append(f"rank {rank} ({st.reason or 'stacks'}{when}):")
+        for th in sorted(st.threads, key=lambda th: th.name != "MainThread"):  # the main thread first
+            if th.name.startswith("colltrace"):
                 continue
-            lines.append(f"  thread {th.get('thread')}, innermost frame last:")
-            for f in (th.get("frames") or [])[-args.frames :]:
-                try:
-                    path, line, func, code = f
-                except (TypeError, ValueError):
-                    continue
-                lines.append(f"    {path}:{line} in {func}" + (f": {code}" if code else ""))
+            lines.append(f"  thread {th.name}, innermost frame last:")
+            for f in th.frames[-args.frames :]:
+                lines.append(f"    {f.path}:{f.line} in {f.func}" + (f": {f.code}" if f.code else ""))
     _out("\n".join(lines) + "\n", None)
     return EXIT_OK
 

@@ -16,6 +16,7 @@ from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Clue, Confidence, DtypeChange, InSpan, PeersApart, SplitGap, StepSkew
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report import words
+from colltrace.trace.events import GroupCreation
 from colltrace.trace.reader import read_run
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "report.md"
@@ -1192,8 +1193,8 @@ def test_a_rank_that_skipped_a_new_group_call_and_hung_in_the_next_is_named_by_i
     rs[1].error("RuntimeError", "Wait timeout")
     rs[2].error("RuntimeError", "Gloo connectFullMesh failed with [pair.h:311] Connect timeout [none]")
     run = read_run(str(tmp_path))
-    assert [(c["ranks"], c["done"]) for c in run.ranks[1].group_creations] == [([0, 1], True), ([1, 2], False)]
-    assert run.ranks[0].group_creations[0]["name"] == "1" and run.ranks[0].group_creations[0]["t_ns"] == 1
+    assert [(c.ranks, c.done) for c in run.ranks[1].group_creations] == [((0, 1), True), ((1, 2), False)]
+    assert run.ranks[0].group_creations[0] == GroupCreation("new_group", (0, 1), name="1")  # its return joined
     dx = diagnose(run)
     assert dx.culprits == (2,) and dx.victims == (0, 1)
     assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG

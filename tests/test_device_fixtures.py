@@ -72,12 +72,12 @@ def test_nccl_stuck_kernel_leaves_the_collective_in_flight() -> None:
     """The all_reduce behind 300 s of GPU sleep: NCCL's watchdog timed it out after 8 s but could
     not take the process down while the device was busy; torchrun's SIGTERM ended it."""
     rt, _ = _load("nccl_stuck_kernel_world1")
-    assert rt.state is RankState.HUNG and rt.signal["signal"] == "SIGTERM"
+    assert rt.state is RankState.HUNG and rt.signal is not None and rt.signal.name == "SIGTERM"
     recs = [(r.op, r.seq, r.on_device, r.t_done_ns is not None) for r in rt.records]
     assert recs == [("all_reduce", s, True, s < 4) for s in (1, 2, 3, 4)]
     # the hang watchdog's stacks: the main thread blocked on the result, in .item()
-    main = [t for t in rt.stacks[0]["threads"] if any("nccl_job.py" in f[0] for f in t["frames"])]
-    assert main and "x.sum().item()" in main[0]["frames"][-1][3]
+    main = [t for t in rt.stacks[0].threads if any("nccl_job.py" in f.path for f in t.frames)]
+    assert main and "x.sum().item()" in main[0].frames[-1].code
     # Flight Recorder's dump on the watchdog's timeout agrees: seq 4 scheduled, 1-3 completed
     with open(DEVICE / "nccl_stuck_kernel_world1" / "flight_recorder_rank0.pkl", "rb") as f:
         fr = pickle.load(f)  # noqa: S301 (our own fixture)

@@ -23,7 +23,7 @@ def _report(run_dir: Path) -> dict[str, Any]:
 
 
 def _pids(run_dir: Path) -> tuple[int, ...]:
-    return tuple(int(rt.header.get("pid") or 0) for rt in read_run(str(run_dir)).ranks.values())
+    return tuple(rt.header.pid for rt in read_run(str(run_dir)).ranks.values())
 
 
 def _waiting_in_barrier(run_dir: Path, ranks: tuple[int, ...]) -> bool:
@@ -47,7 +47,7 @@ def test_a_live_hang_names_the_rank_polling_outside_collectives_from_its_stack_a
         kill_group(proc, pids=_pids(run_dir) if run_dir.exists() else ())
     assert rep["culprit_ranks"] == [0] and rep["victim_ranks"] == [1, 2]
     assert "wait_for_upload" in rep["ranks"]["0"]["last_activity"]
-    asked = [st for st in read_run(str(run_dir)).ranks[0].stacks if st.get("reason") == "request"]
+    asked = [st for st in read_run(str(run_dir)).ranks[0].stacks if st.reason == "request"]
     assert asked, "rank 0 answered no request for its stacks"
     assert written["culprit_ranks"] == [0]
     assert (run_dir / "report.md").read_text().startswith("### colltrace: Hang (the job is still running)")

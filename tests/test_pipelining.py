@@ -43,7 +43,7 @@ def test_each_schedule_says_how_it_was_built() -> None:
     run = read_run(str(FIXTURES / "pp_microbatch_count"))
     built = schedules.built(run)
     assert built == {0: ("Schedule1F1B", 4, 3), 1: ("Schedule1F1B", 3, 3), 2: ("Schedule1F1B", 4, 3)}
-    assert [ev["stages"] for rt in run.ranks.values() for ev in rt.pipelines] == [[0], [1], [2]]
+    assert [p.stages for rt in run.ranks.values() for p in rt.pipelines] == [(0,), (1,), (2,)]
     odd = schedules.odd(run)
     assert odd is not None and odd.ranks == (1,) and odd.theirs.microbatches == 3 and odd.usual.microbatches == 4
 

@@ -71,12 +71,12 @@ def test_groups_are_named_with_members_and_creation_is_logged(every_op) -> None:
         labels = {g.label: g.ranks for g in rt.groups.values()}
         assert labels["default_pg"] == (0, 1) and labels["pair"] == (0, 1)
         assert labels["mesh_tp"] == (rank,)  # a (2, 1) mesh: each rank is its own tp group
-        created = [(c["fn"], c["ranks"], c["desc"]) for c in rt.group_creations]
-        assert ("new_group", [0, 1], "pair") in created
+        created = [(c.fn, c.ranks, c.desc) for c in rt.group_creations]
+        assert ("new_group", (0, 1), "pair") in created
         # every rank takes part in creating every tp subgroup, member or not
         assert [c for c in created if c[2] == "mesh_tp"] == [
-            ("new_group", [0], "mesh_tp"),
-            ("new_group", [1], "mesh_tp"),
+            ("new_group", (0,), "mesh_tp"),
+            ("new_group", (1,), "mesh_tp"),
         ]
 
 

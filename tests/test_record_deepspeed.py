@@ -108,7 +108,7 @@ def test_the_deepspeed_launcher_traces_with_no_code_change(tmp_path: Path, deeps
     run = read_run(str(run_dir))
     assert sorted(run.ranks) == [0, 1]
     for rt in run.ranks.values():
-        assert rt.state is RankState.FINISHED and rt.header["launcher"] == "deepspeed"
+        assert rt.state is RankState.FINISHED and rt.header.launcher == "deepspeed"
         ops = [(r.op, r.phase) for r in rt.records if r.kind == "collective"]
         assert ops[:3] == [("all_reduce", "init")] * 3  # before the first forward: set-up
         assert ("all_reduce", "backward") in ops  # ZeRO-1's gradient bucket

@@ -14,14 +14,14 @@ from _jobs import WORKLOADS, job_env, kill_group, start_torchrun, torchrun, wait
 
 from colltrace.report.build import run_report
 from colltrace.trace import schema
-from colltrace.trace.reader import read_run
+from colltrace.trace.reader import read_events, read_run
 from colltrace.trace.records import RankState
 
 pytestmark = pytest.mark.real  # launches real multi-process jobs
 
 
 def _pids(run_dir: Path) -> list[int]:
-    return [rt.header["pid"] for rt in read_run(str(run_dir)).ranks.values()]
+    return [rt.header.pid for rt in read_run(str(run_dir)).ranks.values()]
 
 
 def test_sigkill_mid_collective_leaves_the_in_flight_record(tmp_path: Path) -> None:
@@ -57,14 +57,17 @@ def test_hung_rank_trace_holds_watchdog_stacks_then_sigterm(tmp_path: Path) -> N
     run = read_run(str(tmp_path))
     for rt in run.ranks.values():
         assert rt.state is RankState.HUNG
-        assert rt.signal is not None and rt.signal["signal"] == "SIGTERM"
-    hang0 = next(s for s in run.ranks[0].stacks if s["reason"] == "hang")
-    hang1 = next(s for s in run.ranks[1].stacks if s["reason"] == "hang")
-    main0 = next(t for t in hang0["threads"] if t["thread"] == "MainThread")
-    main1 = next(t for t in hang1["threads"] if t["thread"] == "MainThread")
-    assert any(f[2] == "all_reduce" for f in main0["frames"])  # blocked in the collective
-    assert "time.sleep" in main1["frames"][-1][3]  # stuck in its own loop, not in a collective
-    assert hang0["idle_s"] >= 1 and hang0["in_flight"] == 1 and hang1["in_flight"] == 0
+        assert rt.signal is not None and rt.signal.name == "SIGTERM"
+    hang0 = next(s for s in run.ranks[0].stacks if s.reason == "hang")
+    hang1 = next(s for s in run.ranks[1].stacks if s.reason == "hang")
+    main0 = next(t for t in hang0.threads if t.name == "MainThread")
+    main1 = next(t for t in hang1.threads if t.name == "MainThread")
+    assert any(f.func == "all_reduce" for f in main0.frames)  # blocked in the collective
+    assert "time.sleep" in main1.frames[-1].code  # stuck in its own loop, not in a collective
+    assert hang0.idle_s is not None and hang0.idle_s >= 1
+    in_flight = [next(ev["in_flight"] for ev in read_events(str(tmp_path / schema.EVENTS_NAME.format(rank=r)))[0]
+                      if ev.get("reason") == "hang") for r in (0, 1)]  # fmt: skip
+    assert in_flight == [1, 0]
     assert run.ranks[0].last.in_flight and not run.ranks[1].last.in_flight
 
 
@@ -74,8 +77,8 @@ def test_rank_that_raises_has_its_error_record(tmp_path: Path) -> None:
     run = read_run(str(tmp_path))
     r1 = run.ranks[1]
     assert r1.state is RankState.CRASHED
-    assert r1.error["type"] == "ValueError" and r1.error["message"] == "bad batch at step 5"
-    assert "faults.py" in r1.error["traceback"]
+    assert r1.error is not None and r1.error.type == "ValueError" and r1.error.message == "bad batch at step 5"
+    assert "faults.py" in r1.error.traceback
     r0 = run.ranks[0]
     # the survivor was blocked in the 6th all_reduce: torn down by torchrun (SIGTERM) or its
     # gloo pair saw the peer go away first and raised: either way not finished
@@ -106,8 +109,8 @@ def test_mp_spawn_child_exception_and_clean_exit_are_recorded(tmp_path: Path) ->
     assert proc.returncode == 1, proc.stderr[-2000:]
     run = read_run(str(tmp_path))
     r1 = run.ranks[1]
-    assert r1.state is RankState.CRASHED and r1.error["type"] == "KeyError"
-    assert r1.header["launcher"] == "multiprocessing"
+    assert r1.state is RankState.CRASHED and r1.error is not None and r1.error.type == "KeyError"
+    assert r1.header.launcher == "multiprocessing"
 
     healthy = tmp_path / "healthy"
     proc = subprocess.run(
@@ -254,4 +257,4 @@ def test_a_sigterm_handler_the_script_installs_later_runs_to_its_end(tmp_path: P
     assert proc.wait(timeout=30) == 0
     assert (run / "saved0").read_text() == "ok"  # the handler finished
     rt = read_run(str(run)).ranks[0]
-    assert rt.signal is not None and rt.signal["signal"] == "SIGTERM"
+    assert rt.signal is not None and rt.signal.name == "SIGTERM"

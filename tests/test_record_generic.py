@@ -12,7 +12,8 @@ import sys
 import pytest
 from _jobs import job_env, torchrun
 
-from colltrace.trace.reader import read_run
+from colltrace.trace import schema
+from colltrace.trace.reader import read_events, read_run
 from colltrace.trace.records import RankState
 
 pytestmark = pytest.mark.real  # launches real multi-process jobs
@@ -95,14 +96,16 @@ def test_a_new_group_call_a_rank_hangs_in_is_recorded_with_the_ranks_it_asked_fo
     run = read_run(str(run_dir))
     # which calls pair up, and so which ranks return from theirs, is a race between the ranks' store keys;
     # every rank records each call it makes, in its order, whether it returns from it or not
-    asked = {r: [c["ranks"] for c in rt.group_creations] for r, rt in run.ranks.items()}
-    assert asked[2] == [[1, 2]]
-    assert all(asked[r] in ([[0, 1]], [[0, 1], [1, 2]]) for r in (0, 1))
+    asked = {r: [c.ranks for c in rt.group_creations] for r, rt in run.ranks.items()}
+    assert asked[2] == [(1, 2)]
+    assert all(asked[r] in ([(0, 1)], [(0, 1), (1, 2)]) for r in (0, 1))
     creations = [c for rt in run.ranks.values() for c in rt.group_creations]
-    assert all(isinstance(c["t_ns"], int) and c["call"] >= 1 for c in creations)
-    hung = [c for c in creations if not c["done"]]
-    assert hung and all(c.get("name") is None for c in hung)  # some rank never returned from its call
-    assert all("t_done_ns" in c for c in creations if c["done"])
+    hung = [c for c in creations if not c.done]
+    assert hung and all(c.name is None for c in hung)  # some rank never returned from its call
+    # as written: each call at its start with its id and time, its return with the same id and its time
+    written = [ev for r in run.ranks for ev in read_events(str(run_dir / schema.EVENTS_NAME.format(rank=r)))[0]
+               if ev.get("ev") == schema.EV_GROUP_CREATE]  # fmt: skip
+    assert all(ev["call"] >= 1 and isinstance(ev["t_done_ns" if ev["done"] else "t_ns"], int) for ev in written)
     dx = diagnose(run)
     assert dx.culprits == (2,)
     assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG

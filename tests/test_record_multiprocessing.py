@@ -36,14 +36,14 @@ def test_an_exception_escaping_a_process_target_is_the_ranks_crash(tmp_path: Pat
     run = read_run(str(tmp_path / "run"))
     r2 = run.ranks[2]
     assert r2.state is RankState.CRASHED
-    assert r2.error["type"] == "IndexError" and r2.error["qualname"] == "builtins.IndexError"
-    assert r2.error["message"] == "index out of range in self"
-    assert 'raise IndexError("index out of range in self")' in r2.error["traceback"]
+    assert r2.error is not None and r2.error.type == "IndexError" and r2.error.qualname == "builtins.IndexError"
+    assert r2.error.message == "index out of range in self"
+    assert 'raise IndexError("index out of range in self")' in r2.error.traceback
     assert [r.seq for r in r2.records] == [1, 2, 3]
     for victim in (0, 1):  # each failed in its 4th all_reduce when rank 2 went away
         rt = run.ranks[victim]
-        assert rt.state is RankState.CRASHED and rt.error["type"] == "RuntimeError"
-        assert rt.error["in_collective"] == rt.last.idx and rt.last.seq == 4
+        assert rt.state is RankState.CRASHED and rt.error is not None and rt.error.type == "RuntimeError"
+        assert rt.last is not None and rt.error.in_collective == rt.last.idx and rt.last.seq == 4
 
     report = json.loads(run_report(str(tmp_path / "run"), "json")[0])
     assert report["verdict"] == "crash" and report["culprit_ranks"] == [2] and report["victim_ranks"] == [0, 1]

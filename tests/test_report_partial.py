@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+
+import pytest
 
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Blind, Unseen
 from colltrace.report.build import run_report
-from colltrace.trace.reader import read_run
+from colltrace.trace import schema
+from colltrace.trace.reader import read_events, read_run
 from colltrace.trace.records import RankState
+from colltrace.trace.writer import TraceWriter
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -68,15 +73,23 @@ def test_an_empty_ring_is_no_rank_that_issued_nothing(tmp_path: Path) -> None:
     assert (report["cause"] or {}).get("confidence") in (None, "low")
 
 
-def test_a_rank_whose_writer_gave_up_is_untraced_and_says_why_once(tmp_path: Path) -> None:
+_FAILED = {  # the writer's event, and the warning that said it before the event had its own name (old traces)
+    "event": '{"ev": "recording_failed", "reason": "the ring files could not be created (OSError: full)"}',
+    "old warning": '{"ev": "warning", "message": "recording failed: the ring files could not be created (OSError: '
+    'full)"}',
+}
+
+
+@pytest.mark.parametrize("written", list(_FAILED))
+def test_a_rank_whose_writer_gave_up_is_untraced_and_says_why_once(tmp_path: Path, written: str) -> None:
     """The writer could not create rank 1's rings (a full disk): its sidecar holds the header and the writer's
-    warning, twice over. The reader reads the state once; the report says the writer's reason once."""
+    word, twice over. The reader reads the state once; the report says the writer's reason once."""
     run = tmp_path / "run"
     shutil.copytree(FIXTURES / "healthy", run)
     for ext in ("ring", "spans", "fault"):
         (run / f"rank00001.{ext}").unlink()
     header = (run / "rank00001.jsonl").read_text().splitlines()[0]
-    failed = '{"ev": "warning", "message": "recording failed: the ring files could not be created (OSError: full)"}'
+    failed = _FAILED[written]
     (run / "rank00001.jsonl").write_text(f"{header}\n{failed}\n{failed}\n")
     rt = read_run(str(run)).ranks[1]
     assert rt.recording_failed == "the ring files could not be created (OSError: full)"
@@ -86,3 +99,41 @@ def test_a_rank_whose_writer_gave_up_is_untraced_and_says_why_once(tmp_path: Pat
         Unseen(Blind.RECORDING_FAILED, rank=1, text="the ring files could not be created (OSError: full)")
     ]
     assert "rank 1: recording failed: the ring files could not be created (OSError: full)" in _report(run)["unseen"]
+
+
+def test_the_writer_that_cannot_create_its_rings_says_so_in_its_own_event(tmp_path: Path) -> None:
+    """A ring file that cannot be created (a directory in its place stands in for a full disk): the writer
+    raises, and its sidecar's recording_failed event gives the reader the rank's state and the reason."""
+    (tmp_path / schema.RING_NAME.format(rank=0)).mkdir()
+    with pytest.raises(OSError):
+        TraceWriter(str(tmp_path), 0, capacity=16, full=True, header={"world_size": 1})
+    (tmp_path / schema.RING_NAME.format(rank=0)).rmdir()  # no ring file, as after a full disk
+    events, _ = read_events(str(tmp_path / schema.EVENTS_NAME.format(rank=0)))
+    assert [ev["ev"] for ev in events] == [schema.EV_HEADER, schema.EV_RECORDING_FAILED]
+    rt = read_run(str(tmp_path)).ranks[0]
+    assert rt.state is RankState.UNTRACED and rt.warnings == []
+    assert rt.recording_failed is not None and rt.recording_failed.startswith("the ring files could not be created (")
+
+
+def test_the_torch_functions_the_recorder_does_not_trace_are_read_from_its_header(tmp_path: Path) -> None:
+    """The recorder names, in its header's unseen, what it cannot see; the functions of this torch it does not
+    trace are read from there once, as values, and said once in the report however many ranks name them."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "healthy", run)
+    untraced = [
+        "gather_single (a collective this colltrace does not know)",
+        "all_to_all (its signature could not be read)",
+    ]
+    for r in (0, 1, 2):
+        path = run / schema.EVENTS_NAME.format(rank=r)
+        header, rest = path.read_text().split("\n", 1)
+        head = json.loads(header)
+        head["unseen"] = head.get("unseen", []) + [f"torch.distributed.{what}: not traced" for what in untraced]
+        path.write_text(json.dumps(head) + "\n" + rest)
+    rt = read_run(str(run)).ranks[0]
+    assert rt.header.untraced == tuple(untraced)
+    assert [u for u in diagnose(read_run(str(run))).unseen if u.what is Blind.UNTRACED_API] == [
+        Unseen(Blind.UNTRACED_API, text=what) for what in sorted(untraced)
+    ]
+    said = [u for u in _report(run)["unseen"] if u.endswith("not traced")]
+    assert said == [f"torch.distributed.{what}: not traced" for what in sorted(untraced)]

@@ -37,8 +37,8 @@ def test_unseen_sentences_carry_their_values() -> None:
         "rank 1: recording failed: disk full"
     )
     assert words.unseen_text(Unseen(Blind.RECORDING_FAILED, rank=1)) == "rank 1: recording failed"
-    assert words.unseen_text(Unseen(Blind.UNTRACED_API, text="torch.distributed.foo: not traced")) == (
-        "torch.distributed.foo: not traced"
+    assert words.unseen_text(Unseen(Blind.UNTRACED_API, text="foo (its signature could not be read)")) == (
+        "torch.distributed.foo (its signature could not be read): not traced"
     )
 
 

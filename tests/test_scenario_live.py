@@ -51,7 +51,7 @@ def test_killed_hang_leaves_victims_in_flight_and_the_culprit_in_data_loading(tm
     culprit = 2
     for rank, rt in run.ranks.items():
         # stopped from outside, after the watchdog saw no progress: hung, with SIGTERM recorded
-        assert rt.state is RankState.HUNG and rt.signal is not None and rt.signal["signal"] == "SIGTERM"
+        assert rt.state is RankState.HUNG and rt.signal is not None and rt.signal.name == "SIGTERM"
         if rank == culprit:
             assert not rt.in_flight and rt.last is not None and rt.last.seq == 11
             # its main process waited in next() on the DataLoader for the worker's batch
@@ -70,7 +70,7 @@ def test_rank_exception_culprit_crashed_with_its_error_and_victims_stopped_in_ba
     assert rc == 1
     culprit = run.ranks[2]
     assert culprit.state is RankState.CRASHED and culprit.error is not None
-    assert culprit.error["type"] == "IndexError" and "out of bounds" in culprit.error["message"]
+    assert culprit.error.type == "IndexError" and "out of bounds" in culprit.error.message
     assert culprit.last is not None and culprit.last.seq == 15 and not culprit.in_flight
     for rank in (0, 1):
         rt = run.ranks[rank]
@@ -81,4 +81,4 @@ def test_rank_exception_culprit_crashed_with_its_error_and_victims_stopped_in_ba
         assert last is not None and (last.seq, last.op, last.module) == (16, sch.ALL_GATHER, sch.block(2))
         assert last.in_flight or last.error
         if rt.error is not None:
-            assert rt.error["t_ns"] > culprit.error["t_ns"]  # the victims fail after the culprit, not before
+            assert rt.error.t_ns > culprit.error.t_ns  # the victims fail after the culprit, not before

@@ -214,7 +214,7 @@ def test_crash_culprit_raised_and_the_others_waited(name: str) -> None:
     run = _run(name)
     culprit = run.ranks[exp["culprit_ranks"][0]]
     assert culprit.state is RankState.CRASHED
-    assert culprit.error and culprit.error["type"] == {"rank_exception": "IndexError", "oom": "OutOfMemoryError"}[name]
+    assert culprit.error and culprit.error.type == {"rank_exception": "IndexError", "oom": "OutOfMemoryError"}[name]
     for rank, rt in run.ranks.items():
         if rank != culprit.rank:
             last = rt.last
@@ -225,13 +225,13 @@ def test_killed_victims_wait_in_flight_and_the_culprit_is_in_no_collective() -> 
     exp = _expected("killed")
     run = _run("killed")
     for rank, rt in run.ranks.items():
-        assert rt.state is RankState.HUNG and rt.signal and rt.signal["signal"] == "SIGTERM"
+        assert rt.state is RankState.HUNG and rt.signal and rt.signal.name == "SIGTERM"
         if rank in exp["culprit_ranks"]:
             assert not rt.in_flight
             # stuck in next() on its DataLoader since the step began, as the scenario says
             data = [s for s in rt.spans if s.op == "data"]
             assert data[-1].step == 1 and (data[-1].t_done_ns is None or data[-1].error)
-            assert data[-1].t_issue_ns < rt.signal["t_ns"] - 1_000_000_000  # type: ignore[index]
+            assert data[-1].t_issue_ns < rt.signal.t_ns - 1_000_000_000
         else:
             assert [(r.seq, r.op) for r in rt.in_flight] == [(exp["seq"], sch.ALL_GATHER)]
 
@@ -246,7 +246,7 @@ def test_group_misconfig_culprit_disagrees_on_the_members() -> None:
     exp = _expected("group_misconfig")
     run = _run("group_misconfig")
     # every rank records each new_group call it made, member or not: what each rank thinks the group is
-    members = {rank: next(tuple(e["ranks"]) for e in rt.group_creations if e.get("desc") == exp["group"])
+    members = {rank: next(c.ranks for c in rt.group_creations if c.desc == exp["group"])
                for rank, rt in run.ranks.items()}  # fmt: skip
     majority = max(set(members.values()), key=list(members.values()).count)
     assert sorted(r for r, m in members.items() if m != majority) == exp["culprit_ranks"]
@@ -333,7 +333,7 @@ def test_oneoff_barrier_culprit_polls_outside_collectives_and_spans() -> None:
         assert rt.last is not None
         if rank == culprit:
             # stopped from outside (torchrun's SIGTERM once the others failed), in no collective, in no span
-            assert rt.state is RankState.HUNG and rt.signal and rt.signal["signal"] == "SIGTERM"
+            assert rt.state is RankState.HUNG and rt.signal and rt.signal.name == "SIGTERM"
             assert not rt.in_flight and not rt.open_spans and rt.last.seq == seq - 1
         else:  # timed out in the barrier
             assert (rt.last.op, rt.last.seq, rt.last.error) == ("barrier", seq, True)

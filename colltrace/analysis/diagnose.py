@@ -38,8 +38,8 @@ def unseen(run: Run) -> tuple[Unseen, ...]:
         if any(not g.ranks for rt in run.ranks.values() for g in rt.groups.values()):
             out.append(Unseen(Blind.FR_NO_MEMBERS))
     out += [Unseen(Blind.UNREADABLE, text=p) for p in run.problems]
-    said = {str(u) for rt in run.ranks.values() for u in rt.header.get("unseen") or () if "not traced" in str(u)}
-    out += [Unseen(Blind.UNTRACED_API, text=u) for u in sorted(said)]  # what the recorder did not know (install)
+    untraced = {u for rt in run.ranks.values() for u in rt.header.untraced}  # what the recorder did not know
+    out += [Unseen(Blind.UNTRACED_API, text=u) for u in sorted(untraced)]
     for r, rt in sorted(run.ranks.items()):
         if rt.ring_cut < 0:
             out.append(Unseen(Blind.RING_EMPTY, r))

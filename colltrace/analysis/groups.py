@@ -33,7 +33,7 @@ def _hashable(v: Any) -> Members:
 
 def calls(run: Run) -> dict[int, list[Members]]:
     """rank -> the rank lists it asked for, one per creation call, in call order."""
-    return {r: [_hashable(ev.get("ranks") or ()) for ev in rt.group_creations] for r, rt in sorted(run.ranks.items())}
+    return {r: [_hashable(c.ranks or ()) for c in rt.group_creations] for r, rt in sorted(run.ranks.items())}
 
 
 def _majority(per_rank: dict[int, list[Members]], k: int) -> tuple[Members, int, int] | None:
@@ -68,8 +68,8 @@ def creation_call(run: Run, rank: int, name: str) -> int:
     rt = run.ranks.get(rank)
     if rt is None:
         return -1
-    for k, ev in enumerate(rt.group_creations):
-        if str(ev.get("name")) == name:
+    for k, c in enumerate(rt.group_creations):
+        if c.name == name:
             return k
     return -1
 

@@ -203,7 +203,7 @@ class Blind(str, enum.Enum):
     FR_UNATTRIBUTED = "fr_unattributed"  # Flight Recorder dumps hold no module, phase, step, spans, nor rank ends
     FR_NO_MEMBERS = "fr_no_members"  # the dumps do not list every group's members
     UNREADABLE = "unreadable"  # the reader could not read a rank's file (text: the reader's reason)
-    UNTRACED_API = "untraced_api"  # this torch has an API the recorder does not trace (text: the recorder's)
+    UNTRACED_API = "untraced_api"  # this torch has an API the recorder does not trace (text: it, in its words)
     RING_EMPTY = "ring_empty"  # the ring file is empty or cut before its header
     RING_CUT = "ring_cut"  # the ring file is cut short (count: the slots it holds)
     RING_WRAPPED = "ring_wrapped"  # the ring kept the last records only (count: those overwritten)

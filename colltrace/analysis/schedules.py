@@ -32,8 +32,8 @@ def built(run: Run) -> dict[int, Schedule]:
     out = {}
     for r, rt in sorted(run.ranks.items()):
         if rt.pipelines:
-            ev = rt.pipelines[0]
-            out[r] = Schedule(str(ev["schedule"]), int(ev["microbatches"]), int(ev["num_stages"]))
+            p = rt.pipelines[0]
+            out[r] = Schedule(p.schedule, p.microbatches, p.num_stages)
     return out
 
 

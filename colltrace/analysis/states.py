@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
 
 from colltrace.analysis.results import RankEnd
 from colltrace.analysis.streams import RankStreams
 from colltrace.trace import frames
+from colltrace.trace.events import DataExhausted, Error, Stacks
 from colltrace.trace.records import Collective, RankState, RankTrace, Run
 
 _OOM = re.compile(r"out of memory|OutOfMemory|MemoryError|can't allocate memory|std::bad_alloc|not enough memory", re.I)
@@ -50,11 +50,11 @@ def waited_on(rt: RankTrace, rs: RankStreams, b: int) -> int:
     the record whose Work it was blocked in wait() on, else none of its async ones. An async record that no
     one waits on (an isend a pipeline waits for later) is not where the rank is: a rank in its compute, or in
     a later receive, with such a send still open. A blocking call still open is where it is, whatever."""
-    said = next((ev for ev in reversed(rt.stacks) if isinstance(ev.get("waiting"), int)), None)
-    if b < 0 or said is None:
+    said = next((st for st in reversed(rt.stacks) if st.waiting is not None), None)
+    if b < 0 or said is None or said.waiting is None:
         return b
     opened = {idx for _, _, idx in rs.open}
-    waiting = int(said["waiting"])
+    waiting = said.waiting
     if waiting in opened or waiting in {idx for _, _, idx in rs.failed}:  # failed since: the timeout it hit
         return waiting
     guess = record(rt, b)
@@ -63,27 +63,19 @@ def waited_on(rt: RankTrace, rs: RankStreams, b: int) -> int:
     blocking = [c for idx in sorted(opened) if (c := record(rt, idx)) is not None and not c.async_op]
     if blocking:
         return blocking[-1].idx
-    t_said = said.get("t_ns")
-    if waiting < 0 and isinstance(t_said, int) and t_said > guess.t_issue_ns:
+    if waiting < 0 and said.t_ns is not None and said.t_ns > guess.t_issue_ns:
         return -1  # it waited on nothing when it said so, after it issued this: it is outside any collective
     return b
 
 
-def _frames_from_stacks(stacks: list[dict[str, Any]]) -> list[str]:
+def _frames_from_stacks(stacks: tuple[Stacks, ...]) -> list[str]:
     if not stacks:
         return []
-    threads = stacks[-1].get("threads") or []
-    main = next((t for t in threads if t.get("thread") == "MainThread"), threads[0] if threads else None)
-    if not main:
+    threads = stacks[-1].threads
+    main = next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
+    if main is None:
         return []
-    out = []
-    for f in main.get("frames") or []:
-        try:
-            path, line, func, code = f
-        except (TypeError, ValueError):
-            continue
-        out.append(f"{path}:{line} in {func}" + (f": {code}" if code else ""))
-    return out
+    return [f"{f.path}:{f.line} in {f.func}" + (f": {f.code}" if f.code else "") for f in main.frames]
 
 
 def _frames_from_text(text: str) -> list[str]:
@@ -144,8 +136,8 @@ def run_end_ns(run: Run, streams: dict[int, RankStreams]) -> int:
         last = rt.spans.last()
         if last is not None:
             latest = max(latest, last.t_done_ns or last.t_issue_ns)
-        for ev in (*rt.stacks, rt.signal or {}, rt.error or {}, rt.footer or {}):
-            latest = max(latest, int(ev.get("t_ns") or 0))
+        ends = [st.t_ns for st in rt.stacks] + [ev.t_ns for ev in (rt.signal, rt.error, rt.footer) if ev is not None]
+        latest = max([latest, *(t or 0 for t in ends)])
     return latest
 
 
@@ -180,22 +172,22 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     if rt.state is not RankState.FINISHED:
         b = waited_on(rt, rs, blocked_idx(rs))
         blocked = record(rt, b) if b >= 0 else None
-    err = rt.error or {}
-    etype = str(err.get("type") or "")
-    message = str(err.get("message") or "").strip()
+    err = rt.error or _NO_ERROR
+    etype = err.type
+    message = err.message.strip()
     fault = rt.fault or ""
     if fault and not etype:
         first = fault.splitlines()[0] if fault.splitlines() else "fatal signal"
         etype, message = "fatal signal", first.replace("Fatal Python error: ", "")
-    text = f"{err.get('qualname', '')} {etype} {message}"
+    text = f"{err.qualname} {etype} {message}"
     oom = bool(_OOM.search(text) or _OOM.search(fault))
     in_collective = blocked is not None and (blocked.error or blocked.in_flight)
     stack: list[str]
     if fault:
         stack = _frames_from_text(fault)
         in_collective = in_collective or "distributed" in fault
-    elif err.get("traceback") and rt.state is RankState.CRASHED:
-        stack = _tb_frames(str(err["traceback"]))
+    elif err.traceback and rt.state is RankState.CRASHED:
+        stack = _tb_frames(err.traceback)
     else:
         stack = _frames_from_stacks(rt.stacks)
     stack = excerpt(stack)
@@ -205,7 +197,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         and in_collective
         and (_COMM_FAILURE.search(text) or fault or blocked and blocked.error)
     )
-    if err.get("in_collective") is not None and not oom:
+    if err.in_collective is not None and not oom:
         # the recorder saw this exception come out of a collective: a victim's error, whatever it says
         collective_failure = True
     if etype and not oom and not in_collective and _WAITED_FOR_PEERS.search(text):
@@ -215,8 +207,9 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     open_spans = _open_at_stop(rt) if rt.state is not RankState.FINISHED else []
     span = max(open_spans, key=lambda s: s.t_issue_ns) if open_spans else None
     open_for = max(0.0, (end_ns - span.t_issue_ns) / 1e9) if span is not None and end_ns else None
-    latest = rt.stacks[-1] if rt.stacks and rt.state is not RankState.FINISHED else {}
-    idle, usual = latest.get("idle_s"), latest.get("usual_s")  # its watchdog's: a live run's picture
+    latest = rt.stacks[-1] if rt.stacks and rt.state is not RankState.FINISHED else None
+    # its watchdog's: a live run's picture
+    idle, usual = (latest.idle_s, latest.usual_s) if latest is not None else (None, None)
     return RankEnd(
         rank=rt.rank,
         state=rt.state,
@@ -229,21 +222,24 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         stack=tuple(stack),
         host=rt.host,
         steps=rt.steps,
-        signal=str((rt.signal or {}).get("signal") or ""),
+        signal=rt.signal.name if rt.signal is not None else "",
         open_span=span,
         open_for_s=open_for,
-        idle_s=float(idle) if isinstance(idle, (int, float)) and not isinstance(idle, bool) else None,
-        usual_s=float(usual) if isinstance(usual, (int, float)) and not isinstance(usual, bool) else None,
+        idle_s=idle,
+        usual_s=usual,
         out_of_data=bool(rt.exhausted),
         out_of_data_at=_last_step(rt.exhausted),
         alive=rt.alive,
-        error_t_ns=int(err.get("t_ns") or 0) if isinstance(err.get("t_ns"), int) else 0,
+        error_t_ns=err.t_ns,
         lost_peer=bool(etype and _WAITED_FOR_PEERS.search(text)),
     )
 
 
-def _last_step(events: list[dict[str, Any]]) -> int | None:
-    steps = [e["step"] for e in events if isinstance(e.get("step"), int)]
+_NO_ERROR = Error("")
+
+
+def _last_step(events: tuple[DataExhausted, ...]) -> int | None:
+    steps = [e.step for e in events if e.step is not None]
     return max(steps) if steps else (0 if events else None)
 
 

@@ -23,6 +23,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.streams import Signature, held
 from colltrace.report import words
 from colltrace.trace import schema
+from colltrace.trace.events import Header
 from colltrace.trace.records import Collective, Run
 
 REPORT_VERSION = 1
@@ -126,18 +127,18 @@ def mesh(run: Run) -> dict[str, Any] | None:
 
 def environment(run: Run) -> dict[str, Any]:
     headers = [rt.header for rt in run.ranks.values()]
-    first = headers[0] if headers else {}
+    first = headers[0] if headers else Header()
     return {
-        "torch": first.get("torch"),
-        "backend": first.get("backend"),
-        "python": first.get("python"),
-        "launcher": first.get("launcher"),
+        "torch": first.torch,
+        "backend": first.backend,
+        "python": first.python,
+        "launcher": first.launcher,
         "world_size": run.world_size,
-        "hosts": sorted({str(h.get("host")) for h in headers if h.get("host")}),
+        "hosts": sorted({h.host for h in headers if h.host}),
         "ranks_with_trace": len(run.ranks),
         "mesh": mesh(run),
         "source": run.source,
-        "fr_version": first.get("fr_version"),
+        "fr_version": first.fr_version,
     }
 
 

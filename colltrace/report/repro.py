@@ -77,9 +77,9 @@ def _group_members(run: Run) -> dict[str, tuple[int, ...]]:
     for rt in run.ranks.values():
         for name, g in rt.groups.items():
             out.setdefault(name, g.ranks)
-        for ev in rt.group_creations:
-            if ev.get("name") is not None and ev.get("group_ranks"):
-                out.setdefault(str(ev["name"]), tuple(int(r) for r in ev["group_ranks"]))
+        for c in rt.group_creations:
+            if c.name is not None and c.group_ranks:
+                out.setdefault(c.name, c.group_ranks)
     return out
 
 
@@ -121,11 +121,9 @@ def _end(run: Run, dx: Diagnosis, r: int, recs: list[Collective]) -> tuple[tuple
     rt, e = run.ranks[r], dx.ranks.get(r)
     if rt.state is RankState.FINISHED:
         return ("finish",), None
-    err = rt.error or {}
-    if err and e is not None and not e.collective_failure:
-        qual = str(err.get("qualname") or err.get("type") or "RuntimeError")
-        at = err.get("in_collective")
-        return ("raise", qual, str(err.get("message", ""))), (int(at) if isinstance(at, int) else None)
+    err = rt.error
+    if err is not None and e is not None and not e.collective_failure:
+        return ("raise", err.qualname or err.type or "RuntimeError", err.message), err.in_collective
     last = recs[-1] if recs else None
     in_collective = last is not None and (last.in_flight or last.error)
     if rt.fault and not in_collective:
@@ -298,16 +296,14 @@ def _creations(
     made: set[str] = set()
     for r in kept:
         mine: list[tuple[list[int], str, str | None]] = []
-        for ev in run.ranks[r].group_creations:
-            asked = ev.get("ranks")
-            asked = list(range(run.world_size)) if asked is None else [int(x) for x in asked]
+        for c in run.ranks[r].group_creations:
+            asked = list(range(run.world_size)) if c.ranks is None else list(c.ranks)
             if not set(asked) <= keep:
                 continue
-            name = ev.get("name")
-            name = None if name is None or str(name) not in groups_ok else str(name)
+            name = c.name if c.name in groups_ok else None
             if name is not None:
                 made.add(name)
-            mine.append(([new[x] for x in asked], str(ev.get("desc") or ""), name))
+            mine.append(([new[x] for x in asked], c.desc, name))
         out[new[r]] = mine
     used = {c.group for r in kept for c in run.ranks[r].records if c.group in groups_ok}
     labels = run.group_labels()

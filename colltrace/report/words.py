@@ -294,7 +294,7 @@ def unseen_text(u: Unseen) -> str:
         Blind.FR_NO_MEMBERS: "the dumps do not list every group's members (torch 2.13 on gloo leaves them out): a "
         "group built with other ranks on some rank, or a wait across groups, cannot be seen",
         Blind.UNREADABLE: u.text,
-        Blind.UNTRACED_API: u.text,
+        Blind.UNTRACED_API: f"torch.distributed.{u.text}: not traced",
         Blind.RING_EMPTY: rank + "its ring file is empty or cut before its header: none of its collectives can be "
         "seen (the rank is left out of the comparison, not taken to have issued none)",
         Blind.RING_CUT: rank + f"its ring file is cut short after {u.count} slots (truncated, not wrapped): the "

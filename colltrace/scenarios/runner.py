@@ -109,7 +109,7 @@ def summary(run_dir: str, fmt: str) -> tuple[str, bool]:
             {
                 "rank": rank,
                 "state": rt.state.value,
-                "error": (rt.error or {}).get("type") or ("fatal signal" if rt.fault else None),
+                "error": (rt.error.type if rt.error else "") or ("fatal signal" if rt.fault else None),
                 "records": len(rt.records),
                 "last": None if last is None else {
                     "group": rt.groups[last.group].label if last.group in rt.groups else last.group,

@@ -22,6 +22,7 @@ import stat
 from typing import Any
 
 from colltrace.trace import schema
+from colltrace.trace.events import Frame, Header, Stacks, Thread
 from colltrace.trace.frames import user_frame
 from colltrace.trace.records import Collective, GroupInfo, RankState, RankTrace, Run, backend_seqs
 
@@ -219,21 +220,17 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
         ))  # fmt: skip
     records.sort(key=lambda c: c.idx)
     records = _p2p_by_direction(records)
-    header = {
-        "ev": schema.EV_HEADER, "rank": rank, "world_size": world, "source": "flight_recorder",
-        "fr_version": str(dump.get("version", "")), "comm_lib_version": str(dump.get("comm_lib_version", "")),
-        "path": path,
-    }  # fmt: skip
-    stacks = []
+    header = Header(world_size=world, fr_version=str(dump.get("version", "")))
+    stacks: list[Stacks] = []
     where = stuck_frames or last_frames  # the last collective it is blocked in, else its last
     if where:
-        innermost_last: list[list[object]] = [[p, line, func, ""] for p, line, func in reversed(where)]
-        stacks.append({"ev": schema.EV_STACKS, "reason": "flight_recorder",
-                       "threads": [{"thread": "MainThread", "frames": innermost_last}]})  # fmt: skip
+        innermost_last = tuple(Frame(p, line, func, "") for p, line, func in reversed(where))
+        stacks.append(Stacks("flight_recorder", (Thread("MainThread", innermost_last),)))
     from colltrace.trace.store import of_records  # numpy: not at the recorder's start (it imports this module)
 
     return RankTrace(
-        rank=rank, header=header, records=of_records(rank, records), groups=groups, state=RankState.DUMPED, stacks=stacks,
+        rank=rank, header=header, records=of_records(rank, records), groups=groups, state=RankState.DUMPED,
+        stacks=tuple(stacks),
         dropped=records[0].idx if records else 0, skipped=skipped,
     )  # fmt: skip
 

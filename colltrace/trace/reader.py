@@ -14,6 +14,18 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from colltrace.trace import flight, schema
+from colltrace.trace.events import (
+    DataExhausted,
+    Error,
+    Footer,
+    Frame,
+    GroupCreation,
+    Header,
+    Pipeline,
+    Signal,
+    Stacks,
+    Thread,
+)
 from colltrace.trace.records import GroupInfo, RankState, RankTrace, Run
 from colltrace.trace.store import CHUNK_SLOTS, RingInfo, of_records, of_ring
 
@@ -32,9 +44,9 @@ class TraceError(Exception):
 
 
 _RANK_FILE = re.compile(r"rank(\d+)\.jsonl$")
-# how the writer's warning begins when it cannot create or write the trace: read here once, into
-# RankTrace.recording_failed
-RECORDING_FAILED = "recording failed"
+# how the writer said it could not create the trace before it had its own event (schema.EV_RECORDING_FAILED):
+# a warning that begins so, still read from older traces into RankTrace.recording_failed
+OLD_RECORDING_FAILED = "recording failed"
 
 
 def find_rank_files(run_dir: str) -> dict[int, str]:
@@ -52,43 +64,43 @@ def find_rank_files(run_dir: str) -> dict[int, str]:
     return out
 
 
-def _belong_together(run_dir: str, ranks: dict[int, RankTrace]) -> None:
+def _belong_together(run_dir: str, headers: dict[int, dict[str, Any]]) -> None:
     """The files are one run's: each header's rank is its file's, one world size, every rank below it, one
     recorded run directory. Otherwise a one-line error naming the files (no confident answer on a mix)."""
 
     def name(r: int) -> str:
         return schema.EVENTS_NAME.format(rank=r)
 
-    for r, rt in sorted(ranks.items()):
-        said = rt.header.get("rank")
+    for r, h in sorted(headers.items()):
+        said = h.get("rank")
         if isinstance(said, int) and said != r:
             raise TraceError(f"{run_dir}: {name(r)} holds the trace of rank {said} (copied under another number?)")
     worlds: dict[int, list[int]] = {}
-    for r, rt in sorted(ranks.items()):
-        if isinstance(rt.header.get("world_size"), int) and rt.world_size > 0:
-            worlds.setdefault(rt.world_size, []).append(r)
+    for r, h in sorted(headers.items()):
+        if isinstance(h.get("world_size"), int) and h["world_size"] > 0:
+            worlds.setdefault(h["world_size"], []).append(r)
     if len(worlds) > 1:
         parts = ", ".join(f"{name(rs[0])} says {w}" for w, rs in sorted(worlds.items()))
         raise TraceError(f"{run_dir}: the files disagree on the world size ({parts}): files of different jobs?")
     if worlds:
         (world,) = worlds
-        beyond = [r for r in ranks if r >= world]
+        beyond = [r for r in headers if r >= world]
         if beyond:
             raise TraceError(
                 f"{run_dir}: {name(min(beyond))} is rank {min(beyond)} of a {world}-rank job: a stray file?"
             )
     runs: dict[str, list[int]] = {}  # by the run directory's name as recorded (hosts may mount it elsewhere)
-    for r, rt in sorted(ranks.items()):
-        recorded = rt.header.get("run_dir")
+    for r, h in sorted(headers.items()):
+        recorded = h.get("run_dir")
         if isinstance(recorded, str) and recorded:
             runs.setdefault(os.path.basename(os.path.normpath(recorded)), []).append(r)
     if len(runs) > 1:
         parts = ", ".join(f"{name(rs[0])} from {d}" for d, rs in sorted(runs.items(), key=lambda kv: kv[1]))
         raise TraceError(f"{run_dir}: files of different runs ({parts})")
     parents: dict[tuple[str, object], list[int]] = {}  # one launch per host: torchrun's agent, mp's parent
-    for r, rt in sorted(ranks.items()):
-        if rt.header.get("launcher") in ("torchrun", "multiprocessing") and rt.header.get("ppid"):
-            parents.setdefault((rt.host, rt.header.get("ppid")), []).append(r)
+    for r, h in sorted(headers.items()):
+        if h.get("launcher") in ("torchrun", "multiprocessing") and h.get("ppid"):
+            parents.setdefault((str(h.get("host", "")), h.get("ppid")), []).append(r)
     hosts: dict[str, list[list[int]]] = {}
     for (host, _), rs in parents.items():
         hosts.setdefault(host, []).append(rs)
@@ -97,8 +109,8 @@ def _belong_together(run_dir: str, ranks: dict[int, RankTrace]) -> None:
             a, b = sorted(launches)[:2]
             raise TraceError(f"{run_dir}: files of different runs ({name(a[0])} and {name(b[0])} were started by "
                              f"different launchers on host {host})")  # fmt: skip
-    starts = {r: int(rt.header["clock"].get("wall_ns") or 0) for r, rt in ranks.items()
-              if isinstance(rt.header.get("clock"), dict)}  # fmt: skip
+    starts = {r: int(h["clock"].get("wall_ns") or 0) for r, h in headers.items()
+              if isinstance(h.get("clock"), dict)}  # fmt: skip
     if len(starts) > 1:
         first, last = min(starts, key=starts.__getitem__), max(starts, key=starts.__getitem__)
         if starts[last] - starts[first] > _ONE_RUN_NS:
@@ -252,6 +264,11 @@ def _members(value: Any) -> tuple[int, ...]:
 
 
 def read_rank(rank: int, events_path: str) -> RankTrace:
+    return _read_rank(rank, events_path)[0]
+
+
+def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
+    """One rank's trace, and its header line as written (read_run checks the files belong together by it)."""
     events, torn = read_events(events_path)
     if not events or events[0].get("ev") != schema.EV_HEADER:
         raise TraceError(f"{events_path}: no header line (not a colltrace trace, or written by another tool)")
@@ -272,8 +289,12 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
     sites: dict[int, str] = {0: ""}
     groups: dict[str, GroupInfo] = {}
     called: dict[int, dict[str, Any]] = {}  # a group creation's call id -> its event, completed at its return
-    rt = RankTrace(rank=rank, header=header, records=of_records(rank, ()), groups=groups, state=RankState.KILLED,
-                   torn=torn)  # fmt: skip
+    creations: list[dict[str, Any]] = []
+    stacks: list[Stacks] = []
+    exhausted: list[DataExhausted] = []
+    pipelines: list[Pipeline] = []
+    rt = RankTrace(rank=rank, header=typed_header(header), records=of_records(rank, ()), groups=groups,
+                   state=RankState.KILLED, torn=torn)  # fmt: skip
     for ev in events[1:]:
         kind = ev.get("ev")
         spec = _EVENTS.get(kind) if isinstance(kind, str) else None
@@ -296,30 +317,36 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
             call = ev.get("call")  # an int or absent (_EVENTS checked it)
             begun = called.get(call) if isinstance(call, int) else None
             if begun is not None and ev.get("done") is True:
-                begun.update((k, v) for k, v in ev.items() if k != "t_ns")  # the call's return completes it
+                begun.update(ev)  # the call's return completes it
             else:  # a call (an older trace's, written at its return only, counts as returned)
                 ev.setdefault("done", True)
-                rt.group_creations.append(ev)
+                creations.append(ev)
                 if isinstance(call, int):
                     called[call] = ev
         elif kind == schema.EV_STEP:
             rt.steps = max(rt.steps, int(ev.get("step", 0)))
         elif kind == schema.EV_STACKS:
-            rt.stacks.append(ev)
+            stacks.append(typed_stacks(ev))
         elif kind == schema.EV_SIGNAL:
-            rt.signal = rt.signal or ev
+            rt.signal = rt.signal or Signal(ev.get("signal", ""), ev.get("t_ns", 0))
         elif kind == schema.EV_ERROR:
-            rt.error = rt.error or ev
+            rt.error = rt.error or _error(ev)
         elif kind == schema.EV_FOOTER:
-            rt.footer = ev
+            rt.footer = Footer(ev.get("t_ns", 0))
+        elif kind == schema.EV_RECORDING_FAILED:
+            if rt.recording_failed is None:
+                rt.recording_failed = ev.get("reason", "")
         elif kind == schema.EV_WARNING:
             rt.warnings.append(message := str(ev.get("message", "")))
-            if rt.recording_failed is None and message.startswith(RECORDING_FAILED):
-                rt.recording_failed = message.removeprefix(RECORDING_FAILED).removeprefix(": ")
+            if rt.recording_failed is None and message.startswith(OLD_RECORDING_FAILED):
+                rt.recording_failed = message.removeprefix(OLD_RECORDING_FAILED).removeprefix(": ")
         elif kind == schema.EV_DATA_EXHAUSTED:
-            rt.exhausted.append(ev)
+            exhausted.append(DataExhausted(ev.get("step")))
         elif kind == schema.EV_PIPELINE:
-            rt.pipelines.append(ev)
+            stages = tuple(s for s in ev["stages"] if type(s) is int)
+            pipelines.append(Pipeline(ev["schedule"], ev["microbatches"], stages, ev["num_stages"]))
+    rt.stacks, rt.exhausted, rt.pipelines = tuple(stacks), tuple(exhausted), tuple(pipelines)
+    rt.group_creations = tuple(_creation(ev) for ev in creations)
 
     ring_path = events_path[: -len(".jsonl")] + ".ring"
     offset = _clock_offset(header)
@@ -342,7 +369,7 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
         rt.fault = text or None
     rt.alive = rt.footer is None and rt.error is None and rt.signal is None and not rt.fault and _alive(header)
     rt.state = _state(rt)
-    return rt
+    return rt, header
 
 
 def _state(rt: RankTrace) -> RankState:
@@ -353,7 +380,7 @@ def _state(rt: RankTrace) -> RankState:
             return RankState.FINISHED
     # stopped from outside; an error or exit after the SIGTERM is the stop's doing (a DataLoader raising
     # because the same SIGTERM killed its worker), not the rank's own
-    if any(st.get("reason") == "hang" for st in rt.stacks):
+    if any(st.reason == "hang" for st in rt.stacks):
         return RankState.HUNG  # alive or not: its watchdog saw no progress
     if rt.recording_failed is not None:
         return RankState.UNTRACED  # no end of its own because the recorder gave up, not because it was killed
@@ -383,6 +410,7 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
                       "qualname": (_STR, False), "t_ns": (_INT, False)},
     schema.EV_FOOTER: {"t_ns": (_INT, False), "step": (_INT, False), "in_flight": (_INT, False)},
     schema.EV_WARNING: {"message": (_STR, False)},
+    schema.EV_RECORDING_FAILED: {"reason": (_STR, False)},
     schema.EV_DATA_EXHAUSTED: {"t_ns": (_INT, False), "step": (_INT, False)},
     schema.EV_GROUP_CREATE: {"ranks": ((list, type(None)), False), "call": (_INT, False), "done": ((bool,), False)},
     schema.EV_PIPELINE: {"schedule": (_STR, True), "microbatches": (_INT, True), "stages": ((list,), True),
@@ -422,6 +450,69 @@ def _valid(ev: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], bool]]) -
     return True
 
 
+# how the recorder names, in its header's unseen, a torch.distributed function it does not trace
+_UNTRACED = re.compile(r"torch\.distributed\.(.*): not traced", re.S)
+
+
+def typed_header(h: dict[str, Any]) -> Header:
+    """The header's fields the analysis and the report read (their types checked against _HEADER)."""
+    fr_version = h.get("fr_version")
+    untraced = (_UNTRACED.fullmatch(str(u)) for u in h.get("unseen") or ())
+    return Header(
+        world_size=h.get("world_size", 0), host=h.get("host", ""), pid=h.get("pid", 0), launcher=h.get("launcher"),
+        torch=h.get("torch"), backend=h.get("backend"), python=h.get("python"),
+        fr_version=fr_version if isinstance(fr_version, str) else None,
+        untraced=tuple(m[1] for m in untraced if m is not None),
+    )  # fmt: skip
+
+
+def typed_stacks(ev: dict[str, Any]) -> Stacks:
+    """A stacks event (checked by _valid): its threads' frames that are (path, line, func, code)."""
+    threads = []
+    for t in ev["threads"]:
+        frames = []
+        for f in t.get("frames") or ():
+            try:
+                path, line, func, code = f
+            except (TypeError, ValueError):
+                continue
+            if line is None or type(line) is int:
+                frames.append(Frame(str(path), line, str(func), str(code) if code else ""))
+        name = t.get("thread")
+        threads.append(Thread("" if name is None else str(name), tuple(frames)))
+    waiting, request = ev.get("waiting"), ev.get("request")
+    return Stacks(
+        reason=ev.get("reason", ""), threads=tuple(threads), t_ns=ev.get("t_ns"),
+        waiting=int(waiting) if isinstance(waiting, int) else None, idle_s=_seconds(ev.get("idle_s")),
+        usual_s=_seconds(ev.get("usual_s")), request=request if isinstance(request, str) else None,
+    )  # fmt: skip
+
+
+def _seconds(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _error(ev: dict[str, Any]) -> Error:
+    at = ev.get("in_collective")  # the recorder's: an idx or null; a hand-made trace's: true or false
+    return Error(
+        type=ev["type"], message=ev.get("message", ""), traceback=ev.get("traceback", ""),
+        qualname=ev.get("qualname", ""), t_ns=ev.get("t_ns", 0),
+        in_collective=None if at is None else int(at) if isinstance(at, int) else -1,
+    )  # fmt: skip
+
+
+def _creation(ev: dict[str, Any]) -> GroupCreation:
+    """A group_create event (checked by _valid), its call joined with its return."""
+    name, fn, members = ev.get("name"), ev.get("fn"), ev.get("group_ranks")
+    asked = ev.get("ranks")
+    return GroupCreation(
+        fn="" if fn is None else str(fn), ranks=None if asked is None else tuple(asked),
+        desc=str(ev.get("desc") or ""), name=None if name is None else str(name),
+        group_ranks=tuple(members) if type(members) is list and all(type(r) is int for r in members) else (),
+        done=bool(ev.get("done", True)),
+    )  # fmt: skip
+
+
 def _alive(header: dict[str, Any]) -> bool:
     """The rank's process is still running: the header's pid lives on this host, running the same program
     (a pid reused by another process does not count)."""
@@ -441,16 +532,11 @@ def _alive(header: dict[str, Any]) -> bool:
     return not argv or os.path.basename(str(argv[0])) in cmdline
 
 
-def _after_signal(rt: RankTrace, error: dict[str, Any] | None) -> bool:
+def _after_signal(rt: RankTrace, error: Error | None) -> bool:
     """The rank was sent a terminating signal, and its error (if any) is part of that stop."""
     if rt.signal is None or rt.fault:
         return False
-    if error is None:
-        return True
-    try:
-        return rt.after_signal(int(error.get("t_ns") or 0))
-    except (TypeError, ValueError):
-        return False
+    return error is None or rt.after_signal(error.t_ns)
 
 
 def read_run(run_dir: str) -> Run:
@@ -467,15 +553,16 @@ def read_run(run_dir: str) -> Run:
             raise TraceError(str(e)) from None
         raise TraceError(f"{run_dir}: no colltrace rank files (rank*.jsonl) and no Flight Recorder dumps found")
     ranks: dict[int, RankTrace] = {}
+    headers: dict[int, dict[str, Any]] = {}
     problems: list[str] = []
     for rank, path in sorted(files.items()):
         try:
-            ranks[rank] = read_rank(rank, path)
+            ranks[rank], headers[rank] = _read_rank(rank, path)
         except (OSError, TraceError, struct.error) as e:
             problems.append(f"rank {rank}: {e}")
     if not ranks:
         raise TraceError(problems[0] if problems else f"{run_dir}: no readable rank")
-    _belong_together(run_dir, ranks)
+    _belong_together(run_dir, headers)
     world = max((rt.world_size for rt in ranks.values()), default=0)
     world = max(world, max(ranks) + 1)
     missing = [r for r in range(world) if r not in ranks]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+from colltrace.trace.events import DataExhausted, Error, Footer, GroupCreation, Header, Pipeline, Signal, Stacks
 
 if TYPE_CHECKING:
     from colltrace.trace.store import Slots
@@ -108,17 +110,17 @@ class RankTrace:
     """Everything one rank left behind."""
 
     rank: int
-    header: dict[str, Any]
+    header: Header
     records: Slots  # its records as columns: its ring file's (each slot read once), or records made elsewhere
     groups: dict[str, GroupInfo]
     state: RankState
     steps: int = 0  # optimizer steps completed
-    error: dict[str, Any] | None = None
-    signal: dict[str, Any] | None = None
-    footer: dict[str, Any] | None = None
-    stacks: list[dict[str, Any]] = field(default_factory=list)
+    error: Error | None = None  # the first exception that escaped the script
+    signal: Signal | None = None  # the first terminating signal
+    footer: Footer | None = None  # its clean exit
+    stacks: tuple[Stacks, ...] = ()  # in the order written
     fault: str | None = None  # text written by faulthandler on a fatal signal
-    group_creations: list[dict[str, Any]] = field(default_factory=list)
+    group_creations: tuple[GroupCreation, ...] = ()  # in call order
     warnings: list[str] = field(default_factory=list)
     # the writer gave up on this rank (a full disk at the start): its reason, in the trace's own words
     recording_failed: str | None = None
@@ -127,8 +129,8 @@ class RankTrace:
     skipped: int = 0  # events of a known kind left out: a field missing or of another type
     ring_cut: int = 0  # > 0: the ring file ends after that many slots (truncated); -1: too short for its header
     spans: Slots = field(default_factory=lambda: _none())  # compute spans (kind "span", op: forward, ...)
-    exhausted: list[dict[str, Any]] = field(default_factory=list)  # data_exhausted events: out of data
-    pipelines: list[dict[str, Any]] = field(default_factory=list)  # pipeline events: how its schedules were built
+    exhausted: tuple[DataExhausted, ...] = ()  # out of data
+    pipelines: tuple[Pipeline, ...] = ()  # how its schedules were built
     alive: bool = False  # no end of its own yet and its process runs (this host): the job is still going
     # joined from the rank's Flight Recorder dump beside the trace (flight.merge): our record idx -> FR's entry
     # of the same (group, backend seq), and per group the FR seqs our trace has no record for
@@ -144,16 +146,16 @@ class RankTrace:
         """Whether a moment is part of the stop: the rank was sent a terminating signal, and t_ns is no
         earlier than it (less SIGNAL_LAG_NS: the watchdog thread stamps the signal as it gets to it, and
         the same signal may kill a child, say a DataLoader worker, whose parent raises a moment sooner)."""
-        sig = int((self.signal or {}).get("t_ns") or 0)
+        sig = self.signal.t_ns if self.signal is not None else 0
         return sig > 0 and t_ns >= sig - SIGNAL_LAG_NS
 
     @property
     def world_size(self) -> int:
-        return int(self.header.get("world_size", 0))
+        return self.header.world_size
 
     @property
     def host(self) -> str:
-        return str(self.header.get("host", ""))
+        return self.header.host
 
     @property
     def last(self) -> Collective | None:

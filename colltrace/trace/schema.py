@@ -135,6 +135,9 @@ EV_STACKS = "stacks"  # Python stacks of all threads (hang watchdog, signal)
 EV_SIGNAL = "signal"  # a terminating signal was received
 EV_ERROR = "error"  # an exception escaped the training script
 EV_WARNING = "warning"  # the shim disabled part of itself
+# the writer could not create the trace (a full disk, a quota): {"reason": its words}; the rank's trace holds
+# nothing else. Traces before it said so in a warning whose message begins "recording failed: "
+EV_RECORDING_FAILED = "recording_failed"
 EV_FOOTER = "footer"  # clean interpreter exit
 EV_PIPELINE = "pipeline"  # a pipeline schedule's first step: its class, micro-batches, this rank's stages, their count
 # the phase of the collectives a rank that ran out of inputs issues inside torch's Join context manager

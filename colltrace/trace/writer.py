@@ -292,8 +292,8 @@ class TraceWriter(Ring):
             self.spans = Ring(os.path.join(run_dir, schema.SPANS_NAME.format(rank=rank)), span_capacity, full,
                               self.file_mode)  # fmt: skip
         except OSError as e:  # a full disk, a quota: said in the trace itself, for the report
-            self.event({"ev": schema.EV_WARNING, "message": f"recording failed: the ring files could not be "
-                        f"created ({type(e).__name__}: {e}); nothing was recorded on this rank"})  # fmt: skip
+            self.event({"ev": schema.EV_RECORDING_FAILED, "reason": f"the ring files could not be created "
+                        f"({type(e).__name__}: {e}); nothing was recorded on this rank"})  # fmt: skip
             raise
 
     # -- strings and events ----------------------------------------------------------------
