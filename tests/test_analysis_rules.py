@@ -13,7 +13,16 @@ from handmade import FSDP_STEP, FakeRank, ranks
 
 from colltrace.analysis import causes
 from colltrace.analysis.diagnose import diagnose
-from colltrace.analysis.results import Clue, Confidence, DtypeChange, InSpan, PeersApart, SplitGap, StepSkew
+from colltrace.analysis.results import (
+    Clue,
+    Confidence,
+    DtypeChange,
+    InSpan,
+    PeersApart,
+    RankEnd,
+    SplitGap,
+    StepSkew,
+)
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report import words
 from colltrace.trace.events import GroupCreation
@@ -1721,3 +1730,49 @@ def test_the_same_drift_without_join_is_not_read_as_data_run_out(tmp_path: Path)
     assert dx.culprits == (2,)
     assert dx.finding is not None and dx.finding.cause is not Cause.UNEVEN_DATA
     assert not [e for e in dx.finding.evidence if e.clue is Clue.JOINED]
+
+
+def test_a_rank_still_in_the_collective_long_after_the_others_timed_out_in_it_never_reached_it(tmp_path: Path) -> None:
+    """all_gather_object on every rank: rank 1 spins in its object's __getstate__ (pickling, before the gather's
+    first exchange), ranks 0 and 2 wait in the exchange and time out after 20 s; torchrun sends rank 1 SIGTERM
+    10 s after that. All three opened the same record, and nothing diverged: the rank that stayed in it without
+    failing, long after the others gave up there, is the one they waited for, and its stack says where it was."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.coll("all_reduce", 64, "", "backward", redop="SUM")
+        r.coll("all_gather_object", 3, "", "other", done=False, error=r.rank != 1)
+    for r in (rs[0], rs[2]):
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    t_sig = 1_700_000_030_000_000_000
+    rs[1].w.event({"ev": "signal", "t_ns": t_sig, "signal": "SIGTERM", "in_flight": 1})
+    frames = [["train.py", 80, "main", "dist.all_gather_object(out, stats)"],
+              ["/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 3100, "all_gather_object", "input_tensor, local_size = _object_to_tensor(obj)"],
+              ["stats.py", 24, "_compact", "while merged != vals:"]]  # fmt: skip
+    rs[1].w.event({"ev": "stacks", "reason": "signal", "t_ns": t_sig, "waiting": -1,
+                   "threads": [{"thread": "MainThread", "frames": frames}]})  # fmt: skip
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is None
+    assert dx.culprits == (1,) and dx.victims == (0, 2)
+    assert dx.finding is not None and dx.finding.cause is Cause.STUCK_COMPUTE
+    assert dx.finding.confidence is Confidence.LOW
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.OUTLIVED] == [((1,), (0, 2))]
+    outside = [e.detail for e in dx.finding.evidence if e.clue is Clue.STUCK_OUTSIDE]
+    assert len(outside) == 1 and isinstance(outside[0], RankEnd) and outside[0].blocked is None
+    assert outside[0].stack[-1] == "stats.py:24 in _compact: while merged != vals:"
+
+
+def test_a_rank_in_the_collective_its_peers_timed_out_in_is_not_named_when_it_was_stopped_with_them(
+    tmp_path: Path,
+) -> None:
+    """The same three records, but rank 1 was stopped (SIGTERM) as the others timed out, not long after: nothing
+    says it was not in the exchange with them (its own timeout had not come yet), so it is not named for it."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.coll("all_reduce", 64, "", "backward", redop="SUM")
+        r.coll("all_gather_object", 3, "", "other", done=False, error=r.rank != 1)
+    for r in (rs[0], rs[2]):
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    rs[1].w.event({"ev": "signal", "t_ns": 1_700_000_000_005_000_000, "signal": "SIGTERM", "in_flight": 1})
+    dx = diagnose(read_run(str(tmp_path)))
+    assert not any(e.clue is Clue.OUTLIVED for e in (dx.finding.evidence if dx.finding else ()))
+    assert dx.culprits != (1,)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 
@@ -493,8 +494,9 @@ def died_in_divergence(f: Facts) -> tuple[int, ...]:
 
 
 def no_divergence(f: Facts) -> Finding | None:
-    """Every collective matched: a straggler, or nothing to say."""
-    if f.d is not None:
+    """Every collective matched: a straggler, or nothing to say (a culprit that never reached the exchange
+    its peers timed out in: stopped_outside says where it was)."""
+    if f.d is not None or any(e.clue is Clue.OUTLIVED for e in f.found):
         return None
     if f.slow is not None:
         return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
@@ -503,18 +505,22 @@ def no_divergence(f: Facts) -> Finding | None:
 
 def stopped_outside(f: Facts) -> Finding | None:
     """Every culprit stopped outside any collective in no span that says where: not a shape of collectives
-    (it never got to them), so no rule below applies; its stack says where to look."""
+    (it never got to them), so no rule below applies; its stack says where to look. A culprit still in the
+    collective its peers timed out in, which never reached their exchange (clue OUTLIVED), is outside it too."""
     d, ends = f.d, f.ends
-    outside = [r for r in f.culprits if ends[r].blocked is None and ends[r].state in NOT_ENDED]
-    if d is None or not outside or d.kind is not Kind.MISSING or len(outside) != len(f.culprits):
+    short = {r for e in f.found if e.clue is Clue.OUTLIVED for r in e.ranks}
+    outside = [r for r in f.culprits if (ends[r].blocked is None or r in short) and ends[r].state in NOT_ENDED]
+    if not outside or len(outside) != len(f.culprits) or not (short or d is not None and d.kind is Kind.MISSING):
         return None
     if f.slow is not None and f.slow.rank in outside:
         return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
     if all(_alive_in_own_code(ends[r]) for r in outside):
         # no span to say what, but it was running the job's own code until it was stopped: a computation
         # that did not end (a loop, a metric), not a death
+        # where it was: its stack (or span), not the collective whose record it had opened
+        where = {r: dataclasses.replace(ends[r], blocked=None) if r in short else ends[r] for r in outside}
         return Finding(Cause.STUCK_COMPUTE, Confidence.LOW,
-                       tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r]) for r in outside))  # fmt: skip
+                       tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), where[r]) for r in outside))  # fmt: skip
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
 
 

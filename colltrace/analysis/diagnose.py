@@ -365,9 +365,12 @@ def _arrived_after(ends: dict[int, RankEnd], run: Run) -> culprit.Blame | None:
             if b is not None and len(others) == len(rs) - 1 and all(t and b.t_issue_ns > t + ARRIVAL_MARGIN_NS
                                                                      for t in others):  # fmt: skip
                 late.append(r)
+        clue = Clue.ARRIVED_AFTER
+        if not late:
+            late, clue = _outlived(rs, gave_up, ends, run), Clue.OUTLIVED
         if late and len(late) < len(rs):
             waited = tuple(r for r in sorted(rs) if r not in late)
-            ev = [Evidence(Clue.ARRIVED_AFTER, tuple(late), waited)]
+            ev = [Evidence(clue, tuple(late), waited)]
             since = min(b.t_issue_ns for r in waited if (b := ends[r].blocked) is not None)
             for r in late:
                 b = ends[r].blocked
@@ -377,6 +380,23 @@ def _arrived_after(ends: dict[int, RankEnd], run: Run) -> culprit.Blame | None:
             victims = tuple(r for r in sorted(ends) if r not in late)
             return culprit.Blame(tuple(late), victims, Kind.MISSING, Confidence.MEDIUM, tuple(ev))
     return None
+
+
+def _outlived(rs: list[int], gave_up: dict[int, int], ends: dict[int, RankEnd], run: Run) -> list[int]:
+    """The rank of `rs` (all "in" one collective record) that never failed in it while every other one timed out
+    or lost a peer there, and that was still in it well after the last of them gave up (stopped from outside, or
+    still running): it never reached the exchange they waited in (Python before the wire: an object collective
+    pickling, a hook), whatever its record says. Its timeout would have fired too. [] when there is no such rank."""
+    if len(gave_up) != len(rs) - 1 or not all(gave_up.values()):
+        return []
+    (r,) = (o for o in rs if o not in gave_up)
+    e, b, rt = ends[r], ends[r].blocked, run.ranks.get(r)
+    if b is None or b.error or b.t_done_ns is not None or rt is None:
+        return []
+    if e.alive:
+        return [r]
+    stopped = rt.signal.t_ns if rt.signal is not None else 0
+    return [r] if stopped > max(gave_up.values()) + ARRIVAL_MARGIN_NS else []
 
 
 def _spent_in(run: Run, rank: int, since_ns: int, until_ns: int) -> InSpan | None:

@@ -258,6 +258,10 @@ def evidence_text(e: Evidence) -> str:
         Clue.WRONG_SOURCE: _wrong_source(who, d),
         Clue.ARRIVED_AFTER: f"{who} reached the collective the others were blocked in only after "
         f"{ranks_text(peers) if peers else 'they'} had given up on it (timed out): the rank they waited for",
+        Clue.OUTLIVED: f"{who} was still in the collective the others were blocked in well after "
+        f"{ranks_text(peers) if peers else 'they'} had given up on it (timed out), and never failed in it: "
+        f"{'it' if s else 'they'} had not reached the exchange they waited in (Python of {its} own before it: an "
+        "object collective pickling, a hook), the rank they waited for",
         Clue.WENT_PAST: f"{who} went on past the collective of {group_text(detail) if detail else 'the group'} the "
         "others wait in, which "
         f"{'it' if s else 'they'} issued in {its} step before: skipped this step on a branch of {its} own (ranks that "
