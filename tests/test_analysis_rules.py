@@ -7,6 +7,7 @@ who waits for whom, how far each rank got, who failed first; then the rule that 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from handmade import FSDP_STEP, FakeRank, ranks
@@ -16,6 +17,7 @@ from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import (
     Clue,
     Confidence,
+    Diagnosis,
     DtypeChange,
     InSpan,
     PeersApart,
@@ -1776,3 +1778,37 @@ def test_a_rank_in_the_collective_its_peers_timed_out_in_is_not_named_when_it_wa
     dx = diagnose(read_run(str(tmp_path)))
     assert not any(e.clue is Clue.OUTLIVED for e in (dx.finding.evidence if dx.finding else ()))
     assert dx.culprits != (1,)
+
+
+def _teacher_sync(tmp_path: Path, site_of: Callable[[int], str]) -> Diagnosis:
+    """Four ranks all-reduce each step; at step 2 each broadcasts the EMA teacher, rank 3 from root 2 and the
+    others from root 0 (the line of each rank's broadcast: site_of(rank)). Rank 3's broadcast pairs with none."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        for _ in range(2):
+            r.coll("all_reduce", 64, "", "backward", redop="SUM", site="train.py:30 in main")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+        r.coll("broadcast", 756, "", "other", peer=2 if r.rank == 3 else 0, done=False, error=True,
+               site=site_of(r.rank))  # fmt: skip
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    return diagnose(read_run(str(tmp_path)))
+
+
+def test_a_root_passed_otherwise_from_the_same_line_is_a_wrong_peer(tmp_path: Path) -> None:
+    """Every rank broadcasts from the same line, rank 3 with src=2 (a node-leader helper where the others pass
+    0): the root argument is worked out otherwise on it, not a branch that chose another collective."""
+    dx = _teacher_sync(tmp_path, lambda r: "train.py:37 in main")
+    assert dx.culprits == (3,)
+    assert dx.divergence is not None and dx.divergence.kind is Kind.PEER
+    assert dx.finding is not None and dx.finding.cause is Cause.WRONG_PEER
+    assert dx.finding.confidence is Confidence.MEDIUM
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.ROOT_APART] == [((3,), (2, 0))]
+
+
+def test_a_root_passed_otherwise_from_another_line_stays_a_branch(tmp_path: Path) -> None:
+    """The same broadcasts, rank 3's from a line of its own (`if rank == 3: ... src=2`): a branch."""
+    dx = _teacher_sync(tmp_path, lambda r: "train.py:39 in main" if r == 3 else "train.py:37 in main")
+    assert dx.culprits == (3,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert not any(e.clue is Clue.ROOT_APART for e in dx.finding.evidence)

@@ -258,9 +258,20 @@ def schedule_mismatch(f: Facts) -> Finding | None:
 
 
 def wrong_peer(f: Facts) -> Finding | None:
-    """The culprit sent one peer a transfer more than it received, and another one fewer than it waits for."""
+    """The culprit sent one peer a transfer more than it received, and another one fewer than it waits for; or
+    every rank issued the same collective from the same line of code and only its root (src, dst) differs:
+    the root argument is worked out otherwise on the culprit, not a branch that chose another collective."""
     said = tuple(e for e in f.found if e.clue in (Clue.MISDIRECTED, Clue.WRONG_SOURCE))
-    return Finding(Cause.WRONG_PEER, Confidence.MEDIUM, said) if said else None
+    if said:
+        return Finding(Cause.WRONG_PEER, Confidence.MEDIUM, said)
+    if f.d is None or f.d.kind is not Kind.PEER or f.d.group.startswith("p2p:") or len(f.sites) != 1:
+        return None
+    mine = {s.peer for s in f.sigs(f.culprits) if s.kind != "p2p"}
+    theirs = {s.peer for s in f.sigs(f.victims) if s.kind != "p2p"}
+    if len(mine) != 1 or len(theirs) != 1 or mine == theirs or -1 in mine | theirs:
+        return None
+    apart = Evidence(Clue.ROOT_APART, f.culprits, (*mine, *theirs))
+    return Finding(Cause.WRONG_PEER, Confidence.MEDIUM, (apart,))
 
 
 def p2p_order(f: Facts) -> Finding | None:

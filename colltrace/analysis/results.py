@@ -86,6 +86,7 @@ class Clue(str, enum.Enum):
     # the rank reached the collective the others were blocked in only after they had failed in it (timed out):
     # it is what they waited for (detail: the ranks that gave up)
     ARRIVED_AFTER = "arrived_after"
+    ROOT_APART = "root_apart"  # the same collective from the same line, another root (detail: (its, theirs))
     OUTLIVED = "outlived"  # a rank still in the collective, not failed, long after the others timed out there
     LATE_IN = "late_in"  # the compute span a rank that arrived last spent most of its lateness in (detail: InSpan)
     # the rank went past, this step, a collective of the group others of the cycle wait in, which it issued in

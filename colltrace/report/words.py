@@ -258,6 +258,9 @@ def evidence_text(e: Evidence) -> str:
         Clue.WRONG_SOURCE: _wrong_source(who, d),
         Clue.ARRIVED_AFTER: f"{who} reached the collective the others were blocked in only after "
         f"{ranks_text(peers) if peers else 'they'} had given up on it (timed out): the rank they waited for",
+        Clue.ROOT_APART: f"{who} issued the same collective from the same line of code as the others, with root "
+        f"{_pair(d)[0]} where they passed {_pair(d)[1]}: the src/dst argument is worked out otherwise on "
+        f"{'it' if s else 'them'} (a rank-dependent helper, a stale setting), not a branch",
         Clue.OUTLIVED: f"{who} was still in the collective the others were blocked in well after "
         f"{ranks_text(peers) if peers else 'they'} had given up on it (timed out), and never failed in it: "
         f"{'it' if s else 'they'} had not reached the exchange they waited in (Python of {its} own before it: an "
@@ -547,7 +550,8 @@ CHECK: dict[Cause, str] = {
     Cause.CROSS_GROUP_DEADLOCK: "the order in which ranks enter collectives of different groups: it must be the same "
     "on every rank that shares the groups",
     Cause.WRONG_PEER: "the culprit's send: its dst (a pipeline stage's next/previous rank, a direction flag kept "
-    "from the last transfer), and the schedule that posts the receives",
+    "from the last transfer), and the schedule that posts the receives; for a broadcast, reduce, gather or scatter, "
+    "the src=/dst= the culprit passed (every rank must pass the same root)",
     Cause.P2P_ORDER: "the order of the blocking send/recv calls in the schedule: a rank that sends while its peer "
     "also sends (or both receive) waits forever; post both sides together (batch_isend_irecv, isend/irecv then "
     "wait) or order them by rank parity",
@@ -588,3 +592,10 @@ def check_text(dx: Diagnosis) -> str | None:
 # a transfer's two ends each choose their tensor: no policy makes them agree
 _CHECK_TRANSFER_DTYPE = ("the dtype of the tensor the sender passes against the buffer the receiver posts (a "
                          "numpy round trip, torch.from_numpy, .double() or .half() on one side only)")  # fmt: skip
+
+
+def _pair(d: Detail) -> tuple[str, str]:
+    """A detail of two ranks (its root, theirs) as words."""
+    if isinstance(d, tuple) and len(d) == 2:
+        return str(d[0]), str(d[1])
+    return "?", "?"
