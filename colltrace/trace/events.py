@@ -1,9 +1,13 @@
-"""The typed events of one rank's sidecar: its header, how it ended, its stacks, group creations and schedules."""
+"""The typed events of one rank's sidecar, each made once from its line as the reader checked it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+# how the recorder names, in its header's unseen, a torch.distributed function it does not trace
+_UNTRACED = re.compile(r"torch\.distributed\.(.*): not traced", re.S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +25,18 @@ class Header:
     # the torch.distributed functions this torch has that the recorder does not trace, each as the recorder
     # described it ("gather_single (a collective this colltrace does not know)")
     untraced: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, h: dict[str, Any]) -> Header:
+        """From the header line, its fields' types checked by the reader."""
+        fr_version = h.get("fr_version")
+        untraced = (_UNTRACED.fullmatch(str(u)) for u in h.get("unseen") or ())
+        return cls(
+            world_size=h.get("world_size", 0), host=h.get("host", ""), pid=h.get("pid", 0),
+            launcher=h.get("launcher"), torch=h.get("torch"), backend=h.get("backend"), python=h.get("python"),
+            fr_version=fr_version if isinstance(fr_version, str) else None,
+            untraced=tuple(m[1] for m in untraced if m is not None),
+        )  # fmt: skip
 
 
 class Frame(NamedTuple):
@@ -50,6 +66,33 @@ class Stacks:
     usual_s: float | None = None  # the job's usual wait, when the watchdog judged the hang by it
     request: str | None = None  # the request it answers (reason "request")
 
+    @classmethod
+    def of(cls, ev: dict[str, Any]) -> Stacks:
+        """From a stacks event the reader checked (threads: dicts, their frames: lists); a frame that is not
+        (path, line, func, code) is left out."""
+        threads = []
+        for t in ev["threads"]:
+            frames = []
+            for f in t.get("frames") or ():
+                try:
+                    path, line, func, code = f
+                except (TypeError, ValueError):
+                    continue
+                if line is None or type(line) is int:
+                    frames.append(Frame(str(path), line, str(func), str(code) if code else ""))
+            name = t.get("thread")
+            threads.append(Thread("" if name is None else str(name), tuple(frames)))
+        waiting, request = ev.get("waiting"), ev.get("request")
+        return cls(
+            reason=ev.get("reason", ""), threads=tuple(threads), t_ns=ev.get("t_ns"),
+            waiting=int(waiting) if isinstance(waiting, int) else None, idle_s=_seconds(ev.get("idle_s")),
+            usual_s=_seconds(ev.get("usual_s")), request=request if isinstance(request, str) else None,
+        )  # fmt: skip
+
+
+def _seconds(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
 
 @dataclass(frozen=True, slots=True)
 class Error:
@@ -63,6 +106,16 @@ class Error:
     # idx of the collective it came out of (-1: one, not said which); None: the recorder did not see it come
     # out of one
     in_collective: int | None = None
+
+    @classmethod
+    def of(cls, ev: dict[str, Any]) -> Error:
+        """From an error event the reader checked."""
+        at = ev.get("in_collective")  # the recorder's: an idx or null; a hand-made trace's: true or false
+        return cls(
+            type=ev["type"], message=ev.get("message", ""), traceback=ev.get("traceback", ""),
+            qualname=ev.get("qualname", ""), t_ns=ev.get("t_ns", 0),
+            in_collective=None if at is None else int(at) if isinstance(at, int) else -1,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +150,17 @@ class GroupCreation:
     name: str | None = None  # the group it made; None: not a member, or the call never returned
     group_ranks: tuple[int, ...] = ()  # the members of the group it made
     done: bool = True  # it returned
+
+    @classmethod
+    def of(cls, ev: dict[str, Any]) -> GroupCreation:
+        """From a group_create event the reader checked, the call's return joined into it."""
+        name, fn, members, asked = ev.get("name"), ev.get("fn"), ev.get("group_ranks"), ev.get("ranks")
+        return cls(
+            fn="" if fn is None else str(fn), ranks=None if asked is None else tuple(asked),
+            desc=str(ev.get("desc") or ""), name=None if name is None else str(name),
+            group_ranks=tuple(members) if type(members) is list and all(type(r) is int for r in members) else (),
+            done=bool(ev.get("done", True)),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,18 +14,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from colltrace.trace import flight, schema
-from colltrace.trace.events import (
-    DataExhausted,
-    Error,
-    Footer,
-    Frame,
-    GroupCreation,
-    Header,
-    Pipeline,
-    Signal,
-    Stacks,
-    Thread,
-)
+from colltrace.trace.events import DataExhausted, Error, Footer, GroupCreation, Header, Pipeline, Signal, Stacks
 from colltrace.trace.records import GroupInfo, RankState, RankTrace, Run
 from colltrace.trace.store import CHUNK_SLOTS, RingInfo, of_records, of_ring
 
@@ -293,7 +282,7 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
     stacks: list[Stacks] = []
     exhausted: list[DataExhausted] = []
     pipelines: list[Pipeline] = []
-    rt = RankTrace(rank=rank, header=typed_header(header), records=of_records(rank, ()), groups=groups,
+    rt = RankTrace(rank=rank, header=Header.of(header), records=of_records(rank, ()), groups=groups,
                    state=RankState.KILLED, torn=torn)  # fmt: skip
     for ev in events[1:]:
         kind = ev.get("ev")
@@ -326,11 +315,11 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
         elif kind == schema.EV_STEP:
             rt.steps = max(rt.steps, int(ev.get("step", 0)))
         elif kind == schema.EV_STACKS:
-            stacks.append(typed_stacks(ev))
+            stacks.append(Stacks.of(ev))
         elif kind == schema.EV_SIGNAL:
             rt.signal = rt.signal or Signal(ev.get("signal", ""), ev.get("t_ns", 0))
         elif kind == schema.EV_ERROR:
-            rt.error = rt.error or _error(ev)
+            rt.error = rt.error or Error.of(ev)
         elif kind == schema.EV_FOOTER:
             rt.footer = Footer(ev.get("t_ns", 0))
         elif kind == schema.EV_RECORDING_FAILED:
@@ -346,7 +335,7 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
             stages = tuple(s for s in ev["stages"] if type(s) is int)
             pipelines.append(Pipeline(ev["schedule"], ev["microbatches"], stages, ev["num_stages"]))
     rt.stacks, rt.exhausted, rt.pipelines = tuple(stacks), tuple(exhausted), tuple(pipelines)
-    rt.group_creations = tuple(_creation(ev) for ev in creations)
+    rt.group_creations = tuple(GroupCreation.of(ev) for ev in creations)
 
     ring_path = events_path[: -len(".jsonl")] + ".ring"
     offset = _clock_offset(header)
@@ -448,69 +437,6 @@ def _valid(ev: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], bool]]) -
         return (all(type(r.get(k)) is int for k in ("start", "stop")) and type(r.get("step", 1)) is int
                 and 0 <= r["start"] <= r["stop"] <= _MAX_RANKS and r.get("step", 1) > 0)  # fmt: skip
     return True
-
-
-# how the recorder names, in its header's unseen, a torch.distributed function it does not trace
-_UNTRACED = re.compile(r"torch\.distributed\.(.*): not traced", re.S)
-
-
-def typed_header(h: dict[str, Any]) -> Header:
-    """The header's fields the analysis and the report read (their types checked against _HEADER)."""
-    fr_version = h.get("fr_version")
-    untraced = (_UNTRACED.fullmatch(str(u)) for u in h.get("unseen") or ())
-    return Header(
-        world_size=h.get("world_size", 0), host=h.get("host", ""), pid=h.get("pid", 0), launcher=h.get("launcher"),
-        torch=h.get("torch"), backend=h.get("backend"), python=h.get("python"),
-        fr_version=fr_version if isinstance(fr_version, str) else None,
-        untraced=tuple(m[1] for m in untraced if m is not None),
-    )  # fmt: skip
-
-
-def typed_stacks(ev: dict[str, Any]) -> Stacks:
-    """A stacks event (checked by _valid): its threads' frames that are (path, line, func, code)."""
-    threads = []
-    for t in ev["threads"]:
-        frames = []
-        for f in t.get("frames") or ():
-            try:
-                path, line, func, code = f
-            except (TypeError, ValueError):
-                continue
-            if line is None or type(line) is int:
-                frames.append(Frame(str(path), line, str(func), str(code) if code else ""))
-        name = t.get("thread")
-        threads.append(Thread("" if name is None else str(name), tuple(frames)))
-    waiting, request = ev.get("waiting"), ev.get("request")
-    return Stacks(
-        reason=ev.get("reason", ""), threads=tuple(threads), t_ns=ev.get("t_ns"),
-        waiting=int(waiting) if isinstance(waiting, int) else None, idle_s=_seconds(ev.get("idle_s")),
-        usual_s=_seconds(ev.get("usual_s")), request=request if isinstance(request, str) else None,
-    )  # fmt: skip
-
-
-def _seconds(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _error(ev: dict[str, Any]) -> Error:
-    at = ev.get("in_collective")  # the recorder's: an idx or null; a hand-made trace's: true or false
-    return Error(
-        type=ev["type"], message=ev.get("message", ""), traceback=ev.get("traceback", ""),
-        qualname=ev.get("qualname", ""), t_ns=ev.get("t_ns", 0),
-        in_collective=None if at is None else int(at) if isinstance(at, int) else -1,
-    )  # fmt: skip
-
-
-def _creation(ev: dict[str, Any]) -> GroupCreation:
-    """A group_create event (checked by _valid), its call joined with its return."""
-    name, fn, members = ev.get("name"), ev.get("fn"), ev.get("group_ranks")
-    asked = ev.get("ranks")
-    return GroupCreation(
-        fn="" if fn is None else str(fn), ranks=None if asked is None else tuple(asked),
-        desc=str(ev.get("desc") or ""), name=None if name is None else str(name),
-        group_ranks=tuple(members) if type(members) is list and all(type(r) is int for r in members) else (),
-        done=bool(ev.get("done", True)),
-    )  # fmt: skip
 
 
 def _alive(header: dict[str, Any]) -> bool:
