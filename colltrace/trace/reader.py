@@ -109,6 +109,7 @@ def _belong_together(run_dir: str, headers: dict[int, dict[str, Any]]) -> None:
 
 
 _ONE_RUN_NS = 15 * 60 * 10**9  # the ranks of one run start within minutes of each other
+_WHOSE = ("rank", "world_size", "run_dir", "launcher", "ppid", "host", "clock")  # the header's fields it reads
 
 
 def _regular(path: str) -> None:
@@ -257,7 +258,7 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
 
 
 def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
-    """One rank's trace, and its header line as written (read_run checks the files belong together by it)."""
+    """One rank's trace, and its header's fields that say which run it belongs to (_belong_together's)."""
     events, torn = read_events(events_path)
     if not events or events[0].get("ev") != schema.EV_HEADER:
         raise TraceError(f"{events_path}: no header line (not a colltrace trace, or written by another tool)")
@@ -358,7 +359,7 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
         rt.fault = text or None
     rt.alive = rt.footer is None and rt.error is None and rt.signal is None and not rt.fault and _alive(header)
     rt.state = _state(rt)
-    return rt, header
+    return rt, {k: header[k] for k in _WHOSE if k in header}  # the rest of the header line is let go
 
 
 def _state(rt: RankTrace) -> RankState:
