@@ -1812,3 +1812,29 @@ def test_a_root_passed_otherwise_from_another_line_stays_a_branch(tmp_path: Path
     assert dx.culprits == (3,)
     assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
     assert not any(e.clue is Clue.ROOT_APART for e in dx.finding.evidence)
+
+
+def test_a_rank_that_split_the_world_otherwise_is_named_from_its_split_group_call(tmp_path: Path) -> None:
+    """The mesh of the test above built with split_group (one call per mesh dimension, its split_ranks a list
+    of rank lists, as the recorder writes them): rank 2's calls split the world otherwise. The reader keeps
+    those calls (typed: a tuple of rank tuples) and the majority of them names rank 2."""
+    groups = {"0": ("default_pg", (0, 1, 2, 3)), "3": ("mesh_tp", (0, 1))}
+    rs = ranks(str(tmp_path), 4, groups=groups)
+    for r in rs:
+        splits = ([[0, 1, 2, 3]], [[0], [1], [2], [3]]) if r.rank == 2 else ([[0, 2], [1, 3]], [[0, 1], [2, 3]])
+        for k, split in enumerate(splits, 1):
+            r.w.event({"ev": "group_create", "fn": "split_group", "ranks": split, "desc": "", "call": k,
+                       "done": True, "name": None})  # fmt: skip
+    rs[1].coll("scatter", 256, "", "init", group="3", peer=0, done=False, error=True)
+    rs[1].error("RuntimeError", TIMEOUT, in_collective=True)
+    rs[2].coll("scatter", 256, "", "init", peer=0, done=False, error=True)
+    rs[2].error("RuntimeError", TIMEOUT, in_collective=True)
+    for r in (rs[0], rs[3]):
+        r.hang_stacks("_new_process_group_helper", "backend_class = ProcessGroupGloo(")
+    run = read_run(str(tmp_path))
+    assert all(rt.skipped == 0 for rt in run.ranks.values())
+    assert run.ranks[0].group_creations[0].ranks == ((0, 2), (1, 3))
+    dx = diagnose(run)
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.GROUP_CREATE] == [(2,)]

@@ -297,7 +297,9 @@ def _creations(
     for r in kept:
         mine: list[tuple[list[int], str, str | None]] = []
         for c in run.ranks[r].group_creations:
-            asked = list(range(run.world_size)) if c.ranks is None else list(c.ranks)
+            if c.fn == "split_group":  # replayed as the groups it made, from their members (below)
+                continue
+            asked = list(range(run.world_size)) if c.ranks is None else [int(x) for x in c.ranks if type(x) is int]
             if not set(asked) <= keep:
                 continue
             name = c.name if c.name in groups_ok else None

@@ -145,7 +145,8 @@ class GroupCreation:
     """One new_group / split_group call as this rank made it (every rank makes every such call)."""
 
     fn: str  # new_group | split_group
-    ranks: tuple[int, ...] | None  # the ranks it asked for; None: every rank
+    # the ranks it asked for (split_group: its rank lists, one per group it splits into); None: every rank
+    ranks: tuple[int, ...] | tuple[tuple[int, ...], ...] | None
     desc: str = ""  # the group_desc it asked for
     name: str | None = None  # the group it made; None: not a member, or the call never returned
     group_ranks: tuple[int, ...] = ()  # the members of the group it made
@@ -156,7 +157,8 @@ class GroupCreation:
         """From a group_create event the reader checked, the call's return joined into it."""
         name, fn, members, asked = ev.get("name"), ev.get("fn"), ev.get("group_ranks"), ev.get("ranks")
         return cls(
-            fn="" if fn is None else str(fn), ranks=None if asked is None else tuple(asked),
+            fn="" if fn is None else str(fn),
+            ranks=None if asked is None else tuple(tuple(a) if isinstance(a, list) else a for a in asked),
             desc=str(ev.get("desc") or ""), name=None if name is None else str(name),
             group_ranks=tuple(members) if type(members) is list and all(type(r) is int for r in members) else (),
             done=bool(ev.get("done", True)),

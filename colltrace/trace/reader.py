@@ -433,6 +433,8 @@ def _valid(ev: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], bool]]) -
         return False
     r = ev.get("ranks")
     if type(r) is list:
+        if ev.get("ev") == schema.EV_GROUP_CREATE and ev.get("fn") == "split_group":  # its split_ranks: lists
+            return all(type(s) is list and all(type(x) is int for x in s) for s in r)
         return all(type(x) is int for x in r)
     if type(r) is dict:  # schema.pack_ranks's run, within any job's size
         return (all(type(r.get(k)) is int for k in ("start", "stop")) and type(r.get("step", 1)) is int
