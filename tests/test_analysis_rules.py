@@ -27,7 +27,7 @@ from colltrace.analysis.results import (
 )
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report import words
-from colltrace.trace.events import GroupCreation
+from colltrace.trace.events import GroupCreation, Handling
 from colltrace.trace.reader import read_run
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "report.md"
@@ -1838,3 +1838,43 @@ def test_a_rank_that_split_the_world_otherwise_is_named_from_its_split_group_cal
     assert dx.culprits == (2,)
     assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.GROUP_CREATE] == [(2,)]
+
+
+def _save_on_exception(tmp_path: Path, handled: bool) -> Diagnosis:
+    """Three DDP ranks; at step 2 rank 2 raises on a bad label and its `except` block broadcasts a checkpoint's
+    name (broadcast_object_list, its own line) while the others all-reduce their bucket; all time out. With
+    `handled`, rank 2's error says it was handling its ValueError when that broadcast failed."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(2):
+            r.coll("all_reduce", 756, "", "backward", redop="SUM", site="train.py:35 in main")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    idx = rs[2].coll("broadcast_object_list", 1, "", "other", peer=0, done=False, error=True,
+                     site="train.py:16 in save_on_exception")  # fmt: skip
+    for r in rs[:2]:
+        r.coll("all_reduce", 756, "", "backward", redop="SUM", site="train.py:35 in main", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    ev = {"ev": "error", "type": "RuntimeError", "message": TIMEOUT, "in_collective": idx}
+    if handled:
+        ev["while_handling"] = {"type": "ValueError", "message": "label 7 out of range", "where": "train.py:33 in main"}
+    rs[2].w.event(ev)
+    return diagnose(read_run(str(tmp_path)))
+
+
+def test_a_collective_issued_while_handling_an_exception_of_its_own_is_that_exception(tmp_path: Path) -> None:
+    dx = _save_on_exception(tmp_path, handled=True)
+    assert dx.culprits == (2,)
+    assert dx.divergence is not None and dx.divergence.kind is Kind.OP
+    assert dx.finding is not None and dx.finding.cause is Cause.RANK_EXCEPTION
+    assert dx.finding.confidence is Confidence.MEDIUM
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.HANDLING] == [
+        ((2,), Handling("ValueError", "label 7 out of range", "train.py:33 in main"))
+    ]
+
+
+def test_without_what_it_was_handling_the_same_collective_is_a_branch(tmp_path: Path) -> None:
+    """The same run recorded by a colltrace that did not say what a rank was handling: a branch of its own."""
+    dx = _save_on_exception(tmp_path, handled=False)
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW

@@ -258,3 +258,17 @@ def test_a_sigterm_handler_the_script_installs_later_runs_to_its_end(tmp_path: P
     assert (run / "saved0").read_text() == "ok"  # the handler finished
     rt = read_run(str(run)).ranks[0]
     assert rt.signal is not None and rt.signal.name == "SIGTERM"
+
+
+def test_a_collective_failing_in_an_except_block_says_what_the_rank_was_handling(tmp_path: Path) -> None:
+    """Rank 1 raises, and its `except` block calls barrier() while rank 0 waits in its all_reduce: rank 1's
+    error comes out of that barrier, and its record says which exception of its own it was handling."""
+    proc = torchrun("faults.py", 2, tmp_path, FAULT="handled", GLOO_TIMEOUT_S="5")
+    assert proc.returncode != 0
+    run = read_run(str(tmp_path))
+    err = run.ranks[1].error
+    assert err is not None and err.in_collective is not None
+    assert run.ranks[1].records[err.in_collective].op == "barrier"
+    assert err.handling is not None
+    assert (err.handling.type, err.handling.message) == ("ValueError", "bad batch at step 5")
+    assert err.handling.where.endswith("faults.py:30 in main")

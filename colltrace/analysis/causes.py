@@ -23,6 +23,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
 from colltrace.analysis.timing import Straggler, reduces
 from colltrace.analysis.vocab import Cause, Kind
+from colltrace.trace.events import Handling
 from colltrace.trace.records import NOT_ENDED, Collective, RankState, Run
 from colltrace.trace.schema import PHASE_JOIN, SEND_OPS
 from colltrace.trace.vocab import SpanKind
@@ -429,9 +430,26 @@ def failed(f: Facts) -> Finding | None:
         # its error came out of a collective every other member had completed and gone past: not a peer's doing
         # (a signal handler raising inside the wait, a DataLoader's SIGCHLD), its own
         return _died_of(passed, Confidence.MEDIUM)
+    handled = {r: h for r in f.culprits if (h := _handled(f, r)) is not None}
+    if not dead and handled and len(handled) == len(f.culprits):
+        # it issued the divergent collective while handling an exception of its own (a save or a barrier in an
+        # `except` block): that exception is why it left the others' schedule, not a branch
+        return Finding(Cause.RANK_EXCEPTION, Confidence.MEDIUM,
+                       tuple(Evidence(Clue.HANDLING, (r,), h) for r, h in handled.items()))  # fmt: skip
     if not dead:
         return None
     return _died_of(dead, Confidence.HIGH)
+
+
+def _handled(f: Facts, rank: int) -> Handling | None:
+    """The exception of its own the rank was handling when its record at the divergence failed (the recorder's
+    while_handling), None: not so (no divergence, another record, no such chain)."""
+    rt = f.run.ranks.get(rank)
+    err = rt.error if rt is not None else None
+    if f.d is None or err is None or err.handling is None or err.in_collective is None:
+        return None
+    at = next((a for a in f.d.at if a.rank == rank), None)
+    return err.handling if at is not None and at.idx >= 0 and at.idx == err.in_collective else None
 
 
 # torch's DataLoader, when a worker process dies of a signal: "DataLoader worker (pid 15874) is killed by signal:

@@ -14,6 +14,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from colltrace.trace import schema
+from colltrace.trace.frames import user_frame
 
 if TYPE_CHECKING:
     from colltrace.record.tracer import Tracer
@@ -137,6 +138,7 @@ class Lifecycle:
                     "step": rec.ctx.step,
                     "in_flight": rec.in_flight,
                     "in_collective": _raised_by_collective(rec, exc),
+                    "while_handling": _handling(rec, exc),
                 }
             )
         except Exception:
@@ -477,6 +479,31 @@ def _raised_by_collective(rec: Any, exc: BaseException) -> int | None:
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return None
+
+
+_SHIM_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim.py")  # batch_isend_irecv's wrapper
+
+
+def _handling(rec: Any, exc: BaseException) -> dict[str, str] | None:
+    """The exception of the rank's own that it was handling when the collective this one came out of failed
+    (a save or a barrier in an `except` block, a `finally`): the first of that collective's failure's chain
+    (type, message, its innermost frame of the user's), or None (not out of a collective, or no such chain)."""
+    failure = rec.last_failure
+    if failure is None or _raised_by_collective(rec, exc) is None:
+        return None
+    first, seen = None, {id(failure[0])}
+    e = failure[0].__cause__ or failure[0].__context__
+    while e is not None and id(e) not in seen:
+        first = e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    if first is None:
+        return None
+    tb = traceback.extract_tb(first.__traceback__)
+    if any(f.filename.startswith("<colltrace traced ") or f.filename == _SHIM_FILE for f in tb):
+        return None  # an earlier collective's failure (a timeout, then a barrier in `finally`): not its own
+    frames = [(f.filename, f.lineno or 0, f.name) for f in reversed(tb)]
+    return {"type": type(first).__name__, "message": str(first)[:500], "where": user_frame(frames)}
 
 
 def _noop_handler(signum: int, frame: Any) -> None:

@@ -22,6 +22,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.streams import Signature, numbered, p2p_ends
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace import frames
+from colltrace.trace.events import Handling
 from colltrace.trace.records import Collective, RankState
 from colltrace.trace.vocab import SpanKind
 
@@ -258,6 +259,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.WRONG_SOURCE: _wrong_source(who, d),
         Clue.ARRIVED_AFTER: f"{who} reached the collective the others were blocked in only after "
         f"{ranks_text(peers) if peers else 'they'} had given up on it (timed out): the rank they waited for",
+        Clue.HANDLING: _handling(who, d),
         Clue.ROOT_APART: f"{who} issued the same collective from the same line of code as the others, with root "
         f"{_pair(d)[0]} where they passed {_pair(d)[1]}: the src/dst argument is worked out otherwise on "
         f"{'it' if s else 'them'} (a rank-dependent helper, a stale setting), not a branch",
@@ -599,3 +601,15 @@ def _pair(d: Detail) -> tuple[str, str]:
     if isinstance(d, tuple) and len(d) == 2:
         return str(d[0]), str(d[1])
     return "?", "?"
+
+
+def _handling(who: str, d: Detail) -> str:
+    """Clue HANDLING: the exception of its own a culprit was handling when it issued the divergent collective."""
+    if not isinstance(d, Handling):
+        return f"{who} issued it while handling an exception of its own"
+    what = f"{d.type}: {d.message}" if d.message else d.type
+    at = f" (raised at {d.where})" if d.where else ""
+    return (
+        f"{who} issued it while handling an exception of its own, {what}{at}: a save, a barrier or a "
+        "cleanup in an `except` or `finally` block that the other ranks, which raised nothing, never enter"
+    )

@@ -95,6 +95,23 @@ def _seconds(v: Any) -> float | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Handling:
+    """The rank's own exception it was handling when a collective failed (a barrier or a save in an `except`
+    block): the first of that failure's chain."""
+
+    type: str
+    message: str = ""
+    where: str = ""  # its innermost frame of the user's, "file:line in func"; "" none
+
+    @classmethod
+    def of(cls, h: Any) -> Handling | None:
+        """From an error event's while_handling (a dict of strings), None if it is not one."""
+        if not isinstance(h, dict) or not isinstance(h.get("type"), str):
+            return None
+        return cls(h["type"], str(h.get("message") or ""), str(h.get("where") or ""))
+
+
+@dataclass(frozen=True, slots=True)
 class Error:
     """An exception that escaped the training script."""
 
@@ -106,6 +123,7 @@ class Error:
     # idx of the collective it came out of (-1: one, not said which); None: the recorder did not see it come
     # out of one
     in_collective: int | None = None
+    handling: Handling | None = None  # the exception of its own it was handling when that collective failed
 
     @classmethod
     def of(cls, ev: dict[str, Any]) -> Error:
@@ -115,6 +133,7 @@ class Error:
             type=ev["type"], message=ev.get("message", ""), traceback=ev.get("traceback", ""),
             qualname=ev.get("qualname", ""), t_ns=ev.get("t_ns", 0),
             in_collective=None if at is None else int(at) if isinstance(at, int) else -1,
+            handling=Handling.of(ev.get("while_handling")),
         )  # fmt: skip
 
 

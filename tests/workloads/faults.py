@@ -25,6 +25,12 @@ def main() -> None:
                 time.sleep(0.1)
         if FAULT == "raise":
             raise ValueError("bad batch at step 5")
+        if FAULT == "handled":  # a barrier in its `except` block, which rank 0 (in its all_reduce) never enters
+            try:
+                raise ValueError("bad batch at step 5")
+            except ValueError:
+                dist.barrier()
+                raise
         if FAULT == "dtype":
             x = torch.ones(64, dtype=torch.float64)
         if FAULT == "selfkill":
