@@ -27,7 +27,7 @@ from colltrace.analysis.results import (
 )
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report import words
-from colltrace.trace.events import GroupCreation, Handling
+from colltrace.trace.events import GroupCreation, Handling, ThreadError
 from colltrace.trace.reader import read_run
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "report.md"
@@ -1878,3 +1878,50 @@ def test_without_what_it_was_handling_the_same_collective_is_a_branch(tmp_path: 
     dx = _save_on_exception(tmp_path, handled=False)
     assert dx.culprits == (2,)
     assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+
+
+def _dead_producer(tmp_path: Path, thread_died: bool) -> Diagnosis:
+    """Three ranks all-reduce each step; rank 1's main thread then waits in queue.get() for a batch its producer
+    thread never hands it (with `thread_died`, that thread died of a ValueError first, and said so); the others
+    time out in the next all-reduce, and torchrun stops rank 1 with SIGTERM."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(2):
+            r.coll("all_reduce", 64, "", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    for r in (rs[0], rs[2]):
+        r.coll("all_reduce", 64, "", "backward", redop="SUM", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    if thread_died:
+        rs[1].w.event({"ev": "thread_error", "thread": "producer", "type": "ValueError", "message": "corrupt record",
+                       "where": "train.py:21 in produce", "t_ns": 1_700_000_000_002_000_000})  # fmt: skip
+    t_sig = 1_700_000_030_000_000_000
+    rs[1].w.event({"ev": "signal", "t_ns": t_sig, "signal": "SIGTERM", "in_flight": 0})
+    frames = [["train.py", 50, "main", "x = q.get()"], ["/usr/lib/python3.11/queue.py", 171, "get", "self.not_empty.wait()"],
+              ["/usr/lib/python3.11/threading.py", 327, "wait", "waiter.acquire()"]]  # fmt: skip
+    rs[1].w.event({"ev": "stacks", "reason": "signal", "t_ns": t_sig, "waiting": -1,
+                   "threads": [{"thread": "MainThread", "frames": frames}]})  # fmt: skip
+    return diagnose(read_run(str(tmp_path)))
+
+
+def test_a_rank_waiting_outside_collectives_after_its_own_thread_died_is_that_exception(tmp_path: Path) -> None:
+    dx = _dead_producer(tmp_path, thread_died=True)
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.RANK_EXCEPTION
+    assert dx.finding.confidence is Confidence.MEDIUM
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.THREAD_DIED] == [
+        (
+            (1,),
+            ThreadError(
+                "ValueError", "producer", "corrupt record", "train.py:21 in produce", 1_700_000_000_002_000_000
+            ),
+        )
+    ]
+
+
+def test_a_rank_waiting_outside_collectives_with_no_thread_dead_is_not_called_an_exception(tmp_path: Path) -> None:
+    dx = _dead_producer(tmp_path, thread_died=False)
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is not Cause.RANK_EXCEPTION
+    assert not any(e.clue is Clue.THREAD_DIED for e in dx.finding.evidence)

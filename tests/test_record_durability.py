@@ -271,4 +271,25 @@ def test_a_collective_failing_in_an_except_block_says_what_the_rank_was_handling
     assert run.ranks[1].records[err.in_collective].op == "barrier"
     assert err.handling is not None
     assert (err.handling.type, err.handling.message) == ("ValueError", "bad batch at step 5")
-    assert err.handling.where.endswith("faults.py:30 in main")
+    raised = _line_of('raise ValueError("bad batch at step 5")', 2)
+    assert err.handling.where.endswith(f"faults.py:{raised} in main")
+
+
+def test_a_thread_that_dies_of_an_exception_is_recorded(tmp_path: Path) -> None:
+    """Rank 1 starts a thread that raises; the job goes on and finishes: its trace says which thread died of
+    what, and where it was raised, and the rank still finished."""
+    proc = torchrun("faults.py", 2, tmp_path, FAULT="thread", GLOO_TIMEOUT_S="30")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = read_run(str(tmp_path))
+    assert run.ranks[0].thread_errors == ()
+    (died,) = run.ranks[1].thread_errors
+    assert (died.thread, died.type, died.message) == ("producer", "ValueError", "corrupt record 17")
+    raised = _line_of('raise ValueError("corrupt record 17")')
+    assert died.where.endswith(f"faults.py:{raised} in produce") and died.t_ns > 0
+    assert run.ranks[1].state is RankState.FINISHED
+
+
+def _line_of(code: str, nth: int = 1) -> int:
+    """The line of tests/workloads/faults.py whose code is `code` (its nth)."""
+    lines = [i for i, line in enumerate((WORKLOADS / "faults.py").read_text().splitlines(), 1) if line.strip() == code]
+    return lines[nth - 1]

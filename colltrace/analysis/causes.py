@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
+from collections.abc import Iterable
 
 from colltrace.analysis import align, groups, states
 from colltrace.analysis.history import TRAINING, precedent, starts_step
@@ -117,7 +118,18 @@ def stuck_in_span(f: Facts) -> Finding | None:
         ev.append(Evidence(Clue.IN_SPAN, (r,), InSpan(span.op, e.open_for_s, span.module)))
     if len(causes) != 1:
         return None
-    return Finding(causes.pop(), Confidence.MEDIUM, tuple(ev))
+    return Finding(causes.pop(), Confidence.MEDIUM, (*ev, *_threads_died(f, f.culprits)))
+
+
+def _threads_died(f: Facts, ranks: Iterable[int]) -> tuple[Evidence, ...]:
+    """A thread of each rank's own that died of an exception (the first), as evidence: what its main thread
+    may be waiting for."""
+    out = []
+    for r in ranks:
+        rt = f.run.ranks.get(r)
+        if rt is not None and rt.thread_errors:
+            out.append(Evidence(Clue.THREAD_DIED, (r,), rt.thread_errors[0]))
+    return tuple(out)
 
 
 def _victim_step(f: Facts) -> int | None:
@@ -543,6 +555,12 @@ def stopped_outside(f: Facts) -> Finding | None:
         return None
     if f.slow is not None and f.slow.rank in outside:
         return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
+    died = _threads_died(f, outside)
+    if len(died) == len(outside):
+        # a thread of its own died of an exception before it stopped, outside any collective: its main thread
+        # waits for what that thread was to do (a batch, an upload, a lock it held)
+        return Finding(Cause.RANK_EXCEPTION, Confidence.MEDIUM,
+                       (*died, *(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r]) for r in outside)))  # fmt: skip
     if all(_alive_in_own_code(ends[r]) for r in outside):
         # no span to say what, but it was running the job's own code until it was stopped: a computation
         # that did not end (a loop, a metric), not a death

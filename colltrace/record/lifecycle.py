@@ -51,6 +51,7 @@ class Lifecycle:
         self.hang_s = 0.0
         self.watch: Watch | None = None
         self._prev_excepthook: Any = None
+        self._prev_threadhook: Any = None
 
     def start(self, recorder: Any, hang_s: float, hang_floor_s: float = 0.0, autoreport: bool = False) -> None:
         self.recorder = recorder
@@ -68,6 +69,8 @@ class Lifecycle:
             pass
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
+        self._prev_threadhook = threading.excepthook
+        threading.excepthook = self._thread_excepthook
         self._enable_faulthandler(recorder.writer.fault_path)
         self._install_sigterm()
         self._watchdog = threading.Thread(target=self._watch, name="colltrace-watchdog", daemon=True)
@@ -149,6 +152,29 @@ class Lifecycle:
             self.error(value, tb)
         hook = self._prev_excepthook or sys.__excepthook__
         hook(etype, value, tb)
+
+    def _thread_excepthook(self, args: Any) -> None:
+        """A thread of the job died of an exception (a batch producer, an upload thread): its main thread may
+        wait for it forever, in no collective. Recorded as a thread_error event, then handed on."""
+        try:
+            if not issubclass(args.exc_type, SystemExit) and not self.ended and self.recorder is not None:
+                tb = traceback.extract_tb(args.exc_traceback)
+                text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+                self.recorder.writer.event(
+                    {
+                        "ev": schema.EV_THREAD_ERROR,
+                        "t_ns": time.time_ns(),
+                        "thread": getattr(args.thread, "name", "") or "",
+                        "type": args.exc_type.__name__,
+                        "message": str(args.exc_value)[:2000],
+                        "where": user_frame([(f.filename, f.lineno or 0, f.name) for f in reversed(tb)]),
+                        "traceback": text[-8000:],
+                    }
+                )
+        except Exception:
+            pass
+        hook = self._prev_threadhook or threading.__excepthook__
+        hook(args)
 
     def patch_spawn_wrap(self, patches: Any) -> None:
         """mp.spawn children catch the exception themselves and exit(1): record it there.

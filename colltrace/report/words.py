@@ -22,7 +22,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.streams import Signature, numbered, p2p_ends
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace import frames
-from colltrace.trace.events import Handling
+from colltrace.trace.events import Handling, ThreadError
 from colltrace.trace.records import Collective, RankState
 from colltrace.trace.vocab import SpanKind
 
@@ -260,6 +260,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.ARRIVED_AFTER: f"{who} reached the collective the others were blocked in only after "
         f"{ranks_text(peers) if peers else 'they'} had given up on it (timed out): the rank they waited for",
         Clue.HANDLING: _handling(who, d),
+        Clue.THREAD_DIED: _thread_died(who, d),
         Clue.ROOT_APART: f"{who} issued the same collective from the same line of code as the others, with root "
         f"{_pair(d)[0]} where they passed {_pair(d)[1]}: the src/dst argument is worked out otherwise on "
         f"{'it' if s else 'them'} (a rank-dependent helper, a stale setting), not a branch",
@@ -612,4 +613,17 @@ def _handling(who: str, d: Detail) -> str:
     return (
         f"{who} issued it while handling an exception of its own, {what}{at}: a save, a barrier or a "
         "cleanup in an `except` or `finally` block that the other ranks, which raised nothing, never enter"
+    )
+
+
+def _thread_died(who: str, d: Detail) -> str:
+    """Clue THREAD_DIED: a thread of the rank's own died of an exception."""
+    if not isinstance(d, ThreadError):
+        return f"a thread of {who}'s own died of an exception"
+    name = f" {d.thread!r}" if d.thread else ""
+    what = f"{d.type}: {d.message}" if d.message else d.type
+    at = f" (raised at {d.where})" if d.where else ""
+    return (
+        f"{who}'s thread{name} died of {what}{at}: its main thread may be waiting for what that thread "
+        "was to hand it (a batch, an upload's end, a lock it held)"
     )

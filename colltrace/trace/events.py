@@ -138,6 +138,22 @@ class Error:
 
 
 @dataclass(frozen=True, slots=True)
+class ThreadError:
+    """A thread of the job, not its main one, died of an exception (threading.excepthook)."""
+
+    type: str
+    thread: str = ""  # its name
+    message: str = ""
+    where: str = ""  # its innermost frame of the user's, "file:line in func"; "" none
+    t_ns: int = 0
+
+    @classmethod
+    def of(cls, ev: dict[str, Any]) -> ThreadError:
+        """From a thread_error event the reader checked."""
+        return cls(ev["type"], ev.get("thread", ""), ev.get("message", ""), ev.get("where", ""), ev.get("t_ns", 0))
+
+
+@dataclass(frozen=True, slots=True)
 class Signal:
     """A terminating signal the rank was sent."""
 

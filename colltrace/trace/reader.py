@@ -14,7 +14,17 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from colltrace.trace import flight, schema
-from colltrace.trace.events import DataExhausted, Error, Footer, GroupCreation, Header, Pipeline, Signal, Stacks
+from colltrace.trace.events import (
+    DataExhausted,
+    Error,
+    Footer,
+    GroupCreation,
+    Header,
+    Pipeline,
+    Signal,
+    Stacks,
+    ThreadError,
+)
 from colltrace.trace.records import GroupInfo, RankState, RankTrace, Run
 from colltrace.trace.store import CHUNK_SLOTS, RingInfo, of_records, of_ring
 
@@ -282,6 +292,7 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
     creations: list[dict[str, Any]] = []
     stacks: list[Stacks] = []
     exhausted: list[DataExhausted] = []
+    thread_errors: list[ThreadError] = []
     pipelines: list[Pipeline] = []
     rt = RankTrace(rank=rank, header=Header.of(header), records=of_records(rank, ()), groups=groups,
                    state=RankState.KILLED, torn=torn)  # fmt: skip
@@ -332,11 +343,14 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
                 rt.recording_failed = message.removeprefix(OLD_RECORDING_FAILED).removeprefix(": ")
         elif kind == schema.EV_DATA_EXHAUSTED:
             exhausted.append(DataExhausted(ev.get("step")))
+        elif kind == schema.EV_THREAD_ERROR:
+            thread_errors.append(ThreadError.of(ev))
         elif kind == schema.EV_PIPELINE:
             stages = tuple(s for s in ev["stages"] if type(s) is int)
             pipelines.append(Pipeline(ev["schedule"], ev["microbatches"], stages, ev["num_stages"]))
     rt.stacks, rt.exhausted, rt.pipelines = tuple(stacks), tuple(exhausted), tuple(pipelines)
     rt.group_creations = tuple(GroupCreation.of(ev) for ev in creations)
+    rt.thread_errors = tuple(thread_errors)
 
     ring_path = events_path[: -len(".jsonl")] + ".ring"
     offset = _clock_offset(header)
@@ -402,6 +416,8 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     schema.EV_WARNING: {"message": (_STR, False)},
     schema.EV_RECORDING_FAILED: {"reason": (_STR, False)},
     schema.EV_DATA_EXHAUSTED: {"t_ns": (_INT, False), "step": (_INT, False)},
+    schema.EV_THREAD_ERROR: {"type": (_STR, True), "thread": (_STR, False), "message": (_STR, False),
+                             "where": (_STR, False), "t_ns": (_INT, False)},
     schema.EV_GROUP_CREATE: {"ranks": ((list, type(None)), False), "call": (_INT, False), "done": ((bool,), False)},
     schema.EV_PIPELINE: {"schedule": (_STR, True), "microbatches": (_INT, True), "stages": ((list,), True),
                          "num_stages": (_INT, True)},

@@ -7,7 +7,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from colltrace.trace.events import DataExhausted, Error, Footer, GroupCreation, Header, Pipeline, Signal, Stacks
+from colltrace.trace.events import (
+    DataExhausted,
+    Error,
+    Footer,
+    GroupCreation,
+    Header,
+    Pipeline,
+    Signal,
+    Stacks,
+    ThreadError,
+)
 
 if TYPE_CHECKING:
     from colltrace.trace.store import Slots
@@ -130,6 +140,7 @@ class RankTrace:
     ring_cut: int = 0  # > 0: the ring file ends after that many slots (truncated); -1: too short for its header
     spans: Slots = field(default_factory=lambda: _none())  # compute spans (kind "span", op: forward, ...)
     exhausted: tuple[DataExhausted, ...] = ()  # out of data
+    thread_errors: tuple[ThreadError, ...] = ()  # threads of the job (not its main one) that died of an exception
     pipelines: tuple[Pipeline, ...] = ()  # how its schedules were built
     alive: bool = False  # no end of its own yet and its process runs (this host): the job is still going
     # joined from the rank's Flight Recorder dump beside the trace (flight.merge): our record idx -> FR's entry

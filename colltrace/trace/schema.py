@@ -144,6 +144,7 @@ EV_PIPELINE = "pipeline"  # a pipeline schedule's first step: its class, micro-b
 # (torch.distributed.algorithms.Join): they shadow the others' collectives, from outside any module
 PHASE_JOIN = "join"
 EV_GROUP_CREATE = "group_create"  # new_group / split_group as this rank called it: the ranks it asked for, its desc
+EV_THREAD_ERROR = "thread_error"  # a thread of the job (not its main one) died of an exception
 EV_DATA_EXHAUSTED = "data_exhausted"  # a DataLoader iterator raised StopIteration: this rank ran out of data
 EV_ADAPTERS = "adapters"  # the framework adapters installed (fsdp2, fsdp1, ddp, deepspeed, ...)
 

@@ -25,6 +25,15 @@ def main() -> None:
                 time.sleep(0.1)
         if FAULT == "raise":
             raise ValueError("bad batch at step 5")
+        if FAULT == "thread":  # a thread of its own dies of an exception; the job goes on and finishes
+            import threading
+
+            def produce() -> None:
+                raise ValueError("corrupt record 17")
+
+            t = threading.Thread(target=produce, name="producer")
+            t.start()
+            t.join()
         if FAULT == "handled":  # a barrier in its `except` block, which rank 0 (in its all_reduce) never enters
             try:
                 raise ValueError("bad batch at step 5")
