@@ -140,8 +140,8 @@ class Lifecycle:
                     "traceback": text[-8000:],
                     "step": rec.ctx.step,
                     "in_flight": rec.in_flight,
-                    "in_collective": _raised_by_collective(rec, exc),
-                    "while_handling": _handling(rec, exc),
+                    "in_collective": (at := _raised_by_collective(rec, exc)),
+                    "while_handling": _handling(rec) if at is not None else None,
                 }
             )
         except Exception:
@@ -510,12 +510,12 @@ def _raised_by_collective(rec: Any, exc: BaseException) -> int | None:
 _SHIM_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim.py")  # batch_isend_irecv's wrapper
 
 
-def _handling(rec: Any, exc: BaseException) -> dict[str, str] | None:
-    """The exception of the rank's own that it was handling when the collective this one came out of failed
-    (a save or a barrier in an `except` block, a `finally`): the first of that collective's failure's chain
-    (type, message, its innermost frame of the user's), or None (not out of a collective, or no such chain)."""
+def _handling(rec: Any) -> dict[str, str] | None:
+    """The exception of the rank's own that it was handling when the collective an error came out of failed
+    (rec.last_failure; a save or a barrier in an `except` block, a `finally`): the first of that failure's chain
+    (type, message, its innermost frame of the user's), or None (no such chain)."""
     failure = rec.last_failure
-    if failure is None or _raised_by_collective(rec, exc) is None:
+    if failure is None:
         return None
     first, seen = None, {id(failure[0])}
     e = failure[0].__cause__ or failure[0].__context__

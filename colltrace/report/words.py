@@ -608,10 +608,8 @@ def _handling(who: str, d: Detail) -> str:
     """Clue HANDLING: the exception of its own a culprit was handling when it issued the divergent collective."""
     if not isinstance(d, Handling):
         return f"{who} issued it while handling an exception of its own"
-    what = f"{d.type}: {d.message}" if d.message else d.type
-    at = f" (raised at {d.where})" if d.where else ""
     return (
-        f"{who} issued it while handling an exception of its own, {what}{at}: a save, a barrier or a "
+        f"{who} issued it while handling an exception of its own, {_raised(d)}: a save, a barrier or a "
         "cleanup in an `except` or `finally` block that the other ranks, which raised nothing, never enter"
     )
 
@@ -621,9 +619,13 @@ def _thread_died(who: str, d: Detail) -> str:
     if not isinstance(d, ThreadError):
         return f"a thread of {who}'s own died of an exception"
     name = f" {d.thread!r}" if d.thread else ""
-    what = f"{d.type}: {d.message}" if d.message else d.type
-    at = f" (raised at {d.where})" if d.where else ""
     return (
-        f"{who}'s thread{name} died of {what}{at}: its main thread may be waiting for what that thread "
+        f"{who}'s thread{name} died of {_raised(d)}: its main thread may be waiting for what that thread "
         "was to hand it (a batch, an upload's end, a lock it held)"
     )
+
+
+def _raised(e: Handling | ThreadError) -> str:
+    """An exception as the evidence names it: "ValueError: bad label (raised at train.py:33 in main)"."""
+    what = f"{e.type}: {e.message}" if e.message else e.type
+    return what + (f" (raised at {e.where})" if e.where else "")
