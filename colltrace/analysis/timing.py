@@ -11,9 +11,9 @@ import dataclasses
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -419,77 +419,96 @@ class GroupArrivals:
 Arrivals = list[GroupArrivals]
 
 
-def arrivals(items: Iterable[tuple[str, int, int, int, int]], group_sizes: dict[str, int] | None = None) -> Arrivals:
-    """From (group, seq, issue time, rank, step) items: the collectives every member of the group issued
-    (a hang's last collective, which some never reached, says nothing about arrival)."""
-    by: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
-    for g, seq, t, r, step in items:
-        by[(g, seq)][r] = (t, step)
-    seen: dict[str, int] = defaultdict(int)  # without the group's members: the most ranks seen at one seq
-    for (g, _), got in by.items():
-        seen[g] = max(seen[g], len(got))
-    sizes = group_sizes or {}
-    rows: dict[tuple[str, tuple[int, ...]], list[tuple[int, list[tuple[int, int]]]]] = {}
-    for (g, seq), got in sorted(by.items()):
-        if len(got) < (sizes.get(g) or seen[g]):
-            continue
-        ranks = tuple(sorted(got))
-        rows.setdefault((g, ranks), []).append((seq, [got[r] for r in ranks]))
-    out = []
-    for (g, ranks), per_seq in rows.items():
-        both = np.array([pairs for _, pairs in per_seq], dtype=np.int64)  # (n, ranks, 2)
-        out.append(GroupArrivals(g, ranks, np.array([q for q, _ in per_seq], dtype=np.int64), both[:, :, 0],
-                                 both[:, :, 1]))  # fmt: skip
+class Issued(NamedTuple):
+    """One rank's collectives in one group, as arrivals() reads them: each one's seq, issue time (on the
+    aligned clock), step, and whether it was issued in the job's setup (SETUP)."""
+
+    seqs: Any
+    times: Any
+    steps: Any
+    setup: Any
+
+
+def issued_on(tl: Timeline) -> dict[str, Issued]:
+    """A timeline's collectives (not p2p), by group."""
+    rows: dict[str, list[tuple[int, int, int, bool]]] = defaultdict(list)
+    for c in tl.calls:
+        if not c.p2p:
+            rows[c.group].append((c.seq, c.t0, c.step, c.phase == SETUP))
+    out = {}
+    for g, got in rows.items():
+        seqs, times, steps, setup = (np.array(col) for col in zip(*got))
+        out[g] = Issued(seqs.astype(np.int64), times.astype(np.int64), steps.astype(np.int64), setup.astype(bool))
     return out
 
 
-def timeline_items(tls: dict[int, Timeline]) -> Iterator[tuple[str, int, int, int, int]]:
-    """Every rank's issued collectives (not p2p, not setup), for arrivals()."""
-    for r, tl in tls.items():
-        trained = {c.group for c in tl.calls if c.phase != SETUP}
-        for c in tl.calls:
-            if not c.p2p and not (c.phase == SETUP and c.group in trained):
-                yield c.group, c.seq, c.t0, r, c.step
-
-
-def stream_arrivals(
-    streams: dict[int, RankStreams], shifts: dict[int, int], group_sizes: dict[str, int], table: SigTable
-) -> Arrivals:
-    """arrivals() from the aligner's per-group streams, column by column (every rank, no record decoded)."""
+def issued_in(rs: RankStreams, shift: int, table: SigTable) -> dict[str, Issued]:
+    """The same from a rank's aligner streams, column by column (no record decoded); torn slots left out."""
     setup = [i for i, sig in enumerate(table.sigs) if sig is not None and sig.phase == SETUP]
-    members: dict[str, list[int]] = defaultdict(list)
-    for r, rs in streams.items():
-        if r in shifts:
-            for key in rs.groups:
-                if not key.startswith("p2p:"):
-                    members[key].append(r)
-    out = []
-    for g, ranks in sorted(members.items()):
-        if len(ranks) < (group_sizes.get(g) or len(ranks)):
+    out = {}
+    for g, st in rs.groups.items():
+        if g.startswith("p2p:"):
             continue
-        sts = [streams[r].groups[g] for r in ranks]
-        lo, hi = max(st.seq0 for st in sts), min(st.last_seq for st in sts)
-        if hi < lo:
-            continue
-        times = np.stack([np.frombuffer(st.t_issue, dtype=np.int64)[lo - st.seq0 : hi - st.seq0 + 1] for st in sts])
-        steps = np.stack([_steps_of(st, lo, hi) for st in sts])
-        whole = (times != 0).all(axis=0)  # not a torn slot on any rank
-        if setup:
-            sigs = np.stack([np.frombuffer(st.sigs, dtype=np.uint32)[lo - st.seq0 : hi - st.seq0 + 1] for st in sts])
-            init = np.isin(sigs, setup)
-            trained = np.array([not np.isin(np.frombuffer(st.sigs, dtype=np.uint32), setup).all() for st in sts])
-            whole &= ~(init & trained[:, None]).any(axis=0)  # nor setup on any rank
-        times -= np.array([shifts[r] for r in ranks], dtype=np.int64)[:, None]
-        out.append(GroupArrivals(g, tuple(ranks), np.flatnonzero(whole) + lo, np.ascontiguousarray(times.T[whole]),
-                                 np.ascontiguousarray(steps.T[whole])))  # fmt: skip
+        times = np.frombuffer(st.t_issue, dtype=np.int64)
+        offsets = np.array([o for o, _ in st.step_starts] + [len(times)], dtype=np.int64)
+        steps = np.repeat(np.array([s for _, s in st.step_starts], dtype=np.int64), np.diff(offsets))
+        sigs = np.frombuffer(st.sigs, dtype=np.uint32)
+        issued = times != 0
+        out[g] = Issued((np.arange(len(times), dtype=np.int64) + st.seq0)[issued], times[issued] - shift,
+                        steps[issued], np.isin(sigs[issued], setup))  # fmt: skip
     return out
 
 
-def _steps_of(st: Any, lo: int, hi: int) -> Any:
-    """The step of each of the stream's seqs lo..hi, from its step changes."""
-    offsets = np.array([o for o, _ in st.step_starts] + [len(st.sigs)], dtype=np.int64)
-    values = np.array([step for _, step in st.step_starts], dtype=np.int64)
-    return np.repeat(values, np.diff(offsets))[lo - st.seq0 : hi - st.seq0 + 1]
+def arrivals(issued: dict[int, dict[str, Issued]], group_sizes: dict[str, int] | None = None) -> Arrivals:
+    """From each rank's collectives by group: per group, the seqs every member issued (a hang's last
+    collective, which some never reached, says nothing about arrival), each rank's issue time and step there.
+    The members: the group's size (`group_sizes`), else the most ranks seen at one seq. A rank's collectives
+    of the job's setup are left out where it issued others in the group later (its setup is no arrival)."""
+    by_group: dict[str, list[tuple[int, Issued]]] = defaultdict(list)
+    for r in sorted(issued):
+        for g, got in issued[r].items():
+            if got.setup.any() and not got.setup.all():
+                got = Issued(*(col[~got.setup] for col in got))
+            if len(got.seqs):
+                by_group[g].append((r, got))
+    sizes = group_sizes or {}
+    return [ga for g in sorted(by_group) for ga in _complete(g, by_group[g], sizes.get(g, 0))]
+
+
+def _complete(g: str, per_rank: list[tuple[int, Issued]], size: int) -> Arrivals:
+    """A group's seqs issued by `size` ranks (0: the most at one seq), by the set of ranks that issued them."""
+    lo = min(int(got.seqs.min()) for _, got in per_rank)
+    hi = max(int(got.seqs.max()) for _, got in per_rank)
+    total = sum(len(got.seqs) for _, got in per_rank)
+    if hi - lo < 4 * total:  # seqs run on (ours do): a row per seq from lo to hi
+        seqs = np.arange(lo, hi + 1, dtype=np.int64)
+        rows = [got.seqs - lo for _, got in per_rank]
+    else:  # a damaged seq far off: a row per distinct seq
+        seqs, inverse = np.unique(np.concatenate([got.seqs for _, got in per_rank]), return_inverse=True)
+        rows = np.split(inverse.ravel(), np.cumsum([len(got.seqs) for _, got in per_rank])[:-1])
+    shape = (len(seqs), len(per_rank))
+    present, times, steps = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=np.int64), np.zeros(shape, np.int64)
+    for j, ((_, got), at) in enumerate(zip(per_rank, rows)):
+        present[at, j] = True  # a seq issued twice: its last (numpy assigns in order)
+        times[at, j] = got.times
+        steps[at, j] = got.steps
+    count = present.sum(axis=1)
+    full = np.flatnonzero(count >= (size or count.max()))
+    if not len(full):
+        return []
+    kept = present[full]
+    if kept.all():
+        sets, which = kept[:1], np.zeros(len(full), dtype=np.int64)
+    else:  # ranks apart at some seqs: one GroupArrivals per set of ranks, in the order they first occur
+        sets, first, which = np.unique(kept, axis=0, return_index=True, return_inverse=True)
+        order = np.argsort(first)
+        sets, which = sets[order], np.argsort(order)[which.ravel()]
+    out = []
+    for k, members in enumerate(sets):
+        cols, at = np.flatnonzero(members), full[which == k]
+        out.append(GroupArrivals(g, tuple(per_rank[c][0] for c in cols.tolist()), seqs[at],
+                                 times[np.ix_(at, cols)], steps[np.ix_(at, cols)]))  # fmt: skip
+    return out
 
 
 def _median(ordered: Any) -> Any:
@@ -694,7 +713,7 @@ def analyze(
         fit = clock.fit({r: tl.cols() for r, tl in raw.items()}, hosts)
         shifts = fit.shifts()
         tls = {r: tl.shifted(shifts[r]) for r, tl in raw.items() if r in shifts}
-        arr = arrivals(timeline_items(tls), sizes)
+        arr = arrivals({r: issued_on(tl) for r, tl in tls.items()}, sizes)
     else:
         assert streams is not None
         one_per_host: dict[str, int] = {}
@@ -703,7 +722,8 @@ def analyze(
         tail = CLOCK_TAIL if len(one_per_host) <= 256 else CLOCK_TAIL // 4  # thousands of hosts: fewer each
         fit = clock.fit({r: columns(run.ranks[r], tail) for r in one_per_host.values()}, hosts)
         shifts = fit.shifts()
-        arr = stream_arrivals(streams, shifts, sizes, table or SigTable())
+        table = table or SigTable()
+        arr = arrivals({r: issued_in(rs, shifts[r], table) for r, rs in streams.items() if r in shifts}, sizes)
         ranked, skew = stragglers(arr)
         sample = [s.rank for s in ranked]
         step = max(1, len(ranks) // SAMPLE_RANKS)
