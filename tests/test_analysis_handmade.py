@@ -271,7 +271,8 @@ def test_subgroup_built_with_other_members_on_one_rank(tmp_path: Path) -> None:
 
 
 def test_traceback_frames_without_a_source_line_keep_their_own() -> None:
-    from colltrace.analysis.states import _tb_frames, excerpt
+    from colltrace.analysis.states import excerpt, frame_text
+    from colltrace.trace.events import traceback_frames
 
     tb = (
         "Traceback (most recent call last):\n"
@@ -283,7 +284,7 @@ def test_traceback_frames_without_a_source_line_keep_their_own() -> None:
         "           ^^^^^^^^^^^^^^^^^^^^^\n"
         "RuntimeError: Timed out waiting 6000ms for recv operation to complete\n"
     )
-    frames = _tb_frames(tb)
+    frames = [frame_text(f) for f in traceback_frames(tb)]
     assert frames == [
         "/job/train.py:71 in train: loss.backward()",
         "<colltrace traced reduce_scatter_single>:56 in reduce_scatter_single",

@@ -90,7 +90,7 @@ def test_nccl_watchdog_abort_leaves_a_readable_trace() -> None:
     """The same with 40 s of sleep: the device ran the all_reduce before NCCL's watchdog (waiting
     60 s for its debug dump) aborted the process; so the record is done, and the rank crashed."""
     rt, _ = _load("nccl_watchdog_abort_world1")
-    assert rt.state is RankState.CRASHED and rt.fault and "Fatal Python error: Aborted" in rt.fault
+    assert rt.state is RankState.CRASHED and rt.fault and "Fatal Python error: Aborted" in rt.fault.text
     assert [(r.seq, r.on_device, r.t_done_ns is not None) for r in rt.records] == [
         (s, True, True) for s in (1, 2, 3, 4)
     ]

@@ -95,7 +95,7 @@ def test_backend_abort_on_dtype_mismatch_leaves_a_fault_record(tmp_path: Path) -
     assert aborted, "no rank recorded the abort"
     for rt in aborted:
         assert rt.state is RankState.CRASHED
-        assert "Fatal Python error: Aborted" in rt.fault
+        assert rt.fault is not None and rt.fault.what == "Aborted"
         assert rt.last.seq == 6 and rt.last.in_flight
     dtypes = {rt.rank: rt.records[5].dtype for rt in run.ranks.values()}
     assert dtypes == {0: "float32", 1: "float64"}

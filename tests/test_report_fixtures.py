@@ -61,6 +61,17 @@ def test_a_faulthandler_stack_reads_innermost_last_from_the_main_thread() -> Non
     assert not any("threading.py" in f for f in stack)  # not the watchdog's or gloo's threads
 
 
+def test_a_faulthandler_dump_is_read_into_frames_by_the_reader() -> None:
+    """The same .fault file as the reader hands it on: what killed the rank, and the main thread's frames
+    (innermost last), parsed once; the analysis only picks and quotes them."""
+    from colltrace.trace.reader import read_run
+
+    fault = read_run(str(FIXTURES / "dtype_mismatch")).ranks[2].fault
+    assert fault is not None and fault.what == "Aborted"
+    assert (fault.frames[0].path, fault.frames[0].func) == ("<frozen runpy>", "_run_module_as_main")
+    assert fault.frames[-1].path.endswith("colltrace/record/shim.py") and fault.frames[-1].func == "wait"
+
+
 def test_ddp_names_the_parameters_that_got_no_gradient() -> None:
     """DDP raised on the culprit at its next forward; its whole error is kept, so the report can name the
     parameter indices (the line a 300-character cut used to drop) and say unused_params, not rank_exception."""

@@ -8,7 +8,7 @@ import time
 from colltrace.analysis.results import RankEnd
 from colltrace.analysis.streams import RankStreams
 from colltrace.trace import frames
-from colltrace.trace.events import DataExhausted, Error, Stacks
+from colltrace.trace.events import DataExhausted, Error, Frame, Stacks
 from colltrace.trace.records import Collective, RankState, RankTrace, Run
 
 _OOM = re.compile(r"out of memory|OutOfMemory|MemoryError|can't allocate memory|std::bad_alloc|not enough memory", re.I)
@@ -21,7 +21,6 @@ _COMM_FAILURE = re.compile(
 # (the store's barrier in new_group and init: "DistStoreError: Timed out after 6 seconds waiting for clients")
 _WAITED_FOR_PEERS = re.compile(r"timed? ?out waiting|timeout|connection (closed|reset|refused)|closed by peer|broken pipe"
                                r"|waiting for clients|DistStoreError", re.I)  # fmt: skip
-_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 _MAX_FRAMES = 6
 
 
@@ -68,44 +67,18 @@ def waited_on(rt: RankTrace, rs: RankStreams, b: int) -> int:
     return b
 
 
-def _frames_from_stacks(stacks: tuple[Stacks, ...]) -> list[str]:
+def _main_frames(stacks: tuple[Stacks, ...]) -> tuple[Frame, ...]:
+    """The main thread's frames at the rank's last stacks (else its first thread's)."""
     if not stacks:
-        return []
+        return ()
     threads = stacks[-1].threads
     main = next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
-    if main is None:
-        return []
-    return [f"{f.path}:{f.line} in {f.func}" + (f": {f.code}" if f.code else "") for f in main.frames]
+    return main.frames if main is not None else ()
 
 
-def _frames_from_text(text: str) -> list[str]:
-    """The frames of a faulthandler dump, innermost last (as every other stack here): of the thread it
-    marks "Current thread", else of the main thread (faulthandler lists it last); faulthandler prints
-    each thread's frames innermost first."""
-    if "most recent call first" not in text.lower():
-        return [f"{m[0]}:{m[1]} in {m[2]}" for m in _FRAME.findall(text)]
-    blocks = [b for b in re.split(r"\n\s*\n", text) if "most recent call first" in b.lower()]
-    current = [b for b in blocks if b.lstrip().lower().startswith("current thread")]
-    block = (current or blocks[-1:] or [text])[0]
-    return [f"{m[0]}:{m[1]} in {m[2]}" for m in _FRAME.findall(block)][::-1]
-
-
-_TB_FILE = re.compile(r'\s*File "([^"]+)", line (\d+), in (\S+)')
-
-
-def _tb_frames(tb: str) -> list[str]:
-    """Frames of a Python traceback, innermost last. A frame's source line is the next line
-    when it is indented as one (generated code and C extensions have none)."""
-    out = []
-    lines = tb.splitlines()
-    for i, line in enumerate(lines):
-        m = _TB_FILE.match(line)
-        if not m:
-            continue
-        nxt = lines[i + 1] if i + 1 < len(lines) else ""
-        code = nxt.strip() if nxt.startswith("    ") and not _TB_FILE.match(nxt) else ""
-        out.append(f"{m[1]}:{m[2]} in {m[3]}" + (f": {code}" if code else ""))
-    return out
+def frame_text(f: Frame) -> str:
+    """A frame as the diagnosis quotes it: "file:line in func", then ": its source line" if known."""
+    return f"{f.path}:{f.line} in {f.func}" + (f": {f.code}" if f.code else "")
 
 
 # colltrace's own frames: the recorder's modules, its generated wrappers, the watchdog's thread
@@ -175,22 +148,20 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     err = rt.error or _NO_ERROR
     etype = err.type
     message = err.message.strip()
-    fault = rt.fault or ""
-    if fault and not etype:
-        first = fault.splitlines()[0] if fault.splitlines() else "fatal signal"
-        etype, message = "fatal signal", first.replace("Fatal Python error: ", "")
+    fault = rt.fault.text if rt.fault is not None else ""
+    if rt.fault is not None and not etype:
+        etype, message = "fatal signal", rt.fault.what
     text = f"{err.qualname} {etype} {message}"
     oom = bool(_OOM.search(text) or _OOM.search(fault))
     in_collective = blocked is not None and (blocked.error or blocked.in_flight)
-    stack: list[str]
-    if fault:
-        stack = _frames_from_text(fault)
+    if rt.fault is not None:
+        frames = rt.fault.frames
         in_collective = in_collective or "distributed" in fault
     elif err.traceback and rt.state is RankState.CRASHED:
-        stack = _tb_frames(err.traceback)
+        frames = err.frames
     else:
-        stack = _frames_from_stacks(rt.stacks)
-    stack = excerpt(stack)
+        frames = _main_frames(rt.stacks)
+    stack = excerpt([frame_text(f) for f in frames])
     collective_failure = bool(
         (etype or fault)
         and not oom

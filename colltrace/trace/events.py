@@ -94,6 +94,48 @@ def _seconds(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+# a frame as faulthandler prints it, and as a Python traceback does (its source line, if any, on the next line)
+_FAULT_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+_TB_FRAME = re.compile(r'\s*File "([^"]+)", line (\d+), in (\S+)')
+
+
+def traceback_frames(text: str) -> tuple[Frame, ...]:
+    """The frames of a Python traceback, innermost last. A frame's source line is the next line when it is
+    indented as one (generated code and C extensions have none)."""
+    out = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _TB_FRAME.match(line)
+        if not m:
+            continue
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        code = nxt.strip() if nxt.startswith("    ") and not _TB_FRAME.match(nxt) else ""
+        out.append(Frame(m[1], int(m[2]), m[3], code))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """What faulthandler wrote on a fatal signal (the rank's .fault file)."""
+
+    text: str  # as written, stripped
+    what: str  # its first line, less "Fatal Python error: " (Aborted, Segmentation fault)
+    frames: tuple[Frame, ...]  # of the thread it marks "Current thread", else of the main one; innermost last
+
+    @classmethod
+    def of(cls, text: str) -> Fault:
+        """From the file's text. faulthandler prints each thread's frames innermost first, the main thread
+        last; text that is not its dump gives the frames in the order found."""
+        what = text.splitlines()[0].replace("Fatal Python error: ", "") if text.splitlines() else "fatal signal"
+        if "most recent call first" not in text.lower():
+            found = _FAULT_FRAME.findall(text)
+        else:
+            blocks = [b for b in re.split(r"\n\s*\n", text) if "most recent call first" in b.lower()]
+            current = [b for b in blocks if b.lstrip().lower().startswith("current thread")]
+            found = _FAULT_FRAME.findall((current or blocks[-1:] or [text])[0])[::-1]
+        return cls(text, what, tuple(Frame(path, int(line), func, "") for path, line, func in found))
+
+
 @dataclass(frozen=True, slots=True)
 class Handling:
     """The rank's own exception it was handling when a collective failed (a barrier or a save in an `except`
@@ -124,16 +166,17 @@ class Error:
     # out of one
     in_collective: int | None = None
     handling: Handling | None = None  # the exception of its own it was handling when that collective failed
+    frames: tuple[Frame, ...] = ()  # its traceback's, innermost last
 
     @classmethod
     def of(cls, ev: dict[str, Any]) -> Error:
         """From an error event the reader checked."""
         at = ev.get("in_collective")  # the recorder's: an idx or null; a hand-made trace's: true or false
+        tb = ev.get("traceback", "")
         return cls(
-            type=ev["type"], message=ev.get("message", ""), traceback=ev.get("traceback", ""),
-            qualname=ev.get("qualname", ""), t_ns=ev.get("t_ns", 0),
-            in_collective=None if at is None else int(at) if isinstance(at, int) else -1,
-            handling=Handling.of(ev.get("while_handling")),
+            type=ev["type"], message=ev.get("message", ""), traceback=tb, qualname=ev.get("qualname", ""),
+            t_ns=ev.get("t_ns", 0), in_collective=None if at is None else int(at) if isinstance(at, int) else -1,
+            handling=Handling.of(ev.get("while_handling")), frames=traceback_frames(tb),
         )  # fmt: skip
 
 

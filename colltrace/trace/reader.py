@@ -17,6 +17,7 @@ from colltrace.trace import flight, schema
 from colltrace.trace.events import (
     DataExhausted,
     Error,
+    Fault,
     Footer,
     GroupCreation,
     Header,
@@ -370,7 +371,7 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
         _regular(fault_path)
         with open(fault_path, "rb") as f:
             text = f.read().decode("utf-8", "replace").strip()
-        rt.fault = text or None
+        rt.fault = Fault.of(text) if text else None
     rt.alive = rt.footer is None and rt.error is None and rt.signal is None and not rt.fault and _alive(header)
     rt.state = _state(rt)
     return rt, {k: header[k] for k in _WHOSE if k in header}  # the rest of the header line is let go

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from colltrace.trace.events import (
     DataExhausted,
     Error,
+    Fault,
     Footer,
     GroupCreation,
     Header,
@@ -129,7 +130,7 @@ class RankTrace:
     signal: Signal | None = None  # the first terminating signal
     footer: Footer | None = None  # its clean exit
     stacks: tuple[Stacks, ...] = ()  # in the order written
-    fault: str | None = None  # text written by faulthandler on a fatal signal
+    fault: Fault | None = None  # what faulthandler wrote on a fatal signal
     group_creations: tuple[GroupCreation, ...] = ()  # in call order
     warnings: list[str] = field(default_factory=list)
     # the writer gave up on this rank (a full disk at the start): its reason, in the trace's own words
