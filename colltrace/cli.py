@@ -45,6 +45,7 @@ def _run_dir(given: str | None) -> str:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
+    from colltrace.report import words
     from colltrace.trace.dump import dump_lines
     from colltrace.trace.reader import read_run
 
@@ -57,8 +58,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
             raise UsageError(f"--rank {args.rank!r}: no such rank in this run (ranks {_span(sorted(run.ranks))})")
         if absent:
             print(f"colltrace: no trace for rank(s) {_span(absent)}: left out", file=sys.stderr)
-    for r in run.problems:
-        print(f"colltrace: left out {r}", file=sys.stderr)
+    for p in run.problems:
+        print(f"colltrace: left out {words.problem_text(p)}", file=sys.stderr)
     stream = open(args.output, "wb") if args.output else sys.stdout.buffer  # noqa: SIM115
     try:
         for line in dump_lines(run_dir, ranks=ranks, run=run):

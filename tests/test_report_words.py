@@ -20,11 +20,12 @@ from colltrace.analysis.results import (
 from colltrace.analysis.schedules import Schedule
 from colltrace.report import words
 from colltrace.report.jsonreport import detail_text
+from colltrace.trace.records import Problem, Unread
 
 
 @pytest.mark.parametrize("what", list(Blind))
 def test_every_kind_of_unseen_has_its_sentence(what: Blind) -> None:
-    text = words.unseen_text(Unseen(what, rank=3, count=7, text="rank 3: the reader's own reason"))
+    text = words.unseen_text(Unseen(what, rank=3, count=7, text="the reader's own reason"))
     assert text and text[0].isalnum()
 
 
@@ -39,6 +40,19 @@ def test_unseen_sentences_carry_their_values() -> None:
     assert words.unseen_text(Unseen(Blind.RECORDING_FAILED, rank=1)) == "rank 1: recording failed"
     assert words.unseen_text(Unseen(Blind.UNTRACED_API, text="foo (its signature could not be read)")) == (
         "torch.distributed.foo (its signature could not be read): not traced"
+    )
+
+
+@pytest.mark.parametrize("what", list(Unread))
+def test_what_could_not_be_read_is_a_value_said_here(what: Unread) -> None:
+    """The reader's problems are values (rank, what, its reason); the sentence is made here, for "Not seen"
+    and for `colltrace dump`'s stderr alike."""
+    said = words.problem_text(Problem(3, what, "pickle data was truncated"))
+    assert said.startswith("rank 3: ") and said == words.unseen_text(
+        Unseen.of_problem(Problem(3, what, "pickle data was truncated"))
+    )
+    assert words.problem_text(Problem(2, Unread.DUMP, "a malformed entry")) == (
+        "rank 2: a malformed entry; the trace is read without it"
     )
 
 

@@ -37,7 +37,7 @@ def unseen(run: Run) -> tuple[Unseen, ...]:
         out.append(Unseen(Blind.FR_UNATTRIBUTED))
         if any(not g.ranks for rt in run.ranks.values() for g in rt.groups.values()):
             out.append(Unseen(Blind.FR_NO_MEMBERS))
-    out += [Unseen(Blind.UNREADABLE, text=p) for p in run.problems]
+    out += [Unseen.of_problem(p) for p in run.problems]
     untraced = {u for rt in run.ranks.values() for u in rt.header.untraced}  # what the recorder did not know
     out += [Unseen(Blind.UNTRACED_API, text=u) for u in sorted(untraced)]
     for r, rt in sorted(run.ranks.items()):

@@ -10,7 +10,7 @@ from colltrace.analysis.schedules import Schedule
 from colltrace.analysis.streams import Signature
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.events import Handling, ThreadError
-from colltrace.trace.records import Collective, RankState
+from colltrace.trace.records import Collective, Problem, RankState, Unread
 
 if TYPE_CHECKING:
     from colltrace.analysis.timing import Timing
@@ -208,6 +208,8 @@ class Blind(str, enum.Enum):
     FR_UNATTRIBUTED = "fr_unattributed"  # Flight Recorder dumps hold no module, phase, step, spans, nor rank ends
     FR_NO_MEMBERS = "fr_no_members"  # the dumps do not list every group's members
     UNREADABLE = "unreadable"  # the reader could not read a rank's file (text: the reader's reason)
+    DUMP_UNREADABLE = "dump_unreadable"  # nor the Flight Recorder dump beside its trace (text: the reason)
+    NO_STACKS = "no_stacks"  # a running rank did not answer a request for its stacks in time
     UNTRACED_API = "untraced_api"  # this torch has an API the recorder does not trace (text: it, in its words)
     RING_EMPTY = "ring_empty"  # the ring file is empty or cut before its header
     RING_CUT = "ring_cut"  # the ring file is cut short (count: the slots it holds)
@@ -225,6 +227,13 @@ class Unseen:
     rank: int | None = None  # the rank it concerns, None for the run
     count: int = 0  # slots, records, lines or events, as `what` says
     text: str = ""  # the trace's or the reader's own words (a reason), never a sentence of ours
+
+    @classmethod
+    def of_problem(cls, p: Problem) -> Unseen:
+        return cls(_UNREAD[p.what], p.rank, text=p.reason)
+
+
+_UNREAD = {Unread.TRACE: Blind.UNREADABLE, Unread.DUMP: Blind.DUMP_UNREADABLE, Unread.STACKS: Blind.NO_STACKS}
 
 
 @dataclass(frozen=True, slots=True)

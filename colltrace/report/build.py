@@ -9,7 +9,7 @@ from colltrace.analysis.results import Diagnosis
 from colltrace.analysis.vocab import Verdict
 from colltrace.report import jsonreport, markdown
 from colltrace.trace.reader import TraceError, read_run
-from colltrace.trace.records import NOT_ENDED, Run
+from colltrace.trace.records import NOT_ENDED, Problem, Run, Unread
 
 try:
     import orjson
@@ -28,9 +28,7 @@ except ImportError:  # pragma: no cover
 def _built(run_dir: str, silent: tuple[int, ...]) -> tuple[Run, Diagnosis, dict[str, Any]]:
     """The run read, its diagnosis and the JSON report's dict; `silent`: see run_report."""
     run = read_run(run_dir)
-    run.problems += [f"rank {r}: running, but did not answer a request for its stacks in time (its main thread "
-                     "holds the GIL in native code, or its watchdog cannot run)" for r in silent
-                     if r in run.ranks and run.ranks[r].state in NOT_ENDED]  # fmt: skip
+    run.problems += [Problem(r, Unread.STACKS) for r in silent if r in run.ranks and run.ranks[r].state in NOT_ENDED]
     dx = diagnose(run)
     return run, dx, jsonreport.build(run, dx)
 

@@ -23,7 +23,7 @@ from colltrace.analysis.streams import Signature, numbered, p2p_ends
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace import frames
 from colltrace.trace.events import Handling, ThreadError
-from colltrace.trace.records import Collective, RankState
+from colltrace.trace.records import Collective, Problem, RankState
 from colltrace.trace.vocab import SpanKind
 
 
@@ -303,7 +303,10 @@ def unseen_text(u: Unseen) -> str:
         "ended: causes that need them cannot be told apart (said as unknown)",
         Blind.FR_NO_MEMBERS: "the dumps do not list every group's members (torch 2.13 on gloo leaves them out): a "
         "group built with other ranks on some rank, or a wait across groups, cannot be seen",
-        Blind.UNREADABLE: u.text,
+        Blind.UNREADABLE: rank + u.text,
+        Blind.DUMP_UNREADABLE: rank + f"{u.text}; the trace is read without it",
+        Blind.NO_STACKS: rank + "running, but did not answer a request for its stacks in time (its main thread "
+        "holds the GIL in native code, or its watchdog cannot run)",
         Blind.UNTRACED_API: f"torch.distributed.{u.text}: not traced",
         Blind.RING_EMPTY: rank + "its ring file is empty or cut before its header: none of its collectives can be "
         "seen (the rank is left out of the comparison, not taken to have issued none)",
@@ -313,6 +316,11 @@ def unseen_text(u: Unseen) -> str:
         Blind.TORN_LINES: rank + f"{u.count} unreadable sidecar line(s) (torn by the kill)",
         Blind.SKIPPED_EVENTS: rank + f"{u.count} sidecar event(s) with a missing or wrong-typed field, left out",
     }[u.what]
+
+
+def problem_text(p: Problem) -> str:
+    """What of the run could not be read, as "Not seen" says it."""
+    return unseen_text(Unseen.of_problem(p))
 
 
 def _named(d: Detail) -> str:

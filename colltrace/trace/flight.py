@@ -24,7 +24,7 @@ from typing import Any
 from colltrace.trace import schema
 from colltrace.trace.events import Frame, Header, Stacks, Thread
 from colltrace.trace.frames import user_frame
-from colltrace.trace.records import Collective, GroupInfo, RankState, RankTrace, Run, backend_seqs
+from colltrace.trace.records import Collective, GroupInfo, Problem, RankState, RankTrace, Run, Unread, backend_seqs
 
 SUBDIR = "flight_recorder"  # where a colltrace run keeps the dumps of its ranks (COLLTRACE=1 steers them there)
 _RANK_SUFFIX = re.compile(r"(\d+)$")  # torch names a dump <prefix><rank>: comm_lib_trace_rank_3, nccl_trace_rank_3
@@ -248,7 +248,7 @@ def read(run_dir: str, dumps: dict[int, str]) -> Run:
     """A run from Flight Recorder dumps alone. A dump that cannot be read is a one-line DumpError: a file
     that holds more than plain data is refused, never partly trusted."""
     ranks: dict[int, RankTrace] = {}
-    problems: list[str] = []
+    problems: list[Problem] = []
     unreadable: list[int] = []
     for r, path in sorted(dumps.items()):
         try:
@@ -256,10 +256,10 @@ def read(run_dir: str, dumps: dict[int, str]) -> Run:
         except UnsafeDump:
             raise
         except DumpError as e:  # cut short by a kill, garbage: that rank is unseen, the others are read
-            problems.append(f"rank {r}: {e}")
+            problems.append(Problem(r, Unread.TRACE, str(e)))
             unreadable.append(r)
     if not ranks:
-        raise DumpError(problems[0])
+        raise DumpError(f"rank {problems[0].rank}: {problems[0].reason}")
     world = max([rt.world_size for rt in ranks.values()] + [max(dumps) + 1])
     missing = [r for r in range(world) if r not in ranks]
     return Run(path=run_dir, ranks=ranks, world_size=world, missing=missing, problems=problems,
@@ -283,7 +283,7 @@ def merge(run: Run, dumps: dict[int, str]) -> None:
         except UnsafeDump:
             raise
         except DumpError as err:  # the trace stands without it
-            run.problems.append(f"rank {rank}: {err}; the trace is read without it")
+            run.problems.append(Problem(rank, Unread.DUMP, str(err)))
             continue
         entries: dict[str, dict[int, Collective]] = {}
         for c in fr.records:

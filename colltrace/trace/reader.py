@@ -26,7 +26,7 @@ from colltrace.trace.events import (
     Stacks,
     ThreadError,
 )
-from colltrace.trace.records import GroupInfo, RankState, RankTrace, Run
+from colltrace.trace.records import GroupInfo, Problem, RankState, RankTrace, Run, Unread
 from colltrace.trace.store import CHUNK_SLOTS, RingInfo, of_records, of_ring
 
 try:
@@ -500,14 +500,15 @@ def read_run(run_dir: str) -> Run:
         raise TraceError(f"{run_dir}: no colltrace rank files (rank*.jsonl) and no Flight Recorder dumps found")
     ranks: dict[int, RankTrace] = {}
     headers: dict[int, dict[str, Any]] = {}
-    problems: list[str] = []
+    problems: list[Problem] = []
     for rank, path in sorted(files.items()):
         try:
             ranks[rank], headers[rank] = _read_rank(rank, path)
         except (OSError, TraceError, struct.error) as e:
-            problems.append(f"rank {rank}: {e}")
+            problems.append(Problem(rank, Unread.TRACE, str(e)))
     if not ranks:
-        raise TraceError(problems[0] if problems else f"{run_dir}: no readable rank")
+        p = problems[0] if problems else None
+        raise TraceError(f"rank {p.rank}: {p.reason}" if p else f"{run_dir}: no readable rank")
     _belong_together(run_dir, headers)
     world = max((rt.world_size for rt in ranks.values()), default=0)
     world = max(world, max(ranks) + 1)

@@ -178,6 +178,22 @@ class RankTrace:
         return [r for r in self.records if r.t_done_ns is None]
 
 
+class Unread(str, enum.Enum):
+    """What of a run could not be read."""
+
+    TRACE = "trace"  # a rank's trace (or Flight Recorder dump, in a run of dumps alone): the rank is left out
+    DUMP = "dump"  # the Flight Recorder dump beside a rank's trace: the trace is read without it
+    STACKS = "stacks"  # a running rank did not answer a request for its stacks in time
+
+
+class Problem(NamedTuple):
+    """One thing of the run the reader (or a request to a live rank) could not read."""
+
+    rank: int
+    what: Unread
+    reason: str = ""  # the reader's own words (its error), never a sentence of ours
+
+
 @dataclass(slots=True)
 class Run:
     """All ranks of one run directory."""
@@ -186,7 +202,7 @@ class Run:
     ranks: dict[int, RankTrace]
     world_size: int
     missing: list[int]
-    problems: list[str] = field(default_factory=list)  # what the reader could not read, in words
+    problems: list[Problem] = field(default_factory=list)  # what could not be read
     source: str = "colltrace"  # or "flight_recorder": read from torch's Flight Recorder dumps alone
     flight_dumps: list[int] = field(default_factory=list)  # ranks whose Flight Recorder dump was joined
     unreadable: list[int] = field(default_factory=list)  # ranks whose file is there and could not be read
