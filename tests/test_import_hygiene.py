@@ -58,7 +58,10 @@ READING = {"chunks", "raw", "read_from", "iter_chunks", "read_run", "read_rank",
 
 def test_no_analysis_module_calls_back_into_a_reader() -> None:
     """Every module of analysis/, by its syntax tree: it imports no trace reader (trace.store only for the
-    Slots type, under TYPE_CHECKING) and names none of their reading functions or attributes."""
+    Slots type, under TYPE_CHECKING), names none of their reading functions or attributes, and opens no file.
+    A rank's records reach it as trace.store.Slots, the one columnar store of our rings, Flight Recorder dumps
+    and hand-made runs alike: columns, tail and by-index, read from the ring when first used (16,384 ranks'
+    rings are not held at once), never a reader, a file or a dict."""
     found: dict[str, list[str]] = {}
     for path in sorted((PACKAGE / "analysis").glob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
@@ -76,6 +79,8 @@ def test_no_analysis_module_calls_back_into_a_reader() -> None:
                 bad.append(f"line {node.lineno}: .{node.attr}")
             elif isinstance(node, ast.Name) and node.id in READING - {"raw", "chunks"}:  # a local's name
                 bad.append(f"line {node.lineno}: {node.id}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+                bad.append(f"line {node.lineno}: open()")
         if bad:
             found[path.name] = bad
     assert found == {}
