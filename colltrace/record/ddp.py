@@ -178,14 +178,14 @@ class DdpAdapter(Adapter):
                         return
                     f = f.f_back
                 what, mode = spans.forward_kind(ctx, module)
-                module.__dict__["_colltrace_span"] = sp.begin(what, "<root>", mode)
+                sp.opened[id(module)] = sp.begin(what, "<root>", mode)
             except Exception as e:
                 tracer.warn_once("recording a DDP module's direct forward failed", e)
 
         def ended(module: Any, args: Any, output: Any) -> None:
-            idx = module.__dict__.pop("_colltrace_span", -1)
             sp = tracer.spans
-            if idx >= 0 and sp is not None:
+            idx = sp.opened.pop(id(module), -1) if sp is not None else -1
+            if idx >= 0:
                 sp.end(idx)
 
         try:

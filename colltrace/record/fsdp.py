@@ -157,7 +157,7 @@ class FsdpAdapters(Adapter):
                 sp = tracer.spans
                 if sp is not None and handle is not None and not getattr(handle, "_ran_pre_backward_hook", True):
                     try:
-                        handle._colltrace_span = sp.begin(spans.BACKWARD, fqn(handle))
+                        sp.opened[handle] = sp.begin(spans.BACKWARD, fqn(handle))
                     except Exception as e:
                         tracer.warn_once("recording FSDP backward spans failed", e)
                 return orig(state, module, handle, *args, **kwargs)
@@ -169,9 +169,9 @@ class FsdpAdapters(Adapter):
                 try:
                     return orig(state, handle, *args, **kwargs)
                 finally:
-                    idx = handle.__dict__.pop("_colltrace_span", -1) if handle is not None else -1
                     sp = tracer.spans
-                    if sp is not None and idx >= 0:
+                    idx = sp.opened.pop(handle, -1) if sp is not None else -1
+                    if idx >= 0:
                         sp.end(idx)
 
             return _post_backward_hook
@@ -244,10 +244,10 @@ _POST_BACKWARD = """\
     finally:
         if ts is not None:
             ts.serve = old
-        idx = self.__dict__.pop("_colltrace_span", -1)  # the unit's backward span
-        if idx >= 0:
-            sp = tracer.spans
-            if sp is not None:
+        sp = tracer.spans
+        if sp is not None:
+            idx = sp.opened.pop(self, -1)  # the unit's backward span
+            if idx >= 0:
 {end}"""
 # The spans of a unit: its forward (FSDPState's pre- to post-forward hook) and its backward (the param group's
 # pre_backward to post_backward, above), each begun and ended inline (spans.BEGIN, END); a unit's fixed parts are
@@ -260,7 +260,7 @@ _PRE_FORWARD = """\
 {forward_kind}            fixed = sp.owned.get((self, what, mode, get_ident()))
             if fixed is None:
                 fixed = sp.fixed_of(self, what, mode, ctx.module_name({module}))
-{begin}            self._colltrace_span = idx
+{begin}            sp.opened[self] = idx
         except Exception as e:
             span_failed(e)
     return orig({call})
@@ -269,10 +269,10 @@ _POST_FORWARD = """\
     try:
         return orig({call})
     finally:
-        idx = self.__dict__.pop("_colltrace_span", -1)
-        if idx >= 0:
-            sp = tracer.spans
-            if sp is not None:
+        sp = tracer.spans
+        if sp is not None:
+            idx = sp.opened.pop(self, -1)
+            if idx >= 0:
 {end}"""
 _PRE_BACKWARD = """\
     sp = tracer.spans
@@ -281,7 +281,7 @@ _PRE_BACKWARD = """\
             fixed = sp.owned.get((self, BACKWARD, "", get_ident()))
             if fixed is None:
                 fixed = sp.fixed_of(self, BACKWARD, "", self._module_fqn or "<root>")
-{begin}            self._colltrace_span = idx
+{begin}            sp.opened[self] = idx
         except Exception as e:
             span_failed(e)
     return orig({call})
@@ -324,7 +324,9 @@ def fsdp2_wrappers(
         body = template
         for part, source in parts.items():
             body = body.replace("{" + part + "}", source)
-        taken = (set(re.findall(r"[A-Za-z_]\w*", body)) | set(names)) - {"self"}
+        # the names the body uses ({call} and {module} become the method's own parameters)
+        used = body.replace("{call}", "").replace("{module}", "")
+        taken = (set(re.findall(r"[A-Za-z_]\w*", used)) | set(names)) - {"self"}
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             own = ops.passthrough(orig, taken)

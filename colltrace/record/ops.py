@@ -174,19 +174,29 @@ def plain_params(fn: Callable[..., Any]) -> tuple[str, ...]:
 def passthrough(fn: Callable[..., Any], taken: Collection[str]) -> tuple[str, str, dict[str, Any]] | None:
     """How a generated wrapper of fn takes fn's own parameters and passes them on: (its parameter list, the call's
     arguments, the namespace its defaults are in), so no *args tuple or **kwargs dict is made per call. None where
-    fn's parameters are not all plain ones or one is named like something in `taken` (the wrapper's own names):
-    then the wrapper takes *args, **kwargs."""
-    params = plain_params(fn)
-    if not params or set(params) & set(taken):
+    fn's parameters are not all plain ones (a last *rest is passed on as it is: FSDP2's `post_backward(self,
+    *unused)`) or one is named like something in `taken` (the wrapper's own names): then the wrapper takes
+    *args, **kwargs."""
+    try:
+        signature = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    rest = signature[-1].name if signature and signature[-1].kind is inspect.Parameter.VAR_POSITIONAL else None
+    plain = signature[:-1] if rest else signature
+    params = [p.name for p in plain]
+    if not plain or any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in plain) or {*params, rest} & set(taken):
         return None
     defaults: dict[str, Any] = {}
     listed = []
-    for i, p in enumerate(inspect.signature(fn).parameters.values()):
+    for i, p in enumerate(plain):
         if p.default is not p.empty:
             defaults[f"_default{i}"] = p.default
             listed.append(f"{p.name}=_default{i}")
         else:
             listed.append(p.name)
+    if rest:
+        listed.append(f"*{rest}")
+        params.append(f"*{rest}")
     return ", ".join(listed), ", ".join(params), defaults
 
 

@@ -138,8 +138,10 @@ class Shim:
                 **recorder.ISSUE_NAMES,
             }
         )
+        # its own name in tracebacks and linecache (a functional collective and c10d's may share one)
+        where = "functional " if spec.flags & schema.FLAG_FUNCTIONAL else ""
         fn = hot_function(spec.name, parts["params"], wrapper_body(spec.name, parts), namespace,
-                          f"<colltrace traced {spec.name}>")  # fmt: skip
+                          f"<colltrace traced {where}{spec.name}>")  # fmt: skip
         traced: Callable[..., Any] = functools.update_wrapper(fn, orig)
         traced.__colltrace__ = True  # type: ignore[attr-defined]
         self._made[id(orig)] = (orig, traced)

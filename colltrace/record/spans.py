@@ -76,6 +76,11 @@ class SpanRecorder:
         # (owner, what, mode, thread) -> fixed part: the spans of an object that runs the same spans again and again
         # (an FSDP2 unit), found by it (owned) without naming its module first
         self.owned: dict[tuple[object, str, str, int], bytes] = {}
+        # owner -> idx of the span it began and its closing hook ends (an FSDP unit's forward and backward), kept
+        # here rather than as an attribute of the framework's object: CPython 3.11 keeps a plain object's
+        # attributes inline until something asks for its __dict__, after which every attribute load in the
+        # framework's own code on it takes a slower path
+        self.opened: dict[object, int] = {}
 
     # begin(what, module="", flavour="") -> idx: the span's slot (BEGIN), its start now; all of it but step,
     # micro-step and start packed once per kind of span of a thread (fixed)
