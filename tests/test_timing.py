@@ -159,13 +159,9 @@ def lockstep_job(world: int, steps: int, late_rank: int, late_ms: float, noise_m
     return tls
 
 
-def _issued(tls: dict[int, Timeline]) -> dict[int, dict[str, timing.Issued]]:
-    return {r: timing.issued_on(tl) for r, tl in tls.items()}
-
-
 def _ranked(tls: dict[int, Timeline]) -> list[timing.Straggler]:
     timings = {r: rank_timing(tl) for r, tl in tls.items()}
-    out, _ = stragglers(timing.arrivals(_issued(tls)), timings)
+    out, _ = stragglers(timing.arrivals(timing.issued_on(tls)), timings)
     return out
 
 
@@ -173,7 +169,7 @@ def test_late_once_per_step_among_noise_is_ranked_first() -> None:
     tls = lockstep_job(world=4, steps=8, late_rank=3, late_ms=250, noise_ms=25)
     # the hard case: by share of all skew (the old rule), the late rank is under 60 %
     skew_of: dict[int, float] = {}
-    for ga in timing.arrivals(_issued(tls)):
+    for ga in timing.arrivals(timing.issued_on(tls)):
         for times in ga.times.tolist():
             who = ga.ranks[times.index(max(times))]
             skew_of[who] = skew_of.get(who, 0) + max(times) - min(times)
@@ -210,7 +206,7 @@ def test_bus_bandwidth_factors_and_figures() -> None:
         0: Timeline(0, "n", [call("all_reduce", 1, 0, 4, nbytes=1_000_000)], [], 4 * MS),
         1: Timeline(1, "n", [call("all_reduce", 1, 2, 4, nbytes=1_000_000)], [], 4 * MS),
     }
-    (bw,) = timing.bandwidth(tls, {"0": 2}, timing.arrivals(_issued(tls)))
+    (bw,) = timing.bandwidth(tls, {"0": 2}, timing.arrivals(timing.issued_on(tls)))
     assert bw.time_ns == 2 * MS and bw.count == 1
     assert bw.algbw_gbps == pytest.approx(0.5)
     assert bw.busbw_gbps == pytest.approx(0.5)  # factor 2(n-1)/n = 1 for n = 2
@@ -315,7 +311,7 @@ def test_arrival_counts_only_collectives_every_member_issued() -> None:
     tls[0].calls.append(call("all_reduce", 2, 6, None))
     tls[1].calls.append(call("all_reduce", 2, 9, None))  # rank 2 never issues seq 2
     for sizes in ({"0": 3}, None):  # members unknown: the most ranks seen at one seq
-        (ga,) = timing.arrivals(_issued(tls), sizes)
+        (ga,) = timing.arrivals(timing.issued_on(tls), sizes)
         assert (ga.group, ga.ranks, ga.seqs) == ("0", (0, 1, 2), [1])
 
 
@@ -326,7 +322,10 @@ def test_arrivals_of_a_group_issued_by_other_ranks_at_other_seqs_are_kept_apart(
     tls[0].calls.append(call("all_reduce", 1, 1, 2))
     tls[1].calls += [call("all_reduce", 1, 2, 3), call("all_reduce", 2, 4, 5)]
     tls[2].calls.append(call("all_reduce", 2, 6, 7))
-    got = [(ga.ranks, ga.seqs.tolist(), ga.times.tolist()) for ga in timing.arrivals(_issued(tls), {"0": 2})]
+    got = [(ga.ranks, ga.seqs.tolist(), ga.times.tolist()) for ga in timing.arrivals(timing.issued_on(tls), {"0": 2})]
+    assert got == [((0, 1), [1], [[MS, 2 * MS]]), ((1, 2), [2], [[4 * MS, 6 * MS]])]
+    tls[2].calls.append(call("all_reduce", 10**12, 8, 9))  # a damaged slot's seq, far beyond: the same
+    got = [(ga.ranks, ga.seqs.tolist(), ga.times.tolist()) for ga in timing.arrivals(timing.issued_on(tls), {"0": 2})]
     assert got == [((0, 1), [1], [[MS, 2 * MS]]), ((1, 2), [2], [[4 * MS, 6 * MS]])]
 
 
@@ -346,8 +345,8 @@ def test_arrivals_from_the_streams_equal_those_from_the_timelines() -> None:
     raw = {r: timeline(run.ranks[r], end, tm.TAIL) for r in run.ranks}
     shifts = clock.fit({r: t.calls for r, t in raw.items()}, {r: rt.host for r, rt in run.ranks.items()}).shifts()
     sizes = {n: len(g.ranks) for rt in run.ranks.values() for n, g in rt.groups.items()}
-    a = tm.arrivals({r: tm.issued_in(rs, shifts[r], table) for r, rs in streams.items()}, sizes)
-    b = tm.arrivals(_issued({r: t.shifted(shifts[r]) for r, t in raw.items()}), sizes)
+    a = tm.arrivals(tm.issued_in(streams, shifts, table), sizes)
+    b = tm.arrivals(tm.issued_on({r: t.shifted(shifts[r]) for r, t in raw.items()}), sizes)
 
     def plain(arr: tm.Arrivals) -> list[tuple[object, ...]]:
         return [(x.group, x.ranks, x.seqs.tolist(), x.times.tolist(), x.steps.tolist()) for x in arr]
@@ -437,8 +436,8 @@ def test_setup_collectives_say_nothing_about_arrival(tmp_path: Path) -> None:
     streams = build_all(run, table)
     end = states.run_end_ns(run, streams)
     tls = {r: timeline(run.ranks[r], end) for r in run.ranks}
-    a = timing.arrivals({r: timing.issued_in(rs, 0, table) for r, rs in streams.items()}, {"0": 2})
-    b = timing.arrivals(_issued(tls), {"0": 2})
+    a = timing.arrivals(timing.issued_in(streams, {0: 0, 1: 0}, table), {"0": 2})
+    b = timing.arrivals(timing.issued_on(tls), {"0": 2})
     assert [ga.seqs.tolist() for ga in a] == [ga.seqs.tolist() for ga in b] == [list(range(2, 13))]  # seq 1 left out
 
 
@@ -457,7 +456,7 @@ def test_a_job_of_collectives_alone_keeps_its_arrivals(tmp_path: Path) -> None:
     for r in rs:
         r.footer()
     run = read_run(str(tmp_path))
-    (ga,) = timing.arrivals(_issued({r: timeline(rt) for r, rt in run.ranks.items()}), {"0": 2})
+    (ga,) = timing.arrivals(timing.issued_on({r: timeline(rt) for r, rt in run.ranks.items()}), {"0": 2})
     assert ga.seqs.tolist() == [1, 2, 3, 4, 5, 6]
     from colltrace.analysis.diagnose import diagnose
 

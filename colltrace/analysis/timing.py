@@ -423,39 +423,56 @@ class Issued(NamedTuple):
     """One rank's collectives in one group, as arrivals() reads them: each one's seq, issue time (on the
     aligned clock), step, and whether it was issued in the job's setup (SETUP)."""
 
-    seqs: Any
+    seqs: Any  # None: they run on one by one from `first` (a stream's, with no torn slot)
     times: Any
     steps: Any
     setup: Any
+    first: int = 0
+
+    def seq_array(self) -> Any:
+        return np.arange(self.first, self.first + len(self.times), dtype=np.int64) if self.seqs is None else self.seqs
 
 
-def issued_on(tl: Timeline) -> dict[str, Issued]:
-    """A timeline's collectives (not p2p), by group."""
-    rows: dict[str, list[tuple[int, int, int, bool]]] = defaultdict(list)
-    for c in tl.calls:
-        if not c.p2p:
-            rows[c.group].append((c.seq, c.t0, c.step, c.phase == SETUP))
-    out = {}
-    for g, got in rows.items():
-        seqs, times, steps, setup = (np.array(col) for col in zip(*got))
-        out[g] = Issued(seqs.astype(np.int64), times.astype(np.int64), steps.astype(np.int64), setup.astype(bool))
+def issued_on(tls: dict[int, Timeline]) -> dict[int, dict[str, Issued]]:
+    """Each timeline's collectives (not p2p), by group."""
+    out: dict[int, dict[str, Issued]] = {}
+    for r, tl in tls.items():
+        rows: dict[str, list[tuple[int, int, int, bool]]] = defaultdict(list)
+        for c in tl.calls:
+            if not c.p2p:
+                rows[c.group].append((c.seq, c.t0, c.step, c.phase == SETUP))
+        out[r] = {}
+        for g, got in rows.items():
+            seqs, times, steps, setup = (np.array(col) for col in zip(*got))
+            out[r][g] = Issued(seqs.astype(np.int64), times.astype(np.int64), steps.astype(np.int64),
+                               setup.astype(bool))  # fmt: skip
     return out
 
 
-def issued_in(rs: RankStreams, shift: int, table: SigTable) -> dict[str, Issued]:
-    """The same from a rank's aligner streams, column by column (no record decoded); torn slots left out."""
-    setup = [i for i, sig in enumerate(table.sigs) if sig is not None and sig.phase == SETUP]
-    out = {}
-    for g, st in rs.groups.items():
-        if g.startswith("p2p:"):
+def issued_in(streams: dict[int, RankStreams], shifts: dict[int, int], table: SigTable) -> dict[int, dict[str, Issued]]:
+    """The same from the aligner's streams of the ranks whose clock is aligned, column by column (no record
+    decoded); torn slots left out."""
+    setup = np.array([i for i, sig in enumerate(table.sigs) if sig is not None and sig.phase == SETUP], np.uint32)
+    out: dict[int, dict[str, Issued]] = {}
+    for r, rs in streams.items():
+        if r not in shifts:
             continue
-        times = np.frombuffer(st.t_issue, dtype=np.int64)
-        offsets = np.array([o for o, _ in st.step_starts] + [len(times)], dtype=np.int64)
-        steps = np.repeat(np.array([s for _, s in st.step_starts], dtype=np.int64), np.diff(offsets))
-        sigs = np.frombuffer(st.sigs, dtype=np.uint32)
-        issued = times != 0
-        out[g] = Issued((np.arange(len(times), dtype=np.int64) + st.seq0)[issued], times[issued] - shift,
-                        steps[issued], np.isin(sigs[issued], setup))  # fmt: skip
+        out[r] = {}
+        for g, st in rs.groups.items():
+            if g.startswith("p2p:"):
+                continue
+            raw = np.frombuffer(st.t_issue, dtype=np.int64)
+            offsets = np.array([o for o, _ in st.step_starts] + [len(raw)], dtype=np.int64)
+            steps = np.repeat(np.array([s for _, s in st.step_starts], dtype=np.int64), np.diff(offsets))
+            sigs = np.frombuffer(st.sigs, dtype=np.uint32)
+            seqs = None
+            times = raw - shifts[r] if shifts[r] else raw
+            issued = raw != 0
+            if not issued.all():
+                seqs = np.arange(st.seq0, st.seq0 + len(raw), dtype=np.int64)[issued]
+                times, steps, sigs = times[issued], steps[issued], sigs[issued]
+            init = np.isin(sigs, setup) if len(setup) else np.zeros(len(sigs), dtype=bool)
+            out[r][g] = Issued(seqs, times, steps, init, st.seq0)
     return out
 
 
@@ -467,47 +484,64 @@ def arrivals(issued: dict[int, dict[str, Issued]], group_sizes: dict[str, int] |
     by_group: dict[str, list[tuple[int, Issued]]] = defaultdict(list)
     for r in sorted(issued):
         for g, got in issued[r].items():
-            if got.setup.any() and not got.setup.all():
-                got = Issued(*(col[~got.setup] for col in got))
-            if len(got.seqs):
+            if 0 < np.count_nonzero(got.setup) < len(got.setup):
+                keep = ~got.setup
+                got = Issued(got.seq_array()[keep], got.times[keep], got.steps[keep], got.setup[keep])
+            if len(got.times):
                 by_group[g].append((r, got))
     sizes = group_sizes or {}
     return [ga for g in sorted(by_group) for ga in _complete(g, by_group[g], sizes.get(g, 0))]
 
 
+def _run_of(got: Issued) -> tuple[int, int, bool]:
+    """(lowest, highest, whether they run on one by one) of a rank's seqs."""
+    if got.seqs is None:
+        return got.first, got.first + len(got.times) - 1, True
+    seqs = got.seqs
+    first, last = int(seqs[0]), int(seqs[-1])
+    if last - first == len(seqs) - 1 and (len(seqs) < 2 or bool((seqs[1:] > seqs[:-1]).all())):
+        return first, last, True
+    return int(seqs.min()), int(seqs.max()), False
+
+
 def _complete(g: str, per_rank: list[tuple[int, Issued]], size: int) -> Arrivals:
     """A group's seqs issued by `size` ranks (0: the most at one seq), by the set of ranks that issued them."""
-    lo = min(int(got.seqs.min()) for _, got in per_rank)
-    hi = max(int(got.seqs.max()) for _, got in per_rank)
-    total = sum(len(got.seqs) for _, got in per_rank)
-    if hi - lo < 4 * total:  # seqs run on (ours do): a row per seq from lo to hi
+    runs = [_run_of(got) for _, got in per_rank]
+    lo, hi = min(r[0] for r in runs), max(r[1] for r in runs)
+    total = sum(len(got.times) for _, got in per_rank)
+    positions: list[Any] = []
+    dense = hi - lo < 4 * total  # seqs run on (ours do): a row per seq from lo to hi
+    if dense:
         seqs = np.arange(lo, hi + 1, dtype=np.int64)
-        rows = [got.seqs - lo for _, got in per_rank]
     else:  # a damaged seq far off: a row per distinct seq
-        seqs, inverse = np.unique(np.concatenate([got.seqs for _, got in per_rank]), return_inverse=True)
-        rows = np.split(inverse.ravel(), np.cumsum([len(got.seqs) for _, got in per_rank])[:-1])
-    shape = (len(seqs), len(per_rank))
+        seqs, inverse = np.unique(np.concatenate([got.seq_array() for _, got in per_rank]), return_inverse=True)
+        positions = np.split(inverse.ravel(), np.cumsum([len(got.times) for _, got in per_rank])[:-1])
+    shape = (len(seqs), len(per_rank))  # a row per seq, a column per rank (as GroupArrivals holds them)
     present, times, steps = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=np.int64), np.zeros(shape, np.int64)
-    for j, ((_, got), at) in enumerate(zip(per_rank, rows)):
-        present[at, j] = True  # a seq issued twice: its last (numpy assigns in order)
-        times[at, j] = got.times
-        steps[at, j] = got.steps
+    for j, ((_, got), (first, last, run_on)) in enumerate(zip(per_rank, runs)):
+        where: Any = positions[j] if not dense else slice(first - lo, last - lo + 1) if run_on else got.seqs - lo
+        present[where, j] = True  # (a seq issued twice: its last, as numpy assigns in order)
+        times[where, j] = got.times
+        steps[where, j] = got.steps
     count = present.sum(axis=1)
     full = np.flatnonzero(count >= (size or count.max()))
     if not len(full):
         return []
     kept = present[full]
     if kept.all():
-        sets, which = kept[:1], np.zeros(len(full), dtype=np.int64)
+        sets, which = np.ones((1, len(per_rank)), dtype=bool), np.zeros(len(full), dtype=np.int64)
     else:  # ranks apart at some seqs: one GroupArrivals per set of ranks, in the order they first occur
-        sets, first, which = np.unique(kept, axis=0, return_index=True, return_inverse=True)
-        order = np.argsort(first)
+        sets, firsts, which = np.unique(kept, axis=0, return_index=True, return_inverse=True)
+        order = np.argsort(firsts)
         sets, which = sets[order], np.argsort(order)[which.ravel()]
     out = []
     for k, members in enumerate(sets):
-        cols, at = np.flatnonzero(members), full[which == k]
-        out.append(GroupArrivals(g, tuple(per_rank[c][0] for c in cols.tolist()), seqs[at],
-                                 times[np.ix_(at, cols)], steps[np.ix_(at, cols)]))  # fmt: skip
+        cols, rows = np.flatnonzero(members), full[which == k]
+        if len(cols) == len(per_rank) and int(rows[-1]) - int(rows[0]) == len(rows) - 1:
+            pick: Any = slice(int(rows[0]), int(rows[-1]) + 1)  # every rank, seqs one after another: a view
+        else:
+            pick = np.ix_(rows, cols)
+        out.append(GroupArrivals(g, tuple(per_rank[j][0] for j in cols.tolist()), seqs[rows], times[pick], steps[pick]))
     return out
 
 
@@ -713,7 +747,7 @@ def analyze(
         fit = clock.fit({r: tl.cols() for r, tl in raw.items()}, hosts)
         shifts = fit.shifts()
         tls = {r: tl.shifted(shifts[r]) for r, tl in raw.items() if r in shifts}
-        arr = arrivals({r: issued_on(tl) for r, tl in tls.items()}, sizes)
+        arr = arrivals(issued_on(tls), sizes)
     else:
         assert streams is not None
         one_per_host: dict[str, int] = {}
@@ -722,8 +756,7 @@ def analyze(
         tail = CLOCK_TAIL if len(one_per_host) <= 256 else CLOCK_TAIL // 4  # thousands of hosts: fewer each
         fit = clock.fit({r: columns(run.ranks[r], tail) for r in one_per_host.values()}, hosts)
         shifts = fit.shifts()
-        table = table or SigTable()
-        arr = arrivals({r: issued_in(rs, shifts[r], table) for r, rs in streams.items() if r in shifts}, sizes)
+        arr = arrivals(issued_in(streams, shifts, table or SigTable()), sizes)
         ranked, skew = stragglers(arr)
         sample = [s.rank for s in ranked]
         step = max(1, len(ranks) // SAMPLE_RANKS)
