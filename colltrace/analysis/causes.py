@@ -27,7 +27,7 @@ from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.events import Handling
 from colltrace.trace.records import NOT_ENDED, Collective, RankState, Run
 from colltrace.trace.schema import PHASE_JOIN, SEND_OPS
-from colltrace.trace.vocab import SpanKind
+from colltrace.trace.vocab import Mode, Phase, SpanKind
 
 # DDP's error at the forward after a backward whose reduction it could not finish (find_unused_parameters=False)
 _DDP_UNFINISHED = "Expected to have finished reduction in the prior iteration"
@@ -163,7 +163,7 @@ def _ran_out(f: Facts, rank: int) -> bool:
 
 def _evaluating(s: Collective) -> bool:
     """A forward span without gradients or in eval mode: an evaluation pass."""
-    return s.op == "forward" and ("no_grad" in s.flavour or "eval" in s.flavour)
+    return s.op == SpanKind.FORWARD and (Mode.NO_GRAD in s.flavour or Mode.EVAL in s.flavour)
 
 
 def _eval_forward(f: Facts) -> str:
@@ -255,7 +255,7 @@ def _repeated_module(f: Facts) -> str:
 
 def _module(f: Facts, sid: int) -> str:
     sig = f.table[sid]
-    return sig.module if sig is not None and sig.phase in ("forward", "recompute") else ""
+    return sig.module if sig is not None and sig.phase in (Phase.FORWARD, Phase.RECOMPUTE) else ""
 
 
 # -- the rules, in order: each a function of the facts returning a finding, or None to pass -----------
@@ -669,7 +669,7 @@ def _saved(f: Facts, rank: int, before_seq: bool) -> str:
     step = rec.step if rec is not None else f.ends[rank].steps if rank in f.ends else -1
     until = rec.t_issue_ns if rec is not None and before_seq else None
     for s in rt.spans:
-        if s.op == "checkpoint" and s.step == step and (until is None or s.t_issue_ns <= until):
+        if s.op == SpanKind.CHECKPOINT and s.step == step and (until is None or s.t_issue_ns <= until):
             return s.flavour or "checkpoint"
     return ""
 
@@ -769,7 +769,7 @@ def same_collective(f: Facts) -> Finding | None:
 
 def recompute(f: Facts) -> Finding | None:
     """The divergent records are in activation-checkpoint recompute."""
-    if f.d is None or "recompute" not in {s.phase for s in f.sigs(tuple(a.rank for a in f.d.at))}:
+    if f.d is None or Phase.RECOMPUTE not in {s.phase for s in f.sigs(tuple(a.rank for a in f.d.at))}:
         return None
     return Finding(Cause.RECOMPUTE_MISMATCH, Confidence.MEDIUM, (Evidence(Clue.RECOMPUTE, f.culprits),))
 
@@ -939,7 +939,7 @@ _BARRIERS = frozenset({"barrier", "monitored_barrier"})
 
 def _grad(f: Facts) -> bool:
     sigs = f.sigs(tuple(a.rank for a in f.d.at)) if f.d is not None else []
-    return bool(sigs) and all(s.phase == "backward" and reduces(s.op) for s in sigs)
+    return bool(sigs) and all(s.phase == Phase.BACKWARD and reduces(s.op) for s in sigs)
 
 
 def _attributed(f: Facts) -> bool:

@@ -25,6 +25,7 @@ from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
 from colltrace.trace.records import RankState, Run
 from colltrace.trace.schema import SEND_OPS
+from colltrace.trace.vocab import Phase
 
 
 class Blame(NamedTuple):
@@ -211,7 +212,7 @@ def step_count_changed(st: GroupStream | None, seq: int, table: SigTable) -> boo
 
     def count(j: int) -> int:
         return sum(
-            1 for sid in st.sigs[starts[j] : starts[j + 1]] if (s := table[sid]) is not None and s.phase != "init"
+            1 for sid in st.sigs[starts[j] : starts[j + 1]] if (s := table[sid]) is not None and s.phase != Phase.INIT
         )
 
     complete = k + 1 < len(starts) - 1

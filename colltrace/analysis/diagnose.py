@@ -23,6 +23,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.streams import RankStreams, SigTable, build_all, held, p2p_ends
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.records import NOT_ENDED, RankState, Run
+from colltrace.trace.vocab import SpanKind
 
 _CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.TAG, Kind.PEER, Kind.MODULE, Kind.PHASE,
                       Kind.STEP})  # fmt: skip
@@ -407,7 +408,7 @@ def _spent_in(run: Run, rank: int, since_ns: int, until_ns: int) -> InSpan | Non
         return None
     best, most = None, (until_ns - since_ns) // 2
     for s in rt.spans:
-        if s.op == "phase":  # a colltrace.phase block says what the job calls it, not what it computed
+        if s.op == SpanKind.PHASE:  # a colltrace.phase block says what the job calls it, not what it computed
             continue
         inside = min(s.t_done_ns or until_ns, until_ns) - max(s.t_issue_ns, since_ns)
         if inside >= most:

@@ -14,6 +14,7 @@ import numpy as np
 from colltrace.analysis import workers
 from colltrace.trace import schema
 from colltrace.trace.records import RankTrace, Run
+from colltrace.trace.vocab import Phase
 
 if TYPE_CHECKING:
     from colltrace.trace.store import Slots
@@ -24,9 +25,6 @@ _OUT_COUNTED = frozenset({"scatter", "scatter_object_list"})
 # own counts: its split sizes are checked pair by pair instead, splits.py), and the object collectives that
 # gather each rank's own object (a list of 8 predictions here, 7 there; a checkpoint's per-rank write plan)
 _OWN_SIZES = frozenset({"all_to_all_single", "all_to_all", "all_gather_object", "gather_object"})
-
-
-_NO_PHASE, _OTHER_PHASE = "init", "other"  # the recorder's phase outside training (record/context.py)
 
 
 class Signature(NamedTuple):
@@ -77,8 +75,8 @@ class SigTable:
         out = []
         for sid in sids:
             sig = self.sigs[sid]
-            if sig is not None and sig.phase == _NO_PHASE:
-                sid = self.intern(sig._replace(phase=_OTHER_PHASE))
+            if sig is not None and sig.phase == Phase.INIT:
+                sid = self.intern(sig._replace(phase=Phase.OTHER.value))
             out.append(sid)
         return out
 

@@ -21,6 +21,7 @@ from colltrace.analysis import clock, intervals
 from colltrace.analysis.streams import RankStreams, SigTable
 from colltrace.analysis.timeline import Call, Timeline, columns, timeline
 from colltrace.trace.records import Run
+from colltrace.trace.vocab import Phase, SpanKind
 
 # -- the breakdown's categories --------------------------------------------------------------------
 
@@ -39,9 +40,11 @@ CATEGORIES = (DATA, FORWARD, ALLGATHER_WAIT, RECOMPUTE, BACKWARD, REDUCE_WAIT, C
 WAITS = (ALLGATHER_WAIT, REDUCE_WAIT, COMM_WAIT)
 # where several are under way at once, the first of these takes the time (a wait inside forward is a wait)
 _PRIORITY = (ALLGATHER_WAIT, REDUCE_WAIT, COMM_WAIT, CHECKPOINT, DATA, OPTIMIZER, RECOMPUTE, BACKWARD, FORWARD)
-_SPAN_CATEGORY = {"forward": FORWARD, "backward": BACKWARD, "recompute": RECOMPUTE, "optimizer": OPTIMIZER,
-                  "data": DATA, "checkpoint": CHECKPOINT}  # fmt: skip
-COMPUTE_SPANS = frozenset({"forward", "backward", "recompute", "optimizer"})  # what comm can overlap with
+_SPAN_CATEGORY: dict[str, str] = {SpanKind.FORWARD: FORWARD, SpanKind.BACKWARD: BACKWARD, SpanKind.RECOMPUTE: RECOMPUTE,
+                                  SpanKind.OPTIMIZER: OPTIMIZER, SpanKind.DATA: DATA,
+                                  SpanKind.CHECKPOINT: CHECKPOINT}  # a phase block's time is `other`  # fmt: skip
+# what communication can overlap with
+COMPUTE_SPANS = frozenset({SpanKind.FORWARD, SpanKind.BACKWARD, SpanKind.RECOMPUTE, SpanKind.OPTIMIZER})
 
 # -- the straggler rule ------------------------------------------------------------------------------
 
@@ -232,7 +235,7 @@ def percentile(values: list[int], q: float) -> int | None:
 # The phase of the job's setup (DDP's parameter check): no arrival there says who is slow per step. Setup
 # is a group's collectives of this phase on a rank that issued others in it later; a job that never runs
 # a module (collectives alone) issues all of them in this phase, and then they are its training.
-SETUP = "init"
+SETUP = Phase.INIT
 _RANK = {c: i for i, c in enumerate(_PRIORITY)}  # a category's index: its priority
 
 
@@ -312,7 +315,7 @@ def waits(tl: Timeline, calls: _Calls | None = None) -> Blocked:
     unwaited = unwaited[np.argsort(c.t0[unwaited], kind="stable")]
     starts = c.t0[unwaited]
     for s in tl.spans:
-        if s.kind != "backward" or s.flavour != "autograd" or s.t1 is None or not len(unwaited):
+        if s.kind != SpanKind.BACKWARD or s.flavour != "autograd" or s.t1 is None or not len(unwaited):
             continue
         a, b = np.searchsorted(starts, s.t0, "left"), np.searchsorted(starts, s.t1, "right")
         inside = unwaited[a:b][c.t1_raw[unwaited[a:b]] <= s.t1]
