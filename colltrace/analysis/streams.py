@@ -73,9 +73,10 @@ class SigTable:
         issues its collectives in "init" while the others' are "other", and that says nothing about what
         the collective is."""
         out = []
+        init = Phase.INIT  # (looked up once: a member's lookup costs more than the comparison, per record)
         for sid in sids:
             sig = self.sigs[sid]
-            if sig is not None and sig.phase == Phase.INIT:
+            if sig is not None and sig.phase == init:
                 sid = self.intern(sig._replace(phase=Phase.OTHER.value))
             out.append(sid)
         return out
