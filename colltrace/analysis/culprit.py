@@ -210,10 +210,10 @@ def step_count_changed(st: GroupStream | None, seq: int, table: SigTable) -> boo
     if k < 0 or (k <= 1 and st.seq0 > 1):
         return False  # no full step to compare with (or the ring dropped that step's start)
 
+    init = Phase.INIT  # (looked up once, not per record)
+
     def count(j: int) -> int:
-        return sum(
-            1 for sid in st.sigs[starts[j] : starts[j + 1]] if (s := table[sid]) is not None and s.phase != Phase.INIT
-        )
+        return sum(1 for sid in st.sigs[starts[j] : starts[j + 1]] if (s := table[sid]) is not None and s.phase != init)
 
     complete = k + 1 < len(starts) - 1
     if k == 0:  # the first step: its next one, when that one is complete too

@@ -314,8 +314,9 @@ def waits(tl: Timeline, calls: _Calls | None = None) -> Blocked:
     unwaited = np.flatnonzero(~c.sync & (c.wait == 0) & ~c.error & c.done)
     unwaited = unwaited[np.argsort(c.t0[unwaited], kind="stable")]
     starts = c.t0[unwaited]
+    backward = SpanKind.BACKWARD  # (a member looked up once, not per span)
     for s in tl.spans:
-        if s.kind != SpanKind.BACKWARD or s.flavour != "autograd" or s.t1 is None or not len(unwaited):
+        if s.kind != backward or s.flavour != "autograd" or s.t1 is None or not len(unwaited):
             continue
         a, b = np.searchsorted(starts, s.t0, "left"), np.searchsorted(starts, s.t1, "right")
         inside = unwaited[a:b][c.t1_raw[unwaited[a:b]] <= s.t1]
