@@ -525,11 +525,11 @@ def _complete(g: str, per_rank: list[tuple[int, Issued]], size: int) -> Arrivals
         positions = np.split(inverse.ravel(), np.cumsum([len(got.times) for _, got in per_rank])[:-1])
     shape = (len(seqs), len(per_rank))  # a row per seq, a column per rank (as GroupArrivals holds them)
     present, times, steps = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=np.int64), np.zeros(shape, np.int64)
-    rows = (np.zeros((_BLOCK, len(seqs)), bool), np.zeros((_BLOCK, len(seqs)), np.int64),
-            np.zeros((_BLOCK, len(seqs)), np.int64))  # fmt: skip
+    buf = (np.zeros((_BLOCK, len(seqs)), bool), np.zeros((_BLOCK, len(seqs)), np.int64),
+           np.zeros((_BLOCK, len(seqs)), np.int64))  # fmt: skip
     for j0 in range(0, len(per_rank), _BLOCK):  # a block of ranks a row each, then into their columns at once
         m = min(_BLOCK, len(per_rank) - j0)
-        for block in rows:
+        for block in buf:
             block[:m] = 0
         for k, ((_, got), (first, last, run_on)) in enumerate(zip(per_rank[j0 : j0 + m], runs[j0 : j0 + m])):
             if not dense:
@@ -538,10 +538,10 @@ def _complete(g: str, per_rank: list[tuple[int, Issued]], size: int) -> Arrivals
                 where = slice(first - lo, last - lo + 1)  # a run of seqs: a slice, no index
             else:
                 where = got.seqs - lo
-            rows[0][k, where] = True  # (a seq issued twice: its last, as numpy assigns in order)
-            rows[1][k, where] = got.times
-            rows[2][k, where] = got.steps
-        for whole, block in zip((present, times, steps), rows):
+            buf[0][k, where] = True  # (a seq issued twice: its last, as numpy assigns in order)
+            buf[1][k, where] = got.times
+            buf[2][k, where] = got.steps
+        for whole, block in zip((present, times, steps), buf):
             whole[:, j0 : j0 + m] = block[:m].T
     count = present.sum(axis=1)
     full = np.flatnonzero(count >= (size or count.max()))
