@@ -27,7 +27,7 @@ from colltrace.analysis.results import (
 )
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report import words
-from colltrace.trace.events import GroupCreation, Handling, ThreadError
+from colltrace.trace.events import GroupCreation, Handling, SignalCaught, ThreadError
 from colltrace.trace.reader import read_run
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "report.md"
@@ -1925,3 +1925,41 @@ def test_a_rank_waiting_outside_collectives_with_no_thread_dead_is_not_called_an
     assert dx.culprits == (1,)
     assert dx.finding is not None and dx.finding.cause is not Cause.RANK_EXCEPTION
     assert not any(e.clue is Clue.THREAD_DIED for e in dx.finding.evidence)
+
+
+def _replica_leaves(tmp_path: Path, signalled: bool) -> Diagnosis:
+    """Three data-parallel replicas reduce gradients each step; after step 3 rank 1 exits cleanly and the others
+    time out in step 3's reduction. With `signalled`, rank 1 caught SIGUSR1 (a preemption notice its script
+    handles) in that step, as recorded from the wakeup fd."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(3):
+            r.coll("all_reduce", 756, "", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    if signalled:
+        rs[1].w.event({"ev": "signal_caught", "signal": "SIGUSR1", "step": 3, "t_ns": 1_700_000_000_003_000_000})
+    rs[1].footer()
+    for r in (rs[0], rs[2]):
+        r.coll("all_reduce", 756, "", "backward", redop="SUM", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    return diagnose(read_run(str(tmp_path)))
+
+
+def test_a_replica_that_leaves_after_a_signal_only_it_caught_decided_so_its_data_did_not_run_out(
+    tmp_path: Path,
+) -> None:
+    dx = _replica_leaves(tmp_path, signalled=True)
+    assert dx.culprits == (1,) and dx.victims == (0, 2)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert dx.finding.confidence is Confidence.MEDIUM
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.SIGNALLED] == [
+        ((1,), SignalCaught("SIGUSR1", 3, 1_700_000_000_003_000_000))
+    ]
+
+
+def test_a_replica_that_leaves_with_no_signal_is_still_taken_for_data_run_out(tmp_path: Path) -> None:
+    dx = _replica_leaves(tmp_path, signalled=False)
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
+    assert not any(e.clue is Clue.SIGNALLED for e in dx.finding.evidence)

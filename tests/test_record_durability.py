@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from _jobs import WORKLOADS, job_env, kill_group, start_torchrun, torchrun, wait_for
 
+from colltrace.analysis.diagnose import diagnose
+from colltrace.analysis.results import Clue
+from colltrace.analysis.vocab import Cause
 from colltrace.report.build import run_report
 from colltrace.trace import schema
 from colltrace.trace.reader import read_events, read_run
@@ -287,6 +290,23 @@ def test_a_thread_that_dies_of_an_exception_is_recorded(tmp_path: Path) -> None:
     raised = _line_of('raise ValueError("corrupt record 17")')
     assert died.where.endswith(f"faults.py:{raised} in produce") and died.t_ns > 0
     assert run.ranks[1].state is RankState.FINISHED
+
+
+def test_a_signal_the_script_handles_is_recorded_and_names_why_the_rank_left(tmp_path: Path) -> None:
+    """Rank 1 handles SIGUSR1 (a preemption notice), gets it, and leaves cleanly at once; rank 0 times out in
+    the next all_reduce. Rank 1's trace says which signal it caught (read from the wakeup fd as it exited), and
+    the report says it left on it."""
+    proc = torchrun("faults.py", 2, tmp_path, FAULT="preempt", GLOO_TIMEOUT_S="5")
+    assert proc.returncode != 0  # rank 0 timed out
+    run = read_run(str(tmp_path))
+    assert run.ranks[0].caught == ()
+    (caught,) = run.ranks[1].caught
+    assert caught.name == "SIGUSR1" and caught.t_ns > 0
+    assert run.ranks[1].state is RankState.FINISHED
+    dx = diagnose(run)
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.SIGNALLED] == [(1,)]
 
 
 def _line_of(code: str, nth: int = 1) -> int:

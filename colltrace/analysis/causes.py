@@ -24,7 +24,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
 from colltrace.analysis.timing import Straggler, reduces
 from colltrace.analysis.vocab import Cause, Kind
-from colltrace.trace.events import Handling
+from colltrace.trace.events import Handling, SignalCaught
 from colltrace.trace.records import NOT_ENDED, Collective, RankState, Run
 from colltrace.trace.schema import PHASE_JOIN, SEND_OPS
 from colltrace.trace.vocab import Mode, Phase, SpanKind
@@ -784,6 +784,8 @@ def uneven_data(f: Facts) -> Finding | None:
     if not all(_left_loop(f, r) for r in f.culprits):
         return None
     exhausted = tuple(r for r in f.culprits if ends[r].out_of_data)
+    if not exhausted and _signalled(f):  # it left on a signal it handled itself (exited_early)
+        return None
     if not exhausted and not _replicas(f):
         # nothing says its data ran out, and it is no replica of theirs reading its own share (the stages of
         # one pipeline step through the same batches): it left on a decision of its own (exited_early)
@@ -859,14 +861,31 @@ def exited_early(f: Facts) -> Finding | None:
     condition), whatever the others wait in (a gradient reduction is not a parameter without gradient here)."""
     if f.d is None or not f.culprits:
         return None
+    caught = _signalled(f)
+    why = (Evidence(Clue.SIGNALLED, f.culprits, caught),) if caught is not None else ()
     if f.d.kind is Kind.MISSING and all(r in f.ends and f.ends[r].state is RankState.FINISHED for r in f.culprits):
-        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.LEFT_LOOP, f.culprits),))
-    if f.d.seq is not None and all(_left_loop(f, r) for r in f.culprits) and _to_barrier(f):
+        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.LEFT_LOOP, f.culprits), *why))
+    if f.d.seq is not None and all(_left_loop(f, r) for r in f.culprits) and (_to_barrier(f) or caught):
         # it went from training to a barrier outside it while the others were in a training step, and
         # nothing says its data ran out (uneven_data above): an early stop only it decided (on a loss only
-        # the last stage of a pipeline has)
-        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.LEFT_LOOP, f.culprits, "barrier"),))
+        # the last stage of a pipeline has); or it left the loop after a signal only it caught
+        return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM,
+                       (Evidence(Clue.LEFT_LOOP, f.culprits, "barrier" if not caught else ""), *why))  # fmt: skip
     return None
+
+
+def _signalled(f: Facts) -> SignalCaught | None:
+    """The signal each culprit handled itself (a preemption notice) before it left, where none of the ranks
+    left waiting caught one: the last of the first culprit's; None otherwise."""
+
+    def last(rank: int) -> SignalCaught | None:
+        rt = f.run.ranks.get(rank)
+        return rt.caught[-1] if rt is not None and rt.caught else None
+
+    caught = [last(r) for r in f.culprits]
+    if not all(caught) or any(last(v) is not None for v in f.victims):
+        return None
+    return caught[0]
 
 
 def eval_forward(f: Facts) -> Finding | None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from colltrace.analysis.schedules import Schedule
 from colltrace.analysis.streams import Signature
 from colltrace.analysis.vocab import Cause, Kind, Verdict
-from colltrace.trace.events import Handling, ThreadError
+from colltrace.trace.events import Handling, SignalCaught, ThreadError
 from colltrace.trace.records import Collective, Problem, RankState, Unread
 
 if TYPE_CHECKING:
@@ -89,6 +89,9 @@ class Clue(str, enum.Enum):
     ARRIVED_AFTER = "arrived_after"
     ROOT_APART = "root_apart"  # the same collective from the same line, another root (detail: (its, theirs))
     HANDLING = "handling"  # the culprit issued it while handling its own exception (detail: events.Handling)
+    SIGNALLED = (
+        "signalled"  # the culprit caught a signal it handles itself, none of the others did (events.SignalCaught)
+    )
     THREAD_DIED = "thread_died"  # a thread of the rank's own died of an exception (detail: events.ThreadError)
     OUTLIVED = "outlived"  # a rank still in the collective, not failed, long after the others timed out there
     LATE_IN = "late_in"  # the compute span a rank that arrived last spent most of its lateness in (detail: InSpan)
@@ -290,6 +293,7 @@ class RankEnd:
 Detail: TypeAlias = (
     str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
     | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | DtypeChange | RankEnd | Handling | ThreadError
+    | SignalCaught
     | None
 )  # fmt: skip
 

@@ -184,9 +184,10 @@ class DdpAdapter(Adapter):
 
         def ended(module: Any, args: Any, output: Any) -> None:
             sp = tracer.spans
-            idx = sp.opened.pop(id(module), -1) if sp is not None else -1
-            if idx >= 0:
-                sp.end(idx)
+            if sp is not None:
+                idx = sp.opened.pop(id(module), -1)
+                if idx >= 0:
+                    sp.end(idx)
 
         try:
             inner.register_forward_pre_hook(direct)

@@ -170,9 +170,10 @@ class FsdpAdapters(Adapter):
                     return orig(state, handle, *args, **kwargs)
                 finally:
                     sp = tracer.spans
-                    idx = sp.opened.pop(handle, -1) if sp is not None else -1
-                    if idx >= 0:
-                        sp.end(idx)
+                    if sp is not None:
+                        idx = sp.opened.pop(handle, -1)
+                        if idx >= 0:
+                            sp.end(idx)
 
             return _post_backward_hook
 

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 _MAX_FRAMES = 40
 _MAX_DUMPS = 10
+# signals handled in Python that say nothing about the rank's own course: a DataLoader's worker exited
+_UNTOLD = frozenset(getattr(signal, name) for name in ("SIGCHLD",) if hasattr(signal, name))
 
 
 def thread_stacks() -> list[dict[str, Any]]:
@@ -111,6 +113,8 @@ class Lifecycle:
             rec.poll(final=True)  # async Works that finished since the watchdog's last look
         except Exception:
             pass
+        if self._wakeup_r >= 0:  # a signal the script handled just before it exited (a preemption notice)
+            self._read_signals(terminate=False)
         try:
             rec.writer.event(
                 {
@@ -291,6 +295,34 @@ class Lifecycle:
         # else the script set its own handler since (a checkpoint on SIGTERM): it runs in the main thread, and
         # decides; recorded all the same
 
+    def _read_signals(self, terminate: bool) -> None:
+        """The signals Python's C-level handler wrote to our wakeup fd since the last look: SIGTERM (with
+        `terminate`: record it and die of it) and those the script handles itself."""
+        try:
+            data = os.read(self._wakeup_r, 64)
+        except OSError:  # nothing there (non-blocking), or closed
+            return
+        for signum in data:
+            if signum == signal.SIGTERM:
+                if terminate:
+                    self._on_signal(signum)
+            elif signum not in _UNTOLD:
+                self._caught(signum)
+
+    def _caught(self, signum: int) -> None:
+        """A signal the script handles itself arrived (Python's C-level handler wrote it to our wakeup fd, as it
+        does for every signal with a Python handler): a preemption notice, a timer. What the rank did next
+        (leave the loop, save) may be its answer, and the other ranks were not told."""
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = str(signum)
+        try:
+            self.recorder.writer.event({"ev": schema.EV_SIGNAL_CAUGHT, "t_ns": time.time_ns(), "signal": name,
+                                        "step": self.recorder.ctx.step})  # fmt: skip
+        except Exception:
+            pass
+
     # -- hang watchdog -----------------------------------------------------------------------
 
     def _watch(self) -> None:
@@ -307,13 +339,7 @@ class Lifecycle:
                 except (OSError, ValueError):
                     ready = []
                 if ready:
-                    try:
-                        data = os.read(self._wakeup_r, 64)
-                    except OSError:
-                        data = b""
-                    for signum in data:
-                        if signum == signal.SIGTERM:
-                            self._on_signal(signum)
+                    self._read_signals(terminate=True)
             else:
                 time.sleep(poll)
             try:

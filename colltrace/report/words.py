@@ -22,7 +22,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.streams import Signature, numbered, p2p_ends
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace import frames
-from colltrace.trace.events import Handling, ThreadError
+from colltrace.trace.events import Handling, SignalCaught, ThreadError
 from colltrace.trace.records import Collective, Problem, RankState
 from colltrace.trace.vocab import SpanKind
 
@@ -261,6 +261,7 @@ def evidence_text(e: Evidence) -> str:
         f"{ranks_text(peers) if peers else 'they'} had given up on it (timed out): the rank they waited for",
         Clue.HANDLING: _handling(who, d),
         Clue.THREAD_DIED: _thread_died(who, d),
+        Clue.SIGNALLED: _signalled(who, d),
         Clue.ROOT_APART: f"{who} issued the same collective from the same line of code as the others, with root "
         f"{_pair(d)[0]} where they passed {_pair(d)[1]}: the src/dst argument is worked out otherwise on "
         f"{'it' if s else 'them'} (a rank-dependent helper, a stale setting), not a branch",
@@ -630,6 +631,19 @@ def _thread_died(who: str, d: Detail) -> str:
     return (
         f"{who}'s thread{name} died of {_raised(d)}: its main thread may be waiting for what that thread "
         "was to hand it (a batch, an upload's end, a lock it held)"
+    )
+
+
+def _signalled(who: str, d: Detail) -> str:
+    """Clue SIGNALLED: the culprit caught a signal its script handles, which the others did not."""
+    what = (
+        f"{d.name}" + (f" at step {d.step}" if d.step is not None else "")
+        if isinstance(d, SignalCaught)
+        else "a signal"
+    )
+    return (
+        f"{who} caught {what}, a signal the script handles itself (a preemption notice, a timer), and none of "
+        "the others did: leaving was its answer to it, which the others were never told of"
     )
 
 

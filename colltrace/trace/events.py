@@ -205,6 +205,16 @@ class Signal:
 
 
 @dataclass(frozen=True, slots=True)
+class SignalCaught:
+    """A signal the script handles itself arrived (a preemption notice, a timer): the rank went on, and what it
+    did next may be its answer."""
+
+    name: str  # SIGUSR1, ...
+    step: int | None = None  # the training step then
+    t_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Footer:
     """The clean interpreter exit."""
 

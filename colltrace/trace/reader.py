@@ -23,6 +23,7 @@ from colltrace.trace.events import (
     Header,
     Pipeline,
     Signal,
+    SignalCaught,
     Stacks,
     ThreadError,
 )
@@ -294,6 +295,7 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
     stacks: list[Stacks] = []
     exhausted: list[DataExhausted] = []
     thread_errors: list[ThreadError] = []
+    caught: list[SignalCaught] = []
     pipelines: list[Pipeline] = []
     rt = RankTrace(rank=rank, header=Header.of(header), records=of_records(rank, ()), groups=groups,
                    state=RankState.KILLED, torn=torn)  # fmt: skip
@@ -346,12 +348,14 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
             exhausted.append(DataExhausted(ev.get("step")))
         elif kind == schema.EV_THREAD_ERROR:
             thread_errors.append(ThreadError.of(ev))
+        elif kind == schema.EV_SIGNAL_CAUGHT:
+            caught.append(SignalCaught(ev["signal"], ev.get("step"), ev.get("t_ns", 0)))
         elif kind == schema.EV_PIPELINE:
             stages = tuple(s for s in ev["stages"] if type(s) is int)
             pipelines.append(Pipeline(ev["schedule"], ev["microbatches"], stages, ev["num_stages"]))
     rt.stacks, rt.exhausted, rt.pipelines = tuple(stacks), tuple(exhausted), tuple(pipelines)
     rt.group_creations = tuple(GroupCreation.of(ev) for ev in creations)
-    rt.thread_errors = tuple(thread_errors)
+    rt.thread_errors, rt.caught = tuple(thread_errors), tuple(caught)
 
     ring_path = events_path[: -len(".jsonl")] + ".ring"
     offset = _clock_offset(header)
@@ -411,6 +415,7 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     schema.EV_STEP: {"step": (_INT, True), "t_ns": (_INT, False)},
     schema.EV_STACKS: {"threads": ((list,), True), "reason": (_STR, False), "t_ns": (_INT, False)},
     schema.EV_SIGNAL: {"signal": (_STR, False), "t_ns": (_INT, False), "in_flight": (_INT, False)},
+    schema.EV_SIGNAL_CAUGHT: {"signal": (_STR, True), "step": (_INT, False), "t_ns": (_INT, False)},
     schema.EV_ERROR: {"type": (_STR, True), "message": (_STR, False), "traceback": (_STR, False),
                       "qualname": (_STR, False), "t_ns": (_INT, False)},
     schema.EV_FOOTER: {"t_ns": (_INT, False), "step": (_INT, False), "in_flight": (_INT, False)},

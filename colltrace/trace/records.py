@@ -16,6 +16,7 @@ from colltrace.trace.events import (
     Header,
     Pipeline,
     Signal,
+    SignalCaught,
     Stacks,
     ThreadError,
 )
@@ -142,6 +143,7 @@ class RankTrace:
     spans: Slots = field(default_factory=lambda: _none())  # compute spans (kind "span", op: forward, ...)
     exhausted: tuple[DataExhausted, ...] = ()  # out of data
     thread_errors: tuple[ThreadError, ...] = ()  # threads of the job (not its main one) that died of an exception
+    caught: tuple[SignalCaught, ...] = ()  # signals the script handled itself, in the order they came
     pipelines: tuple[Pipeline, ...] = ()  # how its schedules were built
     alive: bool = False  # no end of its own yet and its process runs (this host): the job is still going
     # joined from the rank's Flight Recorder dump beside the trace (flight.merge): our record idx -> FR's entry

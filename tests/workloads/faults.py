@@ -40,6 +40,13 @@ def main() -> None:
             except ValueError:
                 dist.barrier()
                 raise
+        if FAULT == "preempt":  # a preemption notice only it gets: it leaves cleanly, the others are not told
+            left = []
+            signal.signal(signal.SIGUSR1, lambda signum, frame: left.append(signum))
+            os.kill(os.getpid(), signal.SIGUSR1)
+            if left:
+                dist.destroy_process_group()
+                sys.exit(0)
         if FAULT == "dtype":
             x = torch.ones(64, dtype=torch.float64)
         if FAULT == "selfkill":
