@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_RING = 100_000  # records kept per rank (12.8 MB of slots)
@@ -89,25 +90,26 @@ def _proc_start(pid: int) -> str:
         return ""
 
 
-def default_run_name() -> str:
+def default_run_name(env: Mapping[str, str] = os.environ, parent: int | None = None) -> str:
     """A name all ranks of one job compute alike, without talking to each other.
 
     torchrun gives a run id (random with --standalone, the --rdzv-id otherwise); schedulers give
     a job id; for a single-host launch the ranks share a parent (the torchrun agent or the
     mp.spawn caller) whose pid and start time are unique on the host. Multi-host jobs without a
-    run id or job id should set COLLTRACE_DIR on a shared path.
+    run id or job id should set COLLTRACE_DIR on a shared path. `env` and `parent` (the ranks' parent pid): as a
+    rank sees them (torchrun's own process works out its workers' name: record/launcher.py).
     """
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
     suffix = f"-r{restart}" if restart not in ("", "0") else ""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if run_id and run_id != "none":
         return f"torchrun-{run_id}{suffix}"
     for var in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID"):
-        job = os.environ.get(var)
+        job = env.get(var)
         if job:
-            step = os.environ.get("SLURM_STEP_ID", "")
+            step = env.get("SLURM_STEP_ID", "")
             return f"job-{job}" + (f".{step}" if step else "") + suffix
-    ppid = os.getppid()
+    ppid = os.getppid() if parent is None else parent
     started = _proc_start(ppid) or time.strftime("%Y%m%d-%H%M%S")
     return f"{started}-p{ppid}{suffix}"
 

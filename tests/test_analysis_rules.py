@@ -6,6 +6,7 @@ who waits for whom, how far each rank got, who failed first; then the rule that 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from colltrace.analysis.results import (
 )
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report import words
-from colltrace.trace.events import GroupCreation, Handling, SignalCaught, ThreadError
+from colltrace.trace.events import Exit, GroupCreation, Handling, SignalCaught, ThreadError
 from colltrace.trace.reader import read_run
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "report.md"
@@ -1963,3 +1964,59 @@ def test_a_replica_that_leaves_with_no_signal_is_still_taken_for_data_run_out(tm
     assert dx.culprits == (1,)
     assert dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
     assert not any(e.clue is Clue.SIGNALLED for e in dx.finding.evidence)
+
+
+def _one_dies_unseen(tmp_path: Path, exitcode: int | None) -> Diagnosis:
+    """Three replicas reduce gradients; rank 0 stops after step 2 writing nothing (no footer, no error), the
+    others time out in step 2's reduction. With `exitcode`, torchrun's file says it found rank 0 ended so
+    first (negative: the signal), and the others after it stopped them (SIGTERM)."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(2):
+            r.coll("all_reduce", 756, "", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    for r in (rs[1], rs[2]):
+        r.coll("all_reduce", 756, "", "backward", redop="SUM", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    if exitcode is not None:
+        lines = [
+            {
+                "ev": "exit",
+                "rank": 0,
+                "exitcode": exitcode,
+                "signal": "SIGKILL" if exitcode == -9 else "",
+                "first": True,
+                "t_ns": 1_700_000_040_000_000_000,
+                "pid": 11,
+            }
+        ]
+        lines += [{"ev": "exit", "rank": r, "exitcode": -15, "signal": "SIGTERM", "first": False, "pid": 12 + r}
+                  for r in (1, 2)]  # fmt: skip
+        (tmp_path / "launcher-host-10.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return diagnose(read_run(str(tmp_path)))
+
+
+def test_a_rank_torchrun_found_killed_by_sigkill_first_is_most_likely_the_oom_killer(tmp_path: Path) -> None:
+    dx = _one_dies_unseen(tmp_path, -9)
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.OOM, Confidence.LOW)
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.EXITED] == [
+        ((0,), Exit(-9, "SIGKILL", True, 1_700_000_040_000_000_000))
+    ]
+
+
+def test_a_rank_torchrun_found_exited_first_with_a_code_is_said_so_with_no_cause_made_up(tmp_path: Path) -> None:
+    dx = _one_dies_unseen(tmp_path, 3)
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.UNKNOWN, Confidence.LOW)
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.EXITED] == [
+        ((0,), Exit(3, "", True, 1_700_000_040_000_000_000))
+    ]
+
+
+def test_a_rank_that_dies_unseen_without_torchrun_saying_how_stays_unknown(tmp_path: Path) -> None:
+    dx = _one_dies_unseen(tmp_path, None)
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNKNOWN
+    assert not any(e.clue is Clue.EXITED for e in dx.finding.evidence)

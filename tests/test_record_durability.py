@@ -13,10 +13,11 @@ import pytest
 from _jobs import WORKLOADS, job_env, kill_group, start_torchrun, torchrun, wait_for
 
 from colltrace.analysis.diagnose import diagnose
-from colltrace.analysis.results import Clue
+from colltrace.analysis.results import Clue, Confidence
 from colltrace.analysis.vocab import Cause
 from colltrace.report.build import run_report
 from colltrace.trace import schema
+from colltrace.trace.events import Exit
 from colltrace.trace.reader import read_events, read_run
 from colltrace.trace.records import RankState
 
@@ -307,6 +308,20 @@ def test_a_signal_the_script_handles_is_recorded_and_names_why_the_rank_left(tmp
     assert dx.culprits == (1,)
     assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.SIGNALLED] == [(1,)]
+
+
+def test_a_rank_killed_by_sigkill_is_named_by_torchrun_which_saw_it_die_first(tmp_path: Path) -> None:
+    """Rank 1 is killed by SIGKILL (as by the kernel's OOM killer) and writes nothing of its own; torchrun,
+    traced too, records that it found rank 1 dead of SIGKILL first, then stopped rank 0 (SIGTERM)."""
+    proc = torchrun("faults.py", 2, tmp_path, FAULT="selfkill", GLOO_TIMEOUT_S="30")
+    assert proc.returncode != 0
+    run = read_run(str(tmp_path))
+    assert run.ranks[1].exit == Exit(-9, "SIGKILL", True, run.ranks[1].exit.t_ns if run.ranks[1].exit else 0)
+    assert run.ranks[0].exit is not None and run.ranks[0].exit.first is False
+    dx = diagnose(run)
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.OOM, Confidence.LOW)
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.EXITED] == [((1,), run.ranks[1].exit)]
 
 
 def _line_of(code: str, nth: int = 1) -> int:

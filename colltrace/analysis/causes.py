@@ -568,6 +568,15 @@ def stopped_outside(f: Facts) -> Finding | None:
         where = {r: dataclasses.replace(ends[r], blocked=None) if r in short else ends[r] for r in outside}
         return Finding(Cause.STUCK_COMPUTE, Confidence.LOW,
                        tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), where[r]) for r in outside))  # fmt: skip
+    exits = [ends[r].exit for r in outside]
+    if all(x is not None and x.first for x in exits):
+        # torchrun found it dead first, before it stopped the others, and how: the fact a rank that wrote nothing
+        # of its own leaves; a SIGKILL to ranks alone, the job going on, is most often the kernel's OOM killer
+        ev = tuple(Evidence(Clue.EXITED, (r,), x) for r, x in zip(outside, exits))
+        killed = all(
+            x is not None and x.signal == "SIGKILL" and states.died_unseen(ends[r]) for r, x in zip(outside, exits)
+        )
+        return Finding(Cause.OOM if killed else Cause.UNKNOWN, Confidence.LOW, ev)
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
 
 

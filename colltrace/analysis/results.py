@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from colltrace.analysis.schedules import Schedule
 from colltrace.analysis.streams import Signature
 from colltrace.analysis.vocab import Cause, Kind, Verdict
-from colltrace.trace.events import Handling, SignalCaught, ThreadError
+from colltrace.trace.events import Exit, Handling, SignalCaught, ThreadError
 from colltrace.trace.records import Collective, Problem, RankState, Unread
 
 if TYPE_CHECKING:
@@ -89,9 +89,8 @@ class Clue(str, enum.Enum):
     ARRIVED_AFTER = "arrived_after"
     ROOT_APART = "root_apart"  # the same collective from the same line, another root (detail: (its, theirs))
     HANDLING = "handling"  # the culprit issued it while handling its own exception (detail: events.Handling)
-    SIGNALLED = (
-        "signalled"  # the culprit caught a signal it handles itself, none of the others did (events.SignalCaught)
-    )
+    SIGNALLED = "signalled"  # it caught a signal it handles itself, none of the others did (events.SignalCaught)
+    EXITED = "exited"  # torchrun found it ended so first, before it stopped the others (detail: events.Exit)
     THREAD_DIED = "thread_died"  # a thread of the rank's own died of an exception (detail: events.ThreadError)
     OUTLIVED = "outlived"  # a rank still in the collective, not failed, long after the others timed out there
     LATE_IN = "late_in"  # the compute span a rank that arrived last spent most of its lateness in (detail: InSpan)
@@ -288,12 +287,13 @@ class RankEnd:
     lost_peer: bool = False  # its error says it waited for a peer or lost one (a timeout, a closed connection)
     idle_s: float | None = None  # its watchdog saw no progress for this long (a live run), None: no such stack
     usual_s: float | None = None  # ... against the job's usual wait
+    exit: Exit | None = None  # how torchrun saw it end, where it failed and torchrun said
 
 
 Detail: TypeAlias = (
     str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
     | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | DtypeChange | RankEnd | Handling | ThreadError
-    | SignalCaught
+    | SignalCaught | Exit
     | None
 )  # fmt: skip
 

@@ -194,6 +194,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         host=rt.host,
         steps=rt.steps,
         signal=rt.signal.name if rt.signal is not None else "",
+        exit=rt.exit,
         open_span=span,
         open_for_s=open_for,
         idle_s=idle,

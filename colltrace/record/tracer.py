@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from colltrace import config as config_mod
-from colltrace.record import groups
+from colltrace.record import groups, launcher
 from colltrace.record.context import Context
 from colltrace.record.ddp import DdpAdapter
 from colltrace.record.deepspeed import DeepSpeedAdapter
@@ -94,6 +94,11 @@ class Tracer:
         self.lifecycle.patch_spawn_wrap(patches)
         self.lifecycle.patch_process_bootstrap(patches)
         _rebind_stale_references(patches)
+        if launcher.is_launcher():  # torchrun itself: which workers fail first, and how
+            try:
+                launcher.install(patches, cfg.run_dir)
+            except Exception as e:  # an agent we do not know: the workers are traced all the same
+                say(f"could not watch torchrun's workers ({type(e).__name__}: {e})")
 
     def _patch_frameworks(self, cfg: config_mod.Config) -> list[str]:
         """The framework adapters, once the default group exists (the frameworks are imported by then)."""

@@ -22,7 +22,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.streams import Signature, numbered, p2p_ends
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace import frames
-from colltrace.trace.events import Handling, SignalCaught, ThreadError
+from colltrace.trace.events import Exit, Handling, SignalCaught, ThreadError
 from colltrace.trace.records import Collective, Problem, RankState
 from colltrace.trace.vocab import SpanKind
 
@@ -262,6 +262,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.HANDLING: _handling(who, d),
         Clue.THREAD_DIED: _thread_died(who, d),
         Clue.SIGNALLED: _signalled(who, d),
+        Clue.EXITED: _exited(who, d),
         Clue.ROOT_APART: f"{who} issued the same collective from the same line of code as the others, with root "
         f"{_pair(d)[0]} where they passed {_pair(d)[1]}: the src/dst argument is worked out otherwise on "
         f"{'it' if s else 'them'} (a rank-dependent helper, a stale setting), not a branch",
@@ -632,6 +633,20 @@ def _thread_died(who: str, d: Detail) -> str:
         f"{who}'s thread{name} died of {_raised(d)}: its main thread may be waiting for what that thread "
         "was to hand it (a batch, an upload's end, a lock it held)"
     )
+
+
+def _exited(who: str, d: Detail) -> str:
+    """Clue EXITED: torchrun found the rank dead first, and how."""
+    if not isinstance(d, Exit):
+        return f"torchrun found {who} dead first"
+    if d.signal == "SIGKILL":
+        return (
+            f"torchrun found {who} killed by SIGKILL (exit code {d.code}) first, before it stopped the others, and "
+            f"{who} wrote nothing of its own: a SIGKILL to one rank while the job goes on is most often the kernel's "
+            "OOM killer (`dmesg` on its host says so), else a scheduler or a person"
+        )
+    how = f"killed by {d.signal}" if d.signal else f"exited with code {d.code}"
+    return f"torchrun found {who} {how} first, before it stopped the others"
 
 
 def _signalled(who: str, d: Detail) -> str:

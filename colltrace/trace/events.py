@@ -205,6 +205,17 @@ class Signal:
 
 
 @dataclass(frozen=True, slots=True)
+class Exit:
+    """How torchrun saw a worker end when it failed (its launcher-HOST-PID.jsonl): a worker killed by SIGKILL
+    writes nothing of its own."""
+
+    code: int  # its exit code; negative: the signal that ended it
+    signal: str = ""  # that signal's name (SIGKILL), "" for an exit code
+    first: bool | None = None  # found failed before torchrun stopped the rest (None: not known)
+    t_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SignalCaught:
     """A signal the script handles itself arrived (a preemption notice, a timer): the rank went on, and what it
     did next may be its answer."""

@@ -17,6 +17,7 @@ from colltrace.trace import flight, schema
 from colltrace.trace.events import (
     DataExhausted,
     Error,
+    Exit,
     Fault,
     Footer,
     GroupCreation,
@@ -415,6 +416,8 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     schema.EV_STEP: {"step": (_INT, True), "t_ns": (_INT, False)},
     schema.EV_STACKS: {"threads": ((list,), True), "reason": (_STR, False), "t_ns": (_INT, False)},
     schema.EV_SIGNAL: {"signal": (_STR, False), "t_ns": (_INT, False), "in_flight": (_INT, False)},
+    schema.EV_EXIT: {"rank": (_INT, True), "exitcode": (_INT, True), "signal": (_STR, False),
+                     "first": ((bool,), False), "t_ns": (_INT, False), "pid": (_INT, False)},
     schema.EV_SIGNAL_CAUGHT: {"signal": (_STR, True), "step": (_INT, False), "t_ns": (_INT, False)},
     schema.EV_ERROR: {"type": (_STR, True), "message": (_STR, False), "traceback": (_STR, False),
                       "qualname": (_STR, False), "t_ns": (_INT, False)},
@@ -428,6 +431,26 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     schema.EV_PIPELINE: {"schedule": (_STR, True), "microbatches": (_INT, True), "stages": ((list,), True),
                          "num_stages": (_INT, True)},
 }  # fmt: skip
+
+
+def _launcher_exits(run_dir: str) -> dict[int, Exit]:
+    """rank -> how torchrun saw it end, from the launchers' files (record/launcher.py); a rank's first line."""
+    exits: dict[int, Exit] = {}
+    for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), "launcher-*.jsonl"))):
+        try:
+            with open(path, "rb") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                ev = _loads(line)
+            except ValueError:
+                continue
+            if not isinstance(ev, dict) or ev.get("ev") != schema.EV_EXIT or not _valid(ev, _EVENTS[schema.EV_EXIT]):
+                continue
+            exits.setdefault(ev["rank"], Exit(ev["exitcode"], ev.get("signal", ""), ev.get("first"), ev.get("t_ns", 0)))
+    return exits
 
 
 def _is(value: Any, types: tuple[type, ...]) -> bool:
@@ -519,6 +542,9 @@ def read_run(run_dir: str) -> Run:
     world = max(world, max(ranks) + 1)
     missing = [r for r in range(world) if r not in ranks]
     run = Run(path=run_dir, ranks=ranks, world_size=world, missing=missing, problems=problems)
+    for rank, ended in _launcher_exits(run_dir).items():
+        if rank in ranks:
+            ranks[rank].exit = ended
     try:
         dumps = flight.find(run_dir)  # Flight Recorder's dumps of the same job (COLLTRACE=1 steers them here)
         if dumps:

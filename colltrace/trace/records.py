@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from colltrace.trace.events import (
     DataExhausted,
     Error,
+    Exit,
     Fault,
     Footer,
     GroupCreation,
@@ -143,6 +144,7 @@ class RankTrace:
     spans: Slots = field(default_factory=lambda: _none())  # compute spans (kind "span", op: forward, ...)
     exhausted: tuple[DataExhausted, ...] = ()  # out of data
     thread_errors: tuple[ThreadError, ...] = ()  # threads of the job (not its main one) that died of an exception
+    exit: Exit | None = None  # how torchrun saw it end, where it failed and torchrun said (record/launcher.py)
     caught: tuple[SignalCaught, ...] = ()  # signals the script handled itself, in the order they came
     pipelines: tuple[Pipeline, ...] = ()  # how its schedules were built
     alive: bool = False  # no end of its own yet and its process runs (this host): the job is still going

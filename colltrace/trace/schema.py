@@ -133,6 +133,7 @@ EV_GROUP = "group"  # a process group seen or created: "ranks" as pack_ranks wri
 EV_STEP = "step"  # an optimizer step completed
 EV_STACKS = "stacks"  # Python stacks of all threads (hang watchdog, signal)
 EV_SIGNAL = "signal"  # a terminating signal was received
+EV_EXIT = "exit"  # torchrun saw a worker fail (launcher-HOST-PID.jsonl): its global rank, exit code, signal
 EV_SIGNAL_CAUGHT = "signal_caught"  # a signal the script handles itself arrived (a preemption notice): its name, step
 EV_ERROR = "error"  # an exception escaped the training script
 EV_WARNING = "warning"  # the shim disabled part of itself

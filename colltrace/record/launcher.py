@@ -1,0 +1,106 @@
+"""In torchrun's own process: which workers failed first, and how (an exit code, a signal such as the kernel's
+OOM killer's SIGKILL), as the launcher saw them. A worker killed by SIGKILL writes nothing of its own; the
+launcher outlives it and knows."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from colltrace.record.patches import Patches
+from colltrace.trace import schema
+
+
+def is_launcher() -> bool:
+    """This process is torchrun (or `python -m torch.distributed.run`), not one of its workers."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))  # as the interpreter was started: `-m` is not yet a path
+    if any(a == "-m" and b in ("torch.distributed.run", "torch.distributed.launch") for a, b in zip(argv, argv[1:])):
+        return True
+    main = sys.argv[0] if sys.argv else ""
+    return os.path.basename(main) == "torchrun" or main.endswith(os.path.join("distributed", "run.py"))
+
+
+def install(patches: Patches, run_dir: str | None) -> bool:
+    """Record the failures torchrun's agent finds when it looks at its workers (LocalElasticAgent._monitor_workers:
+    the first failures, before it stops the rest). run_dir: COLLTRACE_DIR where set, else the workers' own
+    default, worked out from what the agent gives them."""
+    from torch.distributed.elastic.agent.server import local_elastic_agent as lea
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.multiprocessing import api as mp_api
+
+    agent = lea.LocalElasticAgent
+    orig = agent.__dict__.get("_monitor_workers")
+    if orig is None or getattr(orig, "__colltrace__", False):
+        return False
+
+    def _monitor_workers(self: Any, worker_group: Any) -> Any:
+        result = orig(self, worker_group)
+        try:
+            if result.state is WorkerState.FAILED and result.failures:
+                first = getattr(self._pcontext, FIRST, None)
+                local = {w.global_rank: w.local_rank for w in worker_group.workers}
+                firsts = None if first is None else {r for r in result.failures if local.get(r) in first}
+                write_exits(run_dir or _workers_run_dir(self, worker_group), result.failures, firsts)
+        except Exception:  # the launcher goes on as it would without us
+            pass
+        return result
+
+    _monitor_workers.__colltrace__ = True  # type: ignore[attr-defined]
+    patches.set(agent, "_monitor_workers", _monitor_workers)
+    # A subprocess context notes the workers it found failed before it stopped the rest: the ones that failed
+    # first (it then records the others' exits, of its own SIGTERM, as failures too)
+    context = getattr(mp_api, "SubprocessContext", None)
+    capture = context.__dict__.get("_capture_process_failures") if context is not None else None
+    if capture is not None:
+
+        def _capture_process_failures(self: Any, done_local_ranks: set[int]) -> Any:
+            had = bool(self._failures)
+            out = capture(self, done_local_ranks)
+            if not had and self._failures:
+                setattr(self, FIRST, frozenset(self._failures))
+            return out
+
+        patches.set(context, "_capture_process_failures", _capture_process_failures)
+    return True
+
+
+FIRST = "_colltrace_first_failed"  # on torch's process context: the local ranks it found failed first
+
+
+def _workers_run_dir(agent: Any, worker_group: Any) -> str:
+    """The run directory the workers compute (config.default_run_name) from the run id and restart count the
+    agent hands them, and from their parent: this process."""
+    from colltrace import config
+
+    spec = worker_group.spec
+    env = dict(os.environ)
+    env["TORCHELASTIC_RUN_ID"] = str(spec.rdzv_handler.get_run_id())
+    env["TORCHELASTIC_RESTART_COUNT"] = str(spec.max_restarts - agent._remaining_restarts)
+    root = os.environ.get("COLLTRACE_ROOT", config.RUNS_ROOT)
+    return os.path.join(root, config.default_run_name(env, parent=os.getpid()))
+
+
+def write_exits(run_dir: str, failures: dict[int, Any], first: set[int] | None) -> None:
+    """One `exit` line per failed worker (global rank -> torch's ProcessFailure) into launcher-HOST-PID.jsonl;
+    `first`: the ranks found failed before the launcher stopped the others (None: not known)."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, f"launcher-{socket.gethostname()}-{os.getpid()}.jsonl")
+    lines = []
+    for rank, failure in sorted(failures.items()):
+        code = int(failure.exitcode)
+        name = ""
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = str(-code)
+        lines.append({"ev": schema.EV_EXIT, "rank": int(rank), "pid": int(failure.pid), "exitcode": code,
+                      "signal": name, "t_ns": int(getattr(failure, "timestamp", 0)) * 1_000_000_000,
+                      **({"first": rank in first} if first is not None else {})})  # fmt: skip
+    with open(path, "a") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
