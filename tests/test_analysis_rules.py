@@ -20,6 +20,7 @@ from colltrace.analysis.results import (
     Confidence,
     Diagnosis,
     DtypeChange,
+    GroupApart,
     InSpan,
     PeersApart,
     RankEnd,
@@ -2020,3 +2021,51 @@ def test_a_rank_that_dies_unseen_without_torchrun_saying_how_stays_unknown(tmp_p
     assert dx.culprits == (0,)
     assert dx.finding is not None and dx.finding.cause is Cause.UNKNOWN
     assert not any(e.clue is Clue.EXITED for e in dx.finding.evidence)
+
+
+def _mesh_loss_on(tmp_path: Path, wrong_group: bool) -> Diagnosis:
+    """A 2x2 mesh: dp groups {0,2} "1" and {1,3} "2", tp groups {0,1} "3" and {2,3} "4". Each step every rank
+    all-reduces activations on its tp group (train.py:22) and gradients on its dp group, then the loss on its
+    dp group (train.py:31). In step 2 rank 3 all-reduces its loss from that same line on its tp group instead
+    (with `wrong_group`), or a metric from another line (train.py:40): rank 2 then waits for rank 3 in their
+    tp group, and rank 1 in their dp group on the loss's line."""
+    groups = {"0": ("default_pg", (0, 1, 2, 3)), "1": ("mesh_dp", (0, 2)), "2": ("mesh_dp", (1, 3)),
+              "3": ("mesh_tp", (0, 1)), "4": ("mesh_tp", (2, 3))}  # fmt: skip
+    rs = [FakeRank(str(tmp_path), r, 4, groups) for r in range(4)]
+    tp, dp = {0: "3", 1: "3", 2: "4", 3: "4"}, {0: "1", 1: "2", 2: "1", 3: "2"}
+
+    def step(r: FakeRank, last: bool) -> None:
+        r.coll("all_reduce", 64, "", "other", group=tp[r.rank], redop="SUM", site="train.py:22 in main")
+        if last and r.rank == 3:
+            site = "train.py:31 in main" if wrong_group else "train.py:40 in main"
+            r.coll("all_reduce", 1, "", "other", group=tp[3], redop="SUM", site=site, done=False)
+            return
+        if last and r.rank == 2:  # waits in tp for rank 3's next activations
+            r.coll("all_reduce", 64, "", "other", group=tp[2], redop="SUM", site="train.py:22 in main", done=False)
+            return
+        r.coll("all_reduce", 1, "", "other", group=dp[r.rank], redop="SUM", site="train.py:31 in main",
+               done=not (last and r.rank == 1))  # fmt: skip
+
+    for r in rs:
+        for s in range(3):
+            step(r, last=s == 2)
+    return diagnose(read_run(str(tmp_path)))
+
+
+def test_the_call_the_others_wait_for_in_another_group_of_the_culprits_is_a_group_misconfig(tmp_path: Path) -> None:
+    dx = _mesh_loss_on(tmp_path, wrong_group=True)
+    assert dx.culprits == (3,)
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (
+        Cause.GROUP_MISCONFIG,
+        Confidence.MEDIUM,
+    )
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.GROUP_APART] == [
+        ((3,), GroupApart("mesh_dp", "train.py:31 in main", (1,)))
+    ]
+
+
+def test_another_call_from_a_line_no_rank_waits_on_elsewhere_stays_control_flow(tmp_path: Path) -> None:
+    dx = _mesh_loss_on(tmp_path, wrong_group=False)
+    assert dx.culprits == (3,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert not any(e.clue is Clue.GROUP_APART for e in dx.finding.evidence)

@@ -15,6 +15,7 @@ from colltrace.analysis.results import (
     Divergence,
     Evidence,
     Finding,
+    GroupApart,
     InSpan,
     Lateness,
     RankEnd,
@@ -700,6 +701,9 @@ def other_call(f: Facts) -> Finding | None:
     if f.d is None or f.d.kind not in (Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP) or not f.culprits:
         return None
     if _other_call(f):
+        apart = _group_apart(f)
+        if apart is not None:  # GROUP_APART: the right call, in the wrong one of its groups
+            return Finding(Cause.GROUP_MISCONFIG, Confidence.MEDIUM, (Evidence(Clue.GROUP_APART, f.culprits, apart),))
         return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.OTHER_CALL, f.culprits),))
     if f.deviates and _other_root(f):
         # a broadcast (reduce, gather, scatter) from another root than the others', where the culprit issued
@@ -707,6 +711,27 @@ def other_call(f: Facts) -> Finding | None:
         # chose at run time (a parameter group added on one rank re-partitions what each rank owns); not
         # the same one with another size, which a setting fixed from the start makes
         return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, (Evidence(Clue.OTHER_CALL, f.culprits, "root"),))
+    return None
+
+
+def _group_apart(f: Facts) -> GroupApart | None:
+    """GROUP_APART: the culprits' divergent record comes from the line of code that other ranks are blocked in
+    on another group, one every culprit is a member of (a device mesh's other dimension): the call the others
+    wait for there, issued in the wrong group, the group argument worked out otherwise on the culprits (GROUP_APART). None
+    where they issued from several lines, or no rank waits on that line elsewhere."""
+    d = f.d
+    lines = {line for ranks, line in f.sites if set(ranks) & set(f.culprits)}
+    if d is None or len(lines) != 1 or not next(iter(lines)):
+        return None
+    line = lines.pop()
+    elsewhere: dict[str, list[int]] = {}
+    for r, e in f.ends.items():
+        b = e.blocked
+        if r not in f.culprits and b is not None and b.site == line and b.group != d.group:
+            elsewhere.setdefault(b.group, []).append(r)
+    for group, waiting in sorted(elsewhere.items()):
+        if set(f.culprits) <= set(align.members(f.run, group, f.streams)):
+            return GroupApart(align.label(f.run, group), line, tuple(waiting))
     return None
 
 

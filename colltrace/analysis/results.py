@@ -90,6 +90,7 @@ class Clue(str, enum.Enum):
     ROOT_APART = "root_apart"  # the same collective from the same line, another root (detail: (its, theirs))
     HANDLING = "handling"  # the culprit issued it while handling its own exception (detail: events.Handling)
     SIGNALLED = "signalled"  # it caught a signal it handles itself, none of the others did (events.SignalCaught)
+    GROUP_APART = "group_apart"  # issued from the line the others issue in another group it is in (GroupApart)
     EXITED = "exited"  # torchrun found it ended so first, before it stopped the others (detail: events.Exit)
     THREAD_DIED = "thread_died"  # a thread of the rank's own died of an exception (detail: events.ThreadError)
     OUTLIVED = "outlived"  # a rank still in the collective, not failed, long after the others timed out there
@@ -170,6 +171,15 @@ class PeersApart:
 
     over: tuple[int, ...]  # sent one transfer more than they received / waited on for one they never sent
     under: tuple[int, ...]  # sent one fewer than they wait for / whose transfer to it waits unreceived
+
+
+@dataclass(frozen=True, slots=True)
+class GroupApart:
+    """GROUP_APART: the group the others issue the culprit's divergent call in, from the same line."""
+
+    group: str  # its label
+    line: str  # the user's line both come from
+    waiting: tuple[int, ...]  # the ranks blocked there on it
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +303,7 @@ class RankEnd:
 Detail: TypeAlias = (
     str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
     | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | DtypeChange | RankEnd | Handling | ThreadError
-    | SignalCaught | Exit
+    | SignalCaught | Exit | GroupApart
     | None
 )  # fmt: skip
 

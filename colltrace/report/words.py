@@ -9,6 +9,7 @@ from colltrace.analysis.results import (
     Diagnosis,
     DtypeChange,
     Evidence,
+    GroupApart,
     InSpan,
     Lateness,
     PeersApart,
@@ -263,6 +264,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.THREAD_DIED: _thread_died(who, d),
         Clue.SIGNALLED: _signalled(who, d),
         Clue.EXITED: _exited(who, d),
+        Clue.GROUP_APART: _group_apart(who, d),
         Clue.ROOT_APART: f"{who} issued the same collective from the same line of code as the others, with root "
         f"{_pair(d)[0]} where they passed {_pair(d)[1]}: the src/dst argument is worked out otherwise on "
         f"{'it' if s else 'them'} (a rank-dependent helper, a stale setting), not a branch",
@@ -632,6 +634,17 @@ def _thread_died(who: str, d: Detail) -> str:
     return (
         f"{who}'s thread{name} died of {_raised(d)}: its main thread may be waiting for what that thread "
         "was to hand it (a batch, an upload's end, a lock it held)"
+    )
+
+
+def _group_apart(who: str, d: Detail) -> str:
+    """Clue GROUP_APART: the call the others wait for in a group of the culprit's, issued in another group."""
+    if not isinstance(d, GroupApart):
+        return f"{who} issued from the same line as the others, in another group"
+    return (
+        f"{who} issued from `{d.line}` the collective that {_were(d.waiting)} blocked in on "
+        f"{group_text(d.group)} from that same line, a group {who} is in, but issued it in this group: the "
+        "group argument is worked out otherwise on it (a device mesh's other dimension, a leftover group)"
     )
 
 
