@@ -101,3 +101,18 @@ def test_a_typed_detail_keeps_its_json_string_and_is_said_from_its_values(ev: Ev
     assert detail_text(ev) == detail
     assert said in words.evidence_text(ev)
     assert hash(ev) == hash(Evidence(ev.clue, ev.ranks, ev.detail))  # deduplicated with dict.fromkeys
+
+
+def test_what_to_check_when_no_rank_can_be_blamed_points_at_where_each_issued_not_at_a_culprit() -> None:
+    """Two ranks disagree and nothing tells which is wrong (Flight Recorder's dumps of a 2-rank divergence): no
+    culprit's logs to read; where each issued its record is what to look at."""
+    from pathlib import Path
+
+    from colltrace.analysis.diagnose import diagnose
+    from colltrace.trace.reader import read_run
+
+    run_dir = Path(__file__).resolve().parent.parent / "fixtures" / "control_flow-2ranks" / "flight_recorder"
+    dx = diagnose(read_run(str(run_dir)))
+    assert dx.culprits == () and dx.finding is not None
+    assert words.check_text(dx) == words._CHECK_UNDECIDED
+    assert words._CHECK_UNDECIDED.startswith("where each rank issued its record")

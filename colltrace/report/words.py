@@ -601,7 +601,14 @@ def check_text(dx: Diagnosis) -> str | None:
         return f"{_CHECK_ARGUMENT[d.kind]}; or {CHECK[Cause.CONTROL_FLOW]}"
     if dx.finding.cause is Cause.DTYPE_MISMATCH and d is not None and p2p_ends(d.group) is not None:
         return _CHECK_TRANSFER_DTYPE
+    if dx.finding.cause is Cause.UNKNOWN and not dx.culprits and d is not None and d.seq is not None:
+        return _CHECK_UNDECIDED  # the ranks disagree and nothing says which is wrong: no culprit to look at
     return CHECK.get(dx.finding.cause)
+
+
+_CHECK_UNDECIDED = ("where each rank issued its record (Issued at, above) and the code that leads there: a branch, "
+                    "or an argument, on data or on the rank that sends the ranks apart; the aligned context shows "
+                    "what each issued before")  # fmt: skip
 
 
 # a transfer's two ends each choose their tensor: no policy makes them agree
