@@ -116,3 +116,22 @@ def test_what_to_check_when_no_rank_can_be_blamed_points_at_where_each_issued_no
     assert dx.culprits == () and dx.finding is not None
     assert words.check_text(dx) == words._CHECK_UNDECIDED
     assert words._CHECK_UNDECIDED.startswith("where each rank issued its record")
+
+
+def test_the_json_detail_of_the_newer_facts_is_their_values_comma_separated() -> None:
+    from colltrace.analysis.results import Evidence, GroupApart
+    from colltrace.trace.events import Exit, Handling, SignalCaught, ThreadError
+
+    def text(clue: Clue, d: object) -> str:
+        return detail_text(Evidence(clue, (1,), d))  # type: ignore[arg-type]
+
+    assert text(Clue.EXITED, Exit(-9, "SIGKILL", True, 5)) == "-9,SIGKILL,true"
+    assert text(Clue.EXITED, Exit(3)) == "3,,"
+    assert text(Clue.SIGNALLED, SignalCaught("SIGUSR1", 3)) == "SIGUSR1,3"
+    assert text(Clue.GROUP_APART, GroupApart("mesh_dp", "train.py:31 in main", (1,))) == "mesh_dp,train.py:31 in main,1"
+    assert text(Clue.HANDLING, Handling("ValueError", "bad, label", "train.py:33 in main")) == (
+        "ValueError,train.py:33 in main"
+    )
+    assert text(Clue.THREAD_DIED, ThreadError("ValueError", "producer", "x", "t.py:2 in f")) == (
+        "producer,ValueError,t.py:2 in f"
+    )

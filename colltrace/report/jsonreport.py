@@ -11,6 +11,7 @@ from colltrace.analysis.results import (
     Diagnosis,
     DtypeChange,
     Evidence,
+    GroupApart,
     InSpan,
     Lateness,
     PeersApart,
@@ -23,7 +24,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.streams import Signature, held
 from colltrace.report import words
 from colltrace.trace import schema
-from colltrace.trace.events import Header
+from colltrace.trace.events import Exit, Handling, Header, SignalCaught, ThreadError
 from colltrace.trace.records import Collective, Run
 
 REPORT_VERSION = 1
@@ -300,6 +301,14 @@ def detail_text(e: Evidence) -> str:
         return ",".join(map(str, sorted(d.over + d.under)))
     if isinstance(d, DtypeChange):  # was, now, then the ranks that kept theirs
         return ",".join((d.was, d.now, *map(str, d.kept)))
+    if isinstance(d, (Handling, ThreadError)):  # the exception's type and where it was raised (its message: text)
+        return ",".join((*((d.thread,) if isinstance(d, ThreadError) else ()), d.type, d.where))
+    if isinstance(d, SignalCaught):
+        return f"{d.name},{'' if d.step is None else d.step}"
+    if isinstance(d, Exit):  # the exit code, the signal, whether torchrun found it failed first
+        return f"{d.code},{d.signal},{'' if d.first is None else str(d.first).lower()}"
+    if isinstance(d, GroupApart):
+        return ",".join((d.group, d.line, *map(str, d.waiting)))
     if e.clue is Clue.CREATION_MAJORITY:
         return words.asked_text(d)
     if isinstance(d, tuple):
