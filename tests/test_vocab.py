@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from colltrace.analysis import causes, history, timing
 from colltrace.report import words
-from colltrace.trace.vocab import Phase, SpanKind
+from colltrace.trace.vocab import OpFamily, Phase, SpanKind, op_family
 
 
 def test_every_span_kind_has_its_words_and_what_stopping_in_it_means() -> None:
@@ -19,6 +19,31 @@ def test_every_span_kind_has_its_words_and_what_stopping_in_it_means() -> None:
 def test_a_training_step_is_its_forward_backward_recompute_and_optimizer() -> None:
     assert {Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE, Phase.OPTIMIZER} == history.TRAINING
     assert "forward" in history.TRAINING and "checkpoint" not in history.TRAINING  # values read back from a trace
+
+
+def test_every_op_the_recorder_records_is_of_a_family_and_every_family_has_its_letter() -> None:
+    from colltrace.record import functional, ops
+    from colltrace.trace import schema
+    from colltrace.tui import model
+
+    recorded = {*ops.traced_names(), *functional._TABLE.values()}
+    # OTHER only for what is no collective of its own kind: DDP's parameter check, the functional permute
+    assert {op for op in recorded if op_family(op) is OpFamily.OTHER} == {"_verify_params_across_processes",
+                                                                           "permute_tensor"}  # fmt: skip
+    assert {op_family(op) for op in recorded} == set(OpFamily)  # every member is some recorded op's family
+    p2p = {op for op in ops.traced_names() if ops._TABLE[op][2] == schema.KIND_P2P}
+    assert {op for op in p2p if op_family(op) is OpFamily.SEND} == schema.SEND_OPS  # the recorder's, on its hot path
+    assert {op_family(op) for op in p2p} == {OpFamily.SEND, OpFamily.RECV}
+    # the first rule that matches decides: a reduce-scatter is no scatter, an object all-gather no gather
+    assert op_family("reduce_scatter_tensor") is OpFamily.REDUCE_SCATTER
+    assert op_family("all_gather_object") is OpFamily.ALL_GATHER
+    assert op_family("allgather_into_tensor_coalesced") is OpFamily.ALL_GATHER  # a Flight Recorder dump's name
+    assert op_family("monitored_barrier") == "barrier"  # a value read back from a trace
+    # the TUI's collectives row: a letter for each family a training step is made of, the rest drawn as OTHER's `c`
+    drawn_as_other = {OpFamily.REDUCE, OpFamily.GATHER, OpFamily.SCATTER, OpFamily.BARRIER, OpFamily.SEND,
+                      OpFamily.RECV}  # fmt: skip
+    assert set(model.COMM_MARKS) == set(OpFamily) - drawn_as_other
+    assert {model.family(op) for op in recorded} == set(model.COMM_MARKS)
 
 
 def test_the_recorder_writes_the_vocabulary_values() -> None:

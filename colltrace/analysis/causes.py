@@ -27,8 +27,8 @@ from colltrace.analysis.timing import Straggler, reduces
 from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.events import Handling, SignalCaught
 from colltrace.trace.records import NOT_ENDED, Collective, RankState, Run
-from colltrace.trace.schema import PHASE_JOIN, SEND_OPS
-from colltrace.trace.vocab import Mode, Phase, SpanKind
+from colltrace.trace.schema import PHASE_JOIN
+from colltrace.trace.vocab import Mode, OpFamily, Phase, SpanKind, op_family
 
 # DDP's error at the forward after a backward whose reduction it could not finish (find_unused_parameters=False)
 _DDP_UNFINISHED = "Expected to have finished reduction in the prior iteration"
@@ -303,7 +303,7 @@ def p2p_order(f: Facts) -> Finding | None:
     peers = {b.peer for b in stuck_in if b is not None}
     if not peers <= set(f.cycle):
         return None
-    side = "send" if op in SEND_OPS else "recv"
+    side = "send" if op_family(op) is OpFamily.SEND else "recv"
     return Finding(Cause.P2P_ORDER, Confidence.MEDIUM, (Evidence(Clue.SAME_ORDER, f.cycle, side),))
 
 
@@ -770,7 +770,8 @@ def _resized(f: Facts) -> tuple[int, int] | None:
         st, rs = f.stream(a.rank), f.streams.get(a.rank)
         if a.sig is None or a.sig.op != "all_reduce" or st is None or rs is None:
             return None
-        if any(s is not None and s.op.startswith("reduce_scatter") for g in rs.groups.values() for s in _ops(f, g)):
+        sigs = (s for g in rs.groups.values() for s in _ops(f, g) if s is not None)
+        if any(op_family(s.op) is OpFamily.REDUCE_SCATTER for s in sigs):
             return None
         found = precedent(st, f.d.seq, st.sig_at(f.d.seq))
         was = f.table[found.expected] if found.expected else None
@@ -848,7 +849,7 @@ def _to_barrier(f: Facts) -> bool:
     completing more steps than they had."""
     busy = _doing(f, f.victims)
     theirs = _doing(f, f.culprits)
-    return (bool(theirs) and all(op in _BARRIERS and phase not in TRAINING for op, phase in theirs)
+    return (bool(theirs) and all(op_family(op) is OpFamily.BARRIER and phase not in TRAINING for op, phase in theirs)
             and bool(busy) and all(phase in TRAINING for _, phase in busy)
             and not any(_past(f, r) for r in f.culprits))  # fmt: skip
 
@@ -952,7 +953,7 @@ def unattributed(f: Facts) -> Finding | None:
     so do a rank-only collective and a barrier after a loop left early."""
     if f.d is None or _attributed(f):
         return None
-    barrier = bool(f.sigs(f.culprits)) and all(s.op in _BARRIERS for s in f.sigs(f.culprits))
+    barrier = bool(f.sigs(f.culprits)) and all(op_family(s.op) is OpFamily.BARRIER for s in f.sigs(f.culprits))
     if f.d.kind not in (Kind.MISSING, Kind.EXTRA) and not barrier:
         return None
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
@@ -985,9 +986,6 @@ def find(f: Facts) -> Finding:
                 return Finding(got.cause, got.confidence, (*got.evidence, ev))
             return got
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
-
-
-_BARRIERS = frozenset({"barrier", "monitored_barrier"})
 
 
 def _grad(f: Facts) -> bool:

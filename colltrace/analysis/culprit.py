@@ -24,8 +24,7 @@ from colltrace.analysis.streams import GroupStream, RankStreams, SigTable, p2p_e
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
 from colltrace.trace.records import RankState, Run
-from colltrace.trace.schema import SEND_OPS
-from colltrace.trace.vocab import Phase
+from colltrace.trace.vocab import OpFamily, Phase, op_family
 
 
 class Blame(NamedTuple):
@@ -336,7 +335,7 @@ def sending_cycle(cycle: tuple[int, ...], ends: dict[int, RankEnd]) -> Blame | N
     peers = set()
     for r in cycle:
         b = ends[r].blocked if r in ends else None
-        if b is None or b.kind != "p2p" or b.op not in SEND_OPS or b.peer not in cycle:
+        if b is None or b.kind != "p2p" or op_family(b.op) is not OpFamily.SEND or b.peer not in cycle:
             return None
         peers.add(b.peer)
     if peers != set(cycle):

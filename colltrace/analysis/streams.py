@@ -14,7 +14,7 @@ import numpy as np
 from colltrace.analysis import workers
 from colltrace.trace import schema
 from colltrace.trace.records import RankTrace, Run
-from colltrace.trace.vocab import Phase
+from colltrace.trace.vocab import OpFamily, Phase, op_family
 
 if TYPE_CHECKING:
     from colltrace.trace.store import Slots
@@ -157,13 +157,17 @@ def numbered(p2p: bool, seq: int | None) -> str:
     return f"transfer {seq}" if p2p else f"seq {seq}"
 
 
+_SEND = OpFamily.SEND  # looked up once: `direction` runs per transfer drawn and per stream built
+
+
 def is_send(op: str) -> bool:
-    return op in schema.SEND_OPS
+    """A transfer's send (send, isend, send_object_list), not its receive."""
+    return op_family(op) is _SEND
 
 
 def direction(group: str, rank: int, peer: int, op: str) -> str:
     """The p2p stream a rank's send or receive to or from `peer` belongs to (the same on both sides)."""
-    return p2p_key(group, rank, peer) if op in schema.SEND_OPS else p2p_key(group, peer, rank)
+    return p2p_key(group, rank, peer) if op_family(op) is _SEND else p2p_key(group, peer, rank)
 
 
 # The signature's fields, as two raw byte strings per slot (a hashable key, decoded once per distinct value):
@@ -222,8 +226,9 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         if kind == schema.KIND_P2P:
             # both sides of a transfer share one signature: its direction and the size sent, the size the
             # receiver posted (a receive's tensor is its output)
-            src, dst = (rank, peer) if op in schema.SEND_OPS else (peer, rank)
-            size = nin if op in schema.SEND_OPS else nout
+            send = op_family(op) is _SEND
+            src, dst = (rank, peer) if send else (peer, rank)
+            size = nin if send else nout
             # the recorder writes a transfer's tag where a collective's reduce op goes ("tag=7"; "" for 0)
             return direction(g, rank, peer, op), table.intern(
                 Signature("p2p", f"{src}->{dst}", size, dtype, redop, -1, "", "")

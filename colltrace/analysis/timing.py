@@ -21,7 +21,7 @@ from colltrace.analysis import clock, intervals
 from colltrace.analysis.streams import RankStreams, SigTable
 from colltrace.analysis.timeline import Call, Timeline, columns, timeline
 from colltrace.trace.records import Run
-from colltrace.trace.vocab import Phase, SpanKind
+from colltrace.trace.vocab import OpFamily, Phase, SpanKind, op_family
 
 # -- the breakdown's categories --------------------------------------------------------------------
 
@@ -59,21 +59,7 @@ MIN_STEP_LATE_NS = 10_000_000  # a step counts as late from 10 ms of others' wai
 _STRAGGLERS = 5  # ranked and reported
 
 
-def op_family(op: str) -> str:
-    if "all_gather" in op or op.startswith("allgather"):
-        return "all_gather"
-    if "reduce_scatter" in op:
-        return "reduce_scatter"
-    if op.startswith("all_reduce"):
-        return "all_reduce"
-    if op.startswith("all_to_all"):
-        return "all_to_all"
-    if "broadcast" in op:
-        return "broadcast"
-    return op
-
-
-_REDUCING = frozenset({"reduce_scatter", "all_reduce", "reduce"})
+_REDUCING = frozenset({OpFamily.REDUCE_SCATTER, OpFamily.ALL_REDUCE, OpFamily.REDUCE})
 
 
 def reduces(op: str) -> bool:
@@ -82,7 +68,7 @@ def reduces(op: str) -> bool:
 
 
 def wait_category(op: str) -> str:
-    if op_family(op) == "all_gather":
+    if op_family(op) is OpFamily.ALL_GATHER:
         return ALLGATHER_WAIT
     return REDUCE_WAIT if reduces(op) else COMM_WAIT
 
@@ -92,11 +78,11 @@ def bus_factor(op: str, n: int) -> float | None:
     if n < 1:
         return None
     fam = op_family(op)
-    if fam == "all_reduce":
+    if fam is OpFamily.ALL_REDUCE:
         return 2 * (n - 1) / n
-    if fam in ("all_gather", "reduce_scatter", "all_to_all"):
+    if fam in (OpFamily.ALL_GATHER, OpFamily.REDUCE_SCATTER, OpFamily.ALL_TO_ALL):
         return (n - 1) / n
-    if fam in ("broadcast", "reduce"):
+    if fam in (OpFamily.BROADCAST, OpFamily.REDUCE):
         return 1.0
     return None
 
@@ -260,7 +246,7 @@ class _Calls:
             return np.stack((self.t0, self.t1), axis=1)
         return np.stack((self.t0[sel], self.t1[sel]), axis=1)
 
-    def of_family(self, family: str) -> Any:
+    def of_family(self, family: OpFamily) -> Any:
         return np.isin(self.op, [i for i, f in enumerate(self.families) if f == family])
 
 
@@ -400,8 +386,8 @@ def rank_timing(tl: Timeline) -> RankTiming:
         codes = [i for i, name in enumerate(calls.groups) if name == g]
         gc = intervals.merge(calls.ivs(np.isin(calls.group, codes) & ended))
         groups[g] = Overlap(intervals.total(gc), intervals.total(intervals.intersect(gc, compute)), spans)
-    ag = calls.ivs(calls.of_family("all_gather"))
-    rs = calls.ivs(calls.of_family("reduce_scatter"))
+    ag = calls.ivs(calls.of_family(OpFamily.ALL_GATHER))
+    rs = calls.ivs(calls.of_family(OpFamily.REDUCE_SCATTER))
     return RankTiming(tl.rank, tl.host, tuple(steps), whole, groups, intervals.max_depth(ag), intervals.max_depth(rs),
                       spans)  # fmt: skip
 

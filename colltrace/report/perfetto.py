@@ -19,9 +19,9 @@ from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
 from colltrace.analysis.streams import is_send
 from colltrace.analysis.timeline import Timeline, stream_of
-from colltrace.analysis.timing import op_family
 from colltrace.report import words
 from colltrace.trace.records import Run
+from colltrace.trace.vocab import OpFamily, op_family
 
 DEFAULT_LAST_STEPS = 20  # steps exported when no window is asked for
 DEFAULT_MAX_RANKS = 64  # ranks exported when none are asked for (the culprits always among them)
@@ -193,7 +193,7 @@ def _rank(
                 flows[(stream_of(r, c), c.seq)].append((0 if c.p2p and is_send(c.op) else 1, c.t0, r, tid + lane))
         tid += max(call_lanes, default=0) + 1
     # all-gathers in flight, as a counter track
-    gathers = [(c.t0, tl.end(c.t1)) for cs in by_group.values() for c in cs if op_family(c.op) == "all_gather"]
+    gathers = [(c.t0, tl.end(c.t1)) for cs in by_group.values() for c in cs if op_family(c.op) is OpFamily.ALL_GATHER]
     for t, n in intervals.depth(gathers):
         ev.out.append({"ph": "C", "pid": r, "name": "all-gathers in flight", "ts": ev.us(t), "args": {"n": n}})
 

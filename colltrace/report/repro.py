@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
-from colltrace.analysis.streams import p2p_key
+from colltrace.analysis.streams import direction
 from colltrace.analysis.vocab import Verdict
 from colltrace.report import words
 from colltrace.report.replay_script import BODY
-from colltrace.trace import schema
 from colltrace.trace.reader import TraceError, read_run
 from colltrace.trace.records import Collective, RankState, Run
 
@@ -97,10 +96,7 @@ def _mattering(run: Run, dx: Diagnosis, members: dict[str, tuple[int, ...]]) -> 
 
 
 def _stream(c: Collective) -> str:
-    if c.kind == "p2p":
-        src, dst = (c.rank, c.peer) if c.op in schema.SEND_OPS else (c.peer, c.rank)
-        return p2p_key(c.group, src, dst)
-    return c.group
+    return direction(c.group, c.rank, c.peer, c.op) if c.kind == "p2p" else c.group
 
 
 def _module_path(name: str) -> str | None:

@@ -19,13 +19,13 @@ from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis, Evidence
 from colltrace.analysis.streams import Signature, p2p_ends
 from colltrace.analysis.timeline import Call, Span, Timeline, stream_of
-from colltrace.analysis.timing import TAIL, Straggler, op_family, read_line
+from colltrace.analysis.timing import TAIL, Straggler, read_line
 from colltrace.report import jsonreport, markdown
 from colltrace.report.words import group_text, ranks_text
 from colltrace.trace import live
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import RankState, Run
-from colltrace.trace.vocab import SpanKind
+from colltrace.trace.vocab import OpFamily, SpanKind, op_family
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +49,16 @@ SPAN_MARKS: dict[str, Mark] = {  # by span kind (SpanKind, every one: a test che
     SpanKind.PHASE: Mark("P", "white on grey37", "phase", "a `colltrace.phase` block"),
 }
 UNKNOWN_SPAN = Mark("?", "black on bright_white", "", "")  # a span kind this table does not know
-COMM_MARKS = {  # by collective family (analysis.timing.op_family; each family of the recorder's ops, a test
-    # checks), and "other": the collectives row
-    "all_gather": Mark("G", "black on bright_green", "AG", "all-gather"),
-    "reduce_scatter": Mark("S", "black on bright_blue", "RS", "reduce-scatter"),
-    "all_reduce": Mark("A", "black on bright_magenta", "AR", "all-reduce"),
-    "broadcast": Mark("b", "black on bright_white", "bcast", "broadcast"),
-    "all_to_all": Mark("X", "black on bright_white", "a2a", "all-to-all"),
-    "other": Mark("c", "black on bright_white", "other", "any other collective or transfer"),
+COMM_MARKS: dict[str, Mark] = {  # by op family (OpFamily): the collectives row. The families a training step is
+    # made of have their own letter, the rest are drawn as OTHER (a test checks which)
+    OpFamily.ALL_GATHER: Mark("G", "black on bright_green", "AG", "all-gather"),
+    OpFamily.REDUCE_SCATTER: Mark("S", "black on bright_blue", "RS", "reduce-scatter"),
+    OpFamily.ALL_REDUCE: Mark("A", "black on bright_magenta", "AR", "all-reduce"),
+    OpFamily.BROADCAST: Mark("b", "black on bright_white", "bcast", "broadcast"),
+    OpFamily.ALL_TO_ALL: Mark("X", "black on bright_white", "a2a", "all-to-all"),
+    OpFamily.OTHER: Mark("c", "black on bright_white", "other", "any other collective or transfer"),
 }
+_DRAWN_AS = {f: f if f in COMM_MARKS else OpFamily.OTHER for f in OpFamily}
 IDLE = " "
 STATE_WORD = {  # how a rank ended, in the lane's label (every RankState: a test checks)
     RankState.FINISHED: "done",
@@ -71,10 +72,9 @@ STATE_WORD = {  # how a rank ended, in the lane's label (every RankState: a test
 }
 
 
-def family(op: str) -> str:
-    """The key of COMM_MARKS for an op."""
-    fam = op_family(op)
-    return fam if fam in COMM_MARKS else "other"
+def family(op: str) -> OpFamily:
+    """The key of COMM_MARKS for an op: its family, or OTHER where that has no letter of its own."""
+    return _DRAWN_AS[op_family(op)]
 
 
 @dataclass(frozen=True, slots=True)
