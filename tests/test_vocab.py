@@ -38,6 +38,8 @@ def test_every_op_the_recorder_records_is_of_a_family_and_every_family_has_its_l
     assert op_family("reduce_scatter_tensor") is OpFamily.REDUCE_SCATTER
     assert op_family("all_gather_object") is OpFamily.ALL_GATHER
     assert op_family("allgather_into_tensor_coalesced") is OpFamily.ALL_GATHER  # a Flight Recorder dump's name
+    assert op_family("_allgather_base") is OpFamily.ALL_GATHER  # ... and two more of them
+    assert op_family("allreduce_coalesced") is OpFamily.ALL_REDUCE
     assert op_family("monitored_barrier") == "barrier"  # a value read back from a trace
     # the TUI's collectives row: a letter for each family a training step is made of, the rest drawn as OTHER's `c`
     drawn_as_other = {OpFamily.REDUCE, OpFamily.GATHER, OpFamily.SCATTER, OpFamily.BARRIER, OpFamily.SEND,

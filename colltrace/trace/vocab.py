@@ -70,11 +70,11 @@ def op_family(op: str) -> OpFamily:
     """The family of an op as the recorder names it (torch.distributed's function, the functional collective's
     op) or as a Flight Recorder dump does (`allgather_into_tensor_coalesced`). The first rule that matches
     decides: `reduce_scatter_tensor` is no scatter, `all_gather_object` no gather."""
-    if "all_gather" in op or op.startswith("allgather"):
+    if "all_gather" in op or "allgather" in op:  # Flight Recorder's `_allgather_base` too
         return OpFamily.ALL_GATHER
     if "reduce_scatter" in op:
         return OpFamily.REDUCE_SCATTER
-    if op.startswith("all_reduce"):
+    if op.startswith(("all_reduce", "allreduce")):  # Flight Recorder's `allreduce_coalesced` too
         return OpFamily.ALL_REDUCE
     if op.startswith("all_to_all"):
         return OpFamily.ALL_TO_ALL
