@@ -58,10 +58,14 @@ def install(patches: Patches, run_dir: str | None) -> bool:
     if capture is not None:
 
         def _capture_process_failures(self: Any, done_local_ranks: set[int]) -> Any:
-            had = bool(self._failures)
+            had = bool(getattr(self, "_failures", None))
             out = capture(self, done_local_ranks)
-            if not had and self._failures:
-                setattr(self, FIRST, frozenset(self._failures))
+            try:  # never in torchrun's way: a context without _failures is left as it is
+                failures = getattr(self, "_failures", None)
+                if not had and failures:
+                    setattr(self, FIRST, frozenset(failures))
+            except Exception:
+                pass
             return out
 
         patches.set(context, "_capture_process_failures", _capture_process_failures)
