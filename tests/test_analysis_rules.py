@@ -1929,17 +1929,20 @@ def test_a_rank_waiting_outside_collectives_with_no_thread_dead_is_not_called_an
     assert not any(e.clue is Clue.THREAD_DIED for e in dx.finding.evidence)
 
 
-def _replica_leaves(tmp_path: Path, signalled: bool) -> Diagnosis:
+def _replica_leaves(tmp_path: Path, signalled: bool, at_step: int = 3) -> Diagnosis:
     """Three data-parallel replicas reduce gradients each step; after step 3 rank 1 exits cleanly and the others
     time out in step 3's reduction. With `signalled`, rank 1 caught SIGUSR1 (a preemption notice its script
-    handles) in that step, as recorded from the wakeup fd."""
+    handles) at `at_step`, as recorded from the wakeup fd."""
     rs = ranks(str(tmp_path), 3)
     for r in rs:
         for _ in range(3):
+            if signalled and r.rank == 1 and r.step == at_step:
+                r.w.event({"ev": "signal_caught", "signal": "SIGUSR1", "step": at_step,
+                           "t_ns": 1_700_000_000_003_000_000})  # fmt: skip
             r.coll("all_reduce", 756, "", "backward", redop="SUM")
             r.step += 1
             r.w.event({"ev": "step", "step": r.step})
-    if signalled:
+    if signalled and at_step == 3:
         rs[1].w.event({"ev": "signal_caught", "signal": "SIGUSR1", "step": 3, "t_ns": 1_700_000_000_003_000_000})
     rs[1].footer()
     for r in (rs[0], rs[2]):
@@ -1958,6 +1961,13 @@ def test_a_replica_that_leaves_after_a_signal_only_it_caught_decided_so_its_data
     assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.SIGNALLED] == [
         ((1,), SignalCaught("SIGUSR1", 3, 1_700_000_000_003_000_000))
     ]
+
+
+def test_a_signal_caught_steps_before_a_replica_left_says_nothing_of_why_it_left(tmp_path: Path) -> None:
+    dx = _replica_leaves(tmp_path, signalled=True, at_step=0)
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
+    assert not any(e.clue is Clue.SIGNALLED for e in dx.finding.evidence)
 
 
 def test_a_replica_that_leaves_with_no_signal_is_still_taken_for_data_run_out(tmp_path: Path) -> None:

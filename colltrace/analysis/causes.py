@@ -910,16 +910,20 @@ def exited_early(f: Facts) -> Finding | None:
 
 
 def _signalled(f: Facts) -> SignalCaught | None:
-    """The signal each culprit handled itself (a preemption notice) before it left, where none of the ranks
-    left waiting caught one: the last of the first culprit's; None otherwise."""
+    """The signal each culprit handled itself (a preemption notice) in the step it left, where none of the ranks
+    left waiting caught one: the first culprit's; None otherwise. One caught steps before (a timer at the
+    start) says nothing of why it left."""
 
     def last(rank: int) -> SignalCaught | None:
         rt = f.run.ranks.get(rank)
         return rt.caught[-1] if rt is not None and rt.caught else None
 
     caught = [last(r) for r in f.culprits]
-    if not all(caught) or any(last(v) is not None for v in f.victims):
+    if any(last(v) is not None for v in f.victims):
         return None
+    for r, c in zip(f.culprits, caught):
+        if c is None or c.step is None or r not in f.ends or c.step < f.ends[r].steps - 1:
+            return None
     return caught[0]
 
 
