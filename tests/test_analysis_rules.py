@@ -2072,6 +2072,7 @@ def test_the_call_the_others_wait_for_in_another_group_of_the_culprits_is_a_grou
     assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.GROUP_APART] == [
         ((3,), GroupApart("mesh_dp", "train.py:31 in main", (1,)))
     ]
+    assert words.check_text(dx) == words._CHECK_GROUP_ARGUMENT  # the argument, not how the groups were built
 
 
 def test_another_call_from_a_line_no_rank_waits_on_elsewhere_stays_control_flow(tmp_path: Path) -> None:

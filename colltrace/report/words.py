@@ -603,7 +603,15 @@ def check_text(dx: Diagnosis) -> str | None:
         return _CHECK_TRANSFER_DTYPE
     if dx.finding.cause is Cause.UNKNOWN and not dx.culprits and d is not None and d.seq is not None:
         return _CHECK_UNDECIDED  # the ranks disagree and nothing says which is wrong: no culprit to look at
+    if any(e.clue is Clue.GROUP_APART for e in dx.finding.evidence):
+        return _CHECK_GROUP_ARGUMENT  # the groups are fine: one call was handed the wrong one
     return CHECK.get(dx.finding.cause)
+
+
+_CHECK_GROUP_ARGUMENT = ("the group the culprit passed to that collective (group=, a DeviceMesh dimension such as "
+                         "mesh['dp'] or mesh.get_group(...)): every rank must pass its own group of the same kind "
+                         "there; a rank-dependent choice or a group variable left over from other code sends it "
+                         "elsewhere")  # fmt: skip
 
 
 _CHECK_UNDECIDED = ("where each rank issued its record (Issued at, above) and the code that leads there: a branch, "
