@@ -728,6 +728,17 @@ def test_a_barrier_after_a_save_on_rank_0_only_is_control_flow_not_data_that_ran
     assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.SAVED_APART] == [((0,), "torch.save")]
 
 
+def _stuck_in_group_creation(rs: list[FakeRank]) -> None:
+    """After the 4 ranks created their groups: rank 1 times out in a scatter on group "3", rank 2 in one on the
+    default group, ranks 0 and 3 hang creating a group (gloo's connect)."""
+    rs[1].coll("scatter", 256, "", "init", group="3", peer=0, done=False, error=True)
+    rs[1].error("RuntimeError", TIMEOUT, in_collective=True)
+    rs[2].coll("scatter", 256, "", "init", peer=0, done=False, error=True)
+    rs[2].error("RuntimeError", TIMEOUT, in_collective=True)
+    for r in (rs[0], rs[3]):
+        r.hang_stacks("_new_process_group_helper", "backend_class = ProcessGroupGloo(")
+
+
 def test_a_rank_that_built_another_mesh_is_named_where_the_others_wait_elsewhere(tmp_path: Path) -> None:
     """A 2-D mesh (dp, tp) = (2, 2); rank 2 builds (1, 4) from a stale TP_SIZE. Every rank takes part in
     every new_group call, so rank 2's calls asked for other members than the rest's. Ranks 0 and 3 are
@@ -741,12 +752,7 @@ def test_a_rank_that_built_another_mesh_is_named_where_the_others_wait_elsewhere
         for calls in layouts[r.rank]:
             for members in calls:
                 r.w.event({"ev": "group_create", "fn": "new_group", "ranks": members, "desc": "", "name": None})
-    rs[1].coll("scatter", 256, "", "init", group="3", peer=0, done=False, error=True)
-    rs[1].error("RuntimeError", TIMEOUT, in_collective=True)
-    rs[2].coll("scatter", 256, "", "init", peer=0, done=False, error=True)
-    rs[2].error("RuntimeError", TIMEOUT, in_collective=True)
-    for r in (rs[0], rs[3]):
-        r.hang_stacks("_new_process_group_helper", "backend_class = ProcessGroupGloo(")
+    _stuck_in_group_creation(rs)
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == (2,)
     assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
@@ -1786,11 +1792,8 @@ def _teacher_sync(tmp_path: Path, site_of: Callable[[int], str]) -> Diagnosis:
     """Four ranks all-reduce each step; at step 2 each broadcasts the EMA teacher, rank 3 from root 2 and the
     others from root 0 (the line of each rank's broadcast: site_of(rank)). Rank 3's broadcast pairs with none."""
     rs = ranks(str(tmp_path), 4)
+    _reduce_steps(rs, 2, 64, "train.py:30 in main")
     for r in rs:
-        for _ in range(2):
-            r.coll("all_reduce", 64, "", "backward", redop="SUM", site="train.py:30 in main")
-            r.step += 1
-            r.w.event({"ev": "step", "step": r.step})
         r.coll("broadcast", 756, "", "other", peer=2 if r.rank == 3 else 0, done=False, error=True,
                site=site_of(r.rank))  # fmt: skip
         r.error("RuntimeError", TIMEOUT, in_collective=True)
@@ -1827,12 +1830,7 @@ def test_a_rank_that_split_the_world_otherwise_is_named_from_its_split_group_cal
         for k, split in enumerate(splits, 1):
             r.w.event({"ev": "group_create", "fn": "split_group", "ranks": split, "desc": "", "call": k,
                        "done": True, "name": None})  # fmt: skip
-    rs[1].coll("scatter", 256, "", "init", group="3", peer=0, done=False, error=True)
-    rs[1].error("RuntimeError", TIMEOUT, in_collective=True)
-    rs[2].coll("scatter", 256, "", "init", peer=0, done=False, error=True)
-    rs[2].error("RuntimeError", TIMEOUT, in_collective=True)
-    for r in (rs[0], rs[3]):
-        r.hang_stacks("_new_process_group_helper", "backend_class = ProcessGroupGloo(")
+    _stuck_in_group_creation(rs)
     run = read_run(str(tmp_path))
     assert all(rt.skipped == 0 for rt in run.ranks.values())
     assert run.ranks[0].group_creations[0].ranks == ((0, 2), (1, 3))
@@ -1847,11 +1845,7 @@ def _save_on_exception(tmp_path: Path, handled: bool) -> Diagnosis:
     name (broadcast_object_list, its own line) while the others all-reduce their bucket; all time out. With
     `handled`, rank 2's error says it was handling its ValueError when that broadcast failed."""
     rs = ranks(str(tmp_path), 3)
-    for r in rs:
-        for _ in range(2):
-            r.coll("all_reduce", 756, "", "backward", redop="SUM", site="train.py:35 in main")
-            r.step += 1
-            r.w.event({"ev": "step", "step": r.step})
+    _reduce_steps(rs, 2, 756, "train.py:35 in main")
     idx = rs[2].coll("broadcast_object_list", 1, "", "other", peer=0, done=False, error=True,
                      site="train.py:16 in save_on_exception")  # fmt: skip
     for r in rs[:2]:
@@ -1882,19 +1876,29 @@ def test_without_what_it_was_handling_the_same_collective_is_a_branch(tmp_path: 
     assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
 
 
+def _reduce_steps(rs: list[FakeRank], steps: int, numel: int, site: str = "") -> None:
+    """Data-parallel replicas: one gradient all-reduce of `numel` per step (from `site`), `steps` optimizer steps."""
+    for r in rs:
+        for _ in range(steps):
+            r.coll("all_reduce", numel, "", "backward", redop="SUM", site=site)
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+
+
+def _time_out(rs: list[FakeRank], numel: int) -> None:
+    """These ranks fail waiting in the next gradient all-reduce (a timeout, a peer gone)."""
+    for r in rs:
+        r.coll("all_reduce", numel, "", "backward", redop="SUM", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+
+
 def _dead_producer(tmp_path: Path, thread_died: bool) -> Diagnosis:
     """Three ranks all-reduce each step; rank 1's main thread then waits in queue.get() for a batch its producer
     thread never hands it (with `thread_died`, that thread died of a ValueError first, and said so); the others
     time out in the next all-reduce, and torchrun stops rank 1 with SIGTERM."""
     rs = ranks(str(tmp_path), 3)
-    for r in rs:
-        for _ in range(2):
-            r.coll("all_reduce", 64, "", "backward", redop="SUM")
-            r.step += 1
-            r.w.event({"ev": "step", "step": r.step})
-    for r in (rs[0], rs[2]):
-        r.coll("all_reduce", 64, "", "backward", redop="SUM", done=False, error=True)
-        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    _reduce_steps(rs, 2, 64)
+    _time_out([rs[0], rs[2]], 64)
     if thread_died:
         rs[1].w.event({"ev": "thread_error", "thread": "producer", "type": "ValueError", "message": "corrupt record",
                        "where": "train.py:21 in produce", "t_ns": 1_700_000_000_002_000_000})  # fmt: skip
@@ -1934,20 +1938,11 @@ def _replica_leaves(tmp_path: Path, signalled: bool, at_step: int = 3) -> Diagno
     time out in step 3's reduction. With `signalled`, rank 1 caught SIGUSR1 (a preemption notice its script
     handles) at `at_step`, as recorded from the wakeup fd."""
     rs = ranks(str(tmp_path), 3)
-    for r in rs:
-        for _ in range(3):
-            if signalled and r.rank == 1 and r.step == at_step:
-                r.w.event({"ev": "signal_caught", "signal": "SIGUSR1", "step": at_step,
-                           "t_ns": 1_700_000_000_003_000_000})  # fmt: skip
-            r.coll("all_reduce", 756, "", "backward", redop="SUM")
-            r.step += 1
-            r.w.event({"ev": "step", "step": r.step})
-    if signalled and at_step == 3:
-        rs[1].w.event({"ev": "signal_caught", "signal": "SIGUSR1", "step": 3, "t_ns": 1_700_000_000_003_000_000})
+    _reduce_steps(rs, 3, 756)
+    if signalled:
+        rs[1].w.event({"ev": "signal_caught", "signal": "SIGUSR1", "step": at_step, "t_ns": 1_700_000_000_003_000_000})
     rs[1].footer()
-    for r in (rs[0], rs[2]):
-        r.coll("all_reduce", 756, "", "backward", redop="SUM", done=False, error=True)
-        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    _time_out([rs[0], rs[2]], 756)
     return diagnose(read_run(str(tmp_path)))
 
 
@@ -1982,14 +1977,8 @@ def _one_dies_unseen(tmp_path: Path, exitcode: int | None) -> Diagnosis:
     others time out in step 2's reduction. With `exitcode`, torchrun's file says it found rank 0 ended so
     first (negative: the signal), and the others after it stopped them (SIGTERM)."""
     rs = ranks(str(tmp_path), 3)
-    for r in rs:
-        for _ in range(2):
-            r.coll("all_reduce", 756, "", "backward", redop="SUM")
-            r.step += 1
-            r.w.event({"ev": "step", "step": r.step})
-    for r in (rs[1], rs[2]):
-        r.coll("all_reduce", 756, "", "backward", redop="SUM", done=False, error=True)
-        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    _reduce_steps(rs, 2, 756)
+    _time_out([rs[1], rs[2]], 756)
     if exitcode is not None:
         lines = [
             {

@@ -14,6 +14,8 @@ from typing import Any
 from colltrace.record.patches import Patches
 from colltrace.trace import schema
 
+FIRST = "_colltrace_first_failed"  # on torch's process context: the local ranks it found failed first
+
 
 def is_launcher() -> bool:
     """This process is torchrun (or `python -m torch.distributed.run`), not one of its workers."""
@@ -70,9 +72,6 @@ def install(patches: Patches, run_dir: str | None) -> bool:
 
         patches.set(context, "_capture_process_failures", _capture_process_failures)
     return True
-
-
-FIRST = "_colltrace_first_failed"  # on torch's process context: the local ranks it found failed first
 
 
 def _workers_run_dir(agent: Any, worker_group: Any) -> str:
