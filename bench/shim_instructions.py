@@ -8,9 +8,9 @@ and 11 N times, and reports the difference per call: outside any module (the cal
 walked to the top and no module is found), inside a stand-in module's forward (the walk finds it),
 and with an adapter serving the call (FSDP's case: no walk); and a compute span begun and ended.
 Beside them the same figure for a yardstick: one dict + orjson.dumps + os.write (whose system call's kernel instructions callgrind does not count, so the
-yardstick is flattered). Then the FSDP2 adapter's wrappers of FSDPParamGroup.unshard and
-post_backward (fsdp.fsdp2_wrappers: the decision and the serving scope in one frame) on a stand-in group,
-beyond the cost of calling the method itself. The last line is one JSON object.
+yardstick is flattered). Then the FSDP2 adapter's wrappers of FSDPState._pre_forward (the unit's serving
+scope and its forward span begun) and FSDPParamGroup.post_backward (fsdp.fsdp2_wrappers: the decision and the
+serving scope in one frame) on a stand-in unit, beyond the cost of calling the hook itself. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -48,51 +48,65 @@ def _stand_in_torch_compiler() -> None:
 
 
 def _adapter_child(mode: str, n: int) -> None:
-    """FSDP2's unshard / post_backward as the FSDP adapter wraps them (fsdp.fsdp2_wrappers), on a stand-in
-    FSDPParamGroup in the forward state."""
+    """FSDP2's hooks as the FSDP adapter wraps them (fsdp.fsdp2_wrappers): FSDPState._pre_forward (the unit's
+    serving scope and its forward span begun) and FSDPParamGroup.post_backward (the reduce-scatter's scope), on a
+    stand-in unit in its forward state, spans on."""
     import enum
     import functools
 
     _stand_in_torch_compiler()  # the wrappers inline the compile check (shim.COMPILING) with torch.compiler's names
     from colltrace.record.fsdp import fsdp2_wrappers
+    from colltrace.record.spans import SpanRecorder
     from colltrace.record.tracer import Tracer
+    from colltrace.trace.writer import TraceWriter
 
     class State(enum.Enum):  # stands in for FSDP2's TrainingState
         FORWARD = 1
         PRE_BACKWARD = 2
 
-    class Group:  # the attributes the decisions read, set as FSDPParamGroup.__init__ sets them
+    class Group:  # the attributes the decisions read, set as FSDPParamGroup.__init__ and lazy_init set them
         def __init__(self) -> None:
             self._module_fqn = "layers.0"
-            self._all_gather_result = None
-            self._sharded_state = "sharded"
             self._training_state = State.FORWARD
-
-        def unshard(self) -> None:
-            pass
 
         def post_backward(self) -> None:
             pass
 
+    class FSDPState:
+        def __init__(self) -> None:
+            self._fsdp_param_groups = [Group()]
+            self._training_state = State.FORWARD
+
+        def _pre_forward(self, module: object, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+            pass
+
+    class Module:
+        training = True
+
+    out = tempfile.mkdtemp()
     tracer = Tracer()
     tracer.ctx.root = Group()  # a root already learned, as after the first forward
     tracer.ctx.graph_task_id = functools.partial(int, -1)  # a C callable, as torch's is; -1: no backward
-    wraps = fsdp2_wrappers(tracer, State.FORWARD, State.PRE_BACKWARD, "unsharded", print)
-    if mode == "unshard":
-        Group.unshard = wraps["unshard"](Group.unshard)  # type: ignore[method-assign]
+    writer = TraceWriter(out, 0, 100_000, False, {})
+    tracer.spans = SpanRecorder(writer, tracer.ctx, lambda: 0)
+    wraps = fsdp2_wrappers(tracer, State.PRE_BACKWARD, print)
+    if mode == "pre_forward":
+        FSDPState._pre_forward = wraps["pre_forward"](FSDPState._pre_forward)  # type: ignore[method-assign]
     elif mode == "post_backward":
         Group.post_backward = wraps["post_backward"](Group.post_backward)  # type: ignore[method-assign]
-    group = Group()
+    unit, module = FSDPState(), Module()
     if mode == "post_backward":
+        group = unit._fsdp_param_groups[0]
         for _ in range(n):
             group.post_backward()
-    else:  # "method": the untraced method, the baseline
+    else:  # "method" (the untraced hook, the baseline) and "pre_forward"
         for _ in range(n):
-            group.unshard()
+            unit._pre_forward(module, (), {})
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def _child(mode: str, n: int) -> None:
-    if mode in ("method", "unshard", "post_backward"):
+    if mode in ("method", "pre_forward", "post_backward"):
         _adapter_child(mode, n)
         return
     import orjson
@@ -196,13 +210,13 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     per = {}
-    for mode in ("bare", "shim", "served", "module", "span", "yardstick", "method", "unshard", "post_backward"):
+    for mode in ("bare", "shim", "served", "module", "span", "yardstick", "method", "pre_forward", "post_backward"):
         per[mode] = (_instructions(mode, 11 * N) - _instructions(mode, N)) / (10 * N)
     per["shim"] -= per["bare"]
     per["served"] -= per["bare"]
     per["module"] -= per["bare"]
     per["span"] -= per["bare"]
-    per["unshard"] -= per["method"]
+    per["pre_forward"] -= per["method"]
     per["post_backward"] -= per["method"]
     print(f"shim: {per['shim']:,.0f} instructions per call outside any module (the caller's frames walked to the top)")
     print(
@@ -211,7 +225,7 @@ def main() -> None:
     print(f"span: {per['span']:,.0f} instructions per span begun and ended")
     print(f"yardstick: {per['yardstick']:,.0f} instructions per call")
     print(
-        f"FSDP2 adapter, beyond the method itself: unshard {per['unshard']:,.0f}, "
+        f"FSDP2 adapter, beyond the hook itself: pre_forward {per['pre_forward']:,.0f}, "
         f"post_backward {per['post_backward']:,.0f} instructions per call (the decision included)"
     )
     ratio = per["shim"] / per["yardstick"]
@@ -219,7 +233,7 @@ def main() -> None:
     print(json.dumps({"shim_instructions": round(per["shim"]), "served_instructions": round(per["served"]), "module_instructions": round(per["module"]),
                       "span_instructions": round(per["span"]),
                       "yardstick_instructions": round(per["yardstick"]), "ratio": round(ratio, 2),
-                      "fsdp2_unshard_wrapper_instructions": round(per["unshard"]),
+                      "fsdp2_pre_forward_wrapper_instructions": round(per["pre_forward"]),
                       "fsdp2_post_backward_wrapper_instructions": round(per["post_backward"])}))  # fmt: skip
 
 

@@ -20,7 +20,9 @@ BLOCKS = ["layers.0", "layers.1", "layers.2"]
 @pytest.fixture(scope="module", params=["2", "1"], ids=["fsdp2", "fsdp1"])
 def fsdp_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     run_dir = tmp_path_factory.mktemp(f"fsdp{request.param}")
-    proc = torchrun("train_fsdp.py", 2, run_dir, FS=request.param, CKPT="1", STEPS=str(STEPS), ACCUM=str(ACCUM))
+    proc = torchrun(
+        "train_fsdp.py", 2, run_dir, FS=request.param, CKPT="1", STEPS=str(STEPS), ACCUM=str(ACCUM), UNSHARD="1"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return request.param, read_run(str(run_dir))
 
@@ -77,6 +79,19 @@ def test_recompute_of_checkpointed_block_is_labelled(fsdp_run) -> None:
             assert [r.module for r in recompute] == expected
             bwd = [r.module for r in recs if r.phase == "backward" and r.op.startswith("all_gather")]
             assert "layers.2" in bwd and "layers.0" in bwd
+
+
+def test_an_unshard_by_hand_names_its_unit(fsdp_run) -> None:
+    """FSDP2's FSDPModule.unshard, called by the job between backward and the last optimizer step: its
+    all-gather serves that unit, outside forward and backward."""
+    version, run = fsdp_run
+    if version != "2":
+        pytest.skip("FSDPModule.unshard is FSDP2's")
+    for rt in run.ranks.values():
+        last = [r for r in rt.records if r.step == STEPS - 1 and r.micro_step == ACCUM - 1]
+        assert [(r.op, r.module, r.phase, r.flavour) for r in last[-1:]] == [
+            ("all_gather_single", "layers.1", "other", "unshard")
+        ]
 
 
 def test_step_advances_at_each_optimizer_step(fsdp_run) -> None:

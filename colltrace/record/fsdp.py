@@ -60,32 +60,46 @@ class FsdpAdapters(Adapter):
         TrainingState = fsdp2_module("_fsdp_common").TrainingState  # noqa: N806 - FSDP2's enum
 
         group_cls = pg_mod.FSDPParamGroup
-        ctx = self.ctx
-        try:
-            unsharded: object = fsdp2_module("_fsdp_param").ShardedState.UNSHARDED
-        except (ImportError, AttributeError):
-            unsharded = object()  # matches nothing: every unshard is attributed
-        failed = self._failed(f"{group_cls.__name__}.unshard/post_backward")
-        wraps = fsdp2_wrappers(self.tracer, TrainingState.FORWARD, TrainingState.PRE_BACKWARD, unsharded, failed)
-        self._patch(group_cls, "unshard", wraps["unshard"])
+        failed = self._failed(f"{group_cls.__name__}'s unshards and post_backward")
+        wraps = fsdp2_wrappers(self.tracer, TrainingState.PRE_BACKWARD, failed)
         if "_prefetch_unshard" in group_cls.__dict__:
             orig = group_cls.__dict__["_prefetch_unshard"]
             func = orig.__func__ if isinstance(orig, staticmethod) else orig
             if not getattr(func, "__colltrace__", False):
-                wrapped = functools.wraps(func)(prefetching(ctx, func))
+                wrapped = functools.wraps(func)(wraps["prefetch"](func))
                 wrapped.__colltrace__ = True  # type: ignore[attr-defined]
                 self.patches.set(group_cls, "_prefetch_unshard", staticmethod(wrapped))
-        self._fsdp2_spans(group_cls, wraps)
-        self._patch(
-            group_cls, "post_backward", wraps["post_backward"]
-        )  # its reduce-scatter's scope; the backward span ends
+        self._fsdp2_hooks(group_cls, wraps)
+        self._patch(group_cls, "post_backward", wraps["post_backward"])  # its reduce-scatter; the backward span ends
+        self._fsdp2_public_unshard(wraps)
         return True
 
-    def _fsdp2_spans(self, group_cls: Any, wraps: dict[str, Wrap]) -> None:
-        """Each unit's forward (FSDPState's pre- to post-forward hook; a recompute when autograd
-        runs a backward) and backward (its param group's pre_backward to post_backward, whose wrapper,
-        fsdp2_wrappers', ends it) as spans. FSDP registers those hooks when
-        fully_shard runs, so a model sharded before tracing started has no forward spans."""
+    def _fsdp2_public_unshard(self, wraps: dict[str, Any]) -> None:
+        """FSDPModule.unshard, the user's own call: its unit, and the phase it is called in."""
+        for name in ("_fully_shard", "fully_shard"):  # torch 2.6 on; 2.4 and 2.5
+            try:
+                module_cls = fsdp2_module(name).FSDPModule
+                break
+            except (ImportError, AttributeError):
+                continue
+        else:
+            return
+        ctx = self.ctx
+        unit_name: Callable[[Any, Any], str] = wraps["unit_name"]
+
+        def decide(ts: ThreadState, module: Any) -> tuple[str, str, str]:
+            state = module._get_fsdp_state()
+            phase = PHASE_BACKWARD if ctx.graph_task_id() != -1 else ctx.current(ts)[1]
+            flavour = f"{UNSHARD}:{ts.labels[-1]}" if ts.labels else UNSHARD
+            return unit_name(state, module), str(phase), flavour
+
+        self._scope(module_cls, "unshard", decide)
+
+    def _fsdp2_hooks(self, group_cls: Any, wraps: dict[str, Any]) -> None:
+        """Each unit's forward unshard and forward span (FSDPState's pre- to post-forward hook; a recompute when
+        autograd runs a backward) and its backward unshard and backward span (its param group's pre_backward to
+        post_backward, whose wrapper, fsdp2_wrappers', ends it). FSDP registers those hooks when fully_shard runs,
+        so a model sharded before tracing started has neither (its collectives are attributed generically)."""
         FSDPState = fsdp2_module("_fsdp_state").FSDPState  # noqa: N806 - FSDP2's class
 
         def hidden(make: Wrap) -> Wrap:
@@ -193,35 +207,21 @@ def fsdp2_module(name: str) -> Any:
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 
-# What FSDP2's FSDPParamGroup.unshard and post_backward run as: the method, with what its collectives serve (module,
-# phase, flavour) as the thread's serving scope, read from the group's own state; post_backward then ends the unit's
-# backward span (begun by pre_backward). One Python frame each, the decision inlined and the method's own parameters
-# taken as they are ({call}, from ops.passthrough): adapter.scoped, the general form, costs three frames and an
-# *args tuple and a **kwargs dict more per call, and an FSDP2 step unshards a dozen times (bench/shim_instructions.py).
-# An error in the decision goes to `failed`, and the method runs unscoped.
-_UNSHARD = """\
-    if self._all_gather_result is not None or self._sharded_state is unsharded:
-        return orig({call})  # FSDP's own no-op (already gathered or gathering)
+# What FSDP2's hooks run as: the method, with what the collectives it issues serve (module, phase, flavour) as the
+# thread's serving scope, read from the unit's own state, and the unit's spans. No wrapper around
+# FSDPParamGroup.unshard itself (a dozen calls a step, most of them FSDP's own no-ops): each of its callers is
+# wrapped instead, FSDPState._pre_forward (the unit's forward unshard, and the recompute's under activation
+# checkpointing), FSDPParamGroup.pre_backward (its backward unshard), _prefetch_unshard (the target's, a
+# prefetch) and FSDPModule.unshard (the user's). One Python frame each, the decision inlined and the method's own
+# parameters taken as they are ({call}, from ops.passthrough): adapter.scoped, the general form, costs three frames
+# and an *args tuple and a **kwargs dict more per call (bench/shim_instructions.py). An error in the decision goes to
+# `failed`, and the method runs unscoped. A compiled unit runs its hooks inside the graph TorchDynamo traces:
+# nothing of ours then.
+_PREFETCH = """\
     try:
         ts = threads_get(get_ident()) or state()
-        if ctx.root is None:  # the model's first forward: learn its root
-            ctx.learn_running()
-        training = self._training_state
-        if training is pre_backward:
-            phase = PHASE_BACKWARD
-        elif training is forward:
-            phase = {forward_phase}
-        elif ctx.graph_task_id() != -1:
-            phase = PHASE_BACKWARD
-        else:
-            phase = ctx.current(ts)[1]
-        if ts.prefetch:
-            flavour = PREFETCH
-        elif ts.labels:
-            flavour = UNSHARD + ":" + ts.labels[-1]
-        else:
-            flavour = UNSHARD
-        serve = (self._module_fqn or fqn(self), phase, flavour)
+        phase = PHASE_BACKWARD if {arg1} == "backward" else {forward_phase}
+        serve = ({arg0}._module_fqn or fqn({arg0}), phase, PREFETCH)
     except Exception as e:
         failed(e)
         return orig({call})
@@ -255,8 +255,24 @@ _POST_BACKWARD = """\
 # found by the unit (SpanRecorder.owned), so its module is named once. A compiled module runs its hooks inside the
 # graph TorchDynamo traces: no span then. An error goes to `span_failed`, and the hook runs.
 _PRE_FORWARD = """\
+    if {compiling}:
+        return orig({call})
+    try:
+        ts = threads_get(get_ident()) or state()
+        if ctx.root is None:  # the model's first forward: learn its root
+            ctx.learn_running()
+        name = units.get(self)
+        if name is None:
+            name = unit_name(self, {module})
+        if self._training_state is pre_backward:  # activation checkpointing's recompute: FSDP's backward unshard
+            serve = (name, PHASE_BACKWARD, UNSHARD + ":" + ts.labels[-1] if ts.labels else UNSHARD)
+        else:
+            serve = (name, {forward_phase}, UNSHARD + ":" + ts.labels[-1] if ts.labels else UNSHARD)
+    except Exception as e:
+        failed(e)
+        return orig({call})
     sp = tracer.spans
-    if sp is not None and not ({compiling}):
+    if sp is not None:
         try:
 {forward_kind}            fixed = sp.owned.get((self, what, mode, get_ident()))
             if fixed is None:
@@ -264,7 +280,12 @@ _PRE_FORWARD = """\
 {begin}            sp.opened[self] = idx
         except Exception as e:
             span_failed(e)
-    return orig({call})
+    old = ts.serve
+    ts.serve = serve
+    try:
+        return orig({call})
+    finally:
+        ts.serve = old
 """
 _POST_FORWARD = """\
     try:
@@ -276,29 +297,43 @@ _POST_FORWARD = """\
             if idx >= 0:
 {end}"""
 _PRE_BACKWARD = """\
+    if self._training_state is pre_backward:  # FSDP's own no-op
+        return orig({call})
+    try:
+        ts = threads_get(get_ident()) or state()
+        name = self._module_fqn or fqn(self)
+        serve = (name, PHASE_BACKWARD, UNSHARD + ":" + ts.labels[-1] if ts.labels else UNSHARD)
+    except Exception as e:
+        failed(e)
+        return orig({call})
     sp = tracer.spans
-    if sp is not None and self._training_state is not pre_backward:  # FSDP's own no-op otherwise
+    if sp is not None:
         try:
             fixed = sp.owned.get((self, BACKWARD, "", get_ident()))
             if fixed is None:
-                fixed = sp.fixed_of(self, BACKWARD, "", self._module_fqn or "<root>")
+                fixed = sp.fixed_of(self, BACKWARD, "", name)
 {begin}            sp.opened[self] = idx
         except Exception as e:
             span_failed(e)
-    return orig({call})
+    old = ts.serve
+    ts.serve = serve
+    try:
+        return orig({call})
+    finally:
+        ts.serve = old
 """
 
 
-def fsdp2_wrappers(
-    tracer: Tracer, forward: object, pre_backward: object, unsharded: object, failed: Callable[[BaseException], None]
-) -> dict[str, Wrap]:
-    """What wraps FSDP2's FSDPParamGroup.unshard, post_backward and pre_backward, and FSDPState._pre_forward and
-    _post_forward (_UNSHARD, _POST_BACKWARD, _PRE_BACKWARD, _PRE_FORWARD, _POST_FORWARD), by name, reading the group's
-    state: forward, pre_backward are its TrainingState values, unsharded ShardedState.UNSHARDED. Plain functions of
-    plain objects, so bench/shim_instructions.py can count them without torch."""
+def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseException], None]) -> dict[str, Any]:
+    """What wraps FSDP2's FSDPState._pre_forward and _post_forward, FSDPParamGroup.pre_backward, post_backward and
+    _prefetch_unshard (_PRE_FORWARD, _POST_FORWARD, _PRE_BACKWARD, _POST_BACKWARD, _PREFETCH), by name, reading the
+    unit's state (pre_backward: its TrainingState value); and "unit_name", the name of what an FSDPState
+    serves (its param group's module FQN). Plain functions of plain objects, so bench/shim_instructions.py can count
+    them without torch."""
     from colltrace.record.shim import COMPILING, compiling_names  # the shim imports the adapters' helpers
 
     ctx = tracer.ctx
+    units: dict[object, str] = {}  # FSDPState -> the unit its collectives serve, once FSDP has named it
 
     def span_failed(exc: BaseException) -> None:
         tracer.warn_once("recording FSDP2 spans failed", exc)
@@ -312,35 +347,61 @@ def fsdp2_wrappers(
         modules = getattr(group, "modules", ())
         return ",".join(ctx.module_name(m) for m in modules) or "?"
 
+    def unit_name(fsdp_state: Any, module: Any) -> str:
+        """What fsdp_state's collectives serve: its (first) param group's module FQN, as FSDP names it at its lazy
+        init (remembered from then on); before that, or for a state without parameters, from the module."""
+        groups = getattr(fsdp_state, "_fsdp_param_groups", None)
+        if not groups:
+            return ctx.module_name(module)
+        name = fqn(groups[0])
+        if getattr(groups[0], "_module_fqn", None) is not None:
+            units[fsdp_state] = name
+        return name
+
     names = {"ctx": ctx, "threads_get": ctx.threads.get, "state": ctx.state, "get_ident": _get_ident, "fqn": fqn,
-             "failed": failed, "tracer": tracer, "forward": forward, "pre_backward": pre_backward,
-             "unsharded": unsharded, "PHASE_BACKWARD": PHASE_BACKWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
+             "failed": failed, "tracer": tracer, "pre_backward": pre_backward, "units": units,
+             "unit_name": unit_name, "PHASE_BACKWARD": PHASE_BACKWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
              "REDUCE_GRAD": REDUCE_GRAD, "BACKWARD": spans.BACKWARD, "span_failed": span_failed,
              **spans.SPAN_NAMES, **spans.KIND_NAMES, **compiling_names()}  # fmt: skip
     parts = {"begin": spans.span_source(spans.BEGIN, 12, "sp"), "end": spans.span_source(spans.END, 16, "sp"),
              "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 12),
              "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING}  # fmt: skip
+    placeholders = ("{call}", "{module}", "{arg0}", "{arg1}")
 
     def maker(name: str, template: str) -> Wrap:
         body = template
         for part, source in parts.items():
             body = body.replace("{" + part + "}", source)
-        # the names the body uses ({call} and {module} become the method's own parameters)
-        used = body.replace("{call}", "").replace("{module}", "")
+        # the names the body uses (the placeholders become the function's own parameters)
+        used = body
+        for placeholder in placeholders:
+            used = used.replace(placeholder, "")
         taken = (set(re.findall(r"[A-Za-z_]\w*", used)) | set(names)) - {"self"}
+        method = re.search(r"\bself\b", used) is not None
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             own = ops.passthrough(orig, taken)
-            if own is None or not own[1].startswith("self"):
-                own = ("self, *args, **kwargs", "self, *args, **kwargs", {})
+            if own is None or (method and not own[1].startswith("self")):
+                own = (
+                    ("self, *args, **kwargs", "self, *args, **kwargs", {})
+                    if method
+                    else ("*args, **kwargs",) * 2 + ({},)
+                )
             params, call, defaults = own
-            # {module}: the method's first argument after self (FSDPState._pre_forward's module)
-            module = call.split(", ")[1] if call.count(", ") and "*" not in call else "args[0]"
-            source = body.replace("{call}", call).replace("{module}", module)
+            # the function's arguments by position ({module}: a method's first after self, FSDPState._pre_forward's
+            # module); with *args, from it (a call that passes them by keyword then runs unscoped: `failed`)
+            if "*" in call:
+                argv = (["self"] if method else []) + [f"args[{i}]" for i in range(2)]
+            else:
+                argv = call.split(", ") + ["args[0]"] * 2
+            source = body.replace("{call}", call).replace("{module}", argv[1])
+            source = source.replace("{arg0}", argv[0]).replace("{arg1}", argv[1])
             return hot_function(name, params, source, {**names, **defaults, "orig": orig}, f"<colltrace FSDP2 {name}>")
 
         return make
 
-    templates = {"unshard": _UNSHARD, "post_backward": _POST_BACKWARD, "pre_backward": _PRE_BACKWARD,
+    templates = {"prefetch": _PREFETCH, "post_backward": _POST_BACKWARD, "pre_backward": _PRE_BACKWARD,
                  "pre_forward": _PRE_FORWARD, "post_forward": _POST_FORWARD}  # fmt: skip
-    return {name: maker(name, template) for name, template in templates.items()}
+    wraps: dict[str, Any] = {name: maker(name, template) for name, template in templates.items()}
+    wraps["unit_name"] = unit_name
+    return wraps

@@ -2,7 +2,8 @@
 
 FS=2 uses fully_shard (FSDP2), FS=1 FullyShardedDataParallel (FSDP1). CKPT=1 wraps layers.1 and
 layers.2 in one reentrant activation checkpoint: in backward FSDP prefetches layers.2, and the
-recompute of layers.1 all-gathers its parameters from inside the recomputed forward.
+recompute of layers.1 all-gathers its parameters from inside the recomputed forward. UNSHARD=1 (FSDP2)
+unshards layers.1 by hand (FSDPModule.unshard) before the last optimizer step.
 """
 
 import os
@@ -16,6 +17,7 @@ FS = os.environ.get("FS", "2")
 STEPS = int(os.environ.get("STEPS", "2"))
 ACCUM = int(os.environ.get("ACCUM", "1"))
 CKPT = os.environ.get("CKPT") == "1"
+UNSHARD = os.environ.get("UNSHARD") == "1" and FS == "2"
 
 
 class Block(nn.Module):
@@ -61,10 +63,13 @@ def main() -> None:
 
         model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(STEPS):
+    for step in range(STEPS):
         for _ in range(ACCUM):
             loss = model(torch.randn(8, 16, requires_grad=True)).sum()
             loss.backward()
+        if UNSHARD and step == STEPS - 1:
+            model.layers[1].unshard()  # type: ignore[operator]
+            model.layers[1].reshard()  # type: ignore[operator]
         opt.step()
         opt.zero_grad()
     dist.destroy_process_group()
