@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from colltrace.record import ops, spans
-from colltrace.record.adapter import Adapter, prefetching
-from colltrace.record.context import FORWARD_PHASE, PHASE_BACKWARD, ThreadState
+from colltrace.record.adapter import Adapter, Serve, prefetching
+from colltrace.record.context import FORWARD_PHASE, PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, ThreadState
 from colltrace.record.hooks import spanned
 from colltrace.trace.vocab import Role
 from colltrace.trace.writer import hot_function
@@ -247,11 +247,13 @@ _POST_BACKWARD = """\
             ts.serve = old
         sp = tracer.spans
         if sp is not None:
-            idx = sp.opened.pop(self, -1)  # the unit's backward span
-            if idx >= 0:
+            at = sp.at.pop(self, None)  # the unit's backward span
+            if at is not None:
+                idx, slot_w = at
 {end}"""
 # The spans of a unit: its forward (FSDPState's pre- to post-forward hook) and its backward (the param group's
-# pre_backward to post_backward, above), each begun and ended inline (spans.BEGIN, END); a unit's fixed parts are
+# pre_backward to post_backward, above), each begun and ended inline (spans.BEGIN, END_AT: its idx and word kept in
+# SpanRecorder.at); a unit's fixed parts are
 # found by the unit (SpanRecorder.owned), so its module is named once. A compiled module runs its hooks inside the
 # graph TorchDynamo traces: no span then. An error goes to `span_failed`, and the hook runs.
 _PRE_FORWARD = """\
@@ -261,23 +263,25 @@ _PRE_FORWARD = """\
         ts = threads_get(get_ident()) or state()
         if ctx.root is None:  # the model's first forward: learn its root
             ctx.learn_running()
-        name = units.get(self)
-        if name is None:
-            name = unit_name(self, {module})
-        if self._training_state is pre_backward:  # activation checkpointing's recompute: FSDP's backward unshard
-            serve = (name, PHASE_BACKWARD, UNSHARD + ":" + ts.labels[-1] if ts.labels else UNSHARD)
+        unit = units.get(self)
+        if unit is None:
+            unit = unit_of(self, {module})
+{forward_kind}        if self._training_state is pre_backward:  # activation checkpointing's recompute: FSDP's backward unshard
+            serve = unit[2]
         else:
-            serve = (name, {forward_phase}, UNSHARD + ":" + ts.labels[-1] if ts.labels else UNSHARD)
+            serve = unit[0] if what is PHASE_FORWARD else unit[1]
+        if ts.labels:
+            serve = (serve[0], serve[1], UNSHARD + ":" + ts.labels[-1])
     except Exception as e:
         failed(e)
         return orig({call})
     sp = tracer.spans
     if sp is not None:
         try:
-{forward_kind}            fixed = sp.owned.get((self, what, mode, get_ident()))
+            fixed = sp.owned.get((self, what, mode, get_ident()))
             if fixed is None:
                 fixed = sp.fixed_of(self, what, mode, ctx.module_name({module}))
-{begin}            sp.opened[self] = idx
+{begin}            sp.at[self] = idx, slot_w
         except Exception as e:
             span_failed(e)
     old = ts.serve
@@ -293,16 +297,20 @@ _POST_FORWARD = """\
     finally:
         sp = tracer.spans
         if sp is not None:
-            idx = sp.opened.pop(self, -1)
-            if idx >= 0:
+            at = sp.at.pop(self, None)
+            if at is not None:
+                idx, slot_w = at
 {end}"""
 _PRE_BACKWARD = """\
     if self._training_state is pre_backward:  # FSDP's own no-op
         return orig({call})
     try:
         ts = threads_get(get_ident()) or state()
-        name = self._module_fqn or fqn(self)
-        serve = (name, PHASE_BACKWARD, UNSHARD + ":" + ts.labels[-1] if ts.labels else UNSHARD)
+        serve = units.get(self)
+        if serve is None:
+            serve = backward_unshard(self)
+        if ts.labels:
+            serve = (serve[0], serve[1], UNSHARD + ":" + ts.labels[-1])
     except Exception as e:
         failed(e)
         return orig({call})
@@ -311,8 +319,8 @@ _PRE_BACKWARD = """\
         try:
             fixed = sp.owned.get((self, BACKWARD, "", get_ident()))
             if fixed is None:
-                fixed = sp.fixed_of(self, BACKWARD, "", name)
-{begin}            sp.opened[self] = idx
+                fixed = sp.fixed_of(self, BACKWARD, "", serve[0])
+{begin}            sp.at[self] = idx, slot_w
         except Exception as e:
             span_failed(e)
     old = ts.serve
@@ -333,7 +341,8 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
     from colltrace.record.shim import COMPILING, compiling_names  # the shim imports the adapters' helpers
 
     ctx = tracer.ctx
-    units: dict[object, str] = {}  # FSDPState -> the unit its collectives serve, once FSDP has named it
+    # FSDPState -> what its forward unshard serves (unit_of); FSDPParamGroup -> what its backward unshard serves
+    units: dict[object, Any] = {}
 
     def span_failed(exc: BaseException) -> None:
         tracer.warn_once("recording FSDP2 spans failed", exc)
@@ -349,22 +358,35 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
 
     def unit_name(fsdp_state: Any, module: Any) -> str:
         """What fsdp_state's collectives serve: its (first) param group's module FQN, as FSDP names it at its lazy
-        init (remembered from then on); before that, or for a state without parameters, from the module."""
+        init; before that, or for a state without parameters, the module's."""
         groups = getattr(fsdp_state, "_fsdp_param_groups", None)
-        if not groups:
-            return ctx.module_name(module)
-        name = fqn(groups[0])
-        if getattr(groups[0], "_module_fqn", None) is not None:
-            units[fsdp_state] = name
-        return name
+        return fqn(groups[0]) if groups else ctx.module_name(module)
+
+    def unit_of(fsdp_state: Any, module: Any) -> tuple[Serve, Serve, Serve]:
+        """What fsdp_state's forward unshard serves in a forward, a recompute and FSDP's backward unshard (under
+        activation checkpointing), remembered once FSDP has named its unit (its lazy init)."""
+        name = unit_name(fsdp_state, module)
+        unit = ((name, PHASE_FORWARD, UNSHARD), (name, PHASE_RECOMPUTE, UNSHARD), (name, PHASE_BACKWARD, UNSHARD))
+        groups = getattr(fsdp_state, "_fsdp_param_groups", None)
+        if (getattr(groups[0], "_module_fqn", None) is not None) if groups else ctx.root is not None:
+            units[fsdp_state] = unit
+        return unit
+
+    def backward_unshard(group: Any) -> Serve:
+        """What a param group's backward unshard serves, remembered once FSDP has named its unit."""
+        serve = (fqn(group), PHASE_BACKWARD, UNSHARD)
+        if getattr(group, "_module_fqn", None) is not None:
+            units[group] = serve
+        return serve
 
     names = {"ctx": ctx, "threads_get": ctx.threads.get, "state": ctx.state, "get_ident": _get_ident, "fqn": fqn,
              "failed": failed, "tracer": tracer, "pre_backward": pre_backward, "units": units,
-             "unit_name": unit_name, "PHASE_BACKWARD": PHASE_BACKWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
+             "unit_of": unit_of, "backward_unshard": backward_unshard, "PHASE_BACKWARD": PHASE_BACKWARD,
+             "PHASE_FORWARD": PHASE_FORWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
              "REDUCE_GRAD": REDUCE_GRAD, "BACKWARD": spans.BACKWARD, "span_failed": span_failed,
              **spans.SPAN_NAMES, **spans.KIND_NAMES, **compiling_names()}  # fmt: skip
-    parts = {"begin": spans.span_source(spans.BEGIN, 12, "sp"), "end": spans.span_source(spans.END, 16, "sp"),
-             "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 12),
+    parts = {"begin": spans.span_source(spans.BEGIN, 12, "sp"), "end": spans.span_source(spans.END_AT, 16, "sp"),
+             "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 8),
              "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING}  # fmt: skip
     placeholders = ("{call}", "{module}", "{arg0}", "{arg1}")
 

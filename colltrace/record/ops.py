@@ -82,6 +82,16 @@ _TABLE: dict[str, tuple[str | None, str | None, int, str | None, int]] = {
     "recv_object_list": (None, "object_list", P2P, "src", schema.FLAG_OBJECT),
 }
 
+# Calls whose output tensor torch requires to be the input's size times the group's (all-gather) or divided by it
+# (reduce-scatter), of the same dtype, or it raises: their key holds the input's shape and dtype only (a tensor's
+# .shape and .dtype cost more than the rest of the call's key), so what a record says of the output (numel_out, and
+# the output's half of its shape text) is the first such call's from that site: its count always holds, a reshaped
+# output of the same size shows the first one's shape.
+_OUT_BY_INPUT = frozenset(
+    {"all_gather_into_tensor", "all_gather_single", "_all_gather_base", "reduce_scatter_tensor",
+     "reduce_scatter_single", "_reduce_scatter_base"}
+)  # fmt: skip
+
 # An all-to-all's split sizes (input, output): what its ranks must agree on, pair by pair (each rank sends and
 # receives its own sizes); recorded in the record's shape text, so such a call is packed afresh each time.
 _SPLITS: dict[str, tuple[str, str]] = {"all_to_all_single": ("input_split_sizes", "output_split_sizes")}
@@ -151,7 +161,7 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
         (groot, None),
     )
     cached = not flags & (schema.FLAG_OBJECT | schema.FLAG_COALESCED) and inp not in _LISTS and out not in _LISTS
-    plan = key_plan(next(KEYS), params, fields) if cached else ()
+    plan = key_plan(next(KEYS), params, fields, name in _OUT_BY_INPUT) if cached else ()
     splits = tuple(p for p in _SPLITS.get(name, ()) if p in params)
     splits = splits if len(splits) == 2 else ()
     source = _extract_source(params, fields, plan, splits)
@@ -203,10 +213,12 @@ def passthrough(fn: Callable[..., Any], taken: Collection[str]) -> tuple[str, st
 KEY_VALUE, KEY_SHAPE, KEY_DTYPE = 0, 1, 2
 
 
-def key_plan(key_id: int, params: list[str], fields: tuple[tuple[str | None, Any], ...]) -> tuple[Any, ...]:
+def key_plan(
+    key_id: int, params: list[str], fields: tuple[tuple[str | None, Any], ...], out_by_input: bool = False
+) -> tuple[Any, ...]:
     """How a call's key is built: (key_id, items), each item (what, variable, position, keyword,
     default): the argument itself, or its .shape or .dtype. The key is (key_id, *items,
-    attribution)."""
+    attribution). out_by_input: the output's size follows from the input's (_OUT_BY_INPUT), not keyed."""
     names = EXTRACTED[1:]
     items = []
     for var, (param, default) in zip(names, fields):
@@ -214,7 +226,7 @@ def key_plan(key_id: int, params: list[str], fields: tuple[tuple[str | None, Any
             items.append((KEY_VALUE, var, params.index(param), param, default))
     inp, out = fields[2][0], fields[3][0]
     for var, param in (("inp", inp), ("out", out)):
-        if param and param in params and not (var == "out" and out == inp):
+        if param and param in params and not (var == "out" and (out == inp or out_by_input)):
             items.append((KEY_SHAPE, var, params.index(param), param, None))
             items.append((KEY_DTYPE, var, params.index(param), param, None))
     return key_id, tuple(items)

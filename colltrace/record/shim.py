@@ -296,8 +296,7 @@ _WRAPPER = """\
     try:  # never raises into the job: a failure is said once
         if flags or anchor is not None:  # async, on the device, or a backend seq to read
             rec.returned(idx, flags, anchor, result, t_issue)
-        else:  # a blocking call on the host: blocked for its whole duration
-            t_done = now()
+        else:  # a blocking call on the host: blocked for its whole duration (its wait_ns, left 0, says so)
 {finish}    except Exception as e:
         rec.warn_once("completing a collective failed", e)
     return result
@@ -307,7 +306,7 @@ _WRAPPER = """\
 def wrapper_body(name: str, parts: dict[str, str]) -> str:
     """_WRAPPER for one function, ISSUE and FINISH in place."""
     issue = recorder.issue_source(8, rec="rec", args=parts["args"], kwargs=parts["kwargs"])
-    finish = finish_source(12, ring="ring", idx="idx", t_done="t_done", wait="t_done - t_issue")
+    finish = finish_source(12, ring="ring", idx="idx", t_done="now()", wait=None)
     return _WRAPPER.format(name=name, compiling=COMPILING, issue=issue, finish=finish, **parts)
 
 

@@ -47,15 +47,13 @@ _ERROR = schema.FLAG_DONE | schema.FLAG_ERROR
 
 # The hot paths of a span, as source for the generated functions that inline them (SpanRecorder.begin and end
 # below, FSDP2's hooks: fsdp.fsdp2_wrappers), with {sp} the SpanRecorder. BEGIN: the span whose fixed part (FIXED,
-# packed once: SpanRecorder.fixed) is `fixed` begins now, its slot `idx` (writer.APPEND). END: span `idx` ends now
-# (writer.FINISH: its end time, what says it ended; its wait stays 0).
+# packed once: SpanRecorder.fixed) is `fixed` begins now, its slot `idx` at word `slot_w` (writer.APPEND). END_AT:
+# span `idx` at word `slot_w` ends now (writer.FINISH: its end time, what says it ended; its wait stays 0); END: the
+# same from idx alone (finding its word costs more than keeping it: FSDP2's hooks keep both, SpanRecorder.at).
 BEGIN = "ring = {sp}.ring\n" + inline(APPEND, 0, idx="idx", ring="ring", pack="pack_fixed",
                                      fields="fixed, ctx.step, ctx.micro_step, now()")  # fmt: skip
-END = (
-    "ring = {sp}.ring\n"
-    + f"slot_w = {SLOT_WORD.format(idx='idx', ring='ring')}\n"
-    + finish_source(0, ring="ring", idx="idx", t_done="now()", wait=None)
-)
+END_AT = "ring = {sp}.ring\n" + finish_source(0, ring="ring", idx="idx", t_done="now()", wait=None)
+END = f"slot_w = {SLOT_WORD.format(idx='idx', ring='{sp}.ring')}\n" + END_AT
 SPAN_NAMES: dict[str, Any] = {"get_ident": _get_ident, "now": _now}
 
 
@@ -81,6 +79,8 @@ class SpanRecorder:
         # attributes inline until something asks for its __dict__, after which every attribute load in the
         # framework's own code on it takes a slower path
         self.opened: dict[object, int] = {}
+        # owner -> (idx, word) of the span it began and its closing hook ends, for the hooks that end it inline (FSDP2)
+        self.at: dict[object, tuple[int, int]] = {}
 
     # begin(what, module="", flavour="") -> idx: the span's slot (BEGIN), its start now; all of it but step,
     # micro-step and start packed once per kind of span of a thread (fixed)

@@ -43,7 +43,7 @@ SLOT_FIELDS = (
     ("micro_step", "i"),  # forward passes of the root module since the last step
     ("t_issue_ns", "q"),  # CLOCK_MONOTONIC ns
     ("t_done_ns", "q"),  # 0 while in flight
-    ("wait_ns", "q"),  # time spent blocked in Work.wait() (sync ops: 0, see docs)
+    ("wait_ns", "q"),  # time blocked in Work.wait(); 0 for a call that blocked until done (store.wait_column)
 )
 SLOT = struct.Struct("<" + "".join(code for _, code in SLOT_FIELDS))
 SLOT_SIZE = 128
