@@ -16,7 +16,6 @@ import numpy as np
 from colltrace.analysis.streams import direction
 from colltrace.trace import schema
 from colltrace.trace.records import Collective, RankTrace
-from colltrace.trace.store import wait_column
 
 if TYPE_CHECKING:
     from colltrace.trace.store import Slots
@@ -203,7 +202,7 @@ def _columns_of(cols: Any, strings: dict[int, str], off: int) -> Columns:
     group, groups = _coded(cols, "group", strings, "?")
     op, ops = _coded(cols, "op", strings, "?")
     return Columns(
-        cols["t_issue_ns"] + off, np.where(done, cols["t_done_ns"] + off, 0), done, wait_column(cols),
+        cols["t_issue_ns"] + off, np.where(done, cols["t_done_ns"] + off, 0), done, schema.wait_column(cols),
         flags & schema.FLAG_ASYNC == 0, flags & schema.FLAG_POLLED != 0, flags & schema.FLAG_DEVICE != 0,
         flags & schema.FLAG_ERROR != 0, cols["kind"] == schema.KIND_P2P, cols["seq"].astype(np.int64), group, groups,
         op, ops,

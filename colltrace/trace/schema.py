@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
+from typing import Any
 
 SCHEMA_VERSION = 1
 MAGIC = b"CLTRACE1"
@@ -167,3 +168,16 @@ def unpack_ranks(value: object) -> tuple[int, ...]:
     if isinstance(value, dict):
         return tuple(range(int(value["start"]), int(value["stop"]), int(value.get("step", 1))))
     return tuple(int(r) for r in value or ())  # type: ignore[attr-defined]
+
+
+def wait_column(cols: Any) -> Any:
+    """Each slot's wait_ns as the trace means it (docs/trace-format.md), for a numpy array of slots: a collective or
+    p2p call that blocked on the host until done (no async, device or done flag) was blocked for its whole duration,
+    and its slot leaves wait_ns 0 for t_done_ns - t_issue_ns (one store less at its completion); others as written."""
+    import numpy as np
+
+    wait = cols["wait_ns"].astype(np.int64)
+    t0, t1, kind = cols["t_issue_ns"], cols["t_done_ns"], cols["kind"]
+    whole = (wait == 0) & (t1 != 0) & (cols["flags"] & (FLAG_ASYNC | FLAG_DEVICE | FLAG_DONE) == 0)
+    whole &= (kind == KIND_COLLECTIVE) | (kind == KIND_P2P)
+    return np.where(whole, t1 - t0, wait) if whole.any() else wait

@@ -70,20 +70,6 @@ def _words(first: str, last: str) -> np.dtype[Any]:
                      "itemsize": schema.SLOT_SIZE})  # fmt: skip
 
 
-_NOT_BLOCKING = schema.FLAG_ASYNC | schema.FLAG_DEVICE | schema.FLAG_DONE
-
-
-def wait_column(cols: Any) -> Any:
-    """Each row's wait_ns as the trace means it (docs/trace-format.md): a collective or p2p call that blocked on the
-    host until done (no async, device or done flag) was blocked for its whole duration, and its slot leaves wait_ns
-    0 for t_done_ns - t_issue_ns (one store less at its completion); the others' as written."""
-    wait = cols["wait_ns"].astype(np.int64)
-    t0, t1, kind = cols["t_issue_ns"], cols["t_done_ns"], cols["kind"]
-    whole = (wait == 0) & (t1 != 0) & (cols["flags"] & _NOT_BLOCKING == 0)
-    whole &= (kind == schema.KIND_COLLECTIVE) | (kind == schema.KIND_P2P)
-    return np.where(whole, t1 - t0, wait) if whole.any() else wait
-
-
 class _Ring:
     """A ring file's slots, read newest first as far back as asked (a widening tail reads only what it lacks),
     held while something uses them: a pass over a thousand ranks holds one rank's columns at a time, and a rank
@@ -211,7 +197,7 @@ class Slots(Sequence[Collective]):
                 wait, f | high.get(m - 1, 0) if high else f, tid, sites(site, "") if site else "",
             )
             for (m, k, f, site, tid, g, op, dt, red, mod, ph, fl, shape, seq, bseq, nin, nout, peer, step, micro, t0,
-                 t1, _), wait in zip(rows.tolist(), wait_column(rows).tolist())
+                 t1, _), wait in zip(rows.tolist(), schema.wait_column(rows).tolist())
         ]  # fmt: skip
 
     def undone(self) -> list[Collective]:
