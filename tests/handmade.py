@@ -69,6 +69,7 @@ class FakeRank:
         micro: int = 0,
         shape: str = "",
         site: str = "",
+        flavour: str = "",
     ) -> int:
         s = self.w.intern
         seq = self.seq[group] = self.seq.get(group, 0) + 1
@@ -77,7 +78,7 @@ class FakeRank:
         t_done = self.t + 100_000 if (done or error) else 0
         return self.w.append(
             schema.KIND_COLLECTIVE, flags, self.w.site(site) if site else 0, 0, s(group), s(op), s(dtype), s(redop), s(module), s(phase),
-            s(""), s(shape or f"[{numel}] -> [{numel}]"), seq, seq, numel, numel, peer, self.step, micro,
+            s(flavour), s(shape or f"[{numel}] -> [{numel}]"), seq, seq, numel, numel, peer, self.step, micro,
             self.t, t_done, 0,
         )  # fmt: skip
 

@@ -1653,7 +1653,7 @@ def test_a_bucket_all_reduce_that_shrank_against_its_own_steps_is_a_changed_redu
         for r in rs:
             last = step == 3
             n = 128 if last and r.rank == 2 else 8320
-            r.coll("all_reduce", n, "0..2", "backward", redop="SUM", done=not last, error=last)
+            r.coll("all_reduce", n, "0..2", "backward", redop="SUM", done=not last, error=last, flavour="reduce_grad")
             if not last:
                 r.step += 1
                 r.w.event({"ev": "step", "step": r.step})
@@ -1667,6 +1667,39 @@ def test_a_bucket_all_reduce_that_shrank_against_its_own_steps_is_a_changed_redu
     resized = [e for e in dx.finding.evidence if e.clue is Clue.GRAD_RESIZED]
     assert [(e.ranks, e.detail) for e in resized] == [((2,), (8320, 128))]
     assert "8320 elements before, 128 now" in words.evidence_text(resized[0])
+
+
+_PARAMS = (4, 64, 16, 256, 16, 256, 16, 256, 16, 256, 16, 128)  # a model's parameters, in backward's order
+
+
+def test_a_hand_written_all_reduce_per_parameter_one_call_short_is_unused_params_not_a_resized_bucket(
+    tmp_path: Path,
+) -> None:
+    """No DDP: a post-accumulate-grad hook all-reduces each parameter's gradient from the job's own line (no
+    module, no flavour: what the job calls, not a bucket DDP's adapter wrote). In step 2 two of rank 0's
+    parameters get no gradient, so it issues two all-reduces fewer and its later ones pair with the others'
+    of other sizes (128 against 256). A bucket keeps its size; these are per-parameter calls, one short:
+    culprit rank 0, unused_params, medium, and no grad_resized."""
+    rs = ranks(str(tmp_path), 3)
+    hook = "train.py:33 in launch"
+    for step in range(3):
+        for r in rs:
+            params = [n for i, n in enumerate(_PARAMS) if not (step == 2 and r.rank == 0 and i in (7, 8))]
+            for i, n in enumerate(params):
+                last = step == 2 and i >= len(params) - 3
+                r.coll("all_reduce", n, "", "backward", redop="SUM", done=not last, site=hook)
+            if step < 2:
+                r.step += 1
+                r.w.event({"ev": "step", "step": r.step})
+    for r in rs:
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.NUMEL
+    assert dx.divergence.seq == 2 * len(_PARAMS) + 10  # its later calls pair silently until the sizes differ
+    assert dx.culprits == (0,) and dx.victims == (1, 2)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNUSED_PARAMS
+    assert dx.finding.confidence is Confidence.MEDIUM
+    assert not [e for e in dx.finding.evidence if e.clue is Clue.GRAD_RESIZED]
 
 
 def test_a_reduce_scatter_that_shrank_against_its_own_steps_is_still_unused_params(tmp_path: Path) -> None:

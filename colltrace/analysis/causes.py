@@ -28,7 +28,7 @@ from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.events import Handling, SignalCaught
 from colltrace.trace.records import NOT_ENDED, Collective, RankState, Run
 from colltrace.trace.schema import PHASE_JOIN
-from colltrace.trace.vocab import Mode, OpFamily, Phase, SpanKind, op_family
+from colltrace.trace.vocab import Mode, OpFamily, Phase, Role, SpanKind, op_family
 
 # DDP's error at the forward after a backward whose reduction it could not finish (find_unused_parameters=False)
 _DDP_UNFINISHED = "Expected to have finished reduction in the prior iteration"
@@ -746,10 +746,10 @@ def _other_root(f: Facts) -> bool:
 
 def grad_changed(f: Facts) -> Finding | None:
     """Gradient reductions that changed from the culprit's own earlier steps: parameters without gradients.
-    Not an all-reduce of gradients that changed size on a rank that reduce-scatters none: it reduces a
-    fixed buffer (DDP's bucket, a flat parameter), in which a parameter without gradient is zeros, never
-    left out; the reduction itself changed on the culprit (a comm hook that switches to compression at a
-    step of its own), so a branch of its own, not unused parameters."""
+    Not a bucket's all-reduce of gradients (as DDP's adapter records it) that changed size on a rank that
+    reduce-scatters none: it reduces a fixed buffer (DDP's bucket, a flat parameter), in which a parameter
+    without gradient is zeros, never left out; the reduction itself changed on the culprit (a comm hook that
+    switches to compression at a step of its own), so a branch of its own, not unused parameters."""
     if f.d is None or not (_grad(f) and f.deviates and f.d.kind in (Kind.NUMEL, Kind.MODULE, Kind.OP)):
         return None
     resized = _resized(f) if f.d.kind is Kind.NUMEL else None
@@ -760,8 +760,10 @@ def grad_changed(f: Facts) -> Finding | None:
 
 def _resized(f: Facts) -> tuple[int, int] | None:
     """(the size it all-reduced at this point of its earlier steps, the size now) where every culprit's
-    divergent record is a gradient all-reduce of another size than there before, and none of them ever
-    reduce-scattered (FSDP's reduce-scatters leave out parameters without gradients); None else."""
+    divergent record, and the one it issued there before, is a bucket's gradient all-reduce of another size
+    than there before, and none of them ever reduce-scattered (FSDP's reduce-scatters leave out parameters
+    without gradients); None else. A hand-written all-reduce per parameter (a gradient hook's) is no bucket: a
+    parameter without gradient is one call fewer there, which shifts the sizes that follow."""
     assert f.d is not None and f.d.seq is not None
     out = None
     for a in f.d.at:
@@ -777,8 +779,23 @@ def _resized(f: Facts) -> tuple[int, int] | None:
         was = f.table[found.expected] if found.expected else None
         if was is None or was.op != "all_reduce" or was.numel == a.sig.numel:
             return None
+        if found.at < 0 or not (_bucket(f, a.rank, a.idx) and _bucket(f, a.rank, st.idxs[found.at])):
+            return None
         out = (was.numel, a.sig.numel)
     return out
+
+
+# record/deepspeed.py's module for a ZeRO bucket: the gradients that arrived, so not a buffer of fixed size
+_ZERO_BUCKET = "<grad bucket>"
+
+
+def _bucket(f: Facts, rank: int, idx: int) -> bool:
+    """The record is a fixed gradient buffer's reduction as a framework adapter writes it: flavour reduce_grad,
+    naming the modules whose gradients it holds (DDP's bucket, an FSDP1 flat parameter); not the job's own
+    all-reduce of a gradient (no flavour), nor a ZeRO bucket."""
+    rt = f.run.ranks.get(rank)
+    rec = states.record(rt, idx) if rt is not None and idx >= 0 else None
+    return rec is not None and rec.flavour == Role.REDUCE_GRAD and bool(rec.module) and rec.module != _ZERO_BUCKET
 
 
 def _ops(f: Facts, st: GroupStream) -> list:  # type: ignore[type-arg]
