@@ -176,6 +176,63 @@ def test_the_same_collective_with_another_size_on_a_named_module_is_numel_mismat
     assert dx.culprits == (1,) and dx.finding is not None and dx.finding.cause is Cause.NUMEL_MISMATCH
 
 
+def _eval_gathers(tmp_path: Path, sizes: dict[int, tuple[int, int]], load: bool = True) -> Diagnosis:
+    """3 DDP ranks train 3 steps, then evaluate: per batch a DataLoader next() (with `load`), an eval forward, and
+    an all_gather of the predictions from one line, sized like the local batch (`sizes`: each rank's two
+    calls). Rank 2 is left in its second call, the others fail in theirs when it goes."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(3):
+            r.span("forward")
+            r.coll(
+                "all_reduce",
+                756,
+                "inp..out",
+                "backward",
+                redop="SUM",
+                flavour="reduce_grad",
+                site="train.py:22 in main",
+            )
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+        for i, n in enumerate(sizes[r.rank]):
+            if load:
+                r.span("data")
+            r.span("forward", "no_grad,eval")
+            r.coll("all_gather", n, "", "other", dtype="int64", done=i == 0, error=i == 1 and r.rank < 2,
+                   site="train.py:37 in main")  # fmt: skip
+    for r in rs[:2]:
+        r.error("RuntimeError", "[gloo] Connection reset by peer", in_collective=True)
+    return diagnose(read_run(str(tmp_path)))
+
+
+def test_a_gather_whose_size_shrank_after_a_data_load_is_uneven_data_not_numel_mismatch(tmp_path: Path) -> None:
+    """Evaluation over hand-split shards (8, 8, 6 samples, batch 4): each batch's predictions all_gather'ed from
+    one line, sized like the batch. Rank 2's second batch has 2 rows: its call of that line had 8 elements, as
+    the others' still have, and after loading its next batch it has 4. The size followed its data (a short last
+    batch): culprit rank 2, uneven_data, medium, both sizes said."""
+    dx = _eval_gathers(tmp_path, {0: (8, 8), 1: (8, 8), 2: (8, 4)})
+    assert dx.divergence is not None and (dx.divergence.kind, dx.divergence.seq) == (Kind.NUMEL, 5)
+    assert dx.culprits == (2,) and dx.victims == (0, 1)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
+    assert dx.finding.confidence is Confidence.MEDIUM
+    resized = [e for e in dx.finding.evidence if e.clue is Clue.DATA_RESIZED]
+    assert [(e.ranks, e.detail) for e in resized] == [((2,), (8, 4))]
+    assert "(8 elements then, 4 now), with a data load in between" in words.evidence_text(resized[0])
+
+
+def test_a_gather_whose_size_was_its_own_from_the_first_call_stays_numel_mismatch(tmp_path: Path) -> None:
+    """The same loop where rank 2 gathers 4 elements from its first call on (a setting of its own, not its
+    data), and one where its size changes with no data loaded in between: numel_mismatch, as before."""
+    dx = _eval_gathers(tmp_path / "own", {0: (8, 8), 1: (8, 8), 2: (4, 4)})
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.NUMEL_MISMATCH
+    assert not [e for e in dx.finding.evidence if e.clue is Clue.DATA_RESIZED]
+    dx = _eval_gathers(tmp_path / "no_load", {0: (8, 8), 1: (8, 8), 2: (8, 4)}, load=False)
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.NUMEL_MISMATCH
+
+
 def test_split_sizes_name_the_rank_whose_splits_disagree_with_every_peer(tmp_path: Path) -> None:
     """MoE dispatch: rank 2 sends 5 rows to rank 0, which expects 10; the all-to-all completes (gloo checks
     only that no more came), the combine then fails. The first all-to-all whose pairs disagree is the one."""

@@ -7,6 +7,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
+import numpy as np
+
 from colltrace.analysis import align, groups, states
 from colltrace.analysis.history import TRAINING, precedent, starts_step
 from colltrace.analysis.results import (
@@ -26,7 +28,7 @@ from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
 from colltrace.analysis.timing import Straggler, reduces
 from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.events import Handling, SignalCaught
-from colltrace.trace.records import NOT_ENDED, Collective, RankState, Run
+from colltrace.trace.records import NOT_ENDED, Collective, RankState, RankTrace, Run
 from colltrace.trace.schema import PHASE_JOIN
 from colltrace.trace.vocab import Mode, OpFamily, Phase, Role, SpanKind, op_family
 
@@ -804,19 +806,72 @@ def _ops(f: Facts, st: GroupStream) -> list:  # type: ignore[type-arg]
 
 def same_collective(f: Facts) -> Finding | None:
     """A dtype or size difference on one collective: the same op, reduce op, module and line on every rank.
-    High only when a module names it and the culprit kept to it from its earlier steps (a setting, not data)."""
+    High only when a module names it and the culprit kept to it from its earlier steps (a setting, not data).
+    Not where the culprit's previous call of that line had the size the others have now, and it loaded data
+    between the two: the size changed with its data (a short last batch), so uneven_data, medium."""
     d = f.d
     if d is None or d.kind not in (Kind.DTYPE, Kind.NUMEL):
         return None
     sigs = f.sigs(tuple(a.rank for a in d.at))
     if len({(s.op, s.reduce_op, s.module) for s in sigs}) != 1 or _other_call(f):
         return None
+    resized = _resized_with_data(f) if d.kind is Kind.NUMEL else None
+    if resized is not None:
+        # the culprit's previous call of this very line had the size the others still have, and it loaded data
+        # between the two: its size follows its data (a short last batch), not a setting of its model
+        return Finding(Cause.UNEVEN_DATA, Confidence.MEDIUM, (Evidence(Clue.DATA_RESIZED, f.culprits, resized),))
     cause = Cause.DTYPE_MISMATCH if d.kind is Kind.DTYPE else Cause.NUMEL_MISMATCH
     module = sigs[0].module if sigs else ""
     if not module or not any(s.phase for s in sigs):  # Flight Recorder's or unattributed: a shift looks the same
         return Finding(cause, Confidence.MEDIUM, ())
     sure = Confidence.MEDIUM if f.deviates else Confidence.HIGH
     return Finding(cause, sure, (Evidence(Clue.SAME_MODULE, f.culprits, module),))
+
+
+def _resized_with_data(f: Facts) -> tuple[int, int] | None:
+    """(the size of each culprit's previous call from the same line, its size now) where that call, in the same
+    group, was the same record but for its size, of the size every victim issues now, and the culprit loaded
+    data (a DataLoader's next()) between the two; None else."""
+    d = f.d
+    theirs = {s.numel for s in f.sigs(f.victims)}
+    if d is None or d.seq is None or len(theirs) != 1:
+        return None
+    out = None
+    for a in d.at:
+        if a.rank not in f.culprits:
+            continue
+        rt, st = f.run.ranks.get(a.rank), f.stream(a.rank)
+        now = states.record(rt, a.idx) if rt is not None and a.idx >= 0 else None
+        then = _earlier_call(rt, a.idx) if rt is not None else None
+        was = f.table[st.sig_at(then.seq)] if st is not None and then is not None else None
+        if a.sig is None or rt is None or now is None or then is None or was is None or was.numel not in theirs:
+            return None
+        if was._replace(numel=a.sig.numel) != a.sig or not _loaded_between(rt, then.t_issue_ns, now.t_issue_ns):
+            return None
+        out = (was.numel, a.sig.numel)
+    return out
+
+
+def _earlier_call(rt: RankTrace, idx: int) -> Collective | None:
+    """The rank's latest record before record idx issued from the same line of code in the same group (the
+    loop's previous pass); None when none was read or no line is known."""
+    cols = rt.records.cols
+    marker = cols["marker"]
+    at = int(np.searchsorted(marker, np.uint64(idx + 1)))
+    if at >= len(marker) or int(marker[at]) != idx + 1 or not cols["site"][at]:
+        return None
+    same = np.flatnonzero((cols["site"][:at] == cols["site"][at]) & (cols["group"][:at] == cols["group"][at]))
+    return rt.records.by_idx(int(marker[same[-1]]) - 1) if len(same) else None
+
+
+def _loaded_between(rt: RankTrace, after_ns: int, before_ns: int) -> bool:
+    """The rank began a data-loading span (a DataLoader's next()) between the two moments (wall clock)."""
+    spans = rt.spans
+    cols = spans.cols
+    if not len(cols):
+        return False
+    t = cols["t_issue_ns"].astype(np.int64) + spans.offset
+    return any(s.op == SpanKind.DATA for s in spans.decode(cols[(t >= after_ns) & (t < before_ns)]))
 
 
 def recompute(f: Facts) -> Finding | None:

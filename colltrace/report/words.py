@@ -227,6 +227,7 @@ def evidence_text(e: Evidence) -> str:
         + ", so the gradient bucket holding them was never reduced",
         Clue.GRAD_REDUCTION: "the divergent collectives are gradient reductions in backward",
         Clue.GRAD_RESIZED: _grad_resized(who, d, its),
+        Clue.DATA_RESIZED: _data_resized(who, d, its),
         Clue.JOINED: f"{who} had run out of inputs and joined (torch's Join: from seq {detail or '?'} on, {its} "
         "records shadow the others' collectives) while the others still had inputs: the divergence is a collective "
         "Join does not shadow (one the loop issues itself, outside the joined modules)",
@@ -489,6 +490,14 @@ def _grad_resized(who: str, d: Detail, its: str) -> str:
         f"{who} all-reduced gradients of another size than at this point of {its} earlier steps{sizes}, and "
         "never reduce-scattered: a fixed buffer (DDP's bucket) keeps its size when parameters get no gradient, "
         "so the reduction itself changed (a comm hook that starts compressing at a step of its own)"
+    )
+
+
+def _data_resized(who: str, d: Detail, its: str) -> str:
+    sizes = f" ({d[0]} elements then, {d[1]} now)" if isinstance(d, tuple) and len(d) == 2 else ""
+    return (
+        f"{who}'s previous call from the same line had the size the others still have{sizes}, with a data load in "
+        f"between: the size follows {its} data (a short last batch, an uneven split), not a setting"
     )
 
 
