@@ -1776,6 +1776,87 @@ def test_a_reduce_scatter_that_shrank_against_its_own_steps_is_still_unused_para
     assert not [e for e in dx.finding.evidence if e.clue is Clue.GRAD_RESIZED]
 
 
+# -- two ranks, no majority: the one that did something it never did before ------------------------------------
+
+
+Record = tuple[str, int, str, str, str]  # op, numel, module, phase, line
+
+
+def _zero3_save_on_rank0(
+    tmp_path: Path, rank0_does: Record, steps: int = 2, rank1_does: Record | None = None
+) -> Diagnosis:
+    """2 ZeRO-3 ranks. Step 0: setup broadcasts, the per-module fetch, the bucket's reduce-scatter, the optimizer's
+    all-reduce; step 1 begins with one-off int64 broadcasts (DeepSpeed's first traced step) before the whole-model
+    fetch. After step 1 (`steps` 2; after step 0 with 1) rank 0 issues `rank0_does` (op, numel, module, phase,
+    line) where rank 1 goes on to its next step's fetch (step 1's whole-model one, or `rank1_does`): every position
+    of step 2 differs from step 1's on both ranks (the one-off broadcasts are gone)."""
+    rs = ranks(str(tmp_path), 2)
+    step0 = [("broadcast", 1024, "", "init", "train.py:28 in main"), ("broadcast", 128, "", "init", "train.py:28 in main"),
+             ("all_gather_into_tensor", 144, "inp", "forward", "model.py:25 in forward"),
+             ("all_gather_into_tensor", 528, "blocks.0", "forward", "model.py:27 in forward"),
+             ("reduce_scatter_tensor", 2532, "<grad bucket>", "backward", "train.py:32 in main"),
+             ("all_reduce", 1, "", "optimizer", "train.py:33 in main")]  # fmt: skip
+    fetch = ("all_gather_into_tensor", 1266, "<root>", "forward", "train.py:31 in main")
+    step1 = [("broadcast", 1, "<root>", "forward", "train.py:31 in main"),
+             ("broadcast", 18, "<root>", "forward", "train.py:31 in main"), fetch, *step0[-2:]]  # fmt: skip
+    for r in rs:
+        for step in (step0, step1)[:steps]:
+            for op, n, module, phase, line in step:
+                r.coll(op, n, module, phase, site=line, peer=0 if op == "broadcast" else -1)
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    op, n, module, phase, line = rank0_does
+    rs[0].coll(op, n, module, phase, site=line, done=False, peer=0 if op == "broadcast" else -1)
+    goes_on = rank1_does or fetch
+    rs[1].coll(*goes_on[:4], site=goes_on[4])
+    rs[1].coll(*step0[-2][:4], site=step0[-2][4], done=False, error=True)
+    rs[0].error("RuntimeError", "fatal signal: Aborted", in_collective=True)
+    rs[1].error("RuntimeError", TIMEOUT, in_collective=True)
+    return diagnose(read_run(str(tmp_path)))
+
+
+def test_of_two_ranks_the_one_that_called_from_a_line_never_used_before_is_the_culprit(tmp_path: Path) -> None:
+    """After step 1 rank 0 alone enters a 'save consolidated weights' block (`if rank == 0:` around ZeRO-3's
+    GatheredParameters): an all-gather from a line that had issued no collective before, outside any training
+    phase; rank 1 issues step 2's fetch, exactly the record of its step 1 (op, size, module, phase, line). Its
+    own step's positions say nothing (step 1's one-off broadcasts shift them on both), no majority of two: rank 0
+    did something it never did before, rank 1 went on. Culprit 0, control_flow (another line), medium."""
+    dx = _zero3_save_on_rank0(tmp_path, ("all_gather_into_tensor", 128, "", "other", "train.py:37 in main"))
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (12, Kind.NUMEL)
+    assert dx.culprits == (0,) and dx.victims == (1,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert dx.finding.confidence is Confidence.MEDIUM
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.NEW_LINE] == [(0,)]
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.REPEATS_STEP] == [((1,), 1)]
+    assert not [e for e in dx.finding.evidence if e.clue is Clue.UNDECIDED]
+
+
+def test_a_rank_is_not_blamed_because_its_step_1_began_with_one_off_calls(tmp_path: Path) -> None:
+    """The same two ranks where rank 0, after step 1, gathers a module by the per-module fetch of its step 0, from
+    the line that issued it then: nothing new on either rank. Rank 1 breaks its step's positions only because step
+    1 began with one-off broadcasts, and rank 0 repeats no record of its step 1: no one is named (undecided, as
+    before), neither by the positions nor by what each did before."""
+    dx = _zero3_save_on_rank0(tmp_path, ("all_gather_into_tensor", 144, "inp", "forward", "model.py:25 in forward"))
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (12, Kind.NUMEL)
+    assert dx.culprits == ()
+    assert dx.finding is not None and dx.finding.confidence is Confidence.LOW
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.UNDECIDED] == [(0, 1)]
+    assert not [e for e in dx.finding.evidence if e.clue in (Clue.NEW_LINE, Clue.REPEATS_STEP)]
+
+
+def test_a_new_line_in_the_step_after_the_first_names_no_one(tmp_path: Path) -> None:
+    """Right after step 0, rank 0 issues an all-gather from a new line where rank 1 repeats step 0's first fetch:
+    a first step holds one-off calls and a framework's schedule changes after it (ZeRO-3's), so a line first used
+    in step 1 may be the new routine that rank 1 lacks. No routine to leave yet: undecided, as before."""
+    rank0 = ("all_gather_into_tensor", 128, "", "other", "train.py:37 in main")
+    dx = _zero3_save_on_rank0(tmp_path, rank0, steps=1, rank1_does=("all_gather_into_tensor", 144, "inp", "forward",
+                              "model.py:25 in forward"))  # fmt: skip
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (7, Kind.NUMEL)
+    assert dx.culprits == ()
+    assert dx.finding is not None and dx.finding.confidence is Confidence.LOW
+    assert not [e for e in dx.finding.evidence if e.clue in (Clue.NEW_LINE, Clue.REPEATS_STEP)]
+
+
 # -- a rank that joined (torch's Join) before the divergence ----------------------------------------------------
 
 

@@ -6,7 +6,9 @@ No rank is a reference. With two ranks a majority cannot decide, so a rank's own
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
 
 from colltrace.analysis import groups, states, waitfor
 from colltrace.analysis.history import TRAINING, Habit, periodic, precedent, starts_step
@@ -25,6 +27,9 @@ from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
 from colltrace.trace.records import RankState, Run
 from colltrace.trace.vocab import OpFamily, Phase, op_family
+
+if TYPE_CHECKING:
+    from colltrace.trace.store import Slots
 
 
 class Blame(NamedTuple):
@@ -125,7 +130,9 @@ def for_content(
     con = tuple(sorted(r for r, h in hab.items() if h is Habit.CONSISTENT))
     top = max(scores.values())
     if top == min(scores.values()):
-        return Blame((), tuple(sorted(visible)), d.kind, Confidence.LOW, (Evidence(Clue.UNDECIDED, tuple(visible)),))
+        return new_call(d, streams, run) or Blame(
+            (), tuple(sorted(visible)), d.kind, Confidence.LOW, (Evidence(Clue.UNDECIDED, tuple(visible)),)
+        )
     culprits = tuple(sorted(r for c, s in scores.items() if s == top for r in c))
     if dev and set(dev) & set(culprits):
         evidence.append(Evidence(Clue.HISTORY_DEVIATES, tuple(r for r in dev if r in culprits)))
@@ -137,6 +144,83 @@ def for_content(
     kinds = {e.clue for e in evidence} - {Clue.FIRST_OF_KIND}  # why history is set aside, no evidence of its own
     confidence = Confidence.HIGH if len(kinds) >= 2 else Confidence.MEDIUM
     return Blame(culprits, _others(tuple(sorted(visible)), culprits), d.kind, confidence, tuple(evidence))
+
+
+_SAMPLE = 8  # ranks of a class looked at: the ranks of one class issued alike
+# the step from which what a rank does is its routine: a first step holds one-off calls (setup, a framework
+# tracing its schedule: DeepSpeed ZeRO-3 changes its calls after step 0), so nothing is new, or repeated, before
+_ROUTINE = 2
+
+
+def new_call(d: Divergence, streams: dict[int, RankStreams], run: Run | None) -> Blame | None:
+    """Ranks that neither history at this point of the step nor a majority tells apart (a step whose start
+    held one-off calls shifts every position of it on every rank): the side whose record came from a line of
+    code that had issued no collective on it before (it did something it never did before), where every other
+    rank issued exactly a record of its previous step again (op, size, module, phase and line: it went on with
+    what it was doing), from its third step on (its first is no routine). A collective group's only (a send and
+    its receive always come from two lines); None when not every class is one or the other, or not exactly one
+    class is new."""
+    if d.seq is None or run is None or p2p_ends(d.group) is not None:
+        return None
+    at = {a.rank: a for a in d.at}
+    new: list[tuple[int, ...]] = []
+    again: dict[tuple[int, ...], int] = {}
+    for cls in d.classes:
+        looked = [at[r] for r in cls[:_SAMPLE] if r in at]
+        if len(looked) != min(len(cls), _SAMPLE) or any(a.sig is None or a.rank not in run.ranks for a in looked):
+            return None
+        if all(_first_from_line(run.ranks[a.rank].records, a.idx) for a in looked):
+            new.append(cls)
+            continue
+        steps = {_repeats_step(run, streams, d.group, d.seq, a.rank) for a in looked}
+        if len(steps) != 1 or None in steps:
+            return None
+        (step,) = steps
+        assert step is not None
+        again[cls] = step
+    if len(new) != 1 or not again:
+        return None
+    culprits = tuple(sorted(new[0]))
+    others = tuple(sorted(r for c in again for r in c))
+    ev = [Evidence(Clue.NEW_LINE, culprits)]
+    ev += [Evidence(Clue.REPEATS_STEP, tuple(sorted(c)), step) for c, step in again.items()]
+    return Blame(culprits, others, d.kind, Confidence.MEDIUM, tuple(ev))
+
+
+def _first_from_line(records: Slots, idx: int) -> bool:
+    """Record idx is the first the rank issued from its line of code, in what its trace holds, which goes back
+    a full step before it at least (from the rank's first record, or from an earlier step than the one before)."""
+    cols = records.cols
+    marker = cols["marker"]
+    at = int(np.searchsorted(marker, np.uint64(idx + 1)))
+    if at == 0 or at >= len(marker) or int(marker[at]) != idx + 1 or not cols["site"][at]:
+        return False
+    step = int(cols["step"][at])
+    if step < _ROUTINE or int(marker[0]) != 1 and int(cols["step"][0]) >= step - 1:
+        return False  # no routine yet, or the trace holds too little before it to call the line new
+    return not bool((cols["site"][:at] == cols["site"][at]).any())
+
+
+def _repeats_step(run: Run, streams: dict[int, RankStreams], group: str, seq: int, rank: int) -> int | None:
+    """The step before the one of the rank's record at seq, where the rank issued in that group the same record
+    (signature and line) in that step; None: not so."""
+    rs, rt = streams.get(rank), run.ranks.get(rank)
+    st = rs.groups.get(group) if rs is not None else None
+    if st is None or rt is None:
+        return None
+    off = seq - st.seq0
+    now = states.record(rt, st.idx_at(seq))
+    if now is None or not now.site or now.step < _ROUTINE or not 0 <= off < len(st.sigs):
+        return None
+    starts = [*st.step_starts, (len(st.sigs), None)]
+    for (begin, step), (end, _) in zip(starts, starts[1:]):
+        if step != now.step - 1 or begin >= off:
+            continue
+        for o in range(begin, min(end, off)):
+            if st.sigs[o] == st.sigs[off] and (then := states.record(rt, st.idxs[o])) is not None:
+                if then.site == now.site:
+                    return step
+    return None
 
 
 def _first_of_kind(d: Divergence, streams: dict[int, RankStreams], hab: dict[int, Habit]) -> tuple[int, ...]:

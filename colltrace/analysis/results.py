@@ -116,6 +116,10 @@ class Clue(str, enum.Enum):
     # the ranks, blocked in a group's collective the others of a cycle never issued, had issued every earlier
     # collective of that group at another (step, micro-step) than those others (detail: StepSkew with its seq)
     PAIRED_APART = "paired_apart"
+    # the rank issued it from a line of code that had issued no collective on it before: something it never did
+    NEW_LINE = "new_line"
+    # the rank issued exactly (op, size, module, phase, line) a record of its previous step again (detail: that step)
+    REPEATS_STEP = "repeats_step"
     UNDECIDED = "undecided"  # the evidence does not separate the ranks
 
 

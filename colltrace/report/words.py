@@ -228,6 +228,10 @@ def evidence_text(e: Evidence) -> str:
         Clue.GRAD_REDUCTION: "the divergent collectives are gradient reductions in backward",
         Clue.GRAD_RESIZED: _grad_resized(who, d, its),
         Clue.DATA_RESIZED: _data_resized(who, d, its),
+        Clue.NEW_LINE: f"{who} issued it from a line of code that had issued no collective on {'it' if s else 'them'} "
+        f"before: something {'it' if s else 'they'} never did before",
+        Clue.REPEATS_STEP: f"{who} issued exactly what {'it' if s else 'they'} issued in step {detail} (the same op, "
+        f"size, module, phase and line): {its} usual work, one step on",
         Clue.JOINED: f"{who} had run out of inputs and joined (torch's Join: from seq {detail or '?'} on, {its} "
         "records shadow the others' collectives) while the others still had inputs: the divergence is a collective "
         "Join does not shadow (one the loop issues itself, outside the joined modules)",
