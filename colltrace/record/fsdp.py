@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from colltrace.record import ops, spans
 from colltrace.record.adapter import Adapter, Serve, prefetching
-from colltrace.record.context import FORWARD_PHASE, PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, ThreadState
+from colltrace.record.context import (
+    FORWARD_PHASE,
+    PHASE_BACKWARD,
+    PHASE_FORWARD,
+    PHASE_RECOMPUTE,
+    THREAD_STATE,
+    ThreadState,
+)
 from colltrace.record.hooks import spanned
 from colltrace.trace.vocab import Role
 from colltrace.trace.writer import hot_function
@@ -219,8 +226,7 @@ Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 # nothing of ours then.
 _PREFETCH = """\
     try:
-        ts = threads_get(get_ident()) or state()
-        phase = PHASE_BACKWARD if {arg1} == "backward" else {forward_phase}
+{thread_state}        phase = PHASE_BACKWARD if {arg1} == "backward" else {forward_phase}
         serve = ({arg0}._module_fqn or fqn({arg0}), phase, PREFETCH)
     except Exception as e:
         failed(e)
@@ -234,8 +240,7 @@ _PREFETCH = """\
 """
 _POST_BACKWARD = """\
     try:
-        ts = threads_get(get_ident()) or state()
-        old = ts.serve
+{thread_state}        old = ts.serve
         ts.serve = (self._module_fqn or fqn(self), PHASE_BACKWARD, REDUCE_GRAD)
     except Exception as e:
         failed(e)
@@ -260,8 +265,7 @@ _PRE_FORWARD = """\
     if {compiling}:
         return orig({call})
     try:
-        ts = threads_get(get_ident()) or state()
-        if ctx.root is None:  # the model's first forward: learn its root
+{thread_state}        if ctx.root is None:  # the model's first forward: learn its root
             ctx.learn_running()
         unit = units.get(self)
         if unit is None:
@@ -278,9 +282,9 @@ _PRE_FORWARD = """\
     sp = tracer.spans
     if sp is not None:
         try:
-            fixed = sp.owned.get((self, what, mode, get_ident()))
+            fixed = sp.owned.get((self, what, mode, ts))
             if fixed is None:
-                fixed = sp.fixed_of(self, what, mode, ctx.module_name({module}))
+                fixed = sp.fixed_of(self, what, mode, ts, ctx.module_name({module}))
 {begin}            sp.at[self] = idx, slot_w
         except Exception as e:
             span_failed(e)
@@ -305,8 +309,7 @@ _PRE_BACKWARD = """\
     if self._training_state is pre_backward:  # FSDP's own no-op
         return orig({call})
     try:
-        ts = threads_get(get_ident()) or state()
-        serve = units.get(self)
+{thread_state}        serve = units.get(self)
         if serve is None:
             serve = backward_unshard(self)
         if ts.labels:
@@ -317,9 +320,9 @@ _PRE_BACKWARD = """\
     sp = tracer.spans
     if sp is not None:
         try:
-            fixed = sp.owned.get((self, BACKWARD, "", get_ident()))
+            fixed = sp.owned.get((self, BACKWARD, "", ts))
             if fixed is None:
-                fixed = sp.fixed_of(self, BACKWARD, "", serve[0])
+                fixed = sp.fixed_of(self, BACKWARD, "", ts, serve[0])
 {begin}            sp.at[self] = idx, slot_w
         except Exception as e:
             span_failed(e)
@@ -379,7 +382,7 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
             units[group] = serve
         return serve
 
-    names = {"ctx": ctx, "threads_get": ctx.threads.get, "state": ctx.state, "get_ident": _get_ident, "fqn": fqn,
+    names = {"ctx": ctx, "local": ctx.local, "state": ctx.state, "get_ident": _get_ident, "fqn": fqn,
              "failed": failed, "tracer": tracer, "pre_backward": pre_backward, "units": units,
              "unit_of": unit_of, "backward_unshard": backward_unshard, "PHASE_BACKWARD": PHASE_BACKWARD,
              "PHASE_FORWARD": PHASE_FORWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
@@ -387,7 +390,8 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
              **spans.SPAN_NAMES, **spans.KIND_NAMES, **compiling_names()}  # fmt: skip
     parts = {"begin": spans.span_source(spans.BEGIN, 12, "sp"), "end": spans.span_source(spans.END_AT, 16, "sp"),
              "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 8),
-             "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING}  # fmt: skip
+             "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING,
+             "thread_state": textwrap.indent(THREAD_STATE, " " * 8)}  # fmt: skip
     placeholders = ("{call}", "{module}", "{arg0}", "{arg1}")
 
     def maker(name: str, template: str) -> Wrap:

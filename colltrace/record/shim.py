@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from colltrace.record import ops, recorder
 from colltrace.record.adapter import tag_of, tagged
+from colltrace.record.context import THREAD_STATE
 from colltrace.record.patches import Patches
 from colltrace.trace import schema
 from colltrace.trace.writer import finish_source, hot_function
@@ -128,7 +130,7 @@ class Shim:
                 "tracer": self.tracer,
                 "orig": orig,
                 "spec": spec,
-                "threads_get": ctx.threads.get,
+                "local": ctx.local,
                 "state": ctx.state,
                 "current": ctx.current,
                 "get_ident": _get_ident,
@@ -270,8 +272,7 @@ _WRAPPER = """\
     rec = tracer.recorder
     if rec is None:
         return orig({call})
-    ts = threads_get(get_ident()) or state()
-    if ts.depth:  # inside a traced call that forwards to another: recorded once
+{thread_state}    if ts.depth:  # inside a traced call that forwards to another: recorded once
         return orig({call})
     t_issue = now()
     try:
@@ -307,7 +308,10 @@ def wrapper_body(name: str, parts: dict[str, str]) -> str:
     """_WRAPPER for one function, ISSUE and FINISH in place."""
     issue = recorder.issue_source(8, rec="rec", args=parts["args"], kwargs=parts["kwargs"])
     finish = finish_source(12, ring="ring", idx="idx", t_done="now()", wait=None)
-    return _WRAPPER.format(name=name, compiling=COMPILING, issue=issue, finish=finish, **parts)
+    thread_state = textwrap.indent(THREAD_STATE, "    ")
+    return _WRAPPER.format(
+        name=name, compiling=COMPILING, issue=issue, finish=finish, thread_state=thread_state, **parts
+    )
 
 
 # names the wrapper uses itself (found by compiling it): a function with a parameter of one of these names gets

@@ -71,9 +71,9 @@ class SpanRecorder:
         self.ctx = ctx
         self._tid = tid  # Recorder._tid: the small thread number collectives carry too
         self._static: dict[tuple[int, str, str, str], bytes] = {}
-        # (owner, what, mode, thread) -> fixed part: the spans of an object that runs the same spans again and again
+        # (owner, what, mode, the thread's state) -> fixed part: the spans of an object that runs the same spans again and again
         # (an FSDP2 unit), found by it (owned) without naming its module first
-        self.owned: dict[tuple[object, str, str, int], bytes] = {}
+        self.owned: dict[tuple[object, str, str, object], bytes] = {}
         # owner -> idx of the span it began and its closing hook ends (an FSDP unit's forward and backward), kept
         # here rather than as an attribute of the framework's object: CPython 3.11 keeps a plain object's
         # attributes inline until something asks for its __dict__, after which every attribute load in the
@@ -101,9 +101,9 @@ class SpanRecorder:
         )
         return fixed
 
-    def fixed_of(self, owner: object, what: str, mode: str, module: str) -> bytes:
-        """fixed() of a span of `owner` on this thread, cached in `owned` by the owner."""
-        fixed = self.owned[(owner, what, mode, _get_ident())] = self.fixed(what, module, mode)
+    def fixed_of(self, owner: object, what: str, mode: str, ts: object, module: str) -> bytes:
+        """fixed() of a span of `owner` on the thread whose state is `ts`, cached in `owned` by the owner."""
+        fixed = self.owned[(owner, what, mode, ts)] = self.fixed(what, module, mode)
         return fixed
 
     # end(idx, error=False): the span ends now (END), marked failed when it raised
