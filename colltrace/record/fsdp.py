@@ -224,13 +224,8 @@ Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 # and an *args tuple and a **kwargs dict more per call (bench/shim_instructions.py). An error in the decision goes to
 # `failed`, and the method runs unscoped. A compiled unit runs its hooks inside the graph TorchDynamo traces:
 # nothing of ours then.
-_PREFETCH = """\
-    try:
-{thread_state}        phase = PHASE_BACKWARD if {arg1} == "backward" else {forward_phase}
-        serve = ({arg0}._module_fqn or fqn({arg0}), phase, PREFETCH)
-    except Exception as e:
-        failed(e)
-        return orig({call})
+# SERVING: the method run with `serve` as what the thread's collectives serve (the end of the templates that scope)
+_SERVING = """\
     old = ts.serve
     ts.serve = serve
     try:
@@ -238,6 +233,14 @@ _PREFETCH = """\
     finally:
         ts.serve = old
 """
+_PREFETCH = """\
+    try:
+{thread_state}        phase = PHASE_BACKWARD if {arg1} == "backward" else {forward_phase}
+        serve = ({arg0}._module_fqn or fqn({arg0}), phase, PREFETCH)
+    except Exception as e:
+        failed(e)
+        return orig({call})
+{serving}"""
 _POST_BACKWARD = """\
     try:
 {thread_state}        old = ts.serve
@@ -288,13 +291,7 @@ _PRE_FORWARD = """\
 {begin}            sp.at[self] = idx, slot_w
         except Exception as e:
             span_failed(e)
-    old = ts.serve
-    ts.serve = serve
-    try:
-        return orig({call})
-    finally:
-        ts.serve = old
-"""
+{serving}"""
 _POST_FORWARD = """\
     try:
         return orig({call})
@@ -326,13 +323,7 @@ _PRE_BACKWARD = """\
 {begin}            sp.at[self] = idx, slot_w
         except Exception as e:
             span_failed(e)
-    old = ts.serve
-    ts.serve = serve
-    try:
-        return orig({call})
-    finally:
-        ts.serve = old
-"""
+{serving}"""
 
 
 def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseException], None]) -> dict[str, Any]:
@@ -391,7 +382,7 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
     parts = {"begin": spans.span_source(spans.BEGIN, 12, "sp"), "end": spans.span_source(spans.END_AT, 16, "sp"),
              "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 8),
              "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING,
-             "thread_state": textwrap.indent(THREAD_STATE, " " * 8)}  # fmt: skip
+             "thread_state": textwrap.indent(THREAD_STATE, " " * 8), "serving": _SERVING}  # fmt: skip
     placeholders = ("{call}", "{module}", "{arg0}", "{arg1}")
 
     def maker(name: str, template: str) -> Wrap:
