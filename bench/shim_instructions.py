@@ -8,7 +8,8 @@ and 11 N times, and reports the difference per call: outside any module (the cal
 walked to the top and no module is found), inside a stand-in module's forward (the walk finds it),
 and with an adapter serving the call (FSDP's case: no walk); and a compute span begun and ended.
 Beside them the same figure for a yardstick: one dict + orjson.dumps + os.write (whose system call's kernel instructions callgrind does not count, so the
-yardstick is flattered). Then the FSDP2 adapter's wrappers of FSDPState._pre_forward (the unit's serving
+yardstick is flattered), and for torch's own untraced all_reduce of one float on a gloo group of one rank (torch
+imported once, under valgrind: a few minutes more; what a collective costs before colltrace adds to it). Then the FSDP2 adapter's wrappers of FSDPState._pre_forward (the unit's serving
 scope and its forward span begun) and FSDPParamGroup.post_backward (fsdp.fsdp2_wrappers: the decision and the
 serving scope in one frame) on a stand-in unit, beyond the cost of calling the hook itself. The last line is one JSON object.
 """
@@ -105,7 +106,53 @@ def _adapter_child(mode: str, n: int) -> None:
     shutil.rmtree(out, ignore_errors=True)
 
 
+def _torch_child(n: int) -> None:
+    """torch's own all_reduce of one float on a gloo group of one rank, untraced: N calls then 11 N, each run
+    between two calls of os.getppid, where callgrind dumps its counts (--dump-before): one torch import for both."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    t = torch.ones(1)
+    for _ in range(100):  # warm: the first calls build what later ones reuse
+        dist.all_reduce(t)
+    for k in (n, 11 * n):
+        os.getppid()
+        for _ in range(k):
+            dist.all_reduce(t)
+    os.getppid()
+    dist.destroy_process_group()
+
+
+def _torch_instructions(n: int) -> float:
+    """Instructions per call of torch's own untraced all_reduce (_torch_child): the 11 N region less the N one."""
+    out = tempfile.mkdtemp()
+    try:
+        proc = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--dump-before=getppid", f"--callgrind-out-file={out}/cg",
+             sys.executable, __file__, "--child", "torch", str(n)],
+            capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise SystemExit(f"valgrind failed for torch's own call:\n{proc.stderr[-2000:]}")
+        # cg.1: import, init and warm-up; cg.2: the N calls; cg.3: the 11 N calls (cg: the rest, at exit)
+        dumps = sorted(
+            (f for f in os.listdir(out) if f.rsplit(".", 1)[-1].isdigit()), key=lambda f: int(f.rsplit(".", 1)[-1])
+        )
+        totals = []
+        for name in dumps:
+            with open(os.path.join(out, name)) as f:
+                m = re.search(r"^(?:summary|totals):\s*(\d+)", f.read(), re.M)
+            totals.append(int(m.group(1)) if m else 0)
+        return (totals[2] - totals[1]) / (10 * n)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def _child(mode: str, n: int) -> None:
+    if mode == "torch":
+        _torch_child(n)
+        return
     if mode in ("method", "pre_forward", "post_backward"):
         _adapter_child(mode, n)
         return
@@ -217,6 +264,7 @@ def main() -> None:
     per["module"] -= per["bare"]
     per["span"] -= per["bare"]
     per["pre_forward"] -= per["method"]
+    per["torch"] = _torch_instructions(N)
     per["post_backward"] -= per["method"]
     print(f"shim: {per['shim']:,.0f} instructions per call outside any module (the caller's frames walked to the top)")
     print(
@@ -224,6 +272,7 @@ def main() -> None:
     )
     print(f"span: {per['span']:,.0f} instructions per span begun and ended")
     print(f"yardstick: {per['yardstick']:,.0f} instructions per call")
+    print(f"torch's own all_reduce, untraced (gloo, one rank): {per['torch']:,.0f} instructions per call")
     print(
         f"FSDP2 adapter, beyond the hook itself: pre_forward {per['pre_forward']:,.0f}, "
         f"post_backward {per['post_backward']:,.0f} instructions per call (the decision included)"
@@ -233,6 +282,7 @@ def main() -> None:
     print(json.dumps({"shim_instructions": round(per["shim"]), "served_instructions": round(per["served"]), "module_instructions": round(per["module"]),
                       "span_instructions": round(per["span"]),
                       "yardstick_instructions": round(per["yardstick"]), "ratio": round(ratio, 2),
+                      "torch_all_reduce_instructions": round(per["torch"]),
                       "fsdp2_pre_forward_wrapper_instructions": round(per["pre_forward"]),
                       "fsdp2_post_backward_wrapper_instructions": round(per["post_backward"])}))  # fmt: skip
 
