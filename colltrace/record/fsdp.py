@@ -223,8 +223,8 @@ Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 # parameters taken as they are ({call}, from ops.passthrough): adapter.scoped, the general form, costs three frames
 # and an *args tuple and a **kwargs dict more per call (bench/shim_instructions.py). An error in the decision goes to
 # `failed`, and the method runs unscoped. A compiled unit runs its hooks inside the graph TorchDynamo traces:
-# nothing of ours then.
-# SERVING: the method run with `serve` as what the thread's collectives serve (the end of the templates that scope)
+# nothing of ours then. _SERVING: the method run with `serve` as what the thread's collectives serve (how each
+# template that scopes ends).
 _SERVING = """\
     old = ts.serve
     ts.serve = serve
@@ -261,9 +261,9 @@ _POST_BACKWARD = """\
 {end}"""
 # The spans of a unit: its forward (FSDPState's pre- to post-forward hook) and its backward (the param group's
 # pre_backward to post_backward, above), each begun and ended inline (spans.BEGIN, END_AT: its idx and word kept in
-# SpanRecorder.at); a unit's fixed parts are
-# found by the unit (SpanRecorder.owned), so its module is named once. A compiled module runs its hooks inside the
-# graph TorchDynamo traces: no span then. An error goes to `span_failed`, and the hook runs.
+# SpanRecorder.at); a unit's fixed parts are found by the unit (SpanRecorder.owned), so its module is named once. A
+# compiled module runs its hooks inside the graph TorchDynamo traces: no span then. An error goes to `span_failed`,
+# and the hook runs.
 _PRE_FORWARD = """\
     if {compiling}:
         return orig({call})
