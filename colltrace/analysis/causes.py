@@ -29,7 +29,7 @@ from colltrace.analysis.timing import Straggler, reduces
 from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.events import Handling, SignalCaught
 from colltrace.trace.records import NOT_ENDED, Collective, RankState, RankTrace, Run
-from colltrace.trace.schema import PHASE_JOIN
+from colltrace.trace.schema import PHASE_JOIN, row_of
 from colltrace.trace.vocab import Mode, OpFamily, Phase, Role, SpanKind, op_family
 
 # DDP's error at the forward after a backward whose reduction it could not finish (find_unused_parameters=False)
@@ -856,12 +856,11 @@ def _earlier_call(rt: RankTrace, idx: int) -> Collective | None:
     """The rank's latest record before record idx issued from the same line of code in the same group (the
     loop's previous pass); None when none was read or no line is known."""
     cols = rt.records.cols
-    marker = cols["marker"]
-    at = int(np.searchsorted(marker, np.uint64(idx + 1)))
-    if at >= len(marker) or int(marker[at]) != idx + 1 or not cols["site"][at]:
+    at = row_of(cols, idx)
+    if at < 0 or not cols["site"][at]:
         return None
     same = np.flatnonzero((cols["site"][:at] == cols["site"][at]) & (cols["group"][:at] == cols["group"][at]))
-    return rt.records.by_idx(int(marker[same[-1]]) - 1) if len(same) else None
+    return rt.records.by_idx(int(cols["marker"][same[-1]]) - 1) if len(same) else None
 
 
 def _loaded_between(rt: RankTrace, after_ns: int, before_ns: int) -> bool:

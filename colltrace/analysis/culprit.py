@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
-
 from colltrace.analysis import groups, states, waitfor
 from colltrace.analysis.history import TRAINING, Habit, periodic, precedent, starts_step
 from colltrace.analysis.results import (
@@ -26,6 +24,7 @@ from colltrace.analysis.streams import GroupStream, RankStreams, SigTable, p2p_e
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
 from colltrace.trace.records import RankState, Run
+from colltrace.trace.schema import row_of
 from colltrace.trace.vocab import OpFamily, Phase, op_family
 
 if TYPE_CHECKING:
@@ -191,12 +190,11 @@ def _first_from_line(records: Slots, idx: int) -> bool:
     """Record idx is the first the rank issued from its line of code, in what its trace holds, which goes back
     a full step before it at least (from the rank's first record, or from an earlier step than the one before)."""
     cols = records.cols
-    marker = cols["marker"]
-    at = int(np.searchsorted(marker, np.uint64(idx + 1)))
-    if at == 0 or at >= len(marker) or int(marker[at]) != idx + 1 or not cols["site"][at]:
+    at = row_of(cols, idx)
+    if at <= 0 or not cols["site"][at]:
         return False
     step = int(cols["step"][at])
-    if step < _ROUTINE or int(marker[0]) != 1 and int(cols["step"][0]) >= step - 1:
+    if step < _ROUTINE or int(cols["marker"][0]) != 1 and int(cols["step"][0]) >= step - 1:
         return False  # no routine yet, or the trace holds too little before it to call the line new
     return not bool((cols["site"][:at] == cols["site"][at]).any())
 

@@ -114,8 +114,7 @@ class Context:
         """This thread's state (made on first use)."""
         ts = self.threads.get(_get_ident())
         if ts is None:
-            ts = self.threads[_get_ident()] = ThreadState()
-        self.local.ts = ts
+            ts = self.threads[_get_ident()] = self.local.ts = ThreadState()
         return ts
 
     # -- per-thread stacks -----------------------------------------------------------------

@@ -181,3 +181,13 @@ def wait_column(cols: Any) -> Any:
     whole = (wait == 0) & (t1 != 0) & (cols["flags"] & (FLAG_ASYNC | FLAG_DEVICE | FLAG_DONE) == 0)
     whole &= (kind == KIND_COLLECTIVE) | (kind == KIND_P2P)
     return np.where(whole, t1 - t0, wait) if whole.any() else wait
+
+
+def row_of(cols: Any, idx: int) -> int:
+    """Where the slot of record `idx` is in a numpy array of slots sorted by marker (a ring's readable slots):
+    its row, -1 when none holds it (torn, overwritten, or not read)."""
+    import numpy as np
+
+    marker = cols["marker"]
+    at = int(np.searchsorted(marker, np.uint64(idx + 1)))
+    return at if at < len(marker) and int(marker[at]) == idx + 1 else -1

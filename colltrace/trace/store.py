@@ -133,8 +133,8 @@ class _Ring:
         if idx < lo:
             blocks = self._read(idx, idx)
             return blocks[0] if blocks else rows[:0]
-        at = int(np.searchsorted(rows["marker"], np.uint64(idx + 1)))
-        return rows[at : at + 1] if at < len(rows) and int(rows["marker"][at]) == idx + 1 else rows[:0]
+        at = schema.row_of(rows, idx)
+        return rows[at : at + 1] if at >= 0 else rows[:0]
 
 
 class Slots(Sequence[Collective]):
