@@ -2193,6 +2193,39 @@ def test_a_rank_that_dies_unseen_without_torchrun_saying_how_stays_unknown(tmp_p
     assert not any(e.clue is Clue.EXITED for e in dx.finding.evidence)
 
 
+def _killed_while_waiting(tmp_path: Path, killed_first: bool) -> Diagnosis:
+    """Two replicas reduce gradients for 2 steps; in step 2 rank 1 waits in the all-reduce while rank 0 is still
+    computing (a long batch), and rank 1 is SIGKILLed there (writes nothing more). torchrun's file: with
+    `killed_first`, it found rank 1 killed first and stopped rank 0 after it (SIGTERM, which rank 0 records);
+    else it found rank 0 dead first (exit code 1) and killed rank 1 after it."""
+    rs = ranks(str(tmp_path), 2)
+    _reduce_steps(rs, 2, 756)
+    rs[1].coll("all_reduce", 756, "", "backward", redop="SUM", done=False)
+    rs[0].w.event({"ev": "signal", "t_ns": 1_700_000_010_000_000_000, "signal": "SIGTERM", "in_flight": 0})
+    ended = {1: (-9, "SIGKILL"), 0: (-15, "SIGTERM")} if killed_first else {0: (1, ""), 1: (-9, "SIGKILL")}
+    lines = [{"ev": "exit", "rank": r, "exitcode": code, "signal": sig, "first": i == 0, "pid": 20 + r}
+             for i, (r, (code, sig)) in enumerate(ended.items())]  # fmt: skip
+    (tmp_path / "launcher-host-10.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return diagnose(read_run(str(tmp_path)))
+
+
+def test_a_rank_killed_first_while_it_waited_is_the_culprit_not_the_rank_it_waited_for(tmp_path: Path) -> None:
+    """The wait-for graph's sink (rank 0) had neither failed nor timed out when torchrun stopped it: the run ended
+    with rank 1's death (SIGKILL, first), which is what the others' failures followed, not with a hang."""
+    dx = _killed_while_waiting(tmp_path, killed_first=True)
+    assert (dx.verdict, dx.culprits, dx.victims) == (Verdict.CRASH, (1,), (0,))
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.OOM, Confidence.LOW)
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.KILLED_WAITING] == [((1,), (0,))]
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.EXITED] == [(1,)]
+
+
+def test_a_rank_killed_after_another_ended_first_stays_a_victim_of_the_graph(tmp_path: Path) -> None:
+    """torchrun found the awaited rank dead first: the killed waiter is not named for its SIGKILL."""
+    dx = _killed_while_waiting(tmp_path, killed_first=False)
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and not any(e.clue is Clue.KILLED_WAITING for e in dx.finding.evidence)
+
+
 def _mesh_loss_on(tmp_path: Path, wrong_group: bool) -> Diagnosis:
     """A 2x2 mesh: dp groups {0,2} "1" and {1,3} "2", tp groups {0,1} "3" and {2,3} "4". Each step every rank
     all-reduces activations on its tp group (train.py:22) and gradients on its dp group, then the loss on its

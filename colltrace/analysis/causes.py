@@ -553,7 +553,10 @@ def stopped_outside(f: Facts) -> Finding | None:
     collective its peers timed out in, which never reached their exchange (clue OUTLIVED), is outside it too."""
     d, ends = f.d, f.ends
     short = {r for e in f.found if e.clue is Clue.OUTLIVED for r in e.ranks}
-    outside = [r for r in f.culprits if (ends[r].blocked is None or r in short) and ends[r].state in NOT_ENDED]
+    # so is a culprit killed from outside while it waited in one (killed_first): it did not stop there of its own
+    gone = {r for r in f.culprits if r in ends and states.killed_first(ends[r])}
+    outside = [r for r in f.culprits
+               if (ends[r].blocked is None or r in short | gone) and ends[r].state in NOT_ENDED]  # fmt: skip
     if not outside or len(outside) != len(f.culprits) or not (short or d is not None and d.kind is Kind.MISSING):
         return None
     if f.slow is not None and f.slow.rank in outside:

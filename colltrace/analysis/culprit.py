@@ -331,6 +331,14 @@ def for_missing(
         evidence.append(Evidence(Clue.MAJORITY, culprits, len(absent)))
         evidence.append(Evidence(Clue.EXITED_CLEANLY, absent, max(ends[r].steps for r in absent)))
         return Blame(culprits, (), Kind.EXTRA, Confidence.MEDIUM, tuple(evidence))
+    killed = tuple(r for r in issuers if states.killed_first(ends[r]))
+    if killed and absent and all(_stopped_after(ends[r]) for r in absent):
+        # an issuer was killed from outside (SIGKILL, found first by torchrun) while it waited here, and the
+        # ranks it waited for had neither failed nor timed out when torchrun stopped them after it: the run
+        # ended with its death, not with their hang (a wait-for edge is no hang until the wait outlasts
+        # something). Who failed first is the culprit, whatever the graph's sink
+        victims = tuple(sorted((set(issuers) | set(absent)) - set(killed)))
+        return Blame(killed, victims, Kind.MISSING, Confidence.MEDIUM, (Evidence(Clue.KILLED_WAITING, killed, absent),))
     # the absent ranks are late: follow the wait-for graph from them to whom they wait on
     culprits_set: set[int] = set()
     # an absent rank whose error says it waited for a peer (a store barrier, a collective the trace never
@@ -357,6 +365,12 @@ def for_missing(
     kinds = {e.clue for e in evidence}
     confidence = Confidence.HIGH if len(kinds - {Clue.TIMED_OUT}) >= 2 else Confidence.MEDIUM
     return Blame(culprits, victims, Kind.MISSING, confidence, tuple(evidence))
+
+
+def _stopped_after(e: RankEnd) -> bool:
+    """torchrun stopped the rank after another rank had ended (its launcher file: not first), and the rank had
+    itself neither raised, timed out nor lost a peer: it was on its way, whatever it was doing."""
+    return e.exit is not None and e.exit.first is False and not e.error_type and not e.collective_failure
 
 
 def _kept_up(d: Divergence, absent: tuple[int, ...], ends: dict[int, RankEnd]) -> bool:

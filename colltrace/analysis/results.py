@@ -95,6 +95,9 @@ class Clue(str, enum.Enum):
     SIGNALLED = "signalled"  # it caught a signal it handles itself, none of the others did (events.SignalCaught)
     GROUP_APART = "group_apart"  # issued from the line the others issue in another group it is in (GroupApart)
     EXITED = "exited"  # torchrun found it ended so first, before it stopped the others (detail: events.Exit)
+    # killed from outside first (SIGKILL) while it waited in a collective for ranks that had neither failed nor
+    # timed out, which torchrun stopped after it (detail: those ranks)
+    KILLED_WAITING = "killed_waiting"
     THREAD_DIED = "thread_died"  # a thread of the rank's own died of an exception (detail: events.ThreadError)
     OUTLIVED = "outlived"  # a rank still in the collective, not failed, long after the others timed out there
     LATE_IN = "late_in"  # the compute span a rank that arrived last spent most of its lateness in (detail: InSpan)

@@ -270,5 +270,17 @@ def failed_first(ends: dict[int, RankEnd]) -> int | None:
 
 
 def died_unseen(end: RankEnd) -> bool:
-    """Stopped from outside with no end record and no signal seen: SIGKILL or a machine gone; treat as dead."""
-    return end.state is RankState.KILLED and not end.signal and end.blocked is None
+    """Stopped from outside with no end record and no signal seen: SIGKILL or a machine gone; treat as dead. In a
+    collective too, when torchrun found it killed so before it stopped any other rank (killed_first)."""
+    return end.state is RankState.KILLED and not end.signal and (end.blocked is None or killed_first(end))
+
+
+def killed_first(end: RankEnd) -> bool:
+    """torchrun found the rank killed by SIGKILL before it stopped the others (its launcher file), and the rank
+    recorded nothing of its own (no error, no signal: SIGKILL cannot be caught): it was ended from outside, the
+    first of the run to end, wherever it was. The kernel's OOM killer picks a process by its size, not by what
+    it is doing: one waiting in a collective too. (A rank that timed out raises; NCCL's watchdog aborts with
+    SIGABRT, which faulthandler records: neither is this.)"""
+    x = end.exit
+    return (end.state is RankState.KILLED and not end.signal and not end.error_type and x is not None
+            and x.first is True and x.signal == "SIGKILL")  # fmt: skip

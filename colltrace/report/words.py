@@ -215,6 +215,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.NO_DUMP: f"{who} left no readable Flight Recorder dump while the others did (a process that aborted in C++ or "
         "was killed writes none)" + (f"; {_were(peers)} blocked" if peers else ""),
         Clue.WAITED_FOR: f"{who} never reached the collective that {_were(peers)} blocked in (wait-for graph sink)",
+        Clue.KILLED_WAITING: _killed_waiting(who, peers, bool(s)),
         Clue.CYCLE: f"{who} wait on each other (a cycle in the wait-for graph: each is blocked where another has not arrived)",
         Clue.MEMBERSHIP: f"the ranks disagree on the members of group {detail}",
         Clue.GROUP_CREATE: f"{who} asked new_group/split_group for other ranks than the rest",
@@ -673,6 +674,17 @@ def _group_apart(who: str, d: Detail) -> str:
         f"{who} issued from `{d.line}` the collective that {_were(d.waiting)} blocked in on "
         f"{group_text(d.group)} from that same line, a group {who} is in, but issued it in this group: the "
         "group argument is worked out otherwise on it (a device mesh's other dimension, a leftover group)"
+    )
+
+
+def _killed_waiting(who: str, peers: tuple[int, ...], one: bool) -> str:
+    """Clue KILLED_WAITING: killed from outside first while it waited for ranks that had not failed."""
+    them = ranks_text(peers) if peers else "the others"
+    return (
+        f"{who} {'was' if one else 'were'} killed (SIGKILL, the first of the run to end) while waiting in the "
+        f"collective for {them}; torchrun stopped {them} after it, before {'it' if len(peers) == 1 else 'any'} had "
+        "failed or timed out: "
+        "the run ended with that death, not with a hang"
     )
 
 
