@@ -25,6 +25,7 @@ from colltrace.trace.vocab import Role
 from colltrace.trace.writer import hot_function
 
 if TYPE_CHECKING:
+    from colltrace.record.spans import SpanRecorder
     from colltrace.record.tracer import Tracer
 
 _get_ident = threading.get_ident
@@ -243,27 +244,72 @@ _PREFETCH = """\
 {serving}"""
 _POST_BACKWARD = """\
     try:
-{thread_state}        old = ts.serve
-        ts.serve = (self._module_fqn or fqn(self), PHASE_BACKWARD, REDUCE_GRAD)
+{thread_state}        unit = units.get(self)
+        if unit is None or not unit.named:
+            unit = group_unit(self)
+        old = ts.serve
+        ts.serve = unit.serves[1]
     except Exception as e:
         failed(e)
-        ts = None
+        ts = unit = None
     try:
         return orig({call})
     finally:
         if ts is not None:
             ts.serve = old
-        sp = tracer.spans
-        if sp is not None:
-            at = sp.at.pop(self, None)  # the unit's backward span
-            if at is not None:
-                idx, slot_w = at
-{end}"""
+{span_end}"""
+
+
+class Unit:
+    """What FSDP2's hooks keep of one unit between calls (of an FSDPState: its forward; of an FSDPParamGroup: its
+    backward), in the adapter's table (`units`), never as an attribute of FSDP's objects (docs/performance.md): what
+    its collectives serve, final once FSDP has named the unit (`named`); the fixed part of its last span, packed for
+    one SpanRecorder, thread, kind and mode (the next span is most often the same); and the span it has open (idx
+    -1: none)."""
+
+    __slots__ = ("serves", "named", "sp", "ts", "what", "mode", "fixed", "idx", "slot_w")
+
+    def __init__(self) -> None:
+        self.serves: tuple[Serve, ...] = ()
+        self.named = False
+        self.sp: Any = None
+        self.ts: Any = None
+        self.what = self.mode = ""
+        self.fixed = b""
+        self.idx = self.slot_w = -1
+
+    def fixed_of(self, sp: SpanRecorder, ts: ThreadState, what: str, mode: str, module: str) -> bytes:
+        """The fixed part of this unit's span (SpanRecorder.fixed), kept for the next."""
+        self.sp, self.ts, self.what, self.mode = sp, ts, what, mode
+        self.fixed = sp.fixed(what, module, mode)
+        return self.fixed
+
+
 # The spans of a unit: its forward (FSDPState's pre- to post-forward hook) and its backward (the param group's
-# pre_backward to post_backward, above), each begun and ended inline (spans.BEGIN, END_AT: its idx and word kept in
-# SpanRecorder.at); a unit's fixed parts are found by the unit (SpanRecorder.owned), so its module is named once. A
-# compiled module runs its hooks inside the graph TorchDynamo traces: no span then. An error goes to `span_failed`,
-# and the hook runs.
+# pre_backward to post_backward, above), each begun and ended inline (spans.BEGIN, END_AT), its idx and word kept
+# by its Unit, which keeps its fixed part too: a unit's module is named once. _SPAN: `unit` begins a span of kind
+# {what} and mode {mode} of module {name}; _SPAN_END: the span `unit` has open ends. A compiled module runs its
+# hooks inside the graph TorchDynamo traces: no span then. An error goes to `span_failed`, and the hook runs.
+_SPAN = """\
+    sp = tracer.spans
+    if sp is not None:
+        try:
+            if unit.sp is sp and unit.ts is ts and unit.what is {what} and unit.mode == {mode}:
+                fixed = unit.fixed
+            else:
+                fixed = unit.fixed_of(sp, ts, {what}, {mode}, {name})
+{begin}            unit.idx = idx
+            unit.slot_w = slot_w
+        except Exception as e:
+            span_failed(e)
+"""
+_SPAN_END = """\
+        if unit is not None and unit.idx >= 0 and unit.sp is tracer.spans:
+            idx = unit.idx
+            unit.idx = -1
+            slot_w = unit.slot_w
+            ring = unit.sp.ring
+{end}"""
 _PRE_FORWARD = """\
     if {compiling}:
         return orig({call})
@@ -271,59 +317,38 @@ _PRE_FORWARD = """\
 {thread_state}        if ctx.root is None:  # the model's first forward: learn its root
             ctx.learn_running()
         unit = units.get(self)
-        if unit is None:
-            unit = unit_of(self, {module})
+        if unit is None or not unit.named:
+            unit = state_unit(self, {module})
 {forward_kind}        if self._training_state is pre_backward:  # activation checkpointing's recompute: FSDP's backward unshard
-            serve = unit[2]
+            serve = unit.serves[2]
         else:
-            serve = unit[0] if what is PHASE_FORWARD else unit[1]
+            serve = unit.serves[0] if what is PHASE_FORWARD else unit.serves[1]
         if ts.labels:
             serve = (serve[0], serve[1], UNSHARD + ":" + ts.labels[-1])
     except Exception as e:
         failed(e)
         return orig({call})
-    sp = tracer.spans
-    if sp is not None:
-        try:
-            fixed = sp.owned.get((self, what, mode, ts))
-            if fixed is None:
-                fixed = sp.fixed_of(self, what, mode, ts, ctx.module_name({module}))
-{begin}            sp.at[self] = idx, slot_w
-        except Exception as e:
-            span_failed(e)
-{serving}"""
+{span_forward}{serving}"""
 _POST_FORWARD = """\
     try:
         return orig({call})
     finally:
-        sp = tracer.spans
-        if sp is not None:
-            at = sp.at.pop(self, None)
-            if at is not None:
-                idx, slot_w = at
-{end}"""
+        unit = units.get(self)
+{span_end}"""
 _PRE_BACKWARD = """\
     if self._training_state is pre_backward:  # FSDP's own no-op
         return orig({call})
     try:
-{thread_state}        serve = units.get(self)
-        if serve is None:
-            serve = backward_unshard(self)
+{thread_state}        unit = units.get(self)
+        if unit is None or not unit.named:
+            unit = group_unit(self)
+        serve = unit.serves[0]
         if ts.labels:
             serve = (serve[0], serve[1], UNSHARD + ":" + ts.labels[-1])
     except Exception as e:
         failed(e)
         return orig({call})
-    sp = tracer.spans
-    if sp is not None:
-        try:
-            fixed = sp.owned.get((self, BACKWARD, "", ts))
-            if fixed is None:
-                fixed = sp.fixed_of(self, BACKWARD, "", ts, serve[0])
-{begin}            sp.at[self] = idx, slot_w
-        except Exception as e:
-            span_failed(e)
-{serving}"""
+{span_backward}{serving}"""
 
 
 def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseException], None]) -> dict[str, Any]:
@@ -335,8 +360,8 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
     from colltrace.record.shim import COMPILING, compiling_names  # the shim imports the adapters' helpers
 
     ctx = tracer.ctx
-    # FSDPState -> what its forward unshard serves (unit_of); FSDPParamGroup -> what its backward unshard serves
-    units: dict[object, Any] = {}
+    # FSDPState or FSDPParamGroup -> its Unit
+    units: dict[object, Unit] = {}
 
     def span_failed(exc: BaseException) -> None:
         tracer.warn_once("recording FSDP2 spans failed", exc)
@@ -356,30 +381,43 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
         groups = getattr(fsdp_state, "_fsdp_param_groups", None)
         return fqn(groups[0]) if groups else ctx.module_name(module)
 
-    def unit_of(fsdp_state: Any, module: Any) -> tuple[Serve, Serve, Serve]:
-        """What fsdp_state's forward unshard serves in a forward, a recompute and FSDP's backward unshard (under
-        activation checkpointing), remembered once FSDP has named its unit (its lazy init)."""
+    def state_unit(fsdp_state: Any, module: Any) -> Unit:
+        """fsdp_state's Unit: what its forward unshard serves in a forward, a recompute and FSDP's backward unshard
+        (under activation checkpointing), named for good once FSDP has named its unit (its lazy init)."""
+        unit = units.get(fsdp_state)
+        if unit is None:
+            unit = units[fsdp_state] = Unit()
         name = unit_name(fsdp_state, module)
-        unit = ((name, PHASE_FORWARD, UNSHARD), (name, PHASE_RECOMPUTE, UNSHARD), (name, PHASE_BACKWARD, UNSHARD))
+        unit.serves = (
+            (name, PHASE_FORWARD, UNSHARD),
+            (name, PHASE_RECOMPUTE, UNSHARD),
+            (name, PHASE_BACKWARD, UNSHARD),
+        )
         groups = getattr(fsdp_state, "_fsdp_param_groups", None)
-        if (getattr(groups[0], "_module_fqn", None) is not None) if groups else ctx.root is not None:
-            units[fsdp_state] = unit
+        unit.named = (getattr(groups[0], "_module_fqn", None) is not None) if groups else ctx.root is not None
         return unit
 
-    def backward_unshard(group: Any) -> Serve:
-        """What a param group's backward unshard serves, remembered once FSDP has named its unit."""
-        serve = (fqn(group), PHASE_BACKWARD, UNSHARD)
-        if getattr(group, "_module_fqn", None) is not None:
-            units[group] = serve
-        return serve
+    def group_unit(group: Any) -> Unit:
+        """A param group's Unit: what its backward unshard and its reduce-scatter serve, named for good once FSDP
+        has named its unit."""
+        unit = units.get(group)
+        if unit is None:
+            unit = units[group] = Unit()
+        name = fqn(group)
+        unit.serves = ((name, PHASE_BACKWARD, UNSHARD), (name, PHASE_BACKWARD, REDUCE_GRAD))
+        unit.named = getattr(group, "_module_fqn", None) is not None
+        return unit
 
     names = {"ctx": ctx, "local": ctx.local, "state": ctx.state, "get_ident": _get_ident, "fqn": fqn,
              "failed": failed, "tracer": tracer, "pre_backward": pre_backward, "units": units,
-             "unit_of": unit_of, "backward_unshard": backward_unshard, "PHASE_BACKWARD": PHASE_BACKWARD,
+             "state_unit": state_unit, "group_unit": group_unit, "PHASE_BACKWARD": PHASE_BACKWARD,
              "PHASE_FORWARD": PHASE_FORWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
              "REDUCE_GRAD": REDUCE_GRAD, "BACKWARD": spans.BACKWARD, "span_failed": span_failed,
              **spans.SPAN_NAMES, **spans.KIND_NAMES, **compiling_names()}  # fmt: skip
-    parts = {"begin": spans.span_source(spans.BEGIN, 12, "sp"), "end": spans.span_source(spans.END_AT, 16, "sp"),
+    span = _SPAN.replace("{begin}", spans.span_source(spans.BEGIN, 12, "sp"))
+    parts = {"span_forward": span.format(what="what", mode="mode", name="ctx.module_name({module})"),
+             "span_backward": span.format(what="BACKWARD", mode='""', name="serve[0]"),
+             "span_end": _SPAN_END.replace("{end}", spans.span_source(spans.END_AT, 12, "")),
              "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 8),
              "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING,
              "thread_state": textwrap.indent(THREAD_STATE, " " * 8), "serving": _SERVING}  # fmt: skip

@@ -48,12 +48,12 @@ _ERROR = schema.FLAG_DONE | schema.FLAG_ERROR
 # The hot paths of a span, as source for the generated functions that inline them (SpanRecorder.begin and end
 # below, FSDP2's hooks: fsdp.fsdp2_wrappers), with {sp} the SpanRecorder. BEGIN: the span whose fixed part (FIXED,
 # packed once: SpanRecorder.fixed) is `fixed` begins now, its slot `idx` at word `slot_w` (writer.APPEND). END_AT:
-# span `idx` at word `slot_w` ends now (writer.FINISH: its end time, what says it ended; its wait stays 0); END: the
-# same from idx alone (finding its word costs more than keeping it: FSDP2's hooks keep both, SpanRecorder.at).
+# span `idx` at word `slot_w` of `ring` ends now (writer.FINISH: its end time, what says it ended; its wait stays 0);
+# END: the same from idx alone (finding its word costs more than keeping it: FSDP2's hooks keep both, fsdp.Unit).
 BEGIN = "ring = {sp}.ring\n" + inline(APPEND, 0, idx="idx", ring="ring", pack="pack_fixed",
                                      fields="fixed, ctx.step, ctx.micro_step, now()")  # fmt: skip
-END_AT = "ring = {sp}.ring\n" + finish_source(0, ring="ring", idx="idx", t_done="now()", wait=None)
-END = f"slot_w = {SLOT_WORD.format(idx='idx', ring='{sp}.ring')}\n" + END_AT
+END_AT = finish_source(0, ring="ring", idx="idx", t_done="now()", wait=None)
+END = f"ring = {{sp}}.ring\nslot_w = {SLOT_WORD.format(idx='idx', ring='ring')}\n" + END_AT
 SPAN_NAMES: dict[str, Any] = {"get_ident": _get_ident, "now": _now}
 
 
@@ -71,16 +71,11 @@ class SpanRecorder:
         self.ctx = ctx
         self._tid = tid  # Recorder._tid: the small thread number collectives carry too
         self._static: dict[tuple[int, str, str, str], bytes] = {}
-        # (owner, what, mode, the thread's state) -> fixed part: the spans of an object that runs the same spans again and again
-        # (an FSDP2 unit), found by it (owned) without naming its module first
-        self.owned: dict[tuple[object, str, str, object], bytes] = {}
-        # owner -> idx of the span it began and its closing hook ends (an FSDP unit's forward and backward), kept
+        # owner -> idx of the span it began and its closing hook ends (an FSDP1 unit's backward, DDP's forward), kept
         # here rather than as an attribute of the framework's object: CPython 3.11 keeps a plain object's
         # attributes inline until something asks for its __dict__, after which every attribute load in the
         # framework's own code on it takes a slower path
         self.opened: dict[object, int] = {}
-        # owner -> (idx, word) of the span it began and its closing hook ends, for the hooks that end it inline (FSDP2)
-        self.at: dict[object, tuple[int, int]] = {}
 
     # begin(what, module="", flavour="") -> idx: the span's slot (BEGIN), its start now; all of it but step,
     # micro-step and start packed once per kind of span of a thread (fixed)
@@ -99,11 +94,6 @@ class SpanRecorder:
         fixed = self._static[(_get_ident(), what, module, flavour)] = FIXED.pack(
             schema.KIND_SPAN, 0, 0, self._tid(), 0, sid(what), 0, 0, sid(module), 0, sid(flavour), 0, 0, -1, 0, 0, -1
         )
-        return fixed
-
-    def fixed_of(self, owner: object, what: str, mode: str, ts: object, module: str) -> bytes:
-        """fixed() of a span of `owner` on the thread whose state is `ts`, cached in `owned` by the owner."""
-        fixed = self.owned[(owner, what, mode, ts)] = self.fixed(what, module, mode)
         return fixed
 
     # end(idx, error=False): the span ends now (END), marked failed when it raised
