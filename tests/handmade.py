@@ -34,8 +34,9 @@ class FakeRank:
         groups: dict[str, tuple[str, tuple[int, ...]]] | None = None,
         capacity: int = 4096,
         full: bool = True,
+        pid: int = 0,
     ) -> None:
-        header = {
+        header: dict[str, Any] = {
             "world_size": world,
             "host": f"node{rank // 8}",
             "torch": "2.13.0+cpu",
@@ -44,6 +45,8 @@ class FakeRank:
             "launcher": "torchrun",
             "clock": {"wall_ns": 1_700_000_000_000_000_000, "mono_ns": 0},
         }
+        if pid:  # the traced process (the launcher's exit lines name theirs)
+            header["pid"] = pid
         self.rank = rank
         self.w = TraceWriter(run_dir, rank, capacity=capacity, full=full, header=header)
         groups = groups or {"0": ("default_pg", tuple(range(world)))}

@@ -2193,6 +2193,29 @@ def test_a_rank_that_dies_unseen_without_torchrun_saying_how_stays_unknown(tmp_p
     assert not any(e.clue is Clue.EXITED for e in dx.finding.evidence)
 
 
+def test_after_a_restart_a_rank_is_read_with_the_exit_of_the_attempt_its_trace_is_of(tmp_path: Path) -> None:
+    """torchrun --max-restarts: the first attempt's rank 0 was SIGKILLed (pid 11), the second's, whose trace is on
+    disk (it wrote over the first's), exited with code 3 (pid 30): the report goes by the second's."""
+    rs = [FakeRank(str(tmp_path), r, 3, pid=30 + r) for r in range(3)]
+    _reduce_steps(rs, 2, 756)
+    _time_out([rs[1], rs[2]], 756)
+    attempts = [(11, -9, "SIGKILL"), (30, 3, "")]
+    lines = [{"ev": "exit", "rank": 0, "exitcode": code, "signal": sig, "first": True, "t_ns": 1_700_000_040_000_000_000,
+              "pid": pid} for pid, code, sig in attempts]  # fmt: skip
+    lines += [{"ev": "exit", "rank": r, "exitcode": -15, "signal": "SIGTERM", "first": False, "pid": base + r}
+              for base in (11, 30) for r in (1, 2)]  # fmt: skip
+    (tmp_path / "launcher-host-10.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = read_run(str(tmp_path))
+    assert [run.ranks[r].exit for r in range(3)] == [
+        Exit(3, "", True, 1_700_000_040_000_000_000),
+        Exit(-15, "SIGTERM", False, 0),
+        Exit(-15, "SIGTERM", False, 0),
+    ]
+    dx = diagnose(run)
+    assert dx.culprits == (0,)
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.UNKNOWN, Confidence.LOW)
+
+
 def _killed_while_waiting(tmp_path: Path, killed_first: bool) -> Diagnosis:
     """Two replicas reduce gradients for 2 steps; in step 2 rank 1 waits in the all-reduce while rank 0 is still
     computing (a long batch), and rank 1 is SIGKILLed there (writes nothing more). torchrun's file: with

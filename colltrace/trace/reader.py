@@ -433,9 +433,10 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
 }  # fmt: skip
 
 
-def _launcher_exits(run_dir: str) -> dict[int, Exit]:
-    """rank -> how torchrun saw it end, from the launchers' files (record/launcher.py); a rank's first line."""
-    exits: dict[int, Exit] = {}
+def _launcher_exits(run_dir: str) -> dict[int, list[tuple[int, Exit]]]:
+    """rank -> how torchrun saw it end, from the launchers' files (record/launcher.py): (the worker's pid, 0 where
+    not written; its Exit) per line, oldest first (torchrun --max-restarts writes one per failed attempt)."""
+    exits: dict[int, list[tuple[int, Exit]]] = {}
     for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), "launcher-*.jsonl"))):
         try:
             with open(path, "rb") as f:
@@ -449,8 +450,17 @@ def _launcher_exits(run_dir: str) -> dict[int, Exit]:
                 continue
             if not isinstance(ev, dict) or ev.get("ev") != schema.EV_EXIT or not _valid(ev, _EVENTS[schema.EV_EXIT]):
                 continue
-            exits.setdefault(ev["rank"], Exit(ev["exitcode"], ev.get("signal", ""), ev.get("first"), ev.get("t_ns", 0)))
+            ended = Exit(ev["exitcode"], ev.get("signal", ""), ev.get("first"), ev.get("t_ns", 0))
+            exits.setdefault(ev["rank"], []).append((ev.get("pid", 0), ended))
     return exits
+
+
+def _exit_of(pid: int, ends: list[tuple[int, Exit]]) -> Exit | None:
+    """Which of a rank's exits is its trace's: the one of the traced process (a restarted attempt writes its trace
+    over the last one's, and an attempt that did not fail writes no exit); the first where no pid says."""
+    if pid and all(p for p, _ in ends):
+        return next((e for p, e in ends if p == pid), None)
+    return ends[0][1]
 
 
 def _is(value: Any, types: tuple[type, ...]) -> bool:
@@ -542,9 +552,9 @@ def read_run(run_dir: str) -> Run:
     world = max(world, max(ranks) + 1)
     missing = [r for r in range(world) if r not in ranks]
     run = Run(path=run_dir, ranks=ranks, world_size=world, missing=missing, problems=problems)
-    for rank, ended in _launcher_exits(run_dir).items():
+    for rank, ends in _launcher_exits(run_dir).items():
         if rank in ranks:
-            ranks[rank].exit = ended
+            ranks[rank].exit = _exit_of(ranks[rank].header.pid, ends)
     try:
         dumps = flight.find(run_dir)  # Flight Recorder's dumps of the same job (COLLTRACE=1 steers them here)
         if dumps:
