@@ -3,6 +3,8 @@ The FSDP tests show it on real jobs."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
 import threading
 from collections.abc import Iterator
@@ -111,3 +113,20 @@ def test_the_decision_sees_the_argument_it_names_and_each_thread_its_own_state(c
     thread.join()
     assert results == [(("h1", "backward", "reduce_grad"), None)]
     assert len(ctx.threads) == 1  # made on first use by the other thread; this one has not used its own
+
+
+def test_a_thread_keeps_one_state_in_its_asyncio_tasks_and_in_an_empty_context(ctx: Context) -> None:
+    """The state is the thread's (context.THREAD_STATE: a ContextVar, each thread starting with an empty context):
+    a task's copy of the context, or a context made empty, still finds this thread's; another thread its own."""
+    main = ctx.state()
+
+    async def in_a_task() -> Any:
+        return ctx.state()
+
+    assert asyncio.run(in_a_task()) is main
+    assert contextvars.Context().run(ctx.state) is main
+    other: list[Any] = []
+    thread = threading.Thread(target=lambda: other.append(ctx.state()))
+    thread.start()
+    thread.join()
+    assert other[0] is not main and set(ctx.threads.values()) == {main, other[0]}

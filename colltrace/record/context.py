@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import sys
 import threading
 from collections.abc import Callable
@@ -59,13 +60,15 @@ def _frame_self(wrapped: object, call_impl: object, outermost: bool, start: Fram
 
 
 # THREAD_STATE: this thread's ThreadState as `ts`, the hot paths' way (the shim's wrapper, FSDP2's hooks), with
-# `local` the Context's threading.local and `state` its state(): one attribute of the thread's own dict, where
-# threads.get(get_ident()) makes a new int of the thread's id every time (callgrind: about 500 instructions
-# against 800).
+# `current_ts` the get of the Context's ContextVar and `state` its state(). A thread starts with an empty context,
+# so the variable is this thread's, and an asyncio task's copy of it too (a function run in a copy of another
+# thread's context, as asyncio.to_thread runs it, shares that thread's state). Its get is a cached read where a
+# threading.local's attribute is a lookup in the thread's own dict (callgrind: about 190 instructions against 500),
+# and threads.get(get_ident()) makes a new int of the thread's id every time (800).
 THREAD_STATE = """\
 try:
-    ts = local.ts
-except AttributeError:  # the thread's first call
+    ts = current_ts()
+except LookupError:  # the thread's first call (or a context made empty)
     ts = state()
 """
 
@@ -89,7 +92,9 @@ class Context:
 
     def __init__(self) -> None:
         self.threads: dict[int, ThreadState] = {}
-        self.local = threading.local()  # .ts: this thread's entry of `threads` (THREAD_STATE)
+        # this thread's entry of `threads` (THREAD_STATE); one variable per Context, as there is one Context per
+        # tracer: made once per process
+        self.var: contextvars.ContextVar[ThreadState] = contextvars.ContextVar("colltrace_thread_state")
         self.step = 0  # optimizer steps completed
         self.micro_step = 0  # root forwards since the last optimizer step, 0-based
         self.seen_forward = False
@@ -112,9 +117,14 @@ class Context:
 
     def state(self) -> ThreadState:
         """This thread's state (made on first use)."""
+        try:
+            return self.var.get()
+        except LookupError:
+            pass
         ts = self.threads.get(_get_ident())
         if ts is None:
-            ts = self.threads[_get_ident()] = self.local.ts = ThreadState()
+            ts = self.threads[_get_ident()] = ThreadState()
+        self.var.set(ts)
         return ts
 
     # -- per-thread stacks -----------------------------------------------------------------

@@ -408,7 +408,7 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
         unit.named = getattr(group, "_module_fqn", None) is not None
         return unit
 
-    names = {"ctx": ctx, "local": ctx.local, "state": ctx.state, "get_ident": _get_ident, "fqn": fqn,
+    names = {"ctx": ctx, "current_ts": ctx.var.get, "state": ctx.state, "get_ident": _get_ident, "fqn": fqn,
              "failed": failed, "tracer": tracer, "pre_backward": pre_backward, "units": units,
              "state_unit": state_unit, "group_unit": group_unit, "PHASE_BACKWARD": PHASE_BACKWARD,
              "PHASE_FORWARD": PHASE_FORWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,

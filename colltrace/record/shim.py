@@ -130,7 +130,7 @@ class Shim:
                 "tracer": self.tracer,
                 "orig": orig,
                 "spec": spec,
-                "local": ctx.local,
+                "current_ts": ctx.var.get,
                 "state": ctx.state,
                 "current": ctx.current,
                 "get_ident": _get_ident,
