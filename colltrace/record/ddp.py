@@ -185,9 +185,9 @@ class DdpAdapter(Adapter):
         def ended(module: Any, args: Any, output: Any) -> None:
             sp = tracer.spans
             if sp is not None:
-                idx = sp.opened.pop(id(module), -1)
-                if idx >= 0:
-                    sp.end(idx)
+                span = sp.opened.pop(id(module), None)
+                if span is not None:
+                    sp.end(span)
 
         try:
             inner.register_forward_pre_hook(direct)

@@ -193,9 +193,9 @@ class FsdpAdapters(Adapter):
                 finally:
                     sp = tracer.spans
                     if sp is not None:
-                        idx = sp.opened.pop(handle, -1)
-                        if idx >= 0:
-                            sp.end(idx)
+                        span = sp.opened.pop(handle, None)
+                        if span is not None:
+                            sp.end(span)
 
             return _post_backward_hook
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from colltrace.config import MODULES_FRAMES as FRAMES
 from colltrace.config import MODULES_HOOKS as HOOKS_MODE
 from colltrace.record import spans
+from colltrace.record.spans import Token
 
 if TYPE_CHECKING:
     from colltrace.record.tracer import Tracer
@@ -35,7 +36,7 @@ class Hooks:
         self.on_step: Callable[[int], object] | None = None  # set by install: writes the step event
         self._first: Any = None  # the handle of _first_forward while it is installed
         self._compiling: Callable[[], bool] = bool
-        self._optimizer_span = -1
+        self._optimizer_span: Token | None = None
 
     def install(self, modules: str = FRAMES) -> None:
         """modules: how running modules are found (config.MODULES_*): the caller's frames when a
@@ -166,9 +167,9 @@ class Hooks:
         ctx.optimizer_depth = max(0, ctx.optimizer_depth - 1)
         if ctx.optimizer_depth == 0:
             sp = self.tracer.spans
-            if sp is not None and self._optimizer_span >= 0:
+            if sp is not None and self._optimizer_span is not None:
                 sp.end(self._optimizer_span)
-            self._optimizer_span = -1
+            self._optimizer_span = None
             ctx.step += 1
             ctx.micro_step = 0
             ctx.forwards_since_step = 0
@@ -258,20 +259,20 @@ class Hooks:
                 if sp is None:
                     return orig(it)
                 try:
-                    idx = sp.begin(spans.DATA)
+                    span = sp.begin(spans.DATA)
                 except Exception as e:
                     tracer.warn_once("recording data loading failed", e)
                     return orig(it)
                 try:
                     batch = orig(it)
                 except StopIteration:
-                    sp.end(idx)
+                    sp.end(span)
                     sp.exhausted()
                     raise
                 except BaseException:
-                    sp.end(idx, error=True)
+                    sp.end(span, error=True)
                     raise
-                sp.end(idx)
+                sp.end(span)
                 return batch
 
             return __next__
@@ -294,16 +295,16 @@ def spanned(
     if sp is None:
         return fn(*args, **kwargs)
     try:
-        idx = sp.begin(what, module, flavour)
+        span = sp.begin(what, module, flavour)
     except Exception as e:  # the call runs all the same
         tracer.warn_once(f"recording a {what} span failed", e)
         return fn(*args, **kwargs)
     try:
         result = fn(*args, **kwargs)
     except BaseException:
-        sp.end(idx, error=True)
+        sp.end(span, error=True)
         raise
-    sp.end(idx)
+    sp.end(span)
     return result
 
 
@@ -325,7 +326,7 @@ class phase:
 
     def __init__(self, name: str) -> None:
         self.name = str(name)
-        self._entered: list[tuple[Tracer, int]] = []  # the tracer each open block labelled, its span (-1: none)
+        self._entered: list[tuple[Tracer, Token | None]] = []  # the tracer each open block labelled, its span
 
     def __enter__(self) -> phase:
         from colltrace.record.install import current
@@ -334,25 +335,25 @@ class phase:
         if tracer is None:  # not tracing
             return self
         tracer.ctx.labels().append(self.name)
-        idx, sp = -1, tracer.spans
+        span, sp = None, tracer.spans
         if sp is not None:
             try:
-                idx = sp.begin(spans.PHASE, "", self.name)
+                span = sp.begin(spans.PHASE, "", self.name)
             except Exception as e:
                 tracer.warn_once("recording a phase span failed", e)
-        self._entered.append((tracer, idx))
+        self._entered.append((tracer, span))
         return self
 
     def __exit__(self, etype: Any, *exc: Any) -> None:
         if not self._entered:
             return
-        tracer, idx = self._entered.pop()
+        tracer, span = self._entered.pop()
         labels = tracer.ctx.labels()
         if labels:
             labels.pop()
         sp = tracer.spans
-        if sp is not None and idx >= 0:
-            sp.end(idx, error=etype is not None)
+        if sp is not None and span is not None:
+            sp.end(span, error=etype is not None)
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)

@@ -52,12 +52,11 @@ if static is None:
 if static is None:
     idx = -1
 else:
-    head, mid, counter, flags, pg, _ = static
+    head, mid, counter, flags, ring, pg, _ = static
     seq = counter.seq = counter.seq + 1
     anchor = None
     if seq >= counter.anchor_at:
         anchor = {rec}.anchor(pg, counter, flags, seq)
-    ring = {rec}.writer
     ctx = {rec}.ctx
 {append}"""
 ISSUE_NAMES: dict[str, Any] = {"ANCHOR_FLAGS": ANCHOR_FLAGS, "BSEQ_MASK": BSEQ_MASK}
@@ -230,7 +229,7 @@ class Recorder:
     def miss(
         self, spec: OpSpec, key: Any, attribution: tuple[str, str, str], ts: ThreadState,
         args: tuple[Any, ...], kwargs: dict[str, Any],
-    ) -> tuple[bytes, bytes, _Seq, int, Any, Any] | None:  # fmt: skip
+    ) -> tuple[bytes, bytes, _Seq, int, TraceWriter, Any, Any] | None:  # fmt: skip
         """The static part of a call not in the thread's cache (_miss), from its arguments."""
         return self._miss(spec, key, spec.extract(args, kwargs, attribution)[1], attribution, ts)
 
@@ -273,9 +272,9 @@ class Recorder:
 
     def _miss(
         self, spec: OpSpec, key: Any, call: tuple[Any, ...], attribution: tuple[str, str, str], ts: ThreadState
-    ) -> tuple[bytes, bytes, _Seq, int, Any, Any] | None:
+    ) -> tuple[bytes, bytes, _Seq, int, TraceWriter, Any, Any] | None:
         """Pack the static part of a call not seen before (and cache it when it has a key): (head, mid, its
-        counter, flags, its group, its reduce op). None for a group this rank is not in."""
+        counter, flags, the writer, its group, its reduce op). None for a group this rank is not in."""
         pg, async_op, inp, out, redop, root, groot = call[:7]
         if pg is None:
             pg = self.default_pg
@@ -297,7 +296,9 @@ class Recorder:
             counter = self._p2p.get(way) or self._p2p.setdefault(way, _Seq(None, g.sid, ()))
         if flags & ANCHOR_FLAGS:  # several backend collectives (never cached: packed here every time): read around it
             counter.anchor_at = 0
-        static = (head, mid, counter, flags, pg, redop)  # redop: its id is in the key (ops.key_plan)
+        # the writer: a thread's cache is cleared when the recorder (and its writer) changes (_forget_calls); redop:
+        # its id is in the key (ops.key_plan)
+        static = (head, mid, counter, flags, self.writer, pg, redop)
         if key is not None:
             cache = ts.static
             if len(cache) >= _STATIC_CACHE_MAX:

@@ -22,7 +22,6 @@ from colltrace.trace.vocab import Mode, SpanKind
 from colltrace.trace.writer import (
     APPEND,
     FIXED,
-    SLOT_WORD,
     TraceWriter,
     finish_source,
     hot_function,
@@ -48,12 +47,12 @@ _ERROR = schema.FLAG_DONE | schema.FLAG_ERROR
 # The hot paths of a span, as source for the generated functions that inline them (SpanRecorder.begin and end
 # below, FSDP2's hooks: fsdp.fsdp2_wrappers), with {sp} the SpanRecorder. BEGIN: the span whose fixed part (FIXED,
 # packed once: SpanRecorder.fixed) is `fixed` begins now, its slot `idx` at word `slot_w` (writer.APPEND). END_AT:
-# span `idx` at word `slot_w` of `ring` ends now (writer.FINISH: its end time, what says it ended; its wait stays 0);
-# END: the same from idx alone (finding its word costs more than keeping it: FSDP2's hooks keep both, fsdp.Unit).
+# span `idx` at word `slot_w` of `ring` ends now (writer.FINISH: its end time, what says it ended; its wait stays 0).
+# A span is known by both (a Token): finding the word from idx costs more than keeping it.
 BEGIN = "ring = {sp}.ring\n" + inline(APPEND, 0, idx="idx", ring="ring", pack="pack_fixed",
                                      fields="fixed, ctx.step, ctx.micro_step, now()")  # fmt: skip
 END_AT = finish_source(0, ring="ring", idx="idx", t_done="now()", wait=None)
-END = f"ring = {{sp}}.ring\nslot_w = {SLOT_WORD.format(idx='idx', ring='ring')}\n" + END_AT
+Token = tuple[int, int]  # a span begun: its idx and its slot's word
 SPAN_NAMES: dict[str, Any] = {"get_ident": _get_ident, "now": _now}
 
 
@@ -63,7 +62,7 @@ def span_source(template: str, indent: int, sp: str) -> str:
 
 
 class SpanRecorder:
-    """Begins and ends spans in one rank's spans ring. `begin` returns the span's idx for `end`."""
+    """Begins and ends spans in one rank's spans ring. `begin` returns the span's Token for `end`."""
 
     def __init__(self, writer: TraceWriter, ctx: Context, tid: Any) -> None:
         self.ring = writer.spans
@@ -75,16 +74,16 @@ class SpanRecorder:
         # here rather than as an attribute of the framework's object: CPython 3.11 keeps a plain object's
         # attributes inline until something asks for its __dict__, after which every attribute load in the
         # framework's own code on it takes a slower path
-        self.opened: dict[object, int] = {}
+        self.opened: dict[object, Token] = {}
 
-    # begin(what, module="", flavour="") -> idx: the span's slot (BEGIN), its start now; all of it but step,
+    # begin(what, module="", flavour="") -> Token: the span's slot (BEGIN), its start now; all of it but step,
     # micro-step and start packed once per kind of span of a thread (fixed)
-    begin: Callable[..., int] = hot_function(
+    begin: Callable[..., Token] = hot_function(
         "begin", "self, what, module='', flavour=''",
         "    fixed = self._static.get((get_ident(), what, module, flavour))\n"
         "    if fixed is None:\n"
         "        fixed = self.fixed(what, module, flavour)\n"
-        "    ctx = self.ctx\n" + span_source(BEGIN, 4, "self") + "    return idx\n",
+        "    ctx = self.ctx\n" + span_source(BEGIN, 4, "self") + "    return idx, slot_w\n",
         SPAN_NAMES,
     )  # fmt: skip
 
@@ -96,12 +95,14 @@ class SpanRecorder:
         )
         return fixed
 
-    # end(idx, error=False): the span ends now (END), marked failed when it raised
+    # end(token, error=False): the span `begin` returned ends now (END_AT), marked failed when it raised
     end: Callable[..., None] = hot_function(
-        "end", "self, idx, error=False",
+        "end", "self, token, error=False",
+        "    idx, slot_w = token\n"
+        "    ring = self.ring\n"
         "    if error:\n"
-        "        self.ring.complete(idx, now(), _ERROR)\n"
-        "        return\n" + span_source(END, 4, "self"),
+        "        ring.complete(idx, now(), _ERROR)\n"
+        "        return\n" + span_source(END_AT, 4, "self"),
         {**SPAN_NAMES, "_ERROR": _ERROR},
     )  # fmt: skip
 

@@ -87,10 +87,15 @@ if not {idx} & _HEAD_MASK:
 # SLOT_WORD: where slot `idx` is in `words` (the ring wraps; in full mode idx < capacity: the file grows)
 SLOT_WORD = "(_BASE + {idx} % {ring}.capacity * _SIZE) >> 3"
 # FINISH: record `idx` at word `slot_w`, a call that blocked until done, completes: t_done_ns (!= 0 means done)
-# and wait_ns (finish_source). No read back while fewer than `capacity` records were written since (its slot
-# cannot have been reused; in full mode never: the file grows), else only where its marker still says idx.
+# and wait_ns (finish_source). No read back while it is still the ring's newest (last_idx is the very int APPEND
+# stored: the common case, tested first as the cheapest) or fewer than `capacity` records were written since (its
+# slot cannot have been reused; in full mode never: the file grows), else only where its marker still says idx.
 FINISH = """\
-if {ring}.last_idx - {idx} < {ring}.capacity or {ring}.words[slot_w] == {idx} + 1:
+if (
+    {ring}.last_idx is {idx}
+    or {ring}.last_idx - {idx} < {ring}.capacity
+    or {ring}.words[slot_w] == {idx} + 1
+):
     {ring}.words4[slot_w + _T_DONE_W4] = {t_done}
     {ring}.words4[slot_w + _WAIT_W4] = {wait}
 """
