@@ -19,9 +19,11 @@ away the interpreter's specialized lookups, so those figures carry a bias of a f
 installed part can even come out below the untraced run): use them to rank the parts, not to
 judge the goal.
 
-Instructions are not time: they do not see cache misses or system calls. They are the figure that
-is the same on every run and that carries over between machines. Takes about 10 minutes
-(importing torch under valgrind alone takes minutes). The last line is one JSON object.
+Instructions are not time: they do not see cache misses or system calls. They carry over between
+machines, but the step's own count moves by some 50k from region to region and from run to run (the
+allocator, the interpreter quickening code objects torch makes, gloo's threads taking the GIL): the
+median of 8 regions is the figure, and two runs of one tree differ by up to about 0.15 %. Takes about
+15 minutes (importing torch under valgrind alone takes minutes). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ def _launch(name: str, tmp: str, args: argparse.Namespace, env: dict[str, str]) 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rounds", type=int, default=4, help="measured regions per variant")
+    p.add_argument("--rounds", type=int, default=8, help="measured regions per variant")
     p.add_argument("--steps", type=int, default=2, help="steps per measured region")
     p.add_argument("--modes", default="frames,hooks", help="COLLTRACE_MODULES values to measure")
     p.add_argument("--spans", default="on", help="COLLTRACE_SPANS values to measure (on,off: both)")
