@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import contextvars
 import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from colltrace.trace.vocab import Phase
-from colltrace.trace.writer import hot_function
+from colltrace.trace.writer import STEPS, hot_function
 
 _get_ident = threading.get_ident
 _getframe = sys._getframe
+_I32_MAX = 2**31 - 1  # a slot's step and micro_step are int32
 
 # a record's phase (trace.vocab.Phase), as the plain strings the hot path stores
 PHASE_INIT = Phase.INIT.value
@@ -38,25 +40,26 @@ def _grad_on() -> bool:
     return True
 
 
-def _frame_self(wrapped: object, call_impl: object, outermost: bool, start: FrameType | None = None) -> object:
-    """The `self` of the innermost (outermost) frame on this thread running `wrapped` or `call_impl`
-    (nn.Module.__call__, Module._call_impl), or None, looking from the caller of its caller's caller up: its
-    callers (current, learn_running) are called by colltrace's own code (the shim's wrapper, an adapter, a
-    hook), never by a module's __call__ itself, and sys._getframe goes there without making frame objects for
-    the frames between; or from `start`, that frame when the caller has it already. Only f_back, f_code and
-    f_locals: the frame API every Python that torch supports has (3.10-3.14; f_locals is a proxy from 3.13 on)."""
-    found = None
-    f: FrameType | None = start or _getframe(3)
-    while f is not None:
-        code = f.f_code
-        if code is wrapped or code is call_impl:
-            module = f.f_locals.get("self")
-            if module is not None:
-                found = module
-                if not outermost:
-                    break
-        f = f.f_back
-    return found
+# FRAME_SELF: `found`, the `self` of the innermost frame from `f` up (or the outermost, {keep} "found = held"
+# instead of "found = held; break") running `wrapped` or `call_impl` (nn.Module.__call__, Module._call_impl), or
+# None. Only f_back, f_code and f_locals: the frame API every Python that torch supports has (3.10-3.14; f_locals
+# is a proxy from 3.13 on). Inlined where a collective's module is found (ATTRIBUTION), and _frame_self below.
+FRAME_SELF = """\
+found = None
+while f is not None:
+    code = f.f_code
+    if code is wrapped or code is call_impl:
+        held = f.f_locals.get("self")
+        if held is not None:
+            {keep}
+    f = f.f_back
+"""
+
+# _frame_self(wrapped, call_impl, start) -> the outermost module whose forward runs, from frame `start` up
+_frame_self: Callable[[object, object, FrameType], object] = hot_function(
+    "_frame_self", "wrapped, call_impl, f",
+    textwrap.indent(FRAME_SELF.replace("{keep}", "found = held"), "    ") + "    return found\n", {},
+)  # fmt: skip
 
 
 # THREAD_STATE: this thread's ThreadState as `ts`, the hot paths' way (the shim's wrapper, FSDP2's hooks), with
@@ -71,6 +74,55 @@ try:
 except LookupError:  # the thread's first call (or a context made empty)
     ts = state()
 """
+
+
+# ATTRIBUTION: `attribution`, what a collective issued now on thread state `ts` serves, with {ctx} the Context and
+# {depth} the depth (sys._getframe's) of the frame that called the collective: an adapter's (module, phase,
+# flavour) when one serves it (the site of its first call of that kind), else (module, phase, "", code, at), `code,
+# at` the call instruction of that frame (its code's id and last instruction), which tell two call sites of the same
+# kind of call apart in the recorder's cache, so each is recorded with its own site. The module is the innermost
+# whose forward runs on this thread: from the frames (FRAME_SELF) where `call_codes` holds nn.Module.__call__'s
+# code objects, else from ThreadState.stack, kept by global module hooks. Inlined in the shim's wrapper, and
+# Context.current.
+ATTRIBUTION = """\
+attribution = ts.serve
+if attribution is None:
+    caller = _getframe({depth})
+    codes = {ctx}.call_codes
+    if codes is not None:
+        wrapped, call_impl = codes
+        f = caller
+{walk}        module = "" if found is None else {ctx}.module_name(found)
+    else:
+        stack = ts.stack
+        module = stack[-1] if stack else ""
+    if ts.labels:  # the user's own phase label wins over the inferred one
+        phase = ts.labels[-1]
+    elif {ctx}.optimizer_depth or {ctx}.engine_step_depth:
+        phase = PHASE_OPTIMIZER
+    elif {ctx}.checkpoint_depth:
+        phase = PHASE_CHECKPOINT
+    elif {ctx}.graph_task_id() != -1:
+        phase = PHASE_RECOMPUTE if module else PHASE_BACKWARD
+    elif module:
+        phase = PHASE_FORWARD
+    else:
+        phase = PHASE_OTHER if {ctx}.seen_forward or {ctx}._step else PHASE_INIT
+    attribution = (module, phase, "", id(caller.f_code), caller.f_lasti)  # by id: a code's hash reads its body
+"""
+ATTRIBUTION_NAMES: dict[str, Any] = {
+    "_getframe": _getframe, "PHASE_OPTIMIZER": PHASE_OPTIMIZER, "PHASE_CHECKPOINT": PHASE_CHECKPOINT,
+    "PHASE_RECOMPUTE": PHASE_RECOMPUTE, "PHASE_BACKWARD": PHASE_BACKWARD, "PHASE_FORWARD": PHASE_FORWARD,
+    "PHASE_OTHER": PHASE_OTHER, "PHASE_INIT": PHASE_INIT,
+}  # fmt: skip
+
+
+def attribution_source(indent: int, ctx: str, depth: int) -> str:
+    """ATTRIBUTION as source for a function that inlines it, {ctx} the Context, the collective's caller `depth`
+    frames up from it."""
+    walk = textwrap.indent(FRAME_SELF.replace("{keep}", "found = held\n            break"), " " * 8)
+    source = ATTRIBUTION.replace("{walk}", walk).replace("{ctx}", ctx).replace("{depth}", str(depth))
+    return textwrap.indent(source, " " * indent)
 
 
 class ThreadState:
@@ -95,8 +147,9 @@ class Context:
         # this thread's entry of `threads` (THREAD_STATE); one variable per Context, as there is one Context per
         # tracer: made once per process
         self.var: contextvars.ContextVar[ThreadState] = contextvars.ContextVar("colltrace_thread_state")
-        self.step = 0  # optimizer steps completed
-        self.micro_step = 0  # root forwards since the last optimizer step, 0-based
+        self._step = 0  # optimizer steps completed
+        self._micro_step = 0  # root forwards since the last optimizer step, 0-based
+        self.steps = STEPS.pack(0, 0)  # both as a slot holds them: what the hot paths store (kept by the setters)
         self.seen_forward = False
         self.forwards_since_step = 0
         self.optimizer_depth = 0
@@ -140,37 +193,13 @@ class Context:
     def in_backward(self) -> bool:
         return self.graph_task_id() != -1
 
-    def current(self, ts: ThreadState | None = None) -> tuple[Any, ...]:
-        """(module, phase, flavour, code, at) for a collective issued now on this thread (hot path); `code, at`,
-        the call instruction of the wrapper's caller (its code's id and last instruction), tell two call sites of the
-        same kind of call apart in the recorder's cache, so each is recorded with its own site. An adapter's
-        (module, phase, flavour) when it serves the call: the site of its first call of that kind."""
-        if ts is None:
-            ts = self.state()
-        serve = ts.serve
-        if serve is not None:
-            return serve
-        caller = _getframe(2)
-        code, at = id(caller.f_code), caller.f_lasti  # by id: a code object's hash reads its whole body
-        codes = self.call_codes
-        if codes is not None:  # the innermost module whose forward runs on this thread, from the frames
-            found = _frame_self(codes[0], codes[1], False, caller)  # the frame it would get for itself
-            module = "" if found is None else self.module_name(found)
-        else:
-            stack = ts.stack
-            module = stack[-1] if stack else ""
-        labels = ts.labels
-        if labels:  # the user's own phase label wins over the inferred one
-            return module, labels[-1], "", code, at
-        if self.optimizer_depth or self.engine_step_depth:
-            return module, PHASE_OPTIMIZER, "", code, at
-        if self.checkpoint_depth:
-            return module, PHASE_CHECKPOINT, "", code, at
-        if self.graph_task_id() != -1:
-            return module, PHASE_RECOMPUTE if module else PHASE_BACKWARD, "", code, at
-        if module:
-            return module, PHASE_FORWARD, "", code, at
-        return module, PHASE_OTHER if self.seen_forward or self.step else PHASE_INIT, "", code, at
+    # current(ts=None) -> (module, phase, flavour, code, at) for a collective issued now on this thread (ATTRIBUTION,
+    # from the frame of the caller of current's caller)
+    current: Callable[..., tuple[Any, ...]] = hot_function(
+        "current", "self, ts=None",
+        "    if ts is None:\n        ts = self.state()\n" + attribution_source(4, "self", 2) + "    return attribution\n",
+        ATTRIBUTION_NAMES,
+    )  # fmt: skip
 
     # forward_phase() -> a forward's phase now (FORWARD_PHASE)
     forward_phase: Callable[..., str] = hot_function(
@@ -185,7 +214,7 @@ class Context:
         codes = self.call_codes
         if codes is None:
             return
-        root = _frame_self(codes[0], codes[1], True)
+        root = _frame_self(codes[0], codes[1], _getframe(2))
         if root is not None and hasattr(root, "named_modules"):
             self.learn_root(root, root.named_modules, running=True)
 
@@ -220,6 +249,24 @@ class Context:
                 self.root_forward()
             if self.on_root is not None:
                 self.on_root(root)
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @step.setter
+    def step(self, step: int) -> None:
+        self._step = step
+        self.steps = STEPS.pack(min(step, _I32_MAX), min(self._micro_step, _I32_MAX))
+
+    @property
+    def micro_step(self) -> int:
+        return self._micro_step
+
+    @micro_step.setter
+    def micro_step(self, micro: int) -> None:
+        self._micro_step = micro
+        self.steps = STEPS.pack(min(self._step, _I32_MAX), min(micro, _I32_MAX))
 
     def root_forward(self) -> None:
         """A forward of the first root starts: the next micro-step."""

@@ -65,7 +65,7 @@ ISSUE_NAMES: dict[str, Any] = {"ANCHOR_FLAGS": ANCHOR_FLAGS, "BSEQ_MASK": BSEQ_M
 def issue_source(indent: int, rec: str, args: str, kwargs: str) -> str:
     """ISSUE, its slot's store (writer.APPEND) in place, as source for a function that inlines it."""
     append = inline(APPEND, 4, idx="idx", ring="ring", pack="pack_static",
-                    fields="head, seq, mid, ctx.step, ctx.micro_step, t_issue")  # fmt: skip
+                    fields="head, seq, mid, ctx.steps, t_issue")  # fmt: skip
     return inline(ISSUE, indent, rec=rec, args=args, kwargs=kwargs, append=append)
 
 

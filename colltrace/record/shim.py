@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from colltrace.record import ops, recorder
 from colltrace.record.adapter import tag_of, tagged
-from colltrace.record.context import THREAD_STATE
+from colltrace.record.context import ATTRIBUTION_NAMES, THREAD_STATE, attribution_source
 from colltrace.record.patches import Patches
 from colltrace.trace import schema
 from colltrace.trace.writer import finish_source, hot_function
@@ -132,7 +132,8 @@ class Shim:
                 "spec": spec,
                 "current_ts": ctx.var.get,
                 "state": ctx.state,
-                "current": ctx.current,
+                "context": ctx,
+                **ATTRIBUTION_NAMES,
                 "get_ident": _get_ident,
                 "now": _now,
                 "NO_KWARGS": {},  # what extract reads for a call not seen before: never written
@@ -276,8 +277,7 @@ _WRAPPER = """\
         return orig({call})
     t_issue = now()
     try:
-        attribution = ts.serve or current(ts)
-        try:
+{attribution}        try:
             key = {key}
         except AttributeError:  # not a tensor: torch will say so
             key = None
@@ -309,9 +309,11 @@ def wrapper_body(name: str, parts: dict[str, str]) -> str:
     issue = recorder.issue_source(8, rec="rec", args=parts["args"], kwargs=parts["kwargs"])
     finish = finish_source(12, ring="ring", idx="idx", t_done="now()", wait=None)
     thread_state = textwrap.indent(THREAD_STATE, "    ")
+    attribution = attribution_source(8, "context", 1)
     return _WRAPPER.format(
-        name=name, compiling=COMPILING, issue=issue, finish=finish, thread_state=thread_state, **parts
-    )
+        name=name, compiling=COMPILING, issue=issue, finish=finish, thread_state=thread_state,
+        attribution=attribution, **parts,
+    )  # fmt: skip
 
 
 # names the wrapper uses itself (found by compiling it): a function with a parameter of one of these names gets

@@ -50,7 +50,7 @@ _ERROR = schema.FLAG_DONE | schema.FLAG_ERROR
 # span `idx` at word `slot_w` of `ring` ends now (writer.FINISH: its end time, what says it ended; its wait stays 0).
 # A span is known by both (a Token): finding the word from idx costs more than keeping it.
 BEGIN = "ring = {sp}.ring\n" + inline(APPEND, 0, idx="idx", ring="ring", pack="pack_fixed",
-                                     fields="fixed, ctx.step, ctx.micro_step, now()")  # fmt: skip
+                                     fields="fixed, ctx.steps, now()")  # fmt: skip
 END_AT = finish_source(0, ring="ring", idx="idx", t_done="now()", wait=None)
 Token = tuple[int, int]  # a span begun: its idx and its slot's word
 SPAN_NAMES: dict[str, Any] = {"get_ident": _get_ident, "now": _now}

@@ -39,14 +39,16 @@ _HEAD_MASK = schema.HEAD_EVERY - 1
 # the per-call-site fields, packed once per distinct call (colltrace.record.recorder)
 STATIC_HEAD = schema.run_struct("kind", "shape")
 STATIC_MID = schema.run_struct("backend_seq", "peer")
-# a whole slot from those parts and the four integers that change per call (APPEND, below);
+# step and micro_step, packed when either changes (record.context.Context.steps): copied, not converted, per slot
+STEPS = schema.run_struct("step", "micro_step")
+# a whole slot from those parts, the seq, the steps and the issue time (APPEND, below);
 # marker, t_done_ns and wait_ns stay 0: the marker is written after it, as the commit
 pack_static = schema.slot_struct(
-    ("kind", "shape"), "seq", ("backend_seq", "peer"), "step", "micro_step", "t_issue_ns"
+    ("kind", "shape"), "seq", ("backend_seq", "peer"), ("step", "micro_step"), "t_issue_ns"
 ).pack_into
-# a slot whose seq never changes (a span's: 0): kind..peer packed once (FIXED), then the three integers
+# a slot whose seq never changes (a span's: 0): kind..peer packed once (FIXED), then the steps and its start
 FIXED = schema.run_struct("kind", "peer")
-pack_fixed = schema.slot_struct(("kind", "peer"), "step", "micro_step", "t_issue_ns").pack_into
+pack_fixed = schema.slot_struct(("kind", "peer"), ("step", "micro_step"), "t_issue_ns").pack_into
 
 
 # Stores of one 8-byte field go through int64 views of the map, not struct.pack_into (a third of its cost):
