@@ -257,7 +257,7 @@ class Context:
     @step.setter
     def step(self, step: int) -> None:
         self._step = step
-        self.steps = STEPS.pack(min(step, _I32_MAX), min(self._micro_step, _I32_MAX))
+        self._pack_steps()
 
     @property
     def micro_step(self) -> int:
@@ -266,7 +266,10 @@ class Context:
     @micro_step.setter
     def micro_step(self, micro: int) -> None:
         self._micro_step = micro
-        self.steps = STEPS.pack(min(self._step, _I32_MAX), min(micro, _I32_MAX))
+        self._pack_steps()
+
+    def _pack_steps(self) -> None:
+        self.steps = STEPS.pack(min(self._step, _I32_MAX), min(self._micro_step, _I32_MAX))
 
     def root_forward(self) -> None:
         """A forward of the first root starts: the next micro-step."""
