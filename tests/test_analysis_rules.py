@@ -2206,6 +2206,7 @@ def test_after_a_restart_a_rank_is_read_with_the_exit_of_the_attempt_its_trace_i
               for base in (11, 30) for r in (1, 2)]  # fmt: skip
     (tmp_path / "launcher-host-10.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     run = read_run(str(tmp_path))
+    assert run.restarts == 1  # said in the report's environment
     assert [run.ranks[r].exit for r in range(3)] == [
         Exit(3, "", True, 1_700_000_040_000_000_000),
         Exit(-15, "SIGTERM", False, 0),

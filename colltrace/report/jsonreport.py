@@ -137,6 +137,7 @@ def environment(run: Run) -> dict[str, Any]:
         "world_size": run.world_size,
         "hosts": sorted({h.host for h in headers if h.host}),
         "ranks_with_trace": len(run.ranks),
+        "restarts": run.restarts,
         "mesh": mesh(run),
         "source": run.source,
         "fr_version": first.fr_version,

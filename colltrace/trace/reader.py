@@ -554,7 +554,10 @@ def read_run(run_dir: str) -> Run:
     run = Run(path=run_dir, ranks=ranks, world_size=world, missing=missing, problems=problems)
     for rank, ends in _launcher_exits(run_dir).items():
         if rank in ranks:
-            ranks[rank].exit = _exit_of(ranks[rank].header.pid, ends)
+            pid = ranks[rank].header.pid
+            ranks[rank].exit = _exit_of(pid, ends)
+            if pid:
+                run.restarts = max(run.restarts, sum(1 for p, _ in ends if p and p != pid))
     try:
         dumps = flight.find(run_dir)  # Flight Recorder's dumps of the same job (COLLTRACE=1 steers them here)
         if dumps:

@@ -210,6 +210,9 @@ class Run:
     source: str = "colltrace"  # or "flight_recorder": read from torch's Flight Recorder dumps alone
     flight_dumps: list[int] = field(default_factory=list)  # ranks whose Flight Recorder dump was joined
     unreadable: list[int] = field(default_factory=list)  # ranks whose file is there and could not be read
+    # failed attempts the launcher restarted before the one traced (torchrun --max-restarts: its exit lines of
+    # other pids than the traced processes'); the trace is the last attempt's, written over the others'
+    restarts: int = 0
 
     def group_labels(self) -> dict[str, str]:
         """Group name -> its label (GroupInfo.label), as the first rank that knows the group has it."""
