@@ -6,7 +6,6 @@ import functools
 import importlib
 import re
 import textwrap
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
     from colltrace.record.spans import SpanRecorder
     from colltrace.record.tracer import Tracer
 
-_get_ident = threading.get_ident
 
 # what an FSDP collective is for (trace.vocab.Role), as the plain strings the hot path stores
 UNSHARD = Role.UNSHARD.value
@@ -408,7 +406,7 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
         unit.named = getattr(group, "_module_fqn", None) is not None
         return unit
 
-    names = {"ctx": ctx, "current_ts": ctx.var.get, "state": ctx.state, "get_ident": _get_ident, "fqn": fqn,
+    names = {"ctx": ctx, "current_ts": ctx.var.get, "state": ctx.state, "fqn": fqn,
              "failed": failed, "tracer": tracer, "pre_backward": pre_backward, "units": units,
              "state_unit": state_unit, "group_unit": group_unit, "PHASE_BACKWARD": PHASE_BACKWARD,
              "PHASE_FORWARD": PHASE_FORWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
@@ -417,7 +415,7 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
     span = _SPAN.replace("{begin}", spans.span_source(spans.BEGIN, 12, "sp"))
     parts = {"span_forward": span.format(what="what", mode="mode", name="ctx.module_name({module})"),
              "span_backward": span.format(what="BACKWARD", mode='""', name="serve[0]"),
-             "span_end": _SPAN_END.replace("{end}", spans.span_source(spans.END_AT, 12, "")),
+             "span_end": _SPAN_END.replace("{end}", textwrap.indent(spans.END_AT, " " * 12)),
              "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 8),
              "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING,
              "thread_state": textwrap.indent(THREAD_STATE, " " * 8), "serving": _SERVING}  # fmt: skip

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import textwrap
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,6 @@ if TYPE_CHECKING:
     from colltrace.record.tracer import Tracer
 
 _now = time.monotonic_ns
-_get_ident = threading.get_ident
 DEVICE = schema.FLAG_DEVICE
 
 
@@ -134,7 +132,6 @@ class Shim:
                 "state": ctx.state,
                 "context": ctx,
                 **ATTRIBUTION_NAMES,
-                "get_ident": _get_ident,
                 "now": _now,
                 "NO_KWARGS": {},  # what extract reads for a call not seen before: never written
                 **compiling_names(),

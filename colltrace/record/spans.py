@@ -57,7 +57,7 @@ SPAN_NAMES: dict[str, Any] = {"get_ident": _get_ident, "now": _now}
 
 
 def span_source(template: str, indent: int, sp: str) -> str:
-    """BEGIN or END as source for a function that inlines it, {sp} its SpanRecorder (the variable holding it)."""
+    """BEGIN as source for a function that inlines it, {sp} its SpanRecorder (the variable holding it)."""
     return textwrap.indent(template.replace("{sp}", sp), " " * indent)
 
 
@@ -102,7 +102,7 @@ class SpanRecorder:
         "    ring = self.ring\n"
         "    if error:\n"
         "        ring.complete(idx, now(), _ERROR)\n"
-        "        return\n" + span_source(END_AT, 4, "self"),
+        "        return\n" + textwrap.indent(END_AT, "    "),
         {**SPAN_NAMES, "_ERROR": _ERROR},
     )  # fmt: skip
 
