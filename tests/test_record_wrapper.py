@@ -204,3 +204,32 @@ def test_a_second_init_process_group_numbers_the_new_default_group_afresh(tmp_pa
     # the cached calls of the first group are dropped: the new group's calls are its own, from 1
     assert [r.seq for r in rt.records] == [1, 2, 3, 1, 2, 3]
     assert all(r.t_done_ns is not None and r.op == "all_reduce" and r.numel_in == 4 for r in rt.records)
+
+
+# Both ranks call all_reduce on a group only rank 0 is in: torch does nothing on rank 1, and neither does the
+# wrapper (no record, no warning), before and after the calls it has cached.
+NOT_A_MEMBER = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+solo = dist.new_group([0])
+x = torch.ones(4)
+for _ in range(3):
+    dist.all_reduce(x, group=solo)
+    dist.all_reduce(x)
+dist.destroy_process_group()
+"""
+
+
+def test_a_call_on_a_group_the_rank_is_not_in_is_not_recorded(tmp_path: Path) -> None:
+    script = tmp_path / "not_a_member.py"
+    script.write_text(NOT_A_MEMBER)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    proc = subprocess.run(cmd, env=job_env(run_dir), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = read_run(str(run_dir))
+    calls = {r: [(c.group, c.seq) for c in rt.records if c.kind == "collective"] for r, rt in run.ranks.items()}
+    solo = next(g for g, _ in calls[0] if g != "0")
+    assert calls[0] == [(solo, 1), ("0", 1), (solo, 2), ("0", 2), (solo, 3), ("0", 3)]
+    assert calls[1] == [("0", 1), ("0", 2), ("0", 3)]
+    assert run.ranks[0].warnings == [] and run.ranks[1].warnings == []

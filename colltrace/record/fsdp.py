@@ -286,13 +286,15 @@ class Unit:
 # The spans of a unit: its forward (FSDPState's pre- to post-forward hook) and its backward (the param group's
 # pre_backward to post_backward, above), each begun and ended inline (spans.BEGIN, END_AT), its idx and word kept
 # by its Unit, which keeps its fixed part too: a unit's module is named once. _SPAN: `unit` begins a span of kind
-# {what} and mode {mode} of module {name}; _SPAN_END: the span `unit` has open ends. A compiled module runs its
+# {what} and mode {mode} of module {name}, its kept fixed part good where {same} (the same recorder and thread;
+# an FSDPState's forwards differ in kind and mode too, a param group's backward spans never do); _SPAN_END: the
+# span `unit` has open ends. A compiled module runs its
 # hooks inside the graph TorchDynamo traces: no span then. An error goes to `span_failed`, and the hook runs.
 _SPAN = """\
     sp = tracer.spans
     if sp is not None:
         try:
-            if unit.sp is sp and unit.ts is ts and unit.what is {what} and unit.mode == {mode}:
+            if {same}:
                 fixed = unit.fixed
             else:
                 fixed = unit.fixed_of(sp, ts, {what}, {mode}, {name})
@@ -413,8 +415,10 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
              "REDUCE_GRAD": REDUCE_GRAD, "BACKWARD": spans.BACKWARD, "span_failed": span_failed,
              **spans.SPAN_NAMES, **spans.KIND_NAMES, **compiling_names()}  # fmt: skip
     span = _SPAN.replace("{begin}", spans.span_source(spans.BEGIN, 12, "sp"))
-    parts = {"span_forward": span.format(what="what", mode="mode", name="ctx.module_name({module})"),
-             "span_backward": span.format(what="BACKWARD", mode='""', name="serve[0]"),
+    same = "unit.sp is sp and unit.ts is ts"
+    parts = {"span_forward": span.format(what="what", mode="mode", name="ctx.module_name({module})",
+                                         same=same + " and unit.what is what and unit.mode == mode"),
+             "span_backward": span.format(what="BACKWARD", mode='""', name="serve[0]", same=same),
              "span_end": _SPAN_END.replace("{end}", textwrap.indent(spans.END_AT, " " * 12)),
              "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 8),
              "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING,

@@ -19,8 +19,6 @@ from colltrace.trace.writer import (
     APPEND,
     STATIC_HEAD,
     STATIC_MID,
-    T_DONE_W4,
-    T_ISSUE_W4,
     TraceWriter,
     hot_function,
     inline,
@@ -40,32 +38,37 @@ _NEVER = 1 << 62  # a seq no group reaches
 _PENDING_MAX = 8192
 
 # ISSUE: the slot of call `spec` with `key`, `attribution`, `t_issue` on thread state `ts` (the shim's wrapper
-# and Recorder.issue inline it; {rec} the recorder, {args} and {kwargs} the call's arguments) sets `idx`, -1 for
-# a group this rank is not in (torch does nothing). A training loop repeats the same few calls, so everything
-# but seq, step and times is packed once per key and taken from the thread's cache afterwards. A plain call
-# (blocking, on the host, no backend seq to read: `flags` 0 and `anchor` None) is one slot store here and one at
-# its completion (FINISH); the others are completed by returned(idx, flags, anchor, ...).
+# and Recorder.issue inline it; {rec} the recorder, {ctx} its Context, {args} and {kwargs} the call's arguments)
+# is `idx`; a call on a group this rank is not in (torch does nothing) raises NotMember instead, so the common case
+# tests nothing for it. A training loop repeats the same few calls, so everything but seq, step and times is packed
+# once per key and taken from the thread's cache afterwards. A plain call (blocking, on the host, no backend seq to
+# read: `flags` 0 and `anchor` None) is one slot store here and one at its completion (FINISH); the others are
+# completed by returned(idx, flags, anchor, ...).
 ISSUE = """\
 static = ts.static.get(key)  # never a None key: a call without one is packed afresh
 if static is None:
     static = {rec}.miss(spec, key, attribution, ts, {args}, {kwargs})
-if static is None:
-    idx = -1
-else:
-    head, mid, counter, flags, ring, pg, _ = static
-    seq = counter.seq = counter.seq + 1
-    anchor = None
-    if seq >= counter.anchor_at:
-        anchor = {rec}.anchor(pg, counter, flags, seq)
-    ctx = {rec}.ctx
+    if static is None:
+        raise NotMember
+head, mid, counter, flags, ring, pg, _ = static
+seq = counter.seq = counter.seq + 1
+anchor = None
+if seq >= counter.anchor_at:
+    anchor = {rec}.anchor(pg, counter, flags, seq)
 {append}"""
-ISSUE_NAMES: dict[str, Any] = {"ANCHOR_FLAGS": ANCHOR_FLAGS, "BSEQ_MASK": BSEQ_MASK}
 
 
-def issue_source(indent: int, rec: str, args: str, kwargs: str) -> str:
+class NotMember(Exception):
+    """A call on a group this rank is not in: not recorded (ISSUE)."""
+
+
+ISSUE_NAMES: dict[str, Any] = {"ANCHOR_FLAGS": ANCHOR_FLAGS, "BSEQ_MASK": BSEQ_MASK, "NotMember": NotMember}
+
+
+def issue_source(indent: int, rec: str, ctx: str, args: str, kwargs: str) -> str:
     """ISSUE, its slot's store (writer.APPEND) in place, as source for a function that inlines it."""
-    append = inline(APPEND, 4, idx="idx", ring="ring", pack="pack_static",
-                    fields="head, seq, mid, ctx.steps, t_issue")  # fmt: skip
+    append = inline(APPEND, 0, idx="idx", ring="ring", pack="pack_static",
+                    fields=f"head, seq, mid, {ctx}.steps, t_issue")  # fmt: skip
     return inline(ISSUE, indent, rec=rec, args=args, kwargs=kwargs, append=append)
 
 
@@ -137,7 +140,7 @@ class Recorder:
         idx = writer.last_idx
         w = writer.live_word(idx) if idx >= 0 else -1
         if w >= 0:
-            last = max(last, writer.words4[w + T_ISSUE_W4], writer.words4[w + T_DONE_W4])
+            last = max(last, writer.t_issue_ns[w], writer.t_done_ns[w])
         return last
 
     @property
@@ -222,7 +225,8 @@ class Recorder:
     # batch_isend_irecv), so no backend seq is read after it.
     issue: Callable[..., tuple[int, int]] = hot_function(
         "issue", "self, spec, key, attribution, t_issue, ts, args, kwargs",
-        issue_source(4, rec="self", args="args", kwargs="kwargs") + "    return idx, (flags if idx >= 0 else 0)\n",
+        "    try:\n" + issue_source(8, rec="self", ctx="self.ctx", args="args", kwargs="kwargs")
+        + "    except NotMember:\n        return -1, 0\n    return idx, flags\n",
         ISSUE_NAMES,
     )  # fmt: skip
 

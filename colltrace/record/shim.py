@@ -278,10 +278,10 @@ _WRAPPER = """\
             key = {key}
         except AttributeError:  # not a tensor: torch will say so
             key = None
-{issue}    except Exception as e:  # the shim steps aside, the collective still runs
-        tracer.failed(rec, "recording {name} failed", e)
+{issue}    except NotMember:  # torch does nothing either
         return orig({call})
-    if idx < 0:
+    except Exception as e:  # the shim steps aside, the collective still runs
+        tracer.failed(rec, "recording {name} failed", e)
         return orig({call})
     ts.depth = 1
     try:
@@ -303,7 +303,7 @@ _WRAPPER = """\
 
 def wrapper_body(name: str, parts: dict[str, str]) -> str:
     """_WRAPPER for one function, ISSUE and FINISH in place."""
-    issue = recorder.issue_source(8, rec="rec", args=parts["args"], kwargs=parts["kwargs"])
+    issue = recorder.issue_source(8, rec="rec", ctx="context", args=parts["args"], kwargs=parts["kwargs"])
     finish = finish_source(12, ring="ring", idx="idx", t_done="now()", wait=None)
     thread_state = textwrap.indent(THREAD_STATE, "    ")
     attribution = attribution_source(8, "context", 1)

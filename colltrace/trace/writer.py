@@ -51,18 +51,17 @@ FIXED = schema.run_struct("kind", "peer")
 pack_fixed = schema.slot_struct(("kind", "peer"), ("step", "micro_step"), "t_issue_ns").pack_into
 
 
-# Stores of one 8-byte field go through int64 views of the map, not struct.pack_into (a third of its cost):
-# `words` addresses the 8-byte words of the file; `words4` those from byte 4 on, where the three times sit
-# (the slot is packed, so t_issue_ns..wait_ns start at byte 92 of it). A slot at byte `off` is word off >> 3.
+# Stores of one 8-byte field go through int64 views of the map, not struct.pack_into (a third of its cost).
+# `words` addresses the 8-byte words of the file: a slot at byte `off` is word off >> 3 (its `slot_w`), its
+# marker that word. The slot is packed, so its three times sit off that grid (t_issue_ns at byte 92 of it): each
+# has a view of its own, starting at the field's offset in a slot, whose item `slot_w` is that field of the slot at
+# word `slot_w` (Ring.t_issue_ns, t_done_ns, wait_ns). An index computed per store would cost more than the store.
 _SLOT_WORDS = _SIZE // 8
 _MARKER_W = schema.field_offset("marker") // 8
 _BSEQ_W = schema.BACKEND_SEQ_OFFSET // 8
-_T_DONE_W4 = T_DONE_W4 = (schema.T_DONE_OFFSET - 4) // 8
-T_ISSUE_W4 = (schema.field_offset("t_issue_ns") - 4) // 8
-_WAIT_W4 = (schema.WAIT_OFFSET - 4) // 8
+_TIMES = tuple(schema.field_offset(name) for name in ("t_issue_ns", "t_done_ns", "wait_ns"))
 _GROUP_KIND = schema.slot_struct("kind", "group")
 assert _BASE % 8 == 0 and _SIZE % 8 == 0 and schema.BACKEND_SEQ_OFFSET % 8 == 0
-assert (schema.T_DONE_OFFSET - 4) % 8 == 0 and (schema.WAIT_OFFSET - 4) % 8 == 0
 
 _STEP_LINE = b'{"ev":"%s","step":%%d,"t_ns":%%d}\n' % schema.EV_STEP.encode()
 
@@ -98,14 +97,14 @@ if (
     or {ring}.last_idx - {idx} < {ring}.capacity
     or {ring}.words[slot_w] == {idx} + 1
 ):
-    {ring}.words4[slot_w + _T_DONE_W4] = {t_done}
-    {ring}.words4[slot_w + _WAIT_W4] = {wait}
+    {ring}.t_done_ns[slot_w] = {t_done}
+    {ring}.wait_ns[slot_w] = {wait}
 """
 assert _MARKER_W == 0  # the marker is the slot's first word: words[slot_w]
 # what the templates' code refers to: the namespace of a function that inlines them
 _SOURCES = itertools.count(1)
 HOT_NAMES: dict[str, Any] = {"_BASE": _BASE, "_SIZE": _SIZE, "_HEAD_MASK": _HEAD_MASK, "pack_static": pack_static,
-                             "pack_fixed": pack_fixed, "_T_DONE_W4": _T_DONE_W4, "_WAIT_W4": _WAIT_W4}  # fmt: skip
+                             "pack_fixed": pack_fixed}  # fmt: skip
 
 
 def inline(template: str, indent: int, **names: str) -> str:
@@ -185,7 +184,9 @@ class Ring:
         self._mm = mm
         self.mv = memoryview(mm)  # stores through a memoryview skip mmap's own buffer export
         self.words = self.mv.cast("q")
-        self.words4 = self.mv[4:-4].cast("q")
+        # each time field's own view (see _TIMES): item slot_w is that field of the slot at word slot_w
+        views = (self.mv[at : at + (len(self.mv) - at) // 8 * 8].cast("q") for at in _TIMES)
+        self.t_issue_ns, self.t_done_ns, self.wait_ns = views
         self.capacity = capacity
 
     def _grow(self, idx: int) -> None:
@@ -221,7 +222,7 @@ class Ring:
     def complete(self, idx: int, t_done_ns: int, flags: int) -> None:
         w = self.live_word(idx)
         if w >= 0:
-            self.words4[w + _T_DONE_W4] = t_done_ns
+            self.t_done_ns[w] = t_done_ns
             self.mv[(w << 3) + schema.FLAGS_OFFSET] = flags
 
     # Completion of a call that blocked until done (FINISH), with its backend seq where one was read (>= 0).
@@ -238,7 +239,7 @@ class Ring:
         open_ = 0
         for idx in range(self.last_idx, max(-1, self.last_idx - window), -1):
             w = self.live_word(idx)
-            if w >= 0 and self.words4[w + _T_DONE_W4] == 0:
+            if w >= 0 and self.t_done_ns[w] == 0:
                 open_ += 1
         return open_
 
@@ -253,7 +254,7 @@ class Ring:
     def add_wait(self, idx: int, wait_ns: int) -> None:
         w = self.live_word(idx)
         if w >= 0:
-            self.words4[w + _WAIT_W4] += wait_ns
+            self.wait_ns[w] += wait_ns
 
     def set_backend_seq(self, idx: int, seq: int) -> None:
         w = self.live_word(idx)
