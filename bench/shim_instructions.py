@@ -16,6 +16,7 @@ serving scope in one frame) on a stand-in unit, beyond the cost of calling the h
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -53,7 +54,6 @@ def _adapter_child(mode: str, n: int) -> None:
     serving scope and its forward span begun) and FSDPParamGroup.post_backward (the reduce-scatter's scope), on a
     stand-in unit in its forward state, spans on."""
     import enum
-    import functools
 
     _stand_in_torch_compiler()  # the wrappers inline the compile check (shim.COMPILING) with torch.compiler's names
     from colltrace.record.fsdp import fsdp2_wrappers
@@ -191,6 +191,8 @@ def _child(mode: str, n: int) -> None:
     out = tempfile.mkdtemp()
     tracer = Tracer()
     ctx = tracer.ctx
+    # as the hooks set it in a job (torch._C._current_graph_task_id), a C callable; -1: no backward
+    ctx.graph_task_id = functools.partial(int, -1)
     tracer.recorder = recorder_mod.Recorder(TraceWriter(out, 0, 100_000, False, {}), Group(), ctx)
     traced = tracer.shim.wrap(spec, all_reduce)
     x = Tensor()
@@ -210,9 +212,9 @@ def _child(mode: str, n: int) -> None:
             return [("", self)]
 
     # as in a job: the module a call serves is found from the caller's frames
-    from colltrace.record.hooks import _call_codes
+    from colltrace.record.hooks import _call_code
 
-    ctx.call_codes = _call_codes(Module)
+    ctx.call_code = _call_code(Module)
     if mode == "span":  # a compute span begun and ended (as FSDP's forward hooks do around a unit's forward)
         from colltrace.record.spans import SpanRecorder
 

@@ -8,7 +8,7 @@ import textwrap
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from colltrace.trace.vocab import Phase
 from colltrace.trace.writer import STEPS, hot_function
@@ -40,25 +40,24 @@ def _grad_on() -> bool:
     return True
 
 
-# FRAME_SELF: `found`, the `self` of the innermost frame from `f` up (or the outermost, {keep} "found = held"
-# instead of "found = held; break") running `wrapped` or `call_impl` (nn.Module.__call__, Module._call_impl), or
-# None. Only f_back, f_code and f_locals: the frame API every Python that torch supports has (3.10-3.14; f_locals
-# is a proxy from 3.13 on). Inlined where a collective's module is found (ATTRIBUTION), and _frame_self below.
+# FRAME_SELF: from frame `f` up, the innermost (or, {keep} without a break, the outermost) frame running `call_code`
+# (nn.Module.__call__, the way into every module's forward, compiled or not) whose `self` is `held`, then {keep}.
+# Only f_back, f_code and f_locals: the frame API every Python that torch supports has (3.10-3.14; f_locals is a
+# proxy from 3.13 on). Inlined where a collective's module is found (ATTRIBUTION), and _frame_self below.
 FRAME_SELF = """\
-found = None
-while f is not None:
-    code = f.f_code
-    if code is wrapped or code is call_impl:
+while f:
+    if f.f_code is call_code:
         held = f.f_locals.get("self")
         if held is not None:
             {keep}
     f = f.f_back
 """
 
-# _frame_self(wrapped, call_impl, start) -> the outermost module whose forward runs, from frame `start` up
-_frame_self: Callable[[object, object, FrameType], object] = hot_function(
-    "_frame_self", "wrapped, call_impl, f",
-    textwrap.indent(FRAME_SELF.replace("{keep}", "found = held"), "    ") + "    return found\n", {},
+# _frame_self(call_code, start) -> the outermost module whose forward runs, from frame `start` up, or None
+_frame_self: Callable[[object, FrameType], object] = hot_function(
+    "_frame_self", "call_code, f",
+    "    found = None\n" + textwrap.indent(FRAME_SELF.replace("{keep}", "found = held"), "    ") + "    return found\n",
+    {},
 )  # fmt: skip
 
 
@@ -81,46 +80,45 @@ except LookupError:  # the thread's first call (or a context made empty)
 # flavour) when one serves it (the site of its first call of that kind), else (module, phase, "", code, at), `code,
 # at` the call instruction of that frame (its code's id and last instruction), which tell two call sites of the same
 # kind of call apart in the recorder's cache, so each is recorded with its own site. The module is the innermost
-# whose forward runs on this thread: from the frames (FRAME_SELF) where `call_codes` holds nn.Module.__call__'s
-# code objects, else from ThreadState.stack, kept by global module hooks. Inlined in the shim's wrapper, and
+# whose forward runs on this thread: from the frames (FRAME_SELF) where `call_code` is nn.Module.__call__'s
+# code object, else from ThreadState.stack, kept by global module hooks. The phase: the user's label; else the one
+# an optimizer step or checkpoint I/O holds (Context.held_phase); else backward (recompute inside a module) while
+# autograd runs one; else forward inside a module; else Context.idle_phase. Inlined in the shim's wrapper, and
 # Context.current.
 ATTRIBUTION = """\
 attribution = ts.serve
 if attribution is None:
     caller = _getframe({depth})
-    codes = {ctx}.call_codes
-    if codes is not None:
-        wrapped, call_impl = codes
-        f = caller
-{walk}        module = "" if found is None else {ctx}.module_name(found)
-    else:
+    call_code = {ctx}.call_code
+    if call_code is not None:
+        f = caller.f_back  # the caller runs the collective, not a module's __call__
+        module = ""
+{walk}    else:
         stack = ts.stack
         module = stack[-1] if stack else ""
     if ts.labels:  # the user's own phase label wins over the inferred one
         phase = ts.labels[-1]
-    elif {ctx}.optimizer_depth or {ctx}.engine_step_depth:
-        phase = PHASE_OPTIMIZER
-    elif {ctx}.checkpoint_depth:
-        phase = PHASE_CHECKPOINT
+    elif {ctx}.held_phase:
+        phase = {ctx}.held_phase
     elif {ctx}.graph_task_id() != -1:
         phase = PHASE_RECOMPUTE if module else PHASE_BACKWARD
     elif module:
         phase = PHASE_FORWARD
     else:
-        phase = PHASE_OTHER if {ctx}.seen_forward or {ctx}._step else PHASE_INIT
+        phase = {ctx}.idle_phase
     attribution = (module, phase, "", id(caller.f_code), caller.f_lasti)  # by id: a code's hash reads its body
 """
 ATTRIBUTION_NAMES: dict[str, Any] = {
-    "_getframe": _getframe, "PHASE_OPTIMIZER": PHASE_OPTIMIZER, "PHASE_CHECKPOINT": PHASE_CHECKPOINT,
-    "PHASE_RECOMPUTE": PHASE_RECOMPUTE, "PHASE_BACKWARD": PHASE_BACKWARD, "PHASE_FORWARD": PHASE_FORWARD,
-    "PHASE_OTHER": PHASE_OTHER, "PHASE_INIT": PHASE_INIT,
+    "_getframe": _getframe, "PHASE_RECOMPUTE": PHASE_RECOMPUTE, "PHASE_BACKWARD": PHASE_BACKWARD,
+    "PHASE_FORWARD": PHASE_FORWARD,
 }  # fmt: skip
 
 
 def attribution_source(indent: int, ctx: str, depth: int) -> str:
     """ATTRIBUTION as source for a function that inlines it, {ctx} the Context, the collective's caller `depth`
     frames up from it."""
-    walk = textwrap.indent(FRAME_SELF.replace("{keep}", "found = held\n            break"), " " * 8)
+    keep = "module = {ctx}.module_name(held)\n            break"
+    walk = textwrap.indent(FRAME_SELF.replace("{keep}", keep), " " * 8)
     source = ATTRIBUTION.replace("{walk}", walk).replace("{ctx}", ctx).replace("{depth}", str(depth))
     return textwrap.indent(source, " " * indent)
 
@@ -139,6 +137,27 @@ class ThreadState:
         self.depth = 0  # > 0: inside a traced call (a call that forwards to another counts once)
 
 
+T = TypeVar("T")
+
+
+class _Derived(Generic[T]):
+    """A field of Context that hot paths read only through what Context._derive makes of it: setting it
+    derives that again. The value is kept as `_name`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, ctx: Any, owner: type | None = None) -> T:
+        if ctx is None:  # the class's attribute (help(Context))
+            return self  # type: ignore[return-value]
+        value: T = getattr(ctx, self.slot)
+        return value
+
+    def __set__(self, ctx: Any, value: T) -> None:
+        setattr(ctx, self.slot, value)
+        ctx._derive()
+
+
 class Context:
     """Attribution state read on every collective. Writes happen in hooks; reads must be cheap."""
 
@@ -147,20 +166,21 @@ class Context:
         # this thread's entry of `threads` (THREAD_STATE); one variable per Context, as there is one Context per
         # tracer: made once per process
         self.var: contextvars.ContextVar[ThreadState] = contextvars.ContextVar("colltrace_thread_state")
+        # the fields `_derive` reads (each set through its _Derived attribute: step, micro_step, ...)
         self._step = 0  # optimizer steps completed
         self._micro_step = 0  # root forwards since the last optimizer step, 0-based
-        self.steps = STEPS.pack(0, 0)  # both as a slot holds them: what the hot paths store (kept by the setters)
-        self.seen_forward = False
+        self._seen_forward = False
+        self._optimizer_depth = 0
+        self._engine_step_depth = 0  # inside a framework's step wrapper (DeepSpeedEngine.step)
+        self._checkpoint_depth = 0
+        self._derive()
         self.forwards_since_step = 0
-        self.optimizer_depth = 0
-        self.engine_step_depth = 0  # inside a framework's step wrapper (DeepSpeedEngine.step)
-        self.checkpoint_depth = 0
         self.graph_task_id: Callable[[], int] = _no_graph_task
         self.grad_enabled: Callable[[], bool] = _grad_on  # torch.is_grad_enabled once the hooks are in
-        # How the running modules are found. With `call_codes` set (the code objects of
-        # nn.Module.__call__), by walking the caller's frames when a collective needs them;
-        # otherwise from ThreadState.stack, kept by global module hooks when those are installed.
-        self.call_codes: tuple[object, object] | None = None
+        # How the running modules are found. With `call_code` set (the code object of nn.Module.__call__), by
+        # walking the caller's frames when a collective needs them; otherwise from ThreadState.stack, kept by
+        # global module hooks when those are installed.
+        self.call_code: object | None = None
         # module -> FQN, filled when a root module is learned
         self.fqn: dict[int, str] = {}
         self._guessed: set[int] = set()  # fqn entries that are only a class name
@@ -211,10 +231,9 @@ class Context:
 
     def learn_running(self) -> None:
         """Learn the outermost module whose forward is running on this thread as a root."""
-        codes = self.call_codes
-        if codes is None:
+        if self.call_code is None:
             return
-        root = _frame_self(codes[0], codes[1], _getframe(2))
+        root = _frame_self(self.call_code, _getframe(2))
         if root is not None and hasattr(root, "named_modules"):
             self.learn_root(root, root.named_modules, running=True)
 
@@ -250,26 +269,24 @@ class Context:
             if self.on_root is not None:
                 self.on_root(root)
 
-    @property
-    def step(self) -> int:
-        return self._step
+    step = _Derived[int]()
+    micro_step = _Derived[int]()
+    seen_forward = _Derived[bool]()
+    optimizer_depth = _Derived[int]()
+    engine_step_depth = _Derived[int]()
+    checkpoint_depth = _Derived[int]()
 
-    @step.setter
-    def step(self, step: int) -> None:
-        self._step = step
-        self._pack_steps()
-
-    @property
-    def micro_step(self) -> int:
-        return self._micro_step
-
-    @micro_step.setter
-    def micro_step(self, micro: int) -> None:
-        self._micro_step = micro
-        self._pack_steps()
-
-    def _pack_steps(self) -> None:
+    def _derive(self) -> None:
+        """What the hot paths read of the fields above, made again whenever one changes: `steps`, step and
+        micro-step as a slot holds them; `held_phase`, the phase of every collective issued now whatever module
+        runs (an optimizer step's, checkpoint I/O's; "": none); `idle_phase`, the phase of one issued outside any
+        module's forward and any backward (ATTRIBUTION)."""
         self.steps = STEPS.pack(min(self._step, _I32_MAX), min(self._micro_step, _I32_MAX))
+        if self._optimizer_depth or self._engine_step_depth:
+            self.held_phase = PHASE_OPTIMIZER
+        else:
+            self.held_phase = PHASE_CHECKPOINT if self._checkpoint_depth else ""
+        self.idle_phase = PHASE_OTHER if self._seen_forward or self._step else PHASE_INIT
 
     def root_forward(self) -> None:
         """A forward of the first root starts: the next micro-step."""

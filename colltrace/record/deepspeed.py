@@ -98,7 +98,7 @@ class DeepSpeedAdapter(Adapter):
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def forward(self: Any, *a: Any, **k: Any) -> Any:
-                if ctx.root is None and ctx.call_codes is not None:
+                if ctx.root is None and ctx.call_code is not None:
                     ctx.learn_root(self, self.named_modules, running=True)
                 if tracer.spans is None:
                     return orig(self, *a, **k)

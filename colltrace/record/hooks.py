@@ -15,17 +15,14 @@ if TYPE_CHECKING:
     from colltrace.record.tracer import Tracer
 
 
-def _call_codes(module_cls: Any) -> tuple[object, object] | None:
-    """The code objects of nn.Module.__call__ (_wrapped_call_impl) and _call_impl, whose frames
-    hold the running module as `self`; None for a torch that does not have them."""
+def _call_code(module_cls: Any) -> object | None:
+    """The code object of nn.Module.__call__ (_wrapped_call_impl: every module call, compiled or not, enters
+    it), whose frames hold the running module as `self`; None for a torch that does not have it."""
     try:
-        wrapped = module_cls._wrapped_call_impl.__code__
-        call_impl = module_cls._call_impl.__code__
+        code = module_cls._wrapped_call_impl.__code__
     except AttributeError:
         return None
-    if wrapped.co_varnames[:1] != ("self",) or call_impl.co_varnames[:1] != ("self",):
-        return None
-    return wrapped, call_impl
+    return code if code.co_varnames[:1] == ("self",) else None
 
 
 class Hooks:
@@ -53,11 +50,11 @@ class Hooks:
         graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
         if graph_task_id is not None:
             patches.set(ctx, "graph_task_id", graph_task_id)
-        codes = _call_codes(nn_module.Module)
-        if modules == FRAMES and codes is None:  # a torch whose Module.__call__ we do not know
+        code = _call_code(nn_module.Module)
+        if modules == FRAMES and code is None:  # a torch whose Module.__call__ we do not know
             modules = HOOKS_MODE
         if modules == FRAMES:
-            patches.set(ctx, "call_codes", codes)
+            patches.set(ctx, "call_code", code)
             patches.set(ctx, "on_root", self._hook_root)
             if ctx.root is not None:  # resumed after pause()
                 self._hook_root(ctx.root)
