@@ -73,6 +73,7 @@ class FakeRank:
         shape: str = "",
         site: str = "",
         flavour: str = "",
+        tid: int = 0,
     ) -> int:
         s = self.w.intern
         seq = self.seq[group] = self.seq.get(group, 0) + 1
@@ -80,7 +81,7 @@ class FakeRank:
         flags = (schema.FLAG_DONE if done else 0) | (schema.FLAG_ERROR if error else 0)
         t_done = self.t + 100_000 if (done or error) else 0
         return self.w.append(
-            schema.KIND_COLLECTIVE, flags, self.w.site(site) if site else 0, 0, s(group), s(op), s(dtype), s(redop), s(module), s(phase),
+            schema.KIND_COLLECTIVE, flags, self.w.site(site) if site else 0, tid, s(group), s(op), s(dtype), s(redop), s(module), s(phase),
             s(flavour), s(shape or f"[{numel}] -> [{numel}]"), seq, seq, numel, numel, peer, self.step, micro,
             self.t, t_done, 0,
         )  # fmt: skip

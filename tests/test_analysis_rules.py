@@ -133,6 +133,40 @@ def test_the_same_step_skew_on_a_group_of_training_records_stays_a_step_divergen
     assert dx.divergence is not None and dx.divergence.kind is Kind.STEP and dx.divergence.group == "1"
 
 
+def _stalled_async_save(tmp_path: Path, tid: int) -> None:
+    """Ranks train on group 0 and save, the save's collectives on group 1 issued by thread `tid` (not training
+    work): the first alike, the second's on rank 2 a step later than on the others (its storage is slower),
+    the third's never on rank 2: ranks 0 and 1 wait in it."""
+    groups = {"0": ("default_pg", (0, 1, 2)), "1": ("ckpt", (0, 1, 2))}
+    for r in ranks(str(tmp_path), 3, groups=groups):
+        for step in range(5):
+            r.coll("all_reduce", 884, "layer", "backward", redop="SUM")
+            if step in (0, 1 if r.rank != 2 else 2):
+                r.coll("gather_object", 1, "", "checkpoint", group="1", peer=0, tid=tid)
+            if step == 3 and r.rank != 2:
+                r.coll("gather_object", 1, "", "checkpoint", group="1", peer=0, tid=tid, done=False)
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+
+
+def test_another_threads_records_in_other_steps_say_when_not_what(tmp_path: Path) -> None:
+    """An asynchronous save's collectives come from a thread of its own, and land in whatever step the training
+    loop is in: rank 2's a step later is no divergence. What rank 2 never issued is."""
+    _stalled_async_save(tmp_path, tid=1)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.group == "1"
+    assert dx.divergence.kind is Kind.MISSING and dx.divergence.seq == 3
+    assert dx.culprits == (2,)
+
+
+def test_the_training_threads_records_in_other_steps_stay_a_step_divergence(tmp_path: Path) -> None:
+    """The negative: the same records issued by the thread that runs the loop (its step is where it had got)."""
+    _stalled_async_save(tmp_path, tid=0)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.group == "1"
+    assert dx.divergence.kind is Kind.STEP and dx.divergence.seq == 2
+
+
 def test_an_extra_forward_that_issues_nothing_is_no_step_divergence(tmp_path: Path) -> None:
     """Rank 0 runs a logging forward without collectives: its micro-steps differ until the next step,
     where the ranks agree again. Healthy."""

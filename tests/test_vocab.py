@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from colltrace.analysis import causes, history, timing
+from colltrace.analysis import causes, streams, timing
 from colltrace.report import words
 from colltrace.trace.vocab import OpFamily, Phase, SpanKind, op_family
 
@@ -17,8 +17,8 @@ def test_every_span_kind_has_its_words_and_what_stopping_in_it_means() -> None:
 
 
 def test_a_training_step_is_its_forward_backward_recompute_and_optimizer() -> None:
-    assert {Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE, Phase.OPTIMIZER} == history.TRAINING
-    assert "forward" in history.TRAINING and "checkpoint" not in history.TRAINING  # values read back from a trace
+    assert {Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE, Phase.OPTIMIZER} == streams.TRAINING
+    assert "forward" in streams.TRAINING and "checkpoint" not in streams.TRAINING  # values read back from a trace
 
 
 def test_every_op_the_recorder_records_is_of_a_family_and_every_family_has_its_letter() -> None:

@@ -6,9 +6,8 @@ import functools
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from colltrace.analysis.history import TRAINING
 from colltrace.analysis.results import AtSeq, Divergence
-from colltrace.analysis.streams import GroupStream, RankStreams, Signature, SigTable, p2p_ends
+from colltrace.analysis.streams import TRAINING, GroupStream, RankStreams, Signature, SigTable, p2p_ends
 from colltrace.analysis.vocab import Kind
 from colltrace.trace import schema
 from colltrace.trace.records import RankState, Run
@@ -248,12 +247,18 @@ def progress_skew(
     steps or micro-steps, after one they issued in the same: a rank that issued one collective more or fewer
     before it, which the backend paired silently with the others' next one (a gradient all-reduce outside
     no_sync). Said only when it lasts: the steps differ later on, or the micro-steps still differ where the
-    group stops matching (`found`); a rank's extra forward that issues nothing (a logging pass) is no skew."""
+    group stops matching (`found`); a rank's extra forward that issues nothing (a logging pass) is no skew. Read
+    only from records of the threads that run the ranks' training loops (RankStreams.loop_threads): another
+    thread's (an asynchronous checkpoint's) land in whatever step the loop is in, and say when, not what."""
     if hi < lo or len(ranks) < 2:
         return None
     lists = {r: streams[r].groups[key] for r in ranks}
     if any(not st.progress for st in lists.values()):
         return None
+    for r, st in lists.items():
+        loop = streams[r].loop_threads
+        if loop is not None and not st.threads <= loop:
+            return None
     ref = lists[ranks[0]]
 
     def changes(st: GroupStream) -> list[int]:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from colltrace.analysis import align, groups, states
-from colltrace.analysis.history import TRAINING, precedent, starts_step
+from colltrace.analysis.history import precedent, starts_step
 from colltrace.analysis.results import (
     Clue,
     Confidence,
@@ -24,7 +24,7 @@ from colltrace.analysis.results import (
     SlowIn,
     StepSkew,
 )
-from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
+from colltrace.analysis.streams import TRAINING, GroupStream, RankStreams, SigTable
 from colltrace.analysis.timing import Straggler, reduces
 from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.events import Handling, SignalCaught

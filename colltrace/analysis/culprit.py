@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from colltrace.analysis import groups, states, waitfor
-from colltrace.analysis.history import TRAINING, Habit, periodic, precedent, starts_step
+from colltrace.analysis.history import Habit, periodic, precedent, starts_step
 from colltrace.analysis.results import (
     Clue,
     Confidence,
@@ -20,7 +20,7 @@ from colltrace.analysis.results import (
     RankEnd,
     StepSkew,
 )
-from colltrace.analysis.streams import GroupStream, RankStreams, SigTable, p2p_ends
+from colltrace.analysis.streams import TRAINING, GroupStream, RankStreams, SigTable, p2p_ends
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
 from colltrace.trace.records import RankState, Run

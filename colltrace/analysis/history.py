@@ -7,10 +7,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from colltrace.analysis.streams import GroupStream
-from colltrace.trace.vocab import Phase
 
 _MAX_PERIOD = 4096  # longest step pattern searched when the trace has no step numbers
-TRAINING = frozenset({Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE, Phase.OPTIMIZER})  # phases of a training step
 
 
 class Habit(str, enum.Enum):

@@ -97,6 +97,7 @@ class GroupStream:
     # collective group's only: a p2p stream's are not compared, and a pipeline's change at every transfer)
     progress: list[tuple[int, int, int]] = field(default_factory=list)
     last_progress: tuple[int, int] = (-(2**31), -(2**31))
+    threads: set[int] = field(default_factory=set)  # the rank's threads (a slot's tid) that issued its records
 
     def progress_at(self, seq: int) -> tuple[int, int] | None:
         """(step, micro-step) the rank was in when it issued `seq`; None outside the stream."""
@@ -133,6 +134,8 @@ class RankStreams:
     last_idx: int
     last_t_ns: int
     tail_lost: bool = False  # the ring file was cut short: what the rank issued after its last record is unknown
+    # the threads that ran its training loop (loop_threads); None: no thread did training work it recorded
+    loop_threads: frozenset[int] | None = None
 
 
 def p2p_key(group: str, src: int, dst: int) -> str:
@@ -273,7 +276,29 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         last_idx=last_idx,
         last_t_ns=(last_t + offset) if last_t else 0,
         tail_lost=rt.ring_cut > 0,
+        loop_threads=loop_threads(rt),
     )
+
+
+TRAINING = frozenset({Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE, Phase.OPTIMIZER})  # phases of a training step
+_TRAINING_WORK = frozenset(p.value for p in TRAINING)  # as a slot's strings: a span's kind is its phase's word
+
+
+def loop_threads(rt: RankTrace) -> frozenset[int] | None:
+    """The threads (a slot's tid) that ran the rank's training loop: those that did training work, a forward,
+    backward, recompute or optimizer span or a collective in one of those phases (autograd's device threads
+    run backward for the loop, and are among them). A record's step is where the loop had got when it was
+    issued; another thread's (an asynchronous checkpoint's, a metrics thread's) lands in whatever step that is.
+    None where no thread did training work the trace shows (phases unknown, spans off)."""
+    found: set[int] = set()
+    for slots, field_ in ((rt.records, "phase"), (rt.spans, "op")):
+        cols = slots.cols
+        if not len(cols):
+            continue
+        ids = [i for i, text in slots.strings.items() if text in _TRAINING_WORK]
+        if ids:
+            found.update(np.unique(cols["tid"][np.isin(cols[field_], ids)]).tolist())
+    return frozenset(found) or None
 
 
 _MIX = np.array([0x9E3779B97F4A7C15 * (2 * i + 1) % 2**64 for i in range(16)], dtype=np.uint64)
@@ -339,6 +364,7 @@ def _extend(
     micros = cols["micro_step"]
     p2p = st.key.startswith("p2p:")  # its progress is not kept: a pipeline's transfers change micro-batch each
     n = len(seqs)
+    st.threads.update(np.unique(cols["tid"]).tolist())
     if not st.sigs:
         st.seq0 = int(seqs[0])
     base = len(st.sigs)

@@ -82,9 +82,9 @@ except LookupError:  # the thread's first call (or a context made empty)
 # kind of call apart in the recorder's cache, so each is recorded with its own site. The module is the innermost
 # whose forward runs on this thread: from the frames (FRAME_SELF) where `call_code` is nn.Module.__call__'s
 # code object, else from ThreadState.stack, kept by global module hooks. The phase: the user's label; else the one
-# an optimizer step or checkpoint I/O holds (Context.held_phase); else backward (recompute inside a module) while
-# autograd runs one; else forward inside a module; else Context.idle_phase. Inlined in the shim's wrapper, and
-# Context.current.
+# an optimizer step holds (Context.held_phase); else checkpoint inside this thread's checkpoint I/O; else backward
+# (recompute inside a module) while autograd runs one; else forward inside a module; else Context.idle_phase.
+# Inlined in the shim's wrapper, and Context.current.
 ATTRIBUTION = """\
 attribution = ts.serve
 if attribution is None:
@@ -100,6 +100,8 @@ if attribution is None:
         phase = ts.labels[-1]
     elif {ctx}.held_phase:
         phase = {ctx}.held_phase
+    elif ts.checkpoint:
+        phase = PHASE_CHECKPOINT
     elif {ctx}.graph_task_id() != -1:
         phase = PHASE_RECOMPUTE if module else PHASE_BACKWARD
     elif module:
@@ -110,7 +112,7 @@ if attribution is None:
 """
 ATTRIBUTION_NAMES: dict[str, Any] = {
     "_getframe": _getframe, "PHASE_RECOMPUTE": PHASE_RECOMPUTE, "PHASE_BACKWARD": PHASE_BACKWARD,
-    "PHASE_FORWARD": PHASE_FORWARD,
+    "PHASE_FORWARD": PHASE_FORWARD, "PHASE_CHECKPOINT": PHASE_CHECKPOINT,
 }  # fmt: skip
 
 
@@ -126,7 +128,7 @@ def attribution_source(indent: int, ctx: str, depth: int) -> str:
 class ThreadState:
     """What one thread is doing. Plain slots, read on every collective (THREAD_STATE)."""
 
-    __slots__ = ("stack", "labels", "serve", "prefetch", "static", "depth")
+    __slots__ = ("stack", "labels", "serve", "prefetch", "static", "depth", "checkpoint")
 
     def __init__(self) -> None:
         self.stack: list[str] = []  # FQNs of the modules whose forward is running (global hooks only)
@@ -135,6 +137,7 @@ class ThreadState:
         self.prefetch = False  # inside FSDP's prefetch
         self.static: dict[object, object] = {}  # the recorder's per-call-site slot cache
         self.depth = 0  # > 0: inside a traced call (a call that forwards to another counts once)
+        self.checkpoint = 0  # > 0: inside checkpoint I/O (torch.distributed.checkpoint's save or load)
 
 
 T = TypeVar("T")
@@ -172,7 +175,6 @@ class Context:
         self._seen_forward = False
         self._optimizer_depth = 0
         self._engine_step_depth = 0  # inside a framework's step wrapper (DeepSpeedEngine.step)
-        self._checkpoint_depth = 0
         self._derive()
         self.forwards_since_step = 0
         self.graph_task_id: Callable[[], int] = _no_graph_task
@@ -274,18 +276,14 @@ class Context:
     seen_forward = _Derived[bool]()
     optimizer_depth = _Derived[int]()
     engine_step_depth = _Derived[int]()
-    checkpoint_depth = _Derived[int]()
 
     def _derive(self) -> None:
         """What the hot paths read of the fields above, made again whenever one changes: `steps`, step and
         micro-step as a slot holds them; `held_phase`, the phase of every collective issued now whatever module
-        runs (an optimizer step's, checkpoint I/O's; "": none); `idle_phase`, the phase of one issued outside any
-        module's forward and any backward (ATTRIBUTION)."""
+        runs (an optimizer step's; "": none); `idle_phase`, the phase of one issued outside any module's forward
+        and any backward (ATTRIBUTION)."""
         self.steps = STEPS.pack(min(self._step, _I32_MAX), min(self._micro_step, _I32_MAX))
-        if self._optimizer_depth or self._engine_step_depth:
-            self.held_phase = PHASE_OPTIMIZER
-        else:
-            self.held_phase = PHASE_CHECKPOINT if self._checkpoint_depth else ""
+        self.held_phase = PHASE_OPTIMIZER if self._optimizer_depth or self._engine_step_depth else ""
         self.idle_phase = PHASE_OTHER if self._seen_forward or self._step else PHASE_INIT
 
     def root_forward(self) -> None:

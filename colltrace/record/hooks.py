@@ -178,6 +178,9 @@ class Hooks:
     def _wrap_checkpointing(self) -> None:
         targets = [
             ("torch.distributed.checkpoint", ("save", "load", "async_save", "save_state_dict", "load_state_dict")),
+            # where they are defined, too: DCP's asynchronous save runs `save` from there in a thread of its own
+            ("torch.distributed.checkpoint.state_dict_saver", ("save", "async_save")),
+            ("torch.distributed.checkpoint.state_dict_loader", ("load",)),
             (
                 "torch.distributed.checkpoint.state_dict",
                 (
@@ -211,13 +214,14 @@ class Hooks:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            ctx.checkpoint_depth += 1
+            ts = ctx.state()  # this thread's: an asynchronous save's thread does checkpoint I/O, not the loop
+            ts.checkpoint += 1
             try:
-                if ctx.checkpoint_depth > 1:
+                if ts.checkpoint > 1:
                     return fn(*args, **kwargs)
                 return spanned(tracer, spans.CHECKPOINT, "", flavour, fn, args, kwargs)
             finally:
-                ctx.checkpoint_depth -= 1
+                ts.checkpoint -= 1
 
         wrapper.__colltrace__ = True  # type: ignore[attr-defined]
         return wrapper
