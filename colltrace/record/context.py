@@ -82,9 +82,9 @@ except LookupError:  # the thread's first call (or a context made empty)
 # kind of call apart in the recorder's cache, so each is recorded with its own site. The module is the innermost
 # whose forward runs on this thread: from the frames (FRAME_SELF) where `call_code` is nn.Module.__call__'s
 # code object, else from ThreadState.stack, kept by global module hooks. The phase: the user's label; else the one
-# an optimizer step holds (Context.held_phase); else checkpoint inside this thread's checkpoint I/O; else backward
-# (recompute inside a module) while autograd runs one; else forward inside a module; else Context.idle_phase.
-# Inlined in the shim's wrapper, and Context.current.
+# the work the thread is in holds (ThreadState.held: an optimizer step, checkpoint I/O); else backward (recompute
+# inside a module) while autograd runs one; else forward inside a module; else Context.idle_phase. Inlined in the
+# shim's wrapper, and Context.current.
 ATTRIBUTION = """\
 attribution = ts.serve
 if attribution is None:
@@ -98,10 +98,8 @@ if attribution is None:
         module = stack[-1] if stack else ""
     if ts.labels:  # the user's own phase label wins over the inferred one
         phase = ts.labels[-1]
-    elif {ctx}.held_phase:
-        phase = {ctx}.held_phase
-    elif ts.checkpoint:
-        phase = PHASE_CHECKPOINT
+    elif ts.held:
+        phase = ts.held
     elif {ctx}.graph_task_id() != -1:
         phase = PHASE_RECOMPUTE if module else PHASE_BACKWARD
     elif module:
@@ -112,7 +110,7 @@ if attribution is None:
 """
 ATTRIBUTION_NAMES: dict[str, Any] = {
     "_getframe": _getframe, "PHASE_RECOMPUTE": PHASE_RECOMPUTE, "PHASE_BACKWARD": PHASE_BACKWARD,
-    "PHASE_FORWARD": PHASE_FORWARD, "PHASE_CHECKPOINT": PHASE_CHECKPOINT,
+    "PHASE_FORWARD": PHASE_FORWARD,
 }  # fmt: skip
 
 
@@ -128,7 +126,7 @@ def attribution_source(indent: int, ctx: str, depth: int) -> str:
 class ThreadState:
     """What one thread is doing. Plain slots, read on every collective (THREAD_STATE)."""
 
-    __slots__ = ("stack", "labels", "serve", "prefetch", "static", "depth", "checkpoint")
+    __slots__ = ("stack", "labels", "serve", "prefetch", "static", "depth", "holding", "held")
 
     def __init__(self) -> None:
         self.stack: list[str] = []  # FQNs of the modules whose forward is running (global hooks only)
@@ -137,7 +135,20 @@ class ThreadState:
         self.prefetch = False  # inside FSDP's prefetch
         self.static: dict[object, object] = {}  # the recorder's per-call-site slot cache
         self.depth = 0  # > 0: inside a traced call (a call that forwards to another counts once)
-        self.checkpoint = 0  # > 0: inside checkpoint I/O (torch.distributed.checkpoint's save or load)
+        self.holding: dict[str, int] = {}  # work that holds a phase (hold) -> how deep the thread is in it
+        self.held = ""  # the phase that work holds for this thread's collectives ("": none)
+
+    def hold(self, work: str, by: int) -> int:
+        """The thread enters (by 1) or leaves (by -1) `work` that holds a phase for its collectives, whatever
+        module runs: "optimizer" (torch.optim's step), "engine" (a framework's own step: DeepSpeedEngine.step),
+        both phase optimizer; else "checkpoint" (torch.distributed.checkpoint's save or load). Its depth now."""
+        holding = self.holding
+        depth = holding[work] = max(0, holding.get(work, 0) + by)
+        if holding.get("optimizer") or holding.get("engine"):
+            self.held = PHASE_OPTIMIZER
+        else:
+            self.held = PHASE_CHECKPOINT if holding.get("checkpoint") else ""
+        return depth
 
 
 T = TypeVar("T")
@@ -173,8 +184,6 @@ class Context:
         self._step = 0  # optimizer steps completed
         self._micro_step = 0  # root forwards since the last optimizer step, 0-based
         self._seen_forward = False
-        self._optimizer_depth = 0
-        self._engine_step_depth = 0  # inside a framework's step wrapper (DeepSpeedEngine.step)
         self._derive()
         self.forwards_since_step = 0
         self.graph_task_id: Callable[[], int] = _no_graph_task
@@ -274,16 +283,12 @@ class Context:
     step = _Derived[int]()
     micro_step = _Derived[int]()
     seen_forward = _Derived[bool]()
-    optimizer_depth = _Derived[int]()
-    engine_step_depth = _Derived[int]()
 
     def _derive(self) -> None:
         """What the hot paths read of the fields above, made again whenever one changes: `steps`, step and
-        micro-step as a slot holds them; `held_phase`, the phase of every collective issued now whatever module
-        runs (an optimizer step's; "": none); `idle_phase`, the phase of one issued outside any module's forward
-        and any backward (ATTRIBUTION)."""
+        micro-step as a slot holds them; `idle_phase`, the phase of a collective issued outside any module's
+        forward and any backward (ATTRIBUTION)."""
         self.steps = STEPS.pack(min(self._step, _I32_MAX), min(self._micro_step, _I32_MAX))
-        self.held_phase = PHASE_OPTIMIZER if self._optimizer_depth or self._engine_step_depth else ""
         self.idle_phase = PHASE_OTHER if self._seen_forward or self._step else PHASE_INIT
 
     def root_forward(self) -> None:

@@ -79,11 +79,12 @@ class DeepSpeedAdapter(Adapter):
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             def step(self: Any, *a: Any, **k: Any) -> Any:
                 # phase optimizer; the step count stays with torch.optim's hooks on the inner optimizer
-                ctx.engine_step_depth += 1
+                ts = ctx.state()
+                ts.hold("engine", 1)
                 try:
                     return spanned(tracer, spans.OPTIMIZER, "", "deepspeed", orig, (self, *a), k)
                 finally:
-                    ctx.engine_step_depth -= 1
+                    ts.hold("engine", -1)
 
             return step
 

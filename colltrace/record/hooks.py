@@ -153,16 +153,13 @@ class Hooks:
     # -- optimizer: phase and step ----------------------------------------------------------
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        ctx = self.ctx
-        ctx.optimizer_depth += 1
         sp = self.tracer.spans
-        if sp is not None and ctx.optimizer_depth == 1:
+        if self.ctx.state().hold("optimizer", 1) == 1 and sp is not None:
             self._optimizer_span = sp.begin(spans.OPTIMIZER)
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         ctx = self.ctx
-        ctx.optimizer_depth = max(0, ctx.optimizer_depth - 1)
-        if ctx.optimizer_depth == 0:
+        if ctx.state().hold("optimizer", -1) == 0:
             sp = self.tracer.spans
             if sp is not None and self._optimizer_span is not None:
                 sp.end(self._optimizer_span)
@@ -215,13 +212,12 @@ class Hooks:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             ts = ctx.state()  # this thread's: an asynchronous save's thread does checkpoint I/O, not the loop
-            ts.checkpoint += 1
             try:
-                if ts.checkpoint > 1:
+                if ts.hold("checkpoint", 1) > 1:
                     return fn(*args, **kwargs)
                 return spanned(tracer, spans.CHECKPOINT, "", flavour, fn, args, kwargs)
             finally:
-                ts.checkpoint -= 1
+                ts.hold("checkpoint", -1)
 
         wrapper.__colltrace__ = True  # type: ignore[attr-defined]
         return wrapper
