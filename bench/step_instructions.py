@@ -2,6 +2,7 @@
 
     python bench/step_instructions.py [--rounds N] [--steps K] [--modes frames,hooks] [--spans on,off]
     python bench/step_instructions.py --parts      (the shim's parts installed one at a time)
+    python bench/step_instructions.py --modes frames --compare before=../old-checkout   (two trees, one run)
 
 Wall-clock and CPU-time figures for the step (bench/shim_overhead.py) swing by a millisecond from
 run to run on a shared machine; instruction counts barely move. Two ranks run the benched FSDP2
@@ -22,8 +23,10 @@ judge the goal.
 Instructions are not time: they do not see cache misses or system calls. They carry over between
 machines, but the step's own count moves by some 50k from region to region and from run to run (the
 allocator, the interpreter quickening code objects torch makes, gloo's threads taking the GIL): the
-median of 8 regions is the figure, and two runs of one tree differ by up to about 0.15 %. Takes about
-15 minutes (importing torch under valgrind alone takes minutes). The last line is one JSON object.
+median of 8 regions is the figure. The level of a whole run moves too: the same tree read from +1.06 % to
++1.20 % in three runs of one day, every traced process of a run alike (two processes of one tree in one run
+agree within 0.02 %). So to judge a change, compare the trees in one run (--compare). Takes about 15 minutes
+(importing torch under valgrind alone takes minutes), 25 with a tree to compare. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -180,6 +183,9 @@ def main() -> int:
     p.add_argument("--spans", default="on", help="COLLTRACE_SPANS values to measure (on,off: both)")
     p.add_argument("--parts", action="store_true", help="the shim's parts one at a time instead (biased, see above)")
     p.add_argument("--keep", metavar="DIR", default="", help="keep the callgrind dumps (one per region) in DIR")
+    p.add_argument("--compare", metavar="NAME=DIR", action="append", default=[],
+                   help="also the default way traced by the colltrace source tree in DIR (a checkout's root), as "
+                        "variant NAME: trees compared in one run (repeatable)")  # fmt: skip
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--log", default="", help=argparse.SUPPRESS)
@@ -205,6 +211,9 @@ def main() -> int:
                 name = m if sp == "on" else f"{m}, spans {sp}"  # the default way keeps its plain name
                 variants.append(name)
                 runs[name] = dict(base_env, COLLTRACE="1", COLLTRACE_MODULES=m, COLLTRACE_SPANS=sp)
+        for name, _, tree in (c.partition("=") for c in args.compare):
+            variants.append(name)
+            runs[name] = dict(base_env, COLLTRACE="1", PYTHONPATH=os.path.abspath(tree))
     launched = {name: _launch(name, tmp, args, env) for name, env in runs.items()}  # side by side
     per_step: dict[str, list[float]] = {}
     dumps: list[tuple[str, str]] = []
