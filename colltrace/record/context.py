@@ -168,8 +168,9 @@ class _Derived(Generic[T]):
         return value
 
     def __set__(self, ctx: Any, value: T) -> None:
-        setattr(ctx, self.slot, value)
-        ctx._derive()
+        if getattr(ctx, self.slot) != value:  # set every forward or step, most often to what it was
+            setattr(ctx, self.slot, value)
+            ctx._derive()
 
 
 class Context:
