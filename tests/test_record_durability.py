@@ -130,6 +130,22 @@ def test_mp_spawn_child_exception_and_clean_exit_are_recorded(tmp_path: Path) ->
     assert [r.op for r in run.ranks[0].records] == ["all_reduce"] * 3 + ["barrier"]
 
 
+def test_mp_spawn_says_which_rank_was_killed_first_as_torchrun_does(tmp_path: Path) -> None:
+    """A rank SIGKILLed writes nothing of its own; the mp.spawn caller finds it dead first (ProcessContext.join
+    raises it) and writes the exit line torchrun's agent would, which the report reads."""
+    env = job_env(tmp_path, FAULT="sigkill")
+    proc = subprocess.run(
+        [sys.executable, str(WORKLOADS / "spawn_job.py")], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 1 and "ProcessExitedException" in proc.stderr, proc.stderr[-2000:]
+    run = read_run(str(tmp_path))
+    r1 = run.ranks[1]
+    assert r1.exit is not None and r1.exit.signal == "SIGKILL" and r1.exit.first
+    assert run.ranks[0].exit is None
+    report = json.loads(run_report(str(tmp_path), "json")[0])
+    assert report["culprit_ranks"] == [1] and report["victim_ranks"] == [0]
+
+
 def test_ring_keeps_a_bounded_tail_and_full_mode_keeps_everything(tmp_path: Path) -> None:
     ring = tmp_path / "ring"
     proc = torchrun("faults.py", 2, ring, COLLTRACE_RING="16", FAULT="none")  # 7 collectives

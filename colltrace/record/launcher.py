@@ -9,6 +9,8 @@ import os
 import signal
 import socket
 import sys
+import time
+from types import SimpleNamespace
 from typing import Any
 
 from colltrace.record.patches import Patches
@@ -71,6 +73,44 @@ def install(patches: Patches, run_dir: str | None) -> bool:
             return out
 
         patches.set(context, "_capture_process_failures", _capture_process_failures)
+    return True
+
+
+def install_spawn(patches: Patches, run_dir: str | None) -> bool:
+    """In a process that starts its ranks with torch.multiprocessing.spawn: the first of them to fail, and how, as
+    torchrun's agent says it (ProcessContext.join finds it, stops the others and raises it). Its spawn index stands
+    for its rank, as in the usual single-host launch; the reader takes an exit only where the pid is its trace's."""
+    import importlib
+
+    from colltrace import config
+
+    mp_spawn: Any = importlib.import_module(
+        "torch.multiprocessing.spawn"
+    )  # the module: its package's `spawn` is the function
+
+    context = getattr(mp_spawn, "ProcessContext", None)
+    orig = context.__dict__.get("join") if context is not None else None
+    failed: tuple[type[BaseException], ...] = (mp_spawn.ProcessExitedException, mp_spawn.ProcessRaisedException)
+    if orig is None or getattr(orig, "__colltrace__", False):
+        return False
+
+    def join(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return orig(self, *args, **kwargs)
+        except failed as exc:
+            e: Any = exc
+            try:  # never in the job's way
+                code = getattr(e, "exit_code", 1)  # a signal's is negative; an exception raised in the rank: 1
+                failure = SimpleNamespace(exitcode=code, pid=e.error_pid, timestamp=int(time.time()))
+                where = run_dir or os.path.join(os.environ.get("COLLTRACE_ROOT", config.RUNS_ROOT),
+                                                config.default_run_name(parent=os.getpid()))  # fmt: skip
+                write_exits(where, {e.error_index: failure}, {e.error_index})
+            except Exception:
+                pass
+            raise
+
+    join.__colltrace__ = True  # type: ignore[attr-defined]
+    patches.set(context, "join", join)
     return True
 
 

@@ -99,6 +99,11 @@ class Tracer:
                 launcher.install(patches, cfg.run_dir)
             except Exception as e:  # an agent we do not know: the workers are traced all the same
                 say(f"could not watch torchrun's workers ({type(e).__name__}: {e})")
+        else:
+            try:  # a process that may start its ranks with torch.multiprocessing.spawn
+                launcher.install_spawn(patches, cfg.run_dir)
+            except Exception:  # a torch without it: its ranks are traced all the same
+                pass
 
     def _patch_frameworks(self, cfg: config_mod.Config) -> list[str]:
         """The framework adapters, once the default group exists (the frameworks are imported by then)."""

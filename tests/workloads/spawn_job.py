@@ -1,6 +1,8 @@
-"""A job launched with torch.multiprocessing.spawn (not torchrun). FAULT=raise: rank 1 raises."""
+"""A job launched with torch.multiprocessing.spawn (not torchrun). FAULT=raise: rank 1 raises; FAULT=sigkill: rank 1
+is SIGKILLed (as by the kernel's OOM killer) and rank 0 ends without a further collective."""
 
 import os
+import signal
 import socket
 import sys
 
@@ -17,6 +19,10 @@ def worker(rank: int, world: int, port: int) -> None:
         dist.all_reduce(x)
     if rank == 1 and os.environ.get("FAULT") == "raise":
         raise KeyError("missing feature 'mask' in batch")
+    if os.environ.get("FAULT") == "sigkill":
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return
     dist.barrier()
     dist.destroy_process_group()
 
