@@ -689,17 +689,17 @@ def _killed_waiting(who: str, peers: tuple[int, ...], one: bool) -> str:
 
 
 def _exited(who: str, d: Detail) -> str:
-    """Clue EXITED: torchrun found the rank dead first, and how."""
+    """Clue EXITED: the launcher (torchrun, or the process that called mp.spawn) found the rank dead first, and how."""
     if not isinstance(d, Exit):
-        return f"torchrun found {who} dead first"
+        return f"the launcher found {who} dead first"
     if d.signal == "SIGKILL":
         return (
-            f"torchrun found {who} killed by SIGKILL (exit code {d.code}) first, before it stopped the others, and "
+            f"the launcher found {who} killed by SIGKILL (exit code {d.code}) first, before it stopped the others, and "
             f"{who} wrote nothing of its own: a SIGKILL to one rank while the job goes on is most often the kernel's "
             "OOM killer (`dmesg` on its host says so), else a scheduler or a person"
         )
     how = f"killed by {d.signal}" if d.signal else f"exited with code {d.code}"
-    return f"torchrun found {who} {how} first, before it stopped the others"
+    return f"the launcher found {who} {how} first, before it stopped the others"
 
 
 def _signalled(who: str, d: Detail) -> str:
