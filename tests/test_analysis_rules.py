@@ -2251,6 +2251,23 @@ def test_after_a_restart_a_rank_is_read_with_the_exit_of_the_attempt_its_trace_i
     assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.UNKNOWN, Confidence.LOW)
 
 
+def test_a_rank_killed_after_its_last_collective_while_the_other_finished_is_said_killed_not_raising(
+    tmp_path: Path,
+) -> None:
+    """Two replicas reduce gradients for 3 steps; rank 0 finishes (its end record), rank 1 is SIGKILLed after its
+    last collective (no end record, no error, no signal: SIGKILL cannot be caught). Nothing diverged: rank 1 is
+    still the culprit, as one stopped from outside, not as one that raised."""
+    rs = ranks(str(tmp_path), 2)
+    _reduce_steps(rs, 3, 756)
+    rs[0].footer()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1,)
+    assert dx.finding is not None
+    assert [(e.clue, e.ranks) for e in dx.finding.evidence if e.clue in (Clue.KILLED, Clue.CRASHED)] == [
+        (Clue.KILLED, (1,))
+    ]
+
+
 def _killed_while_waiting(tmp_path: Path, killed_first: bool) -> Diagnosis:
     """Two replicas reduce gradients for 2 steps; in step 2 rank 1 waits in the all-reduce while rank 0 is still
     computing (a long batch), and rank 1 is SIGKILLed there (writes nothing more). torchrun's file: with

@@ -62,7 +62,7 @@ def habits(d: Divergence, streams: dict[int, RankStreams], table: SigTable, run:
     return out
 
 
-def _state_clues(ranks: tuple[int, ...], ends: dict[int, RankEnd]) -> list[Evidence]:
+def state_clues(ranks: tuple[int, ...], ends: dict[int, RankEnd]) -> list[Evidence]:
     """What the ranks' ends say against them: each is a reason, on its own, to be waited for."""
     out = []
     for r in ranks:
@@ -139,7 +139,7 @@ def for_content(
         evidence.append(Evidence(Clue.HISTORY_CONSISTENT, tuple(r for r in con if r not in culprits)))
     if strict_majority and all(len(c) < largest for c in scores if scores[c] == top):
         evidence.append(Evidence(Clue.MAJORITY, culprits, str(largest)))
-    evidence.extend(_state_clues(tuple(r for r in culprits if r in absent), ends))
+    evidence.extend(state_clues(tuple(r for r in culprits if r in absent), ends))
     kinds = {e.clue for e in evidence} - {Clue.FIRST_OF_KIND}  # why history is set aside, no evidence of its own
     confidence = Confidence.HIGH if len(kinds) >= 2 else Confidence.MEDIUM
     return Blame(culprits, _others(tuple(sorted(visible)), culprits), d.kind, confidence, tuple(evidence))
@@ -357,7 +357,7 @@ def for_missing(
     waiters = [r for r in issuers if r not in culprits]
     if waitfor.edges(wf.graph) and waiters:
         evidence.append(Evidence(Clue.WAITED_FOR, culprits, tuple(waiters)))
-    evidence.extend(_state_clues(culprits, ends))
+    evidence.extend(state_clues(culprits, ends))
     victims = tuple(sorted((set(waiting_on(wf, culprits)) | set(issuers)) - set(culprits)))
     timed_out = tuple(r for r in victims if ends[r].collective_failure)
     if timed_out:

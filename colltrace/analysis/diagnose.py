@@ -431,8 +431,11 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None, run:
     missed = _missed_barrier(ends) if not dead else None
     if missed is not None:  # no rank died of its own error, and a monitored barrier says whom it waited for
         return missed
-    if dead:
-        ev = tuple(Evidence(Clue.CRASHED, (r,), ends[r].error_type) for r in dead)
+    if dead:  # how each ended: its own error, or stopped from outside (SIGKILL: nothing of its own written)
+        ev = tuple(culprit.state_clues(dead, ends))
+        waited = tuple(r for r in dead if ends[r].blocked is not None and states.died_unseen(ends[r]))
+        if waited:  # killed first while it waited in a collective
+            ev += (Evidence(Clue.KILLED_WAITING, waited, tuple(r for r in everyone if r not in dead)),)
         return culprit.Blame(dead, tuple(r for r in everyone if r not in dead), Kind.MISSING, Confidence.MEDIUM, ev)
     own = tuple(r for r, e in ends.items() if states.own_error(e))
     said = {(ends[r].error_type, re.sub(r"\d+", "N", ends[r].error_message)) for r in own}  # sizes differ
