@@ -57,6 +57,31 @@ def test_a_one_off_barrier_blames_the_rank_stuck_outside_not_the_ranks_waiting_i
     assert dx.finding.confidence is Confidence.LOW
 
 
+def test_a_loop_on_a_thread_of_its_own_is_quoted_from_that_threads_stack_not_the_main_ones(tmp_path: Path) -> None:
+    """The training loop runs on a thread (tid 1, Ray Train's way) while the main thread waits in join(). Rank 0
+    polls for an upload on that thread; ranks 1-2 wait in a barrier. The stack the report quotes for rank 0,
+    and reads its cause from, is the loop thread's (its stack dump says which tid each thread records as)."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for step in range(3):
+            r.coll("all_reduce", 756, "", "backward", redop="SUM", tid=1)
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    for r in rs[1:]:
+        r.coll("barrier", 0, "", "other", done=False, error=True, tid=1)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    main = [["train.py", 60, "main", "t.join()"], ["/usr/lib/python3.11/threading.py", 1119, "join",
+            "self._wait_for_tstate_lock()"]]  # fmt: skip
+    loop = [["train.py", 40, "train", "wait_for_upload(path)"], ["train.py", 12, "wait_for_upload", "time.sleep(0.2)"]]
+    rs[0].w.event({"ev": "stacks", "reason": "hang", "threads": [
+        {"thread": "MainThread", "frames": main}, {"thread": "RunnerThread", "frames": loop, "tid": 1}]})  # fmt: skip
+    dx = diagnose(read_run(str(tmp_path)))
+    assert (dx.verdict, dx.culprits, dx.victims) == (Verdict.HANG, (0,), (1, 2))
+    assert dx.ranks[0].stack == ("train.py:40 in train: wait_for_upload(path)",
+                                 "train.py:12 in wait_for_upload: time.sleep(0.2)")  # fmt: skip
+    assert dx.finding is not None and dx.finding.cause is Cause.STUCK_COMPUTE
+
+
 def _accumulating(rs: list, steps: int, extra_on: int | None, extra_step: int = 1) -> None:  # type: ignore[type-arg]
     """DDP-like gradient accumulation: 4 micro-steps a step, one gradient all-reduce at the last; the rank
     `extra_on` also reduces at micro-step 1 of `extra_step` (no_sync forgotten once)."""

@@ -14,7 +14,7 @@ from _jobs import WORKLOADS, job_env, kill_group, start_torchrun, torchrun, wait
 
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Clue, Confidence
-from colltrace.analysis.vocab import Cause
+from colltrace.analysis.vocab import Cause, Verdict
 from colltrace.report.build import run_report
 from colltrace.trace import schema
 from colltrace.trace.events import Exit
@@ -307,6 +307,26 @@ def test_a_thread_that_dies_of_an_exception_is_recorded(tmp_path: Path) -> None:
     raised = _line_of('raise ValueError("corrupt record 17")')
     assert died.where.endswith(f"faults.py:{raised} in produce") and died.t_ns > 0
     assert run.ranks[1].state is RankState.FINISHED
+
+
+def test_a_training_loop_that_dies_on_a_thread_of_its_own_is_the_ranks_crash(tmp_path: Path) -> None:
+    """Each rank's loop runs on a thread (Ray Train's way); rank 1's raises at step 3, rank 0's then times out
+    in its all_reduce, and both main threads exit cleanly. Each thread's error carries the tid its records
+    carry, so the report reads each loop's death as its rank's end: rank 1 crashed of its own ValueError, rank 0
+    waited for it."""
+    proc = torchrun("faults.py", 2, tmp_path, FAULT="loop_thread", GLOO_TIMEOUT_S="5")
+    assert proc.returncode == 0, proc.stderr[-2000:]  # the main threads exited cleanly
+    run = read_run(str(tmp_path))
+    assert [run.ranks[r].state for r in (0, 1)] == [RankState.FINISHED] * 2  # as each trace's end says
+    (died,) = run.ranks[1].thread_errors
+    assert (died.thread, died.type, died.message) == ("RunnerThread", "ValueError", "bad batch at step 3")
+    assert died.tid is not None and set(run.ranks[1].records.cols["tid"].tolist()) == {died.tid}
+    (waited,) = run.ranks[0].thread_errors
+    assert waited.error is not None and waited.error.in_collective is not None  # out of its all_reduce
+    dx = diagnose(run)
+    assert (dx.verdict, dx.culprits, dx.victims) == (Verdict.CRASH, (1,), (0,))
+    assert dx.finding is not None and dx.finding.cause is Cause.RANK_EXCEPTION
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.CRASHED] == [(1,)]
 
 
 def test_a_signal_the_script_handles_is_recorded_and_names_why_the_rank_left(tmp_path: Path) -> None:

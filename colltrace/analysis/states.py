@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 import time
 
+import numpy as np
+
 from colltrace.analysis.results import RankEnd
 from colltrace.analysis.streams import RankStreams
 from colltrace.trace import frames
-from colltrace.trace.events import DataExhausted, Error, Frame, Stacks
+from colltrace.trace.events import DataExhausted, Error, Frame, Stacks, ThreadError
 from colltrace.trace.records import Collective, RankState, RankTrace, Run
 
 _OOM = re.compile(r"out of memory|OutOfMemory|MemoryError|can't allocate memory|std::bad_alloc|not enough memory", re.I)
@@ -67,13 +69,28 @@ def waited_on(rt: RankTrace, rs: RankStreams, b: int) -> int:
     return b
 
 
-def _main_frames(stacks: tuple[Stacks, ...]) -> tuple[Frame, ...]:
-    """The main thread's frames at the rank's last stacks (else its first thread's)."""
+def _loop_frames(stacks: tuple[Stacks, ...], tids: tuple[int, ...]) -> tuple[Frame, ...]:
+    """The frames, at the rank's last stacks, of the first of `tids` that has a stack there (the thread of the
+    collective it waits in, the threads of its training loop); else of the main thread, else of the first."""
     if not stacks:
         return ()
     threads = stacks[-1].threads
-    main = next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
+    by_tid = {t.tid: t for t in threads if t.tid is not None}
+    loop = next((by_tid[tid] for tid in tids if tid in by_tid), None)
+    main = loop or next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
     return main.frames if main is not None else ()
+
+
+def loop_died(rt: RankTrace, loop: frozenset[int] | None) -> ThreadError | None:
+    """The first error a thread of the rank's training loop (RankStreams.loop_threads; where no thread did
+    training work the trace shows, one that issued collectives) died of, where that thread is not the main one
+    (whose error escapes the script: rt.error): a loop run on a thread of its own (Ray Train's) ends with it,
+    whatever the main thread does after."""
+    if not rt.thread_errors:
+        return None
+    if loop is None:
+        loop = frozenset(np.unique(rt.records.cols["tid"]).tolist()) if len(rt.records.cols) else frozenset()
+    return next((e for e in rt.thread_errors if e.tid in loop and e.error is not None), None)
 
 
 def frame_text(f: Frame) -> str:
@@ -141,11 +158,14 @@ def in_own_code(end: RankEnd) -> bool:
 
 def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     last = record(rt, rs.last_idx) if rs.last_idx >= 0 else None
+    state, err = rt.state, rt.error or _NO_ERROR
+    died = loop_died(rt, rs.loop_threads) if rt.error is None and rt.fault is None else None
+    if died is not None and died.error is not None and not rt.after_signal(died.t_ns):
+        state, err = RankState.CRASHED, died.error  # its training loop died, on a thread of its own
     blocked = None
-    if rt.state is not RankState.FINISHED:
+    if state is not RankState.FINISHED:
         b = waited_on(rt, rs, blocked_idx(rs))
         blocked = record(rt, b) if b >= 0 else None
-    err = rt.error or _NO_ERROR
     etype = err.type
     message = err.message.strip()
     fault = rt.fault.text if rt.fault is not None else ""
@@ -157,10 +177,11 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     if rt.fault is not None:
         frames = rt.fault.frames
         in_collective = in_collective or "distributed" in fault
-    elif err.traceback and rt.state is RankState.CRASHED:
+    elif err.traceback and state is RankState.CRASHED:
         frames = err.frames
     else:
-        frames = _main_frames(rt.stacks)
+        loop = tuple(sorted(rs.loop_threads or ()))
+        frames = _loop_frames(rt.stacks, (blocked.tid, *loop) if blocked is not None else loop)
     stack = excerpt([frame_text(f) for f in frames])
     collective_failure = bool(
         (etype or fault)
@@ -175,15 +196,15 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         # timed out waiting for its peers in a collective the trace did not see (one torch issues from C++,
         # such as DDP's bucket rebuild at its second step): a victim too
         collective_failure = True
-    open_spans = _open_at_stop(rt) if rt.state is not RankState.FINISHED else []
+    open_spans = _open_at_stop(rt) if state is not RankState.FINISHED else []
     span = max(open_spans, key=lambda s: s.t_issue_ns) if open_spans else None
     open_for = max(0.0, (end_ns - span.t_issue_ns) / 1e9) if span is not None and end_ns else None
-    latest = rt.stacks[-1] if rt.stacks and rt.state is not RankState.FINISHED else None
+    latest = rt.stacks[-1] if rt.stacks and state is not RankState.FINISHED else None
     # its watchdog's: a live run's picture
     idle, usual = (latest.idle_s, latest.usual_s) if latest is not None else (None, None)
     return RankEnd(
         rank=rt.rank,
-        state=rt.state,
+        state=state,
         last=last,
         blocked=blocked,
         error_type=etype,

@@ -25,19 +25,21 @@ _MAX_DUMPS = 10
 _UNTOLD = frozenset(getattr(signal, name) for name in ("SIGCHLD",) if hasattr(signal, name))
 
 
-def thread_stacks() -> list[dict[str, Any]]:
-    """Python stacks of all threads, innermost frame last."""
+def thread_stacks(rec: Any) -> list[dict[str, Any]]:
+    """Python stacks of all threads, innermost frame last; with its records' tid where the thread has recorded."""
     names = {t.ident: t.name for t in threading.enumerate()}
+    tids = getattr(rec, "tids", {})
     out = []
     for ident, frame in sys._current_frames().items():
         frames = traceback.extract_stack(frame)[-_MAX_FRAMES:]
-        out.append(
-            {
-                "thread": names.get(ident, str(ident)),
-                "ident": ident,
-                "frames": [[f.filename, f.lineno, f.name, (f.line or "").strip()] for f in frames],
-            }
-        )
+        thread = {
+            "thread": names.get(ident, str(ident)),
+            "ident": ident,
+            "frames": [[f.filename, f.lineno, f.name, (f.line or "").strip()] for f in frames],
+        }
+        if ident in tids:
+            thread["tid"] = tids[ident]
+        out.append(thread)
     return out
 
 
@@ -133,21 +135,7 @@ class Lifecycle:
         if rec is None or self.ended:  # ended: a forked child's (its parent's trace) or after the footer
             return
         try:
-            text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
-            rec.writer.event(
-                {
-                    "ev": schema.EV_ERROR,
-                    "t_ns": time.time_ns(),
-                    "type": type(exc).__name__,
-                    "qualname": f"{type(exc).__module__}.{type(exc).__qualname__}",
-                    "message": str(exc)[:2000],
-                    "traceback": text[-8000:],
-                    "step": rec.ctx.step,
-                    "in_flight": rec.in_flight,
-                    "in_collective": (at := _raised_by_collective(rec, exc)),
-                    "while_handling": _handling(rec) if at is not None else None,
-                }
-            )
+            rec.writer.event({"ev": schema.EV_ERROR, **_error_fields(rec, exc, tb)})
         except Exception:
             pass
 
@@ -161,20 +149,16 @@ class Lifecycle:
         """A thread of the job died of an exception (a batch producer, an upload thread): its main thread may
         wait for it forever, in no collective. Recorded as a thread_error event, then handed on."""
         try:
-            if not issubclass(args.exc_type, SystemExit) and not self.ended and self.recorder is not None:
+            rec = self.recorder
+            if not issubclass(args.exc_type, SystemExit) and not self.ended and rec is not None:
                 tb = traceback.extract_tb(args.exc_traceback)
-                text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
-                self.recorder.writer.event(
-                    {
-                        "ev": schema.EV_THREAD_ERROR,
-                        "t_ns": time.time_ns(),
-                        "thread": getattr(args.thread, "name", "") or "",
-                        "type": args.exc_type.__name__,
-                        "message": str(args.exc_value)[:2000],
-                        "where": user_frame([(f.filename, f.lineno or 0, f.name) for f in reversed(tb)]),
-                        "traceback": text[-8000:],
-                    }
-                )
+                ev = {"ev": schema.EV_THREAD_ERROR, **_error_fields(rec, args.exc_value, args.exc_traceback),
+                      "thread": getattr(args.thread, "name", "") or "",
+                      "where": user_frame([(f.filename, f.lineno or 0, f.name) for f in reversed(tb)])}  # fmt: skip
+                tid = rec.tids.get(getattr(args.thread, "ident", None))
+                if tid is not None:  # a thread that recorded: the analysis knows whether it ran the training loop
+                    ev["tid"] = tid
+                rec.writer.event(ev)
         except Exception:
             pass
         hook = self._prev_threadhook or threading.__excepthook__
@@ -285,7 +269,7 @@ class Lifecycle:
                  "in_flight": rec.in_flight}
             )  # fmt: skip
             rec.writer.event({"ev": schema.EV_STACKS, "reason": "signal", "t_ns": time.time_ns(),
-                              "waiting": rec.waiting, "threads": thread_stacks()})  # fmt: skip
+                              "waiting": rec.waiting, "threads": thread_stacks(rec)})  # fmt: skip
         except Exception:
             pass
         if signum == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is _noop_handler:
@@ -363,7 +347,7 @@ class Lifecycle:
                 dumps += 1
                 try:
                     ev = {"ev": schema.EV_STACKS, "reason": "hang", "t_ns": time.time_ns(), "idle_s": round(idle, 3),
-                          "in_flight": rec.in_flight, "waiting": rec.waiting, "threads": thread_stacks()}  # fmt: skip
+                          "in_flight": rec.in_flight, "waiting": rec.waiting, "threads": thread_stacks(rec)}  # fmt: skip
                     if usual is not None:
                         ev["usual_s"] = round(usual, 3)
                     rec.writer.event(ev)
@@ -448,7 +432,7 @@ class Watch:
     def answer(self, rec: Any, rid: str, idle: float) -> None:
         self.answered = rid
         self.writer.event({"ev": schema.EV_STACKS, "reason": "request", "request": rid, "t_ns": time.time_ns(),
-                           "idle_s": round(idle, 3), "in_flight": rec.in_flight, "waiting": rec.waiting, "threads": thread_stacks()})  # fmt: skip
+                           "idle_s": round(idle, 3), "in_flight": rec.in_flight, "waiting": rec.waiting, "threads": thread_stacks(rec)})  # fmt: skip
 
     def stuck(self, idle: float) -> float | None:
         """The job's usual wait when `idle` is a hang by it (HANG_FACTOR times it, the floor at least)."""
@@ -516,6 +500,23 @@ def _recording_run(run: Any, lifecycle: Lifecycle) -> Any:
             raise
 
     return recording_run
+
+
+def _error_fields(rec: Any, exc: BaseException, tb: Any) -> dict[str, Any]:
+    """An exception's fields of an error or thread_error event: what it is, its traceback, and the collective it
+    came out of (with what the rank was handling then)."""
+    text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+    return {
+        "t_ns": time.time_ns(),
+        "type": type(exc).__name__,
+        "qualname": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc)[:2000],
+        "traceback": text[-8000:],
+        "step": rec.ctx.step,
+        "in_flight": rec.in_flight,
+        "in_collective": (at := _raised_by_collective(rec, exc)),
+        "while_handling": _handling(rec) if at is not None else None,
+    }
 
 
 def _raised_by_collective(rec: Any, exc: BaseException) -> int | None:

@@ -98,7 +98,7 @@ class Recorder:
         self.non_member: Any = None
         self._groups: dict[int, _Seq] = {}  # id(pg) -> its counter
         self._p2p: dict[tuple[int, int, bool], _Seq] = {}  # (id(pg), peer, a send) -> its counter
-        self._tids: dict[int, int] = {}
+        self.tids: dict[int, int] = {}  # thread ident -> the small number its records carry (tid)
         self._dtypes: dict[Any, int] = {}
         self._redops: dict[Any, int] = {}
         self._shapes: dict[Any, int] = {}
@@ -174,10 +174,10 @@ class Recorder:
 
     def _tid(self) -> int:
         ident = _get_ident()
-        tid = self._tids.get(ident)
+        tid = self.tids.get(ident)
         if tid is None:
             with self._lock:
-                tid = self._tids.setdefault(ident, len(self._tids))
+                tid = self.tids.setdefault(ident, len(self.tids))
         return tid
 
     def _dtype(self, t: Any) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 # how the recorder names, in its header's unseen, a torch.distributed function it does not trace
@@ -52,6 +52,7 @@ class Frame(NamedTuple):
 class Thread:
     name: str
     frames: tuple[Frame, ...]  # innermost last
+    tid: int | None = None  # the tid its records carry; None: it recorded nothing (or an older trace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +81,9 @@ class Stacks:
                     continue
                 if line is None or type(line) is int:
                     frames.append(Frame(str(path), line, str(func), str(code) if code else ""))
-            name = t.get("thread")
-            threads.append(Thread("" if name is None else str(name), tuple(frames)))
+            name, tid = t.get("thread"), t.get("tid")
+            tid = tid if type(tid) is int else None
+            threads.append(Thread("" if name is None else str(name), tuple(frames), tid))
         waiting, request = ev.get("waiting"), ev.get("request")
         return cls(
             reason=ev.get("reason", ""), threads=tuple(threads), t_ns=ev.get("t_ns"),
@@ -189,11 +191,16 @@ class ThreadError:
     message: str = ""
     where: str = ""  # its innermost frame of the user's, "file:line in func"; "" none
     t_ns: int = 0
+    tid: int | None = None  # the tid its records carry; None: it recorded nothing (or an older trace)
+    # the same exception as an escaping one is read (its traceback, the collective it came out of)
+    error: Error | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, ev: dict[str, Any]) -> ThreadError:
         """From a thread_error event the reader checked."""
-        return cls(ev["type"], ev.get("thread", ""), ev.get("message", ""), ev.get("where", ""), ev.get("t_ns", 0))
+        tid = ev.get("tid")
+        return cls(ev["type"], ev.get("thread", ""), ev.get("message", ""), ev.get("where", ""), ev.get("t_ns", 0),
+                   tid if type(tid) is int else None, Error.of(ev))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,31 @@ FAULT = os.environ.get("FAULT", "none")
 TIMEOUT_S = float(os.environ.get("GLOO_TIMEOUT_S", "60"))
 
 
+def loop_on_a_thread() -> None:
+    """FAULT=loop_thread: each rank's training loop runs on a thread of its own, the main thread waiting for it (as
+    Ray Train runs a worker's loop); rank 1's raises at step 3 and dies there, the main threads exit cleanly."""
+    import threading
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    rank = dist.get_rank()
+
+    def train() -> None:
+        x = torch.ones(64)
+        for step in range(6):
+            if rank == 1 and step == 3:
+                raise ValueError(f"bad batch at step {step}")
+            dist.all_reduce(x)
+
+    t = threading.Thread(target=train, name="RunnerThread")
+    t.start()
+    t.join()
+    dist.destroy_process_group()
+
+
 def main() -> None:
+    if FAULT == "loop_thread":
+        loop_on_a_thread()
+        return
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
     rank = dist.get_rank()
     x = torch.ones(64)
