@@ -2281,12 +2281,12 @@ def test_a_rank_killed_after_its_last_collective_while_the_other_finished_is_sai
 ) -> None:
     """Two replicas reduce gradients for 3 steps; rank 0 finishes (its end record), rank 1 is SIGKILLed after its
     last collective (no end record, no error, no signal: SIGKILL cannot be caught). Nothing diverged: rank 1 is
-    still the culprit, as one stopped from outside, not as one that raised."""
+    still the culprit, as one stopped from outside, not as one that raised; rank 0, which finished, no victim."""
     rs = ranks(str(tmp_path), 2)
     _reduce_steps(rs, 3, 756)
     rs[0].footer()
     dx = diagnose(read_run(str(tmp_path)))
-    assert dx.culprits == (1,)
+    assert (dx.verdict, dx.culprits, dx.victims) == (Verdict.CRASH, (1,), ())  # rank 0 lost nothing: no victim
     assert dx.finding is not None
     assert [(e.clue, e.ranks) for e in dx.finding.evidence if e.clue in (Clue.KILLED, Clue.CRASHED)] == [
         (Clue.KILLED, (1,))

@@ -436,7 +436,9 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None, run:
         waited = tuple(r for r in dead if ends[r].blocked is not None and states.died_unseen(ends[r]))
         if waited:  # killed first while it waited in a collective
             ev += (Evidence(Clue.KILLED_WAITING, waited, tuple(r for r in everyone if r not in dead)),)
-        return culprit.Blame(dead, tuple(r for r in everyone if r not in dead), Kind.MISSING, Confidence.MEDIUM, ev)
+        # a rank that finished cleanly lost nothing to them: no victim
+        hurt = tuple(r for r in everyone if r not in dead and ends[r].state is not RankState.FINISHED)
+        return culprit.Blame(dead, hurt, Kind.MISSING, Confidence.MEDIUM, ev)
     own = tuple(r for r, e in ends.items() if states.own_error(e))
     said = {(ends[r].error_type, re.sub(r"\d+", "N", ends[r].error_message)) for r in own}  # sizes differ
     if own and len(own) == len(ends) and len(said) == 1:
