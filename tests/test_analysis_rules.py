@@ -82,6 +82,25 @@ def test_a_loop_on_a_thread_of_its_own_is_quoted_from_that_threads_stack_not_the
     assert dx.finding is not None and dx.finding.cause is Cause.STUCK_COMPUTE
 
 
+def test_a_rank_with_no_data_at_all_leaves_before_its_first_step_as_uneven_data(tmp_path: Path) -> None:
+    """Shards split by rank, one too few: rank 3's DataLoader has no batch at all. Every rank sets up DDP (two
+    records outside training), then rank 3's iterator ends at once and it exits cleanly; ranks 0-2 wait in their
+    first step's gradient all-reduce. Their first training record is a step's start as much as a later one."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        r.coll("_verify_params_across_processes", 756, "", "init")
+        r.coll("_broadcast_coalesced", 756, "", "init")
+    for r in rs[:3]:
+        r.coll("all_reduce", 756, "", "backward", redop="SUM", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    rs[3].w.event({"ev": "data_exhausted", "step": 0, "t_ns": 1_700_000_000_001_000_000})
+    rs[3].footer()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert (dx.verdict, dx.culprits, dx.victims) == (Verdict.HANG, (3,), (0, 1, 2))
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.UNEVEN_DATA, Confidence.HIGH)
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.OUT_OF_DATA] == [(3,)]
+
+
 def _accumulating(rs: list, steps: int, extra_on: int | None, extra_step: int = 1) -> None:  # type: ignore[type-arg]
     """DDP-like gradient accumulation: 4 micro-steps a step, one gradient all-reduce at the last; the rank
     `extra_on` also reduces at micro-step 1 of `extra_step` (no_sync forgotten once)."""

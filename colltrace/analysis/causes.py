@@ -899,7 +899,7 @@ def uneven_data(f: Facts) -> Finding | None:
         # nothing says its data ran out, and it is no replica of theirs reading its own share (the stages of
         # one pipeline step through the same batches): it left on a decision of its own (exited_early)
         return None
-    starting = tuple(v for v in f.victims if starts_step(f.stream(v), d.seq))
+    starting = tuple(v for v in f.victims if starts_step(f.stream(v), d.seq) or _first_training(f, v, d.seq))
     if starting and all(_ran_out(f, r) for r in f.culprits):
         # it exited cleanly, or went on to collectives outside training, at a step the others were starting
         ev = [Evidence(Clue.STEP_BOUNDARY, starting), Evidence(Clue.LEFT_LOOP, f.culprits)]
@@ -915,6 +915,17 @@ def uneven_data(f: Facts) -> Finding | None:
             ev.append(Evidence(Clue.OUT_OF_DATA, exhausted))
         return Finding(Cause.UNEVEN_DATA, Confidence.MEDIUM, tuple(ev))
     return None
+
+
+def _first_training(f: Facts, rank: int, seq: int) -> bool:
+    """`seq` is the rank's first record in a training step's phase, every one before it outside training (its
+    set-up's: DDP's parameter checks, a broadcast of the weights): it was starting its first step."""
+    st = f.stream(rank)
+    off = seq - st.seq0 if st is not None else -1
+    if st is None or not 0 <= off < len(st.sigs):
+        return False
+    phases = [(sig.phase if (sig := f.table[sid]) is not None else None) for sid in st.sigs[: off + 1]]
+    return phases[-1] in TRAINING and not any(p in TRAINING or p is None for p in phases[:-1])
 
 
 def _to_barrier(f: Facts) -> bool:
