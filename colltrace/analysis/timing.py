@@ -204,7 +204,16 @@ class Timing:
         # a short run's straggler: last nearly every time, not once by a wide margin (the floor is for noise)
         steady = top.collectives >= MIN_STEADY and top.last_arrivals >= STEADY_SHARE * top.collectives
         need = max(MIN_STEADY_WAIT_S if steady else MIN_WAIT_S, share_of_run)
-        return top if top.waited_s >= need and top.share >= MIN_SHARE else None
+        return top if _after_warm_up(top) >= need and top.share >= MIN_SHARE else None
+
+
+def _after_warm_up(s: Straggler) -> float:
+    """The others' wait for it, in seconds, less its first step's where it ran later steps: the ranks of a job
+    start apart (imports, their first batch, a first call's set-up), which is no straggler's doing; a rank
+    slow in every step is as slow after its first."""
+    if len(s.late_steps) < 2:
+        return s.waited_s
+    return s.waited_s - s.late_steps[min(s.late_steps)] / 1e9
 
 
 def percentile(values: list[int], q: float) -> int | None:
