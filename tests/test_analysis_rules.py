@@ -2331,6 +2331,58 @@ def test_a_rank_killed_after_its_last_collective_while_the_other_finished_is_sai
     ]
 
 
+def _store_wait(tmp_path: Path, waiter_first: bool, rank0_finished: bool = False) -> Diagnosis:
+    """Three replicas reduce gradients for 2 steps; then ranks 1-2 wait on the store for `ckpt/2/committed`
+    (a store span, open) and rank 0 goes on to the next all-reduce and times out there (with `rank0_finished`,
+    it finishes instead). With `waiter_first` the waits began 2 s before rank 0 entered its all-reduce; else
+    rank 0 had been waiting in it for 2 s when they began."""
+    from colltrace.trace import schema
+
+    rs = ranks(str(tmp_path), 3)
+    _reduce_steps(rs, 2, 756)
+    t0 = max(r.t for r in rs)
+    for r in rs[1:]:
+        s = r.w.intern
+        at = t0 + (1_000_000_000 if waiter_first else 3_000_000_000)
+        r.w.spans.append(schema.KIND_SPAN, 0, 0, 0, 0, s("store"), 0, 0, 0, 0, s("wait ckpt/2/committed"), 0, 0, -1,
+                         0, 0, -1, r.step, 0, at, 0, 0)  # fmt: skip
+        r.w.event({"ev": "signal", "t_ns": 1_700_000_040_000_000_000, "signal": "SIGTERM", "in_flight": 0})
+    if rank0_finished:
+        rs[0].footer()
+    else:
+        rs[0].t = t0 + (3_000_000_000 if waiter_first else 1_000_000_000) - 1_000_000
+        _time_out([rs[0]], 756)
+    return diagnose(read_run(str(tmp_path)))
+
+
+def test_ranks_that_waited_on_the_store_first_are_the_victims_of_the_rank_that_went_on(tmp_path: Path) -> None:
+    dx = _store_wait(tmp_path, waiter_first=True)
+    assert (dx.verdict, dx.culprits, dx.victims) == (Verdict.HANG, (0,), (1, 2))
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.CONTROL_FLOW,
+                                                                                  Confidence.MEDIUM)  # fmt: skip
+    (waited,) = [e for e in dx.finding.evidence if e.clue is Clue.STORE_WAIT]
+    assert waited.ranks == (1, 2) and isinstance(waited.detail, InSpan)
+    assert (waited.detail.kind, waited.detail.flavour) == ("store", "wait ckpt/2/committed")
+
+
+def test_ranks_that_went_to_the_store_while_the_others_waited_in_a_collective_are_the_culprits(tmp_path: Path) -> None:
+    """Rank 0 had been waiting in its all-reduce for 2 s when ranks 1-2 began their store wait: they left the
+    schedule the others kept, whatever they then waited for."""
+    dx = _store_wait(tmp_path, waiter_first=False)
+    assert (dx.verdict, dx.culprits, dx.victims) == (Verdict.HANG, (1, 2), (0,))
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.CONTROL_FLOW,
+                                                                                  Confidence.MEDIUM)  # fmt: skip
+    assert not any(e.clue is Clue.STORE_WAIT for e in dx.finding.evidence)
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.IN_SPAN] == [(1,), (2,)]
+
+
+def test_ranks_left_waiting_on_the_store_by_a_rank_that_finished_name_that_rank(tmp_path: Path) -> None:
+    dx = _store_wait(tmp_path, waiter_first=True, rank0_finished=True)
+    assert (dx.culprits, dx.victims) == ((0,), (1, 2))
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.STORE_WAIT] == [(1, 2)]
+
+
 def _killed_while_waiting(tmp_path: Path, killed_first: bool) -> Diagnosis:
     """Two replicas reduce gradients for 2 steps; in step 2 rank 1 waits in the all-reduce while rank 0 is still
     computing (a long batch), and rank 1 is SIGKILLed there (writes nothing more). torchrun's file: with

@@ -329,6 +329,22 @@ def test_a_training_loop_that_dies_on_a_thread_of_its_own_is_the_ranks_crash(tmp
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.CRASHED] == [(1,)]
 
 
+def test_a_rank_waiting_on_the_store_for_a_key_never_set_names_the_rank_that_went_on(tmp_path: Path) -> None:
+    """Rank 1 waits in Store.wait for a commit key rank 0 never sets; rank 0 writes its manifest (0.5 s), which
+    fails, and goes on to the next all_reduce instead, times out there, and torchrun stops rank 1. Rank 1's trace holds the wait as an open store span (the call
+    and its key), begun before rank 0 entered its all_reduce: rank 1 waited for rank 0, not the other way."""
+    proc = torchrun("faults.py", 2, tmp_path, FAULT="store_key", GLOO_TIMEOUT_S="5")
+    assert proc.returncode != 0
+    run = read_run(str(tmp_path))
+    (span,) = run.ranks[1].open_spans
+    assert (span.op, span.flavour) == ("store", "wait commit/5")
+    dx = diagnose(run)
+    assert (dx.verdict, dx.culprits, dx.victims) == (Verdict.HANG, (0,), (1,))
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.CONTROL_FLOW,
+                                                                                  Confidence.MEDIUM)  # fmt: skip
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.STORE_WAIT] == [(1,)]
+
+
 def test_a_signal_the_script_handles_is_recorded_and_names_why_the_rank_left(tmp_path: Path) -> None:
     """Rank 1 handles SIGUSR1 (a preemption notice), gets it, and leaves cleanly at once; rank 0 times out in
     the next all_reduce. Rank 1's trace says which signal it caught (read from the wakeup fd as it exited), and

@@ -97,6 +97,9 @@ _STUCK_IN: dict[
     SpanKind.BACKWARD: Cause.STUCK_COMPUTE,
     SpanKind.RECOMPUTE: Cause.STUCK_COMPUTE,
     SpanKind.OPTIMIZER: Cause.STUCK_COMPUTE,
+    # a wait on the store for a key, begun while the others waited in a collective (else store_wait names them):
+    # it left the schedule they kept, for a path of its own
+    SpanKind.STORE: Cause.CONTROL_FLOW,
 }
 
 
@@ -307,6 +310,14 @@ def p2p_order(f: Facts) -> Finding | None:
         return None
     side = "send" if op_family(op) is OpFamily.SEND else "recv"
     return Finding(Cause.P2P_ORDER, Confidence.MEDIUM, (Evidence(Clue.SAME_ORDER, f.cycle, side),))
+
+
+def store_wait(f: Facts) -> Finding | None:
+    """The victims waited on the c10d store for a key from before the culprits went on to a collective, or out of
+    the job (culprit.store_waiters): the culprits' own path skipped what the others waited for (an error caught
+    and logged, a branch), whatever their records say."""
+    waited = tuple(e for e in f.found if e.clue is Clue.STORE_WAIT)
+    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, waited) if waited else None
 
 
 def deadlock(f: Facts) -> Finding | None:
@@ -1058,7 +1069,7 @@ def control_flow(f: Facts) -> Finding | None:
 
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
-    schedule_mismatch, wrong_peer, p2p_order, deadlock, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
+    schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
     joined, step_skew, skew_before, saved_apart, grad_skipped, recompute, uneven_data, exited_early, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip

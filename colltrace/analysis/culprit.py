@@ -16,6 +16,7 @@ from colltrace.analysis.results import (
     Divergence,
     DtypeChange,
     Evidence,
+    InSpan,
     PeersApart,
     RankEnd,
     StepSkew,
@@ -25,7 +26,7 @@ from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
 from colltrace.trace.records import RankState, Run
 from colltrace.trace.schema import row_of
-from colltrace.trace.vocab import OpFamily, Phase, op_family
+from colltrace.trace.vocab import OpFamily, Phase, SpanKind, op_family
 
 if TYPE_CHECKING:
     from colltrace.trace.store import Slots
@@ -85,6 +86,37 @@ def state_clues(ranks: tuple[int, ...], ends: dict[int, RankEnd]) -> list[Eviden
         elif e.blocked is None and e.state is RankState.KILLED:
             out.append(Evidence(Clue.KILLED, (r,)))
     return out
+
+
+def _in_store(e: RankEnd | None) -> bool:
+    """Stopped waiting on the c10d store (a store span open at its stop), in no collective."""
+    return e is not None and e.blocked is None and e.open_span is not None and e.open_span.op == SpanKind.STORE
+
+
+def store_waiters(waiting: tuple[int, ...], ends: dict[int, RankEnd]) -> Blame | None:
+    """The ranks named for not coming each wait on the c10d store (Store.wait/get) for a key, since before any
+    other rank entered the collective it waits in, or finished: they waited first, for the others, who went on
+    without setting what they waited for. The others are the culprits; the waiters their victims. None where a
+    waiter is elsewhere, or another rank was already waiting in its collective when a waiter began (the waiters
+    then left the schedule the others keep)."""
+    if not waiting or not all(_in_store(ends.get(r)) for r in waiting):
+        return None
+    others = tuple(r for r in sorted(ends) if r not in waiting and not _in_store(ends[r]))
+    since = max(ends[r].open_span.t_issue_ns for r in waiting)  # type: ignore[union-attr]
+    for r in others:
+        e = ends[r]
+        if not (e.state is RankState.FINISHED or e.blocked is not None and e.blocked.t_issue_ns > since):
+            return None
+    if not others:
+        return None
+    calls: dict[tuple[str, str], list[int]] = {}
+    for r in waiting:
+        span = ends[r].open_span
+        assert span is not None
+        calls.setdefault((span.flavour, span.module), []).append(r)
+    ev = tuple(Evidence(Clue.STORE_WAIT, tuple(rs), InSpan(SpanKind.STORE.value, ends[rs[0]].open_for_s, module,
+                                                            flavour)) for (flavour, module), rs in calls.items())  # fmt: skip
+    return Blame(others, tuple(sorted(waiting)), Kind.MISSING, Confidence.MEDIUM, ev)
 
 
 def _others(ranks: tuple[int, ...], culprits: tuple[int, ...]) -> tuple[int, ...]:

@@ -106,6 +106,8 @@ def diagnose(run: Run) -> Diagnosis:
         blame = _no_divergence(ends, slow, run)
     elif d.kind in (Kind.MISSING, Kind.EXTRA):
         blame = culprit.for_missing(d, streams, table, ends, wf)
+        if d.kind is Kind.MISSING:  # the ranks that never came wait on the store for those that did
+            blame = culprit.store_waiters(blame.culprits, ends) or blame
     elif d.kind is Kind.STEP:
         blame = culprit.for_step(d, streams, table)
     elif d.kind is Kind.MEMBERSHIP:
@@ -466,6 +468,9 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None, run:
         return culprit.Blame(unseen_ranks, blocked, Kind.MISSING, Confidence.LOW, ev)
     stuck = tuple(r for r, e in ends.items()
                   if e.blocked is None and e.state in NOT_ENDED - {RankState.DUMPED, RankState.UNTRACED})  # fmt: skip
+    on_store = culprit.store_waiters(stuck, ends) if stuck and len(stuck) < len(ends) else None
+    if on_store is not None:  # they wait on the store for the others, which finished without setting it
+        return on_store
     if stuck and len(stuck) < len(ends):
         ev = tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r]) for r in stuck)
         return culprit.Blame(stuck, tuple(r for r in everyone if r not in stuck), Kind.MISSING, Confidence.LOW, ev)

@@ -93,6 +93,9 @@ class Clue(str, enum.Enum):
     ROOT_APART = "root_apart"  # the same collective from the same line, another root (detail: (its, theirs))
     HANDLING = "handling"  # the culprit issued it while handling its own exception (detail: events.Handling)
     SIGNALLED = "signalled"  # it caught a signal it handles itself, none of the others did (events.SignalCaught)
+    # the ranks waited in the c10d store for a key (Store.wait/get) from before the culprits went on to a
+    # collective or out of the job: what they waited for never came (detail: InSpan of the store span)
+    STORE_WAIT = "store_wait"
     GROUP_APART = "group_apart"  # issued from the line the others issue in another group it is in (GroupApart)
     EXITED = "exited"  # torchrun found it ended so first, before it stopped the others (detail: events.Exit)
     # killed from outside first (SIGKILL) while it waited in a collective for ranks that had neither failed nor

@@ -42,7 +42,7 @@ WAITS = (ALLGATHER_WAIT, REDUCE_WAIT, COMM_WAIT)
 _PRIORITY = (ALLGATHER_WAIT, REDUCE_WAIT, COMM_WAIT, CHECKPOINT, DATA, OPTIMIZER, RECOMPUTE, BACKWARD, FORWARD)
 _SPAN_CATEGORY: dict[str, str] = {SpanKind.FORWARD: FORWARD, SpanKind.BACKWARD: BACKWARD, SpanKind.RECOMPUTE: RECOMPUTE,
                                   SpanKind.OPTIMIZER: OPTIMIZER, SpanKind.DATA: DATA,
-                                  SpanKind.CHECKPOINT: CHECKPOINT}  # a phase block's time is `other`  # fmt: skip
+                                  SpanKind.CHECKPOINT: CHECKPOINT}  # a phase block's, a store wait's time is `other`  # fmt: skip
 # what communication can overlap with
 COMPUTE_SPANS = frozenset({SpanKind.FORWARD, SpanKind.BACKWARD, SpanKind.RECOMPUTE, SpanKind.OPTIMIZER})
 

@@ -72,6 +72,7 @@ class Hooks:
         self._wrap_checkpointing()
         self._wrap_data_loading()
         self._wrap_backward(torch.autograd)
+        self._wrap_store_waits()
 
     # -- modules found from the frames: the first root's forwards count micro-steps -----------
 
@@ -222,6 +223,43 @@ class Hooks:
         wrapper.__colltrace__ = True  # type: ignore[attr-defined]
         return wrapper
 
+    # -- the c10d store ---------------------------------------------------------------------
+
+    def _wrap_store_waits(self) -> None:
+        """Store.wait and Store.get, which block until another process sets the key, as store spans (flavour: the
+        call and its key): a rank stopped in one waits for its peers outside any collective. Called from Python
+        only (TCPStore, FileStore, PrefixStore inherit them); torch's own C++ calls are not seen."""
+        try:
+            import torch.distributed as dist
+
+            store = dist.Store
+        except Exception:
+            return
+        tracer, keys = self.tracer, set[str]()
+
+        def flavour(call: str, key: Any) -> str:
+            """The call and its key, the key left out past _MAX_STORE_KEYS of them (a key per step or per call)."""
+            text = ",".join(str(k) for k in key) if isinstance(key, (list, tuple)) else str(key)
+            if text not in keys and len(keys) >= _MAX_STORE_KEYS:
+                return call
+            keys.add(text)
+            return f"{call} {text[:_MAX_KEY_CHARS]}"
+
+        def make(call: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+            def wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
+                @functools.wraps(orig)
+                def blocking(self: Any, key: Any = None, *args: Any, **kwargs: Any) -> Any:
+                    if tracer.spans is None or key is None:
+                        return orig(self, *(() if key is None else (key,)), *args, **kwargs)
+                    return spanned(tracer, spans.STORE, "", flavour(call, key), orig, (self, key, *args), kwargs)
+
+                return blocking
+
+            return wrap
+
+        for name in ("wait", "get"):
+            self.patches.wrap(store, name, make(name))
+
     # -- data loading ------------------------------------------------------------------------
 
     def _wrap_backward(self, autograd: Any) -> None:
@@ -303,6 +341,10 @@ def spanned(
         raise
     sp.end(span)
     return result
+
+
+_MAX_STORE_KEYS = 256  # distinct keys a store span names (each is a string in the trace), the call alone after
+_MAX_KEY_CHARS = 120
 
 
 def _span_of(tracer: Tracer, what: str, flavour: str, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -36,6 +36,7 @@ OPTIMIZER = SpanKind.OPTIMIZER.value
 DATA = SpanKind.DATA.value
 CHECKPOINT = SpanKind.CHECKPOINT.value
 PHASE = SpanKind.PHASE.value
+STORE = SpanKind.STORE.value
 NO_GRAD = Mode.NO_GRAD.value
 EVAL = Mode.EVAL.value
 

@@ -269,6 +269,7 @@ def evidence_text(e: Evidence) -> str:
         Clue.HANDLING: _handling(who, d),
         Clue.THREAD_DIED: _thread_died(who, d),
         Clue.SIGNALLED: _signalled(who, d),
+        Clue.STORE_WAIT: _store_wait(who, d, len(e.ranks) == 1),
         Clue.EXITED: _exited(who, d),
         Clue.GROUP_APART: _group_apart(who, d),
         Clue.ROOT_APART: f"{who} issued the same collective from the same line of code as the others, with root "
@@ -360,6 +361,15 @@ def _pairs(d: Detail) -> str:
     return ", ".join(" → ".join(f"rank {r}" for r in p) for p in pairs)
 
 
+def _store_wait(who: str, d: Detail, one: bool) -> str:
+    """Clue STORE_WAIT: the ranks waited in the c10d store for a key, from before the culprits went on."""
+    call = f" (`{d.flavour}`)" if isinstance(d, InSpan) and d.flavour else ""
+    took = f" for {d.for_s:.1f} s" if isinstance(d, InSpan) and d.for_s is not None else ""
+    it = "it" if one else "they"
+    return (f"{who} {'was' if one else 'were'} waiting on the c10d store{call}{took} when {it} stopped, from before the "
+            f"culprit went on without setting what {it} waited for: a wait for the culprit, outside any collective")  # fmt: skip
+
+
 def _in_span(who: str, d: Detail) -> str:
     if not isinstance(d, InSpan):
         return f"{who} was in a compute span when it stopped, in no collective"
@@ -390,6 +400,7 @@ SPAN_WORDS: dict[str, str] = {  # a compute span's kind (every SpanKind: a test 
     SpanKind.OPTIMIZER: "the optimizer step",
     SpanKind.CHECKPOINT: "checkpoint I/O",
     SpanKind.PHASE: "a phase block",
+    SpanKind.STORE: "a wait on the c10d store",
 }
 
 

@@ -31,6 +31,9 @@ class SpanKind(str, enum.Enum):
     OPTIMIZER = "optimizer"  # optimizer.step()
     CHECKPOINT = "checkpoint"  # torch.distributed.checkpoint save/load, torch.save/torch.load
     PHASE = "phase"  # a `with colltrace.phase(name)` block (its flavour: the name)
+    # a blocking wait on the c10d store (Store.wait, Store.get: its flavour, with the key) for a key another
+    # process sets: a wait for peers outside any collective
+    STORE = "store"
 
 
 class Mode(str, enum.Enum):

@@ -47,6 +47,7 @@ SPAN_MARKS: dict[str, Mark] = {  # by span kind (SpanKind, every one: a test che
     SpanKind.OPTIMIZER: Mark("O", "white on magenta", "opt", "optimizer"),
     SpanKind.CHECKPOINT: Mark("C", "black on white", "ckpt", "checkpoint I/O"),
     SpanKind.PHASE: Mark("P", "white on grey37", "phase", "a `colltrace.phase` block"),
+    SpanKind.STORE: Mark("W", "black on bright_red", "store", "a wait on the c10d store"),
 }
 UNKNOWN_SPAN = Mark("?", "black on bright_white", "", "")  # a span kind this table does not know
 COMM_MARKS: dict[str, Mark] = {  # by op family (OpFamily): the collectives row. The families a training step is

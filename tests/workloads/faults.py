@@ -43,6 +43,8 @@ def main() -> None:
     x = torch.ones(64)
     for i in range(5):
         dist.all_reduce(x)
+    if FAULT == "store_key" and rank == 0:  # its manifest's write fails, is logged, and it goes on: no commit/5 set
+        time.sleep(0.5)
     if rank == 1:
         if FAULT == "stuck":  # stuck in "compute" forever: the others block in the next all_reduce
             while True:
@@ -71,6 +73,9 @@ def main() -> None:
             if left:
                 dist.destroy_process_group()
                 sys.exit(0)
+        if FAULT == "store_key":  # waits on the store for a commit key rank 0 never sets (it goes on instead)
+            store = dist.distributed_c10d._get_default_store()
+            store.wait(["commit/5"], datetime.timedelta(seconds=120))
         if FAULT == "dtype":
             x = torch.ones(64, dtype=torch.float64)
         if FAULT == "selfkill":
