@@ -121,7 +121,7 @@ def stuck_in_span(f: Facts) -> Finding | None:
         if cause is None or span is None:
             return None
         causes.add(cause)
-        ev.append(Evidence(Clue.IN_SPAN, (r,), InSpan(span.op, e.open_for_s, span.module)))
+        ev.append(Evidence(Clue.IN_SPAN, (r,), InSpan(span.op, e.open_for_s, span.module, span.flavour)))
     if len(causes) != 1:
         return None
     return Finding(causes.pop(), Confidence.MEDIUM, (*ev, *_threads_died(f, f.culprits)))

@@ -374,7 +374,8 @@ def _in_span(who: str, d: Detail) -> str:
     if not isinstance(d, InSpan):
         return f"{who} was in a compute span when it stopped, in no collective"
     took = f" for {d.for_s:.1f} s" if d.for_s is not None else ""
-    return f"{who} was in {span_text(d.kind, d.module)}{took} when it stopped, in no collective"
+    what = span_text(d.kind, d.module, d.flavour if d.kind == SpanKind.STORE else "")  # the key it waited for
+    return f"{who} was in {what}{took} when it stopped, in no collective"
 
 
 def _dtype_changed(who: str, d: Detail, one: bool) -> str:
