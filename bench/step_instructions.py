@@ -25,7 +25,8 @@ machines, but the step's own count moves by some 50k from region to region and f
 allocator, the interpreter quickening code objects torch makes, gloo's threads taking the GIL): the
 median of 8 regions is the figure. The level of a whole run moves too: the same tree read from +1.06 % to
 +1.20 % in three runs of one day, every traced process of a run alike (two processes of one tree in one run
-agree within 0.02 %). So to judge a change, compare the trees in one run (--compare). Takes about 15 minutes
+agree within 0.02 %). Trees differ as much: two trees one line apart (a patch no step runs) read +0.88 % and
++1.07 % in one run. --compare puts them side by side; a difference under about 0.2 % is not one. Takes about 15 minutes
 (importing torch under valgrind alone takes minutes), 25 with a tree to compare. The last line is one JSON object.
 """
 
