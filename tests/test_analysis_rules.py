@@ -29,6 +29,7 @@ from colltrace.analysis.results import (
 )
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report import words
+from colltrace.report.build import run_report
 from colltrace.trace.events import Exit, GroupCreation, Handling, SignalCaught, ThreadError
 from colltrace.trace.reader import read_run
 
@@ -99,6 +100,40 @@ def test_a_rank_with_no_data_at_all_leaves_before_its_first_step_as_uneven_data(
     assert (dx.verdict, dx.culprits, dx.victims) == (Verdict.HANG, (3,), (0, 1, 2))
     assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.UNEVEN_DATA, Confidence.HIGH)
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.OUT_OF_DATA] == [(3,)]
+
+
+def test_a_rank_waiting_on_a_lock_shows_the_threads_of_the_job_that_were_running_its_code(tmp_path: Path) -> None:
+    """Rank 0's main thread waits to take the upload lock; its uploader thread is in its write (a hung store),
+    another of its threads waits on a queue, a DataLoader's pin-memory thread runs torch's code. The report
+    quotes the uploader beside the main thread's stack: what the lock waits for. Not the other two."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(3):
+            r.fsdp_step()
+    for r in rs[1:]:
+        r.coll("all_gather_single", 34, "<root>", "forward", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    main = [["train.py", 70, "main", "save_checkpoint(model)"], ["train.py", 49, "save_checkpoint", "lock.acquire()"]]
+    upload = [["/usr/lib/python3.11/threading.py", 982, "run", "self._target(*self._args, **self._kwargs)"],
+              ["train.py", 40, "upload", "fo.write(chunk)"]]  # fmt: skip
+    parked = [["train.py", 90, "log_metrics", "item = q.get()"], ["/usr/lib/python3.11/queue.py", 171, "get",
+              "self.not_empty.wait()"], ["/usr/lib/python3.11/threading.py", 327, "wait", "waiter.acquire()"]]  # fmt: skip
+    pin = [["/venv/lib/python3.11/site-packages/torch/utils/data/_utils/pin_memory.py", 54, "_pin_memory_loop",
+            "r = in_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)"]]  # fmt: skip
+    threads = [{"thread": "MainThread", "frames": main}, {"thread": "ckpt-uploader", "frames": upload},
+               {"thread": "metrics", "frames": parked}, {"thread": "pin_memory", "frames": pin}]  # fmt: skip
+    rs[0].w.event({"ev": "stacks", "reason": "hang", "threads": threads})
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (0,)
+    assert dx.ranks[0].stack == (
+        "train.py:70 in main: save_checkpoint(model)",
+        "train.py:49 in save_checkpoint: lock.acquire()",
+    )
+    assert dx.ranks[0].threads == (("ckpt-uploader", ("train.py:40 in upload: fo.write(chunk)",)),)
+    md, _ = run_report(str(tmp_path))
+    assert (
+        "Its thread ckpt-uploader (running the job's own code):\n```\ntrain.py:40 in upload: fo.write(chunk)\n```" in md
+    )
 
 
 def _accumulating(rs: list, steps: int, extra_on: int | None, extra_step: int = 1) -> None:  # type: ignore[type-arg]

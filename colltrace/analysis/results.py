@@ -311,6 +311,9 @@ class RankEnd:
     idle_s: float | None = None  # its watchdog saw no progress for this long (a live run), None: no such stack
     usual_s: float | None = None  # ... against the job's usual wait
     exit: Exit | None = None  # how torchrun saw it end, where it failed and torchrun said
+    # the job's other threads at its last stacks that were running its own code (an uploader, a producer): what
+    # a loop waiting on a lock, a queue or a join waits for. (name, frames as `stack`)
+    threads: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 Detail: TypeAlias = (

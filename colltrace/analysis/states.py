@@ -10,7 +10,7 @@ import numpy as np
 from colltrace.analysis.results import RankEnd
 from colltrace.analysis.streams import RankStreams
 from colltrace.trace import frames
-from colltrace.trace.events import DataExhausted, Error, Frame, Stacks, ThreadError
+from colltrace.trace.events import DataExhausted, Error, Frame, Stacks, Thread, ThreadError
 from colltrace.trace.records import Collective, RankState, RankTrace, Run
 
 _OOM = re.compile(r"out of memory|OutOfMemory|MemoryError|can't allocate memory|std::bad_alloc|not enough memory", re.I)
@@ -69,16 +69,30 @@ def waited_on(rt: RankTrace, rs: RankStreams, b: int) -> int:
     return b
 
 
-def _loop_frames(stacks: tuple[Stacks, ...], tids: tuple[int, ...]) -> tuple[Frame, ...]:
-    """The frames, at the rank's last stacks, of the first of `tids` that has a stack there (the thread of the
-    collective it waits in, the threads of its training loop); else of the main thread, else of the first."""
+def _loop_thread(stacks: tuple[Stacks, ...], tids: tuple[int, ...]) -> Thread | None:
+    """The thread, at the rank's last stacks, of the first of `tids` that has a stack there (the thread of the
+    collective it waits in, the threads of its training loop); else the main thread, else the first."""
     if not stacks:
-        return ()
+        return None
     threads = stacks[-1].threads
     by_tid = {t.tid: t for t in threads if t.tid is not None}
     loop = next((by_tid[tid] for tid in tids if tid in by_tid), None)
-    main = loop or next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
-    return main.frames if main is not None else ()
+    return loop or next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
+
+
+def _other_threads(stacks: tuple[Stacks, ...], shown: Thread | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The job's threads at the rank's last stacks, but `shown`, that were in code of the job's own: their innermost
+    frame neither a library's, the standard library's nor colltrace's (an uploader in its write, a producer in its
+    parsing, or a C call from them). Not one parked in the standard library (a wait on a lock, a queue, an event,
+    a signal), nor a DataLoader's pin-memory thread, gloo's or colltrace's watchdog, which run library code."""
+    if not stacks:
+        return ()
+    out = []
+    for t in stacks[-1].threads:
+        texts = [frame_text(f) for f in t.frames]
+        if t is not shown and texts and not frames.LIBRARY.search(texts[-1]):
+            out.append((t.name, tuple(excerpt(texts))))
+    return tuple(out)
 
 
 def loop_died(rt: RankTrace, loop: frozenset[int] | None) -> ThreadError | None:
@@ -174,6 +188,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     text = f"{err.qualname} {etype} {message}"
     oom = bool(_OOM.search(text) or _OOM.search(fault))
     in_collective = blocked is not None and (blocked.error or blocked.in_flight)
+    others: tuple[tuple[str, tuple[str, ...]], ...] = ()
     if rt.fault is not None:
         frames = rt.fault.frames
         in_collective = in_collective or "distributed" in fault
@@ -181,7 +196,10 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         frames = err.frames
     else:
         loop = tuple(sorted(rs.loop_threads or ()))
-        frames = _loop_frames(rt.stacks, (blocked.tid, *loop) if blocked is not None else loop)
+        thread = _loop_thread(rt.stacks, (blocked.tid, *loop) if blocked is not None else loop)
+        frames = thread.frames if thread is not None else ()
+        if state is not RankState.FINISHED:
+            others = _other_threads(rt.stacks, thread)
     stack = excerpt([frame_text(f) for f in frames])
     collective_failure = bool(
         (etype or fault)
@@ -216,6 +234,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         steps=rt.steps,
         signal=rt.signal.name if rt.signal is not None else "",
         exit=rt.exit,
+        threads=others,
         open_span=span,
         open_for_s=open_for,
         idle_s=idle,

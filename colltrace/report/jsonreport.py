@@ -85,6 +85,7 @@ def _rank(e: RankEnd, flight: dict[int, Collective], labels: dict[str, str]) -> 
         else None,
         "signal": e.signal or None,
         "stack": list(e.stack),
+        "other_threads": [{"thread": name, "stack": list(frames)} for name, frames in e.threads],
         "host": e.host or None,
         "steps": e.steps,
     }

@@ -174,6 +174,14 @@ def _stacks(report: dict[str, Any], ranks: list[int]) -> list[Section]:
         info = report["ranks"].get(str(r))
         if info and info["stack"]:
             out += [f"Rank {r}, innermost frame last:", "```", *info["stack"], "```", ""]
+            for other in info.get("other_threads") or ():  # what a loop waiting on a lock or a queue waits for
+                out += [
+                    f"Its thread {other['thread']} (running the job's own code):",
+                    "```",
+                    *other["stack"],
+                    "```",
+                    "",
+                ]
             shown.append(r)
     if not shown:
         return []
