@@ -101,22 +101,19 @@ def store_waiters(waiting: tuple[int, ...], ends: dict[int, RankEnd]) -> Blame |
     then left the schedule the others keep)."""
     if not waiting or not all(_in_store(ends.get(r)) for r in waiting):
         return None
+    spans = {r: span for r in sorted(waiting) if (span := ends[r].open_span) is not None}
+    since = max(span.t_issue_ns for span in spans.values())  # the last of them to begin its wait
     others = tuple(r for r in sorted(ends) if r not in waiting and not _in_store(ends[r]))
-    since = max(ends[r].open_span.t_issue_ns for r in waiting)  # type: ignore[union-attr]
-    for r in others:
-        e = ends[r]
-        if not (e.state is RankState.FINISHED or e.blocked is not None and e.blocked.t_issue_ns > since):
-            return None
-    if not others:
+    went_on = [ends[r].state is RankState.FINISHED or (b := ends[r].blocked) is not None and b.t_issue_ns > since
+               for r in others]  # fmt: skip
+    if not others or not all(went_on):
         return None
-    calls: dict[tuple[str, str], list[int]] = {}
-    for r in waiting:
-        span = ends[r].open_span
-        assert span is not None
+    calls: dict[tuple[str, str], list[int]] = {}  # the waiters by what each waited for
+    for r, span in spans.items():
         calls.setdefault((span.flavour, span.module), []).append(r)
     ev = tuple(Evidence(Clue.STORE_WAIT, tuple(rs), InSpan(SpanKind.STORE.value, ends[rs[0]].open_for_s, module,
                                                             flavour)) for (flavour, module), rs in calls.items())  # fmt: skip
-    return Blame(others, tuple(sorted(waiting)), Kind.MISSING, Confidence.MEDIUM, ev)
+    return Blame(others, tuple(spans), Kind.MISSING, Confidence.MEDIUM, ev)
 
 
 def _others(ranks: tuple[int, ...], culprits: tuple[int, ...]) -> tuple[int, ...]:
