@@ -239,7 +239,10 @@ class Hooks:
 
         def flavour(call: str, key: Any) -> str:
             """The call and its key, the key left out past _MAX_STORE_KEYS of them (a key per step or per call)."""
-            text = ",".join(str(k) for k in key) if isinstance(key, (list, tuple)) else str(key)
+            try:
+                text = ",".join(str(k) for k in key) if isinstance(key, (list, tuple)) else str(key)
+            except Exception:  # a key torch will refuse: its call says so, not ours
+                return call
             if text not in keys and len(keys) >= _MAX_STORE_KEYS:
                 return call
             keys.add(text)
