@@ -143,7 +143,10 @@ def test_mp_spawn_says_which_rank_was_killed_first_as_torchrun_does(tmp_path: Pa
     assert r1.exit is not None and r1.exit.signal == "SIGKILL" and r1.exit.first
     assert run.ranks[0].exit is None
     report = json.loads(run_report(str(tmp_path), "json")[0])
-    assert report["culprit_ranks"] == [1] and report["victim_ranks"] == [0]
+    # rank 0 had finished cleanly: it lost nothing to rank 1, no victim
+    assert report["culprit_ranks"] == [1] and report["victim_ranks"] == []
+    assert (report["cause"]["id"], report["cause"]["confidence"]) == ("oom", "low")  # SIGKILL, found first
+    assert [e["ranks"] for e in report["cause"]["evidence"] if e["clue"] == "exited"] == [[1]]
 
 
 def test_ring_keeps_a_bounded_tail_and_full_mode_keeps_everything(tmp_path: Path) -> None:

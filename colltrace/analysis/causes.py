@@ -555,6 +555,9 @@ def no_divergence(f: Facts) -> Finding | None:
         return None
     if f.slow is not None:
         return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
+    unseen = [r for r in f.culprits if r in f.ends and states.died_unseen(f.ends[r])]
+    if unseen and len(unseen) == len(f.culprits):  # each died with nothing of its own written
+        return _exited_first(f, unseen) or Finding(Cause.UNKNOWN, Confidence.LOW, ())
     return Finding(Cause.UNKNOWN, Confidence.LOW, ())
 
 
@@ -585,16 +588,20 @@ def stopped_outside(f: Facts) -> Finding | None:
         where = {r: dataclasses.replace(ends[r], blocked=None) if r in short else ends[r] for r in outside}
         return Finding(Cause.STUCK_COMPUTE, Confidence.LOW,
                        tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), where[r]) for r in outside))  # fmt: skip
-    exits = [ends[r].exit for r in outside]
-    if all(x is not None and x.first for x in exits):
-        # torchrun found it dead first, before it stopped the others, and how: the fact a rank that wrote nothing
-        # of its own leaves; a SIGKILL to ranks alone, the job going on, is most often the kernel's OOM killer
-        ev = tuple(Evidence(Clue.EXITED, (r,), x) for r, x in zip(outside, exits))
-        killed = all(
-            x is not None and x.signal == "SIGKILL" and states.died_unseen(ends[r]) for r, x in zip(outside, exits)
-        )
-        return Finding(Cause.OOM if killed else Cause.UNKNOWN, Confidence.LOW, ev)
-    return Finding(Cause.UNKNOWN, Confidence.LOW, ())
+    return _exited_first(f, outside) or Finding(Cause.UNKNOWN, Confidence.LOW, ())
+
+
+def _exited_first(f: Facts, ranks: list[int] | tuple[int, ...]) -> Finding | None:
+    """The launcher (torchrun, or the process that called mp.spawn) found each of the ranks dead first, before it
+    stopped the others, and how: the fact a rank that wrote nothing of its own leaves. A SIGKILL to ranks alone,
+    the job going on, is most often the kernel's OOM killer → oom, low; another end → unknown, low."""
+    ends = f.ends
+    exits = [ends[r].exit for r in ranks]
+    if not ranks or not all(x is not None and x.first for x in exits):
+        return None
+    ev = tuple(Evidence(Clue.EXITED, (r,), x) for r, x in zip(ranks, exits))
+    killed = all(x is not None and x.signal == "SIGKILL" and states.died_unseen(ends[r]) for r, x in zip(ranks, exits))
+    return Finding(Cause.OOM if killed else Cause.UNKNOWN, Confidence.LOW, ev)
 
 
 def _alive_in_own_code(e: RankEnd) -> bool:
