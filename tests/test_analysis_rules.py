@@ -2418,6 +2418,31 @@ def test_ranks_left_waiting_on_the_store_by_a_rank_that_finished_name_that_rank(
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.STORE_WAIT] == [(1, 2)]
 
 
+def test_a_rank_waiting_on_the_store_for_a_key_the_others_did_without_is_the_culprit(tmp_path: Path) -> None:
+    """Rank 0 sets the commit key and goes on; rank 1 waits for it, gets it, and goes on; rank 2 waits for a key
+    of its own name (a run id taken from its own clock) that no one sets. The store served rank 1 since their
+    last collectives: rank 2 waits for something no one provides, and the others' all-reduce waits for it."""
+    from colltrace.trace import schema
+
+    rs = ranks(str(tmp_path), 3)
+    _reduce_steps(rs, 2, 756)
+    t0 = max(r.t for r in rs)
+    for r, key, done in ((rs[1], "run-1/ckpt/2/done", t0 + 1_500_000_000), (rs[2], "run-2/ckpt/2/done", 0)):
+        s = r.w.intern
+        r.w.spans.append(schema.KIND_SPAN, 0, 0, 0, 0, s("store"), 0, 0, 0, 0, s(f"wait {key}"), 0, 0, -1, 0, 0, -1,
+                         r.step, 0, t0 + 1_000_000_000, done, 0)  # fmt: skip
+    rs[2].w.event({"ev": "signal", "t_ns": 1_700_000_040_000_000_000, "signal": "SIGTERM", "in_flight": 0})
+    for r in rs[:2]:
+        r.t = t0 + 2_000_000_000
+    _time_out(rs[:2], 756)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert (dx.verdict, dx.culprits, dx.victims) == (Verdict.HANG, (2,), (0, 1))
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert not any(e.clue is Clue.STORE_WAIT for e in dx.finding.evidence)
+    (stuck,) = [e for e in dx.finding.evidence if e.clue is Clue.IN_SPAN]
+    assert stuck.ranks == (2,) and isinstance(stuck.detail, InSpan) and stuck.detail.flavour == "wait run-2/ckpt/2/done"
+
+
 def _killed_while_waiting(tmp_path: Path, killed_first: bool) -> Diagnosis:
     """Two replicas reduce gradients for 2 steps; in step 2 rank 1 waits in the all-reduce while rank 0 is still
     computing (a long batch), and rank 1 is SIGKILLed there (writes nothing more). torchrun's file: with

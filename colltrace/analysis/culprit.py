@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+
 from colltrace.analysis import groups, states, waitfor
 from colltrace.analysis.history import Habit, periodic, precedent, starts_step
 from colltrace.analysis.results import (
@@ -24,7 +26,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.streams import TRAINING, GroupStream, RankStreams, SigTable, p2p_ends
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
-from colltrace.trace.records import RankState, Run
+from colltrace.trace.records import RankState, RankTrace, Run
 from colltrace.trace.schema import row_of
 from colltrace.trace.vocab import OpFamily, Phase, SpanKind, op_family
 
@@ -93,12 +95,14 @@ def _in_store(e: RankEnd | None) -> bool:
     return e is not None and e.blocked is None and e.open_span is not None and e.open_span.op == SpanKind.STORE
 
 
-def store_waiters(waiting: tuple[int, ...], ends: dict[int, RankEnd]) -> Blame | None:
+def store_waiters(waiting: tuple[int, ...], ends: dict[int, RankEnd], run: Run) -> Blame | None:
     """The ranks named for not coming each wait on the c10d store (Store.wait/get) for a key, since before any
     other rank entered the collective it waits in, or finished: they waited first, for the others, who went on
     without setting what they waited for. The others are the culprits; the waiters their victims. None where a
-    waiter is elsewhere, or another rank was already waiting in its collective when a waiter began (the waiters
-    then left the schedule the others keep)."""
+    waiter is elsewhere; where another rank was already waiting in its collective when a waiter began (the
+    waiters then left the schedule the others keep); or where another rank got through a wait on the store of
+    its own since the waiters' last collectives (the store served the others: the waiters wait for a key no one
+    sets, a name of their own)."""
     if not waiting or not all(_in_store(ends.get(r)) for r in waiting):
         return None
     spans = {r: span for r in sorted(waiting) if (span := ends[r].open_span) is not None}
@@ -108,12 +112,26 @@ def store_waiters(waiting: tuple[int, ...], ends: dict[int, RankEnd]) -> Blame |
                for r in others]  # fmt: skip
     if not others or not all(went_on):
         return None
+    after = min((last.t_issue_ns for r in spans if (last := ends[r].last) is not None), default=0)
+    if any(_waited_on_store(run.ranks[r], after) for r in others if r in run.ranks):
+        return None
     calls: dict[tuple[str, str], list[int]] = {}  # the waiters by what each waited for
     for r, span in spans.items():
         calls.setdefault((span.flavour, span.module), []).append(r)
     ev = tuple(Evidence(Clue.STORE_WAIT, tuple(rs), InSpan(SpanKind.STORE.value, ends[rs[0]].open_for_s, module,
                                                             flavour)) for (flavour, module), rs in calls.items())  # fmt: skip
     return Blame(others, tuple(spans), Kind.MISSING, Confidence.MEDIUM, ev)
+
+
+def _waited_on_store(rt: RankTrace, after_ns: int) -> bool:
+    """The rank got through a wait on the c10d store (a store span ended) begun after that moment (wall clock)."""
+    spans = rt.spans
+    cols = spans.cols
+    if not len(cols):
+        return False
+    t = cols["t_issue_ns"].astype(np.int64) + spans.offset
+    ended = spans.decode(cols[(t >= after_ns) & (cols["t_done_ns"] != 0)])
+    return any(s.op == SpanKind.STORE and not s.error for s in ended)
 
 
 def _others(ranks: tuple[int, ...], culprits: tuple[int, ...]) -> tuple[int, ...]:

@@ -107,7 +107,7 @@ def diagnose(run: Run) -> Diagnosis:
     elif d.kind in (Kind.MISSING, Kind.EXTRA):
         blame = culprit.for_missing(d, streams, table, ends, wf)
         if d.kind is Kind.MISSING:  # the ranks that never came wait on the store for those that did
-            blame = culprit.store_waiters(blame.culprits, ends) or blame
+            blame = culprit.store_waiters(blame.culprits, ends, run) or blame
     elif d.kind is Kind.STEP:
         blame = culprit.for_step(d, streams, table)
     elif d.kind is Kind.MEMBERSHIP:
@@ -468,7 +468,7 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None, run:
         return culprit.Blame(unseen_ranks, blocked, Kind.MISSING, Confidence.LOW, ev)
     stuck = tuple(r for r, e in ends.items()
                   if e.blocked is None and e.state in NOT_ENDED - {RankState.DUMPED, RankState.UNTRACED})  # fmt: skip
-    on_store = culprit.store_waiters(stuck, ends) if stuck and len(stuck) < len(ends) else None
+    on_store = culprit.store_waiters(stuck, ends, run) if stuck and len(stuck) < len(ends) else None
     if on_store is not None:  # they wait on the store for the others, which finished without setting it
         return on_store
     if stuck and len(stuck) < len(ends):
