@@ -348,6 +348,24 @@ def test_a_rank_waiting_on_the_store_for_a_key_never_set_names_the_rank_that_wen
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.STORE_WAIT] == [(1,)]
 
 
+def test_a_rank_that_exits_with_a_failure_status_is_no_clean_exit(tmp_path: Path) -> None:
+    """Rank 1 catches its error, logs it and calls sys.exit(1): no exception escapes, and its trace ends with a
+    footer as a clean exit's does. torchrun's exit line says it exited with code 1, first: the report reads a
+    failure of its own, not a rank that left cleanly (out of data, a branch)."""
+    proc = torchrun("faults.py", 2, tmp_path, FAULT="exit1", GLOO_TIMEOUT_S="30")
+    assert proc.returncode != 0
+    run = read_run(str(tmp_path))
+    assert run.ranks[1].state is RankState.FINISHED and run.ranks[1].error is None  # as its trace says
+    assert run.ranks[1].exit is not None and (run.ranks[1].exit.code, run.ranks[1].exit.first) == (1, True)
+    dx = diagnose(run)
+    assert (dx.verdict, dx.culprits, dx.victims) == (Verdict.CRASH, (1,), (0,))
+    assert dx.ranks[1].state is RankState.CRASHED
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.RANK_EXCEPTION,
+                                                                                  Confidence.MEDIUM)  # fmt: skip
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.EXITED] == [(1,)]
+    assert not any(e.clue in (Clue.CRASHED, Clue.FINISHED_EARLY) for e in dx.finding.evidence)
+
+
 def test_a_signal_the_script_handles_is_recorded_and_names_why_the_rank_left(tmp_path: Path) -> None:
     """Rank 1 handles SIGUSR1 (a preemption notice), gets it, and leaves cleanly at once; rank 0 times out in
     the next all_reduce. Rank 1's trace says which signal it caught (read from the wakeup fd as it exited), and

@@ -77,6 +77,8 @@ def state_clues(ranks: tuple[int, ...], ends: dict[int, RankEnd]) -> list[Eviden
                 out.append(Evidence(Clue.OOM, (r,), e.error_type))
             elif e.error_type == "fatal signal":
                 out.append(Evidence(Clue.FATAL_SIGNAL, (r,), e.error_message.splitlines()[0][:300]))
+            elif not e.error_type and e.exit is not None and e.exit.code > 0:  # no exception: an exit status
+                out.append(Evidence(Clue.EXITED, (r,), e.exit))
             else:
                 out.append(Evidence(Clue.CRASHED, (r,), e.error_type))
         elif e.state is RankState.FINISHED:

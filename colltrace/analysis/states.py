@@ -176,6 +176,11 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     died = loop_died(rt, rs.loop_threads) if rt.error is None and rt.fault is None else None
     if died is not None and died.error is not None and not rt.after_signal(died.t_ns):
         state, err = RankState.CRASHED, died.error  # its training loop died, on a thread of its own
+    # its script ended by exiting with a failure status (an error caught, logged, then sys.exit(1)): its footer
+    # says Python left, the launcher that it failed
+    failed_exit = state is RankState.FINISHED and rt.exit is not None and rt.exit.code > 0
+    if failed_exit:
+        state = RankState.CRASHED
     blocked = None
     if state is not RankState.FINISHED:
         b = waited_on(rt, rs, blocked_idx(rs))
@@ -210,6 +215,8 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     if err.in_collective is not None and not oom:
         # the recorder saw this exception come out of a collective: a victim's error, whatever it says
         collective_failure = True
+    if failed_exit and blocked is not None and blocked.error:
+        collective_failure = True  # a collective failed on it first (a timeout it caught): a victim's exit
     if etype and not oom and not in_collective and _WAITED_FOR_PEERS.search(text):
         # timed out waiting for its peers in a collective the trace did not see (one torch issues from C++,
         # such as DDP's bucket rebuild at its second step): a victim too

@@ -711,6 +711,8 @@ def _exited(who: str, d: Detail) -> str:
             "OOM killer (`dmesg` on its host says so), else a scheduler or a person"
         )
     how = f"killed by {d.signal}" if d.signal else f"exited with code {d.code}"
+    if d.first is False:
+        return f"the launcher saw {who} {how}, after another rank had ended"
     return f"the launcher found {who} {how} first, before it stopped the others"
 
 

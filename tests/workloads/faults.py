@@ -51,6 +51,12 @@ def main() -> None:
                 time.sleep(0.1)
         if FAULT == "raise":
             raise ValueError("bad batch at step 5")
+        if FAULT == "exit1":  # an error caught and logged, then exit(1): no exception escapes the script
+            try:
+                raise ValueError("bad batch at step 5")
+            except ValueError as e:
+                print(f"rank 1 failed: {e}", file=sys.stderr)
+                sys.exit(1)
         if FAULT == "thread":  # a thread of its own dies of an exception; the job goes on and finishes
             import threading
 
