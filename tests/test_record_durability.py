@@ -15,6 +15,7 @@ from _jobs import WORKLOADS, job_env, kill_group, start_torchrun, torchrun, wait
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Clue, Confidence
 from colltrace.analysis.vocab import Cause, Verdict
+from colltrace.report import words
 from colltrace.report.build import run_report
 from colltrace.trace import schema
 from colltrace.trace.events import Exit
@@ -364,6 +365,8 @@ def test_a_rank_that_exits_with_a_failure_status_is_no_clean_exit(tmp_path: Path
                                                                                   Confidence.MEDIUM)  # fmt: skip
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.EXITED] == [(1,)]
     assert not any(e.clue in (Clue.CRASHED, Clue.FINISHED_EARLY) for e in dx.finding.evidence)
+    said = words.check_text(dx)
+    assert said is not None and said.startswith("the culprit's own log")  # no traceback reached the trace
 
 
 def test_a_signal_the_script_handles_is_recorded_and_names_why_the_rank_left(tmp_path: Path) -> None:

@@ -631,7 +631,21 @@ def check_text(dx: Diagnosis) -> str | None:
         return _CHECK_UNDECIDED  # the ranks disagree and nothing says which is wrong: no culprit to look at
     if any(e.clue is Clue.GROUP_APART for e in dx.finding.evidence):
         return _CHECK_GROUP_ARGUMENT  # the groups are fine: one call was handed the wrong one
+    exited = any(
+        e.clue is Clue.EXITED and isinstance(e.detail, Exit) and e.detail.code > 0 for e in dx.finding.evidence
+    )
+    if (
+        dx.finding.cause is Cause.RANK_EXCEPTION
+        and exited
+        and not any(dx.ranks[r].error_type for r in dx.culprits if r in dx.ranks)
+    ):
+        return _CHECK_EXIT_STATUS  # no exception escaped it: its script exited with a failure status
     return CHECK.get(dx.finding.cause)
+
+
+_CHECK_EXIT_STATUS = ("the culprit's own log: its script caught an error and exited with a failure status, so no "
+                      "traceback reached the trace (an `except` that logs, then sys.exit(1)); the other ranks failed "
+                      "because of it")  # fmt: skip
 
 
 _CHECK_GROUP_ARGUMENT = ("the group the culprit passed to that collective (group=, a DeviceMesh dimension such as "
