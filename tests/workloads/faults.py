@@ -53,7 +53,7 @@ def main() -> None:
             raise ValueError("bad batch at step 5")
         if FAULT == "exit1":  # an error caught and logged, then exit(1): no exception escapes the script
             try:
-                raise ValueError("bad batch at step 5")
+                raise ValueError("corrupt record at step 5")
             except ValueError as e:
                 print(f"rank 1 failed: {e}", file=sys.stderr)
                 sys.exit(1)
