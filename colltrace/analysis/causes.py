@@ -483,9 +483,6 @@ def _handled(f: Facts, rank: int) -> Handling | None:
 _WORKER_KILLED = re.compile(r"DataLoader worker \(pids?[^)]*\) is killed by signal: ([^.\n]+)")
 
 
-_SURE = (Confidence.LOW, Confidence.MEDIUM, Confidence.HIGH)
-
-
 def _died_of(dead: list[RankEnd], sure: Confidence) -> Finding:
     """What the culprits that died of their own error died of: DDP's unfinished reduction, out of memory, a
     DataLoader worker killed, any other exception."""
@@ -497,12 +494,12 @@ def _died_of(dead: list[RankEnd], sure: Confidence) -> Finding:
     oom = [e.rank for e in dead if e.oom]
     if oom:
         return Finding(Cause.OOM, sure, (Evidence(Clue.OOM, tuple(oom), dead[0].error_type),))
-    exited = [e for e in dead if not e.error_type and e.exit is not None and e.exit.code > 0]
-    if exited and len(exited) == len(dead):
+    if all(states.failed_exit(e) for e in dead):
         # no exception escaped: the script exited with a failure status (an error caught, logged, then exit(1)),
         # which the launcher saw; a failure of its own, what it was is in its log
-        ev = tuple(Evidence(Clue.EXITED, (e.rank,), e.exit) for e in exited)
-        return Finding(Cause.RANK_EXCEPTION, min(sure, Confidence.MEDIUM, key=_SURE.index), ev)
+        return Finding(
+            Cause.RANK_EXCEPTION, Confidence.MEDIUM, tuple(Evidence(Clue.EXITED, (e.rank,), e.exit) for e in dead)
+        )
     crashed = Evidence(Clue.CRASHED, tuple(e.rank for e in dead), dead[0].error_type)
     killed = [(e.rank, m.group(1).strip()) for e in dead if (m := _WORKER_KILLED.search(e.error_message))]
     if killed:
@@ -895,12 +892,7 @@ def _earlier_call(rt: RankTrace, idx: int) -> Collective | None:
 
 def _loaded_between(rt: RankTrace, after_ns: int, before_ns: int) -> bool:
     """The rank began a data-loading span (a DataLoader's next()) between the two moments (wall clock)."""
-    spans = rt.spans
-    cols = spans.cols
-    if not len(cols):
-        return False
-    t = cols["t_issue_ns"].astype(np.int64) + spans.offset
-    return any(s.op == SpanKind.DATA for s in spans.decode(cols[(t >= after_ns) & (t < before_ns)]))
+    return any(s.op == SpanKind.DATA for s in states.spans_begun(rt, after_ns, before_ns))
 
 
 def recompute(f: Facts) -> Finding | None:

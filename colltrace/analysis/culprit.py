@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
-
 from colltrace.analysis import groups, states, waitfor
 from colltrace.analysis.history import Habit, periodic, precedent, starts_step
 from colltrace.analysis.results import (
@@ -77,7 +75,7 @@ def state_clues(ranks: tuple[int, ...], ends: dict[int, RankEnd]) -> list[Eviden
                 out.append(Evidence(Clue.OOM, (r,), e.error_type))
             elif e.error_type == "fatal signal":
                 out.append(Evidence(Clue.FATAL_SIGNAL, (r,), e.error_message.splitlines()[0][:300]))
-            elif not e.error_type and e.exit is not None and e.exit.code > 0:  # no exception: an exit status
+            elif states.failed_exit(e):  # no exception: an exit status
                 out.append(Evidence(Clue.EXITED, (r,), e.exit))
             else:
                 out.append(Evidence(Clue.CRASHED, (r,), e.error_type))
@@ -127,13 +125,7 @@ def store_waiters(waiting: tuple[int, ...], ends: dict[int, RankEnd], run: Run) 
 
 def _waited_on_store(rt: RankTrace, after_ns: int) -> bool:
     """The rank got through a wait on the c10d store (a store span ended) begun after that moment (wall clock)."""
-    spans = rt.spans
-    cols = spans.cols
-    if not len(cols):
-        return False
-    t = cols["t_issue_ns"].astype(np.int64) + spans.offset
-    ended = spans.decode(cols[(t >= after_ns) & (cols["t_done_ns"] != 0)])
-    return any(s.op == SpanKind.STORE and not s.error for s in ended)
+    return any(s.op == SpanKind.STORE and s.t_done_ns and not s.error for s in states.spans_begun(rt, after_ns))
 
 
 def _others(ranks: tuple[int, ...], culprits: tuple[int, ...]) -> tuple[int, ...]:

@@ -322,6 +322,23 @@ def died_unseen(end: RankEnd) -> bool:
     return end.state is RankState.KILLED and not end.signal and (end.blocked is None or killed_first(end))
 
 
+def failed_exit(end: RankEnd) -> bool:
+    """Its script exited with a failure status and let no exception escape (an error caught and logged, then
+    sys.exit(1)): the launcher's exit line says so, its trace has no error."""
+    return not end.error_type and end.exit is not None and end.exit.code > 0
+
+
+def spans_begun(rt: RankTrace, after_ns: int, before_ns: int | None = None) -> list[Collective]:
+    """The rank's spans begun from `after_ns` (up to `before_ns`), wall clock."""
+    spans = rt.spans
+    cols = spans.cols
+    if not len(cols):
+        return []
+    t = cols["t_issue_ns"].astype(np.int64) + spans.offset
+    window = t >= after_ns if before_ns is None else (t >= after_ns) & (t < before_ns)
+    return spans.decode(cols[window])
+
+
 def killed_first(end: RankEnd) -> bool:
     """torchrun found the rank killed by SIGKILL before it stopped the others (its launcher file), and the rank
     recorded nothing of its own (no error, no signal: SIGKILL cannot be caught): it was ended from outside, the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from colltrace.analysis import states
 from colltrace.analysis.results import (
     Blind,
     Clue,
@@ -631,14 +632,8 @@ def check_text(dx: Diagnosis) -> str | None:
         return _CHECK_UNDECIDED  # the ranks disagree and nothing says which is wrong: no culprit to look at
     if any(e.clue is Clue.GROUP_APART for e in dx.finding.evidence):
         return _CHECK_GROUP_ARGUMENT  # the groups are fine: one call was handed the wrong one
-    exited = any(
-        e.clue is Clue.EXITED and isinstance(e.detail, Exit) and e.detail.code > 0 for e in dx.finding.evidence
-    )
-    if (
-        dx.finding.cause is Cause.RANK_EXCEPTION
-        and exited
-        and not any(dx.ranks[r].error_type for r in dx.culprits if r in dx.ranks)
-    ):
+    culprits = [dx.ranks[r] for r in dx.culprits if r in dx.ranks]
+    if dx.finding.cause is Cause.RANK_EXCEPTION and culprits and all(states.failed_exit(e) for e in culprits):
         return _CHECK_EXIT_STATUS  # no exception escaped it: its script exited with a failure status
     return CHECK.get(dx.finding.cause)
 
