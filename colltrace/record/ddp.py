@@ -3,9 +3,17 @@
 DDP's reducer calls ProcessGroup.allreduce from C++, so no wrapper of torch.distributed sees the
 gradient all-reduces (../shared/DESIGN.md, "Coverage"). DDP lets a Python communication hook take
 the built-in reduction's place, and that is how they are recorded: each DDP model built while
-colltrace records gets a hook that does what the built-in reduction does, divide the bucket by the
-group's size and all-reduce it (torch's own default_hooks.allreduce_hook), through the traced
-dist.all_reduce, naming the bucket's modules, phase backward, flavour reduce_grad.
+colltrace records gets a hook that does what the built-in reduction does, bit for bit, then
+all-reduces the bucket through the traced dist.all_reduce, naming the bucket's modules, phase
+backward, flavour reduce_grad.
+
+Bit for bit means dividing as the C++ reducer does (reducer.cpp, mark_variable_ready_dense): a
+gradient copied into its bucket is multiplied by 1/world size (a float scalar), while one that already
+is a view of its bucket (gradient_as_bucket_view, gradients kept between steps) is divided in place by
+the world size. x * fl(1/3) and x / 3 differ in the last bit, so a hook that divided everything (torch's
+own default_hooks.allreduce_hook) trained differently from DDP at world size 3. Where the world size is
+a power of two both are exact and alike; elsewhere, for gradient_as_bucket_view models, a
+post-accumulate-grad hook per parameter notes which of the two each gradient takes.
 
 DDP takes one hook per model. A model that already has one when it is built (DDP's own mixed
 precision, the Python reducer) is left alone, and its gradient all-reduces stay unrecorded (said
@@ -38,7 +46,7 @@ class _Hooked:
     """What colltrace's hook on one DDP model needs: the adapter, its group, the user's hook when one was
     registered after colltrace's, and the modules of each bucket."""
 
-    __slots__ = ("adapter", "ddp", "group", "user", "module_of", "names")
+    __slots__ = ("adapter", "ddp", "group", "user", "module_of", "names", "in_place")
 
     def __init__(self, adapter: DdpAdapter, ddp: Any) -> None:
         self.adapter = adapter
@@ -47,6 +55,9 @@ class _Hooked:
         self.user: tuple[Callable[..., Any], Any] | None = None  # (hook, state)
         self.module_of: dict[int, tuple[int, str]] | None = None  # id(param) -> (order, module FQN)
         self.names: dict[tuple[int, int, int], str] = {}  # bucket -> the name its records carry
+        # gradient_as_bucket_view at a world size that is no power of two: id(param) -> the storage its
+        # gradient had when autograd accumulated it in this backward (_note_in_place); None: not needed
+        self.in_place: dict[int, int] | None = None
 
 
 class DdpAdapter(Adapter):
@@ -146,6 +157,7 @@ class DdpAdapter(Adapter):
                 hooked = _Hooked(self, ddp)
                 register(ddp, hooked, _comm_hook)
                 self.hooked[ddp] = hooked
+                _note_in_place(hooked, ddp)
                 return
             rec.warn_once(f"DDP's gradient all-reduces are not recorded: {why}")
         except Exception as e:  # the model works as DDP built it; its all-reduces go unrecorded
@@ -248,18 +260,64 @@ class DdpAdapter(Adapter):
             if hooked.user is not None:
                 hook, state = hooked.user
                 return hook(state, bucket)
+            _divide(hooked, bucket)
             return _allreduce(self.tracer, hooked.group, bucket.buffer())
         finally:
             ts.serve = old
 
 
+def _size(group: Any) -> int:
+    import torch.distributed as dist
+
+    return (group if group is not None else dist.group.WORLD).size()
+
+
+def _note_in_place(hooked: _Hooked, ddp: Any) -> None:
+    """Where the two ways DDP divides differ (module docstring), note per parameter which one its gradient
+    takes in each backward: in place where, once accumulated, it is a view of its bucket's storage."""
+    size = _size(hooked.group)
+    if not getattr(ddp, "gradient_as_bucket_view", False) or size & (size - 1) == 0:
+        return
+    noted = hooked.in_place = {}
+
+    def accumulated(param: Any) -> None:
+        grad = param.grad
+        if grad is not None:
+            noted[id(param)] = grad.untyped_storage().data_ptr()
+
+    for p in ddp.module.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(accumulated)
+
+
+def _divide(hooked: _Hooked, bucket: Any) -> None:
+    """What DDP's reducer does to each gradient before its sum, where no hook is registered: times
+    1/world size as it copies it into the bucket, or divided by the world size where it is the bucket's own
+    view already. Before the sum, as DDP does, against overflow."""
+    size = _size(hooked.group)
+    noted = hooked.in_place
+    if noted is None:
+        bucket.buffer().mul_(1.0 / size)
+        return
+    storage = bucket.buffer().untyped_storage().data_ptr()
+    for param, view in zip(bucket.parameters(), bucket.gradients()):
+        ptr = noted.pop(id(param), None)
+        if ptr is None:  # not accumulated in this backward (unused): DDP divides it in place if it has a gradient
+            in_place = param.grad is not None
+        else:
+            in_place = ptr == storage
+        if in_place:
+            view.div_(size)
+        else:
+            view.mul_(1.0 / size)
+
+
 def _allreduce(tracer: Tracer, group: Any, tensor: Any) -> Any:
-    """default_hooks.allreduce_hook's reduction (divide, then all-reduce), whose Future also
-    completes the record: DDP never calls wait() on the Work."""
+    """The all-reduce (sum) of a divided bucket, whose Future also completes the record: DDP never calls
+    wait() on the Work."""
     import torch.distributed as dist
 
     group = group if group is not None else dist.group.WORLD
-    tensor.div_(group.size())  # before the sum, as DDP does, against overflow
     work = dist.all_reduce(tensor, group=group, async_op=True)
     rec = tracer.recorder
 
