@@ -47,22 +47,31 @@ def _install() -> None:
         )
 
 
+_STEERED = "COLLTRACE_FR_STEERED"  # the TORCH_FR_DUMP_TEMP_FILE colltrace chose (a child inherits both)
+
+
 def steer_flight_recorder(cfg: Any) -> None:
     """Flight Recorder's dumps (NCCL writes them on a watchdog timeout) go into the run directory, beside the
-    trace, where `colltrace report` joins them, unless the user chose a place (TORCH_FR_DUMP_TEMP_FILE)."""
+    trace, where `colltrace report` joins them, unless the user chose a place (TORCH_FR_DUMP_TEMP_FILE). A
+    place an ancestor's colltrace chose is its run directory's, not necessarily this process's (torchrun's agent
+    names no run id for itself): chosen again."""
     from colltrace.config import resolve_run_dir
     from colltrace.trace.flight import SUBDIR
 
-    if "TORCH_FR_DUMP_TEMP_FILE" not in os.environ:
-        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(os.path.abspath(resolve_run_dir(cfg)), SUBDIR, "rank_")
+    chosen = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    if chosen is None or chosen == os.environ.get(_STEERED):
+        path = os.path.join(os.path.abspath(resolve_run_dir(cfg)), SUBDIR, "rank_")
+        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = os.environ[_STEERED] = path
 
 
 def activate() -> None:
-    from colltrace.config import from_env
+    from colltrace.config import from_env, hand_down
 
     cfg = from_env()
     if not cfg.enabled:
         return
+    hand_down()
+    cfg = from_env()  # COLLTRACE_DIR made absolute
     steer_flight_recorder(cfg)
     if "torch" in sys.modules:
         _install()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -90,32 +92,76 @@ def _proc_start(pid: int) -> str:
         return ""
 
 
-def default_run_name(env: Mapping[str, str] = os.environ, parent: int | None = None) -> str:
-    """A name all ranks of one job compute alike, without talking to each other.
+RUN_NAME_VAR = "COLLTRACE_RUN_NAME"  # the job's run name, set by its first traced process for those it starts
+# what a launcher tells each process it starts: its rank among siblings it did not start itself
+_RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID")  # schedulers' job ids
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
-    torchrun gives a run id (random with --standalone, the --rdzv-id otherwise); schedulers give
-    a job id; for a single-host launch the ranks share a parent (the torchrun agent or the
-    mp.spawn caller) whose pid and start time are unique on the host. Multi-host jobs without a
-    run id or job id should set COLLTRACE_DIR on a shared path. `env` and `parent` (the ranks' parent pid): as a
-    rank sees them (torchrun's own process works out its workers' name: record/launcher.py).
+
+def is_launcher(argv: list[str] | None = None) -> bool:
+    """This process is torchrun (or `python -m torch.distributed.run`), not one of its workers."""
+    argv = list(getattr(sys, "orig_argv", sys.argv)) if argv is None else argv  # `-m` is not yet a path
+    if any(a == "-m" and b in ("torch.distributed.run", "torch.distributed.launch") for a, b in zip(argv, argv[1:])):
+        return True
+    main = sys.argv[0] if sys.argv else ""
+    return os.path.basename(main) == "torchrun" or main.endswith(os.path.join("distributed", "run.py"))
+
+
+def _named(pid: int) -> str:
+    return f"{_proc_start(pid) or time.strftime('%Y%m%d-%H%M%S')}-p{pid}"
+
+
+def root_run_name(env: Mapping[str, str] = os.environ) -> str:
+    """The run name the job's first traced process hands down (RUN_NAME_VAR) to every process it starts: its
+    own (pid and start time) where it starts the job (a launcher, a script that starts its other ranks as
+    Lightning does, a Ray driver, a single process), its parent's where a launcher colltrace does not run in
+    told it its rank (srun, mpirun, a shell loop: its siblings, started alike, compute the same)."""
+    if not is_launcher() and any(env.get(v) for v in _RANK_VARS):
+        return _named(os.getppid())
+    return _named(os.getpid())
+
+
+def default_run_name(env: Mapping[str, str] = os.environ) -> str:
+    """A name all ranks of one job compute alike, without talking to each other: torchrun's run id (random with
+    --standalone, the --rdzv-id otherwise, shared by every agent of the job), a scheduler's job id, mpirun's
+    PMIx namespace, else the name the job's first traced process handed down (root_run_name), else the
+    parent's pid and start time. Multi-host jobs without one of the first three should set COLLTRACE_DIR on a
+    shared path. `env`: as a rank sees it (torchrun's own process works out its workers': record/launcher.py).
     """
     restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
     suffix = f"-r{restart}" if restart not in ("", "0") else ""
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if run_id and run_id != "none":
-        return f"torchrun-{run_id}{suffix}"
-    for var in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID"):
+        return f"torchrun-{_UNSAFE.sub('_', run_id)}{suffix}"
+    for var in _JOB_VARS:
         job = env.get(var)
         if job:
             step = env.get("SLURM_STEP_ID", "")
-            return f"job-{job}" + (f".{step}" if step else "") + suffix
-    ppid = os.getppid() if parent is None else parent
-    started = _proc_start(ppid) or time.strftime("%Y%m%d-%H%M%S")
-    return f"{started}-p{ppid}{suffix}"
+            return _UNSAFE.sub("_", f"job-{job}" + (f".{step}" if step else "")) + suffix
+    namespace = env.get("PMIX_NAMESPACE", "")
+    if namespace:
+        return f"mpi-{_UNSAFE.sub('_', namespace)}{suffix}"
+    return (env.get(RUN_NAME_VAR) or _named(os.getppid())) + suffix
+
+
+def runs_root(env: Mapping[str, str] = os.environ) -> str:
+    return env.get("COLLTRACE_ROOT", RUNS_ROOT)
 
 
 def resolve_run_dir(cfg: Config) -> str:
     if cfg.run_dir:
         return cfg.run_dir
-    root = os.environ.get("COLLTRACE_ROOT", RUNS_ROOT)
-    return os.path.join(root, default_run_name())
+    return os.path.join(runs_root(), default_run_name())
+
+
+def hand_down() -> None:
+    """In every traced process at start: what its descendants need to find the run directory it finds, whatever
+    their working directory (Ray starts its workers in a folder of its own): the run name (RUN_NAME_VAR, where
+    no ancestor set it; torchrun's agent always sets its own) and the paths made absolute."""
+    if RUN_NAME_VAR not in os.environ or is_launcher():
+        os.environ[RUN_NAME_VAR] = root_run_name()
+    for var in ("COLLTRACE_DIR", "COLLTRACE_ROOT"):
+        value = os.environ.get(var) or (RUNS_ROOT if var == "COLLTRACE_ROOT" else "")
+        if value:
+            os.environ[var] = os.path.abspath(value)

@@ -136,6 +136,14 @@ class FakeRank:
     def footer(self) -> None:
         self.w.event({"ev": schema.EV_FOOTER, "t_ns": 0, "step": self.step, "in_flight": 0})
 
+    def signal(self, name: str) -> None:
+        """A terminating signal it saw (its launcher's SIGTERM)."""
+        self.w.event({"ev": schema.EV_SIGNAL, "signal": name, "t_ns": self.t, "in_flight": 1})
+
+    def destroyed(self) -> None:
+        """destroy_process_group() of the default group returned."""
+        self.w.event({"ev": schema.EV_DESTROYED, "t_ns": self.t, "step": self.step, "in_flight": 0})
+
     def error(
         self, etype: str, message: str, t_ns: int = 0, in_collective: bool | None = None, raised_at: str = ""
     ) -> None:

@@ -2523,3 +2523,34 @@ def test_another_call_from_a_line_no_rank_waits_on_elsewhere_stays_control_flow(
     assert dx.culprits == (3,)
     assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
     assert not any(e.clue is Clue.GROUP_APART for e in dx.finding.evidence)
+
+
+def test_ranks_that_died_unseen_before_the_others_lost_them_are_the_culprits(tmp_path: Path) -> None:
+    """A node killed whole: ranks 2-3 leave no end record, one while it waited in the collective; rank 1's error
+    says a peer closed its connection, rank 0 was stopped by its launcher after. The dead are the culprits (clue
+    died_first, rule died_unseen), not rank 3 alone as the graph's sink, nor undecided."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        r.fsdp_step()
+    for r in rs[:3]:
+        r.coll("all_reduce", 8, "", "other", done=False)
+    rs[1].error("RuntimeError", "[gloo] Connection closed by peer [127.0.0.1]:4242", in_collective=True)
+    rs[0].signal("SIGTERM")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert (dx.culprits, dx.victims, dx.verdict) == ((2, 3), (0, 1), Verdict.CRASH)
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.UNKNOWN, Confidence.LOW)
+    assert [(e.clue, e.ranks, e.detail) for e in dx.finding.evidence] == [(Clue.DIED_FIRST, (2, 3), (1,))]
+
+
+def test_a_rank_killed_after_the_others_timed_out_did_not_die_first(tmp_path: Path) -> None:
+    """A timeout says only that a peer did not come: rank 2, stuck and killed by the scheduler after ranks 0-1
+    timed out, is no rank that died first (the others did not see its sockets close)."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.fsdp_step()
+    for r in rs[:2]:
+        r.coll("all_reduce", 8, "", "other", done=False, error=True)
+        r.error("RuntimeError", "[gloo] Timed out waiting 5000ms for recv operation to complete", in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (2,)
+    assert dx.finding is None or not any(e.clue is Clue.DIED_FIRST for e in dx.finding.evidence)

@@ -128,9 +128,10 @@ def test_ddp_divides_as_its_reducer_does_at_every_world_size(tmp_path: Path, wor
     assert len(sums[True]) == 12
     assert sums[True] == sums[False]
     if world == 3:  # the case that told them apart: DDP's own division of kept bucket views, by 3
-        assert sums[False]["float32 hook=False as_view=True set_to_none=False"] != sums[False][
-            "float32 hook=False as_view=False set_to_none=True"
-        ]
+        assert (
+            sums[False]["float32 hook=False as_view=True set_to_none=False"]
+            != sums[False]["float32 hook=False as_view=False set_to_none=True"]
+        )
     run = read_run(str(tmp_path / "run-True"))
     recs = [r for r in run.ranks[0].records if r.kind == "collective" and r.flavour == "reduce_grad"]
     # every model's every bucket recorded: one in its first step, two in each of the three after (DDP rebuilds them)

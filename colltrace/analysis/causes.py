@@ -467,6 +467,16 @@ def failed(f: Facts) -> Finding | None:
     return _died_of(dead, Confidence.HIGH)
 
 
+def died_unseen(f: Facts) -> Finding | None:
+    """Every culprit died first with no end record of its own while others lost it as a peer (clue DIED_FIRST: a
+    node killed whole, SIGKILL): what killed it left nothing in the trace. How the launcher saw it end where it
+    says (_exited_first), else unknown, low: not a shape of collectives, so no rule below applies."""
+    gone = [e for e in f.found if e.clue is Clue.DIED_FIRST]
+    if not f.culprits or not gone or not set(f.culprits) <= {r for e in gone for r in e.ranks}:
+        return None
+    return _exited_first(f, f.culprits) or Finding(Cause.UNKNOWN, Confidence.LOW, tuple(gone))
+
+
 def _handled(f: Facts, rank: int) -> Handling | None:
     """The exception of its own the rank was handling when its record at the divergence failed (the recorder's
     while_handling), None: not so (no divergence, another record, no such chain)."""
@@ -1077,7 +1087,7 @@ def control_flow(f: Facts) -> Finding | None:
 
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
-    schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, membership, groups_created_apart, split_sizes, failed, stuck_in_span, no_divergence, stopped_outside,
+    schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, membership, groups_created_apart, split_sizes, failed, died_unseen, stuck_in_span, no_divergence, stopped_outside,
     joined, step_skew, skew_before, saved_apart, grad_skipped, recompute, uneven_data, exited_early, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip

@@ -380,6 +380,13 @@ def for_missing(
         # something). Who failed first is the culprit, whatever the graph's sink
         victims = tuple(sorted((set(issuers) | set(absent)) - set(killed)))
         return Blame(killed, victims, Kind.MISSING, Confidence.MEDIUM, (Evidence(Clue.KILLED_WAITING, killed, absent),))
+    dead, noticed = states.died_first(ends)
+    if dead and absent and set(absent) <= set(dead):
+        # every absent rank died with no end record of its own, and others' errors say a peer closed its
+        # connection: they were gone before anyone failed (a node killed whole). Who died is the culprit, an
+        # issuer that died with them too (it was killed while it waited, not waiting on a hang)
+        victims = tuple(sorted((set(issuers) | set(absent)) - set(dead)))
+        return Blame(dead, victims, Kind.MISSING, Confidence.MEDIUM, (Evidence(Clue.DIED_FIRST, dead, noticed),))
     # the absent ranks are late: follow the wait-for graph from them to whom they wait on
     culprits_set: set[int] = set()
     # an absent rank whose error says it waited for a peer (a store barrier, a collective the trace never

@@ -62,8 +62,9 @@ def _verdict(d: Divergence | None, culprits: tuple[int, ...], ends: dict[int, Ra
         return Verdict.DEADLOCK
     if d is not None and (d.kind in _CONTENT or d.kind is Kind.MEMBERSHIP):
         return Verdict.DIVERGENCE
+    lost, _ = states.died_first(ends)
     dead = [r for r in culprits if states.self_failed(ends[r]) or states.died_unseen(ends[r])
-            or states.own_error(ends[r])]  # fmt: skip
+            or states.own_error(ends[r]) or r in lost]  # fmt: skip
     if dead:
         return Verdict.CRASH
     if d is not None:
@@ -430,6 +431,10 @@ def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None, run:
         if named:  # an error gathered from some ranks and raised on all (torch.distributed.checkpoint's)
             ev: tuple[Evidence, ...] = (Evidence(Clue.NAMED_BY_ERROR, named, ends[dead[0]].error_type),)
             return culprit.Blame(named, tuple(r for r in dead if r not in named), Kind.MISSING, Confidence.MEDIUM, ev)
+    lost, noticed = states.died_first(ends)
+    if lost:  # died with no end record of their own, before the others lost them as peers (a node killed whole)
+        hurt = tuple(r for r in everyone if r not in lost and ends[r].state is not RankState.FINISHED)
+        return culprit.Blame(lost, hurt, Kind.MISSING, Confidence.MEDIUM, (Evidence(Clue.DIED_FIRST, lost, noticed),))
     missed = _missed_barrier(ends) if not dead else None
     if missed is not None:  # no rank died of its own error, and a monitored barrier says whom it waited for
         return missed

@@ -101,6 +101,9 @@ class Clue(str, enum.Enum):
     # killed from outside first (SIGKILL) while it waited in a collective for ranks that had neither failed nor
     # timed out, which torchrun stopped after it (detail: those ranks)
     KILLED_WAITING = "killed_waiting"
+    # stopped without an end record (SIGKILL, a node lost), in a collective or not, before the others, whose
+    # errors say a peer closed its connection: the dead went first, the others noticed (detail: those others)
+    DIED_FIRST = "died_first"
     THREAD_DIED = "thread_died"  # a thread of the rank's own died of an exception (detail: events.ThreadError)
     OUTLIVED = "outlived"  # a rank still in the collective, not failed, long after the others timed out there
     LATE_IN = "late_in"  # the compute span a rank that arrived last spent most of its lateness in (detail: InSpan)

@@ -322,6 +322,27 @@ def died_unseen(end: RankEnd) -> bool:
     return end.state is RankState.KILLED and not end.signal and (end.blocked is None or killed_first(end))
 
 
+_PEER_CLOSED = re.compile(r"connection (closed|reset)|closed by peer|broken pipe", re.I)
+
+
+def died_first(ends: dict[int, RankEnd]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the ranks that died first, the ranks whose errors say so): ranks that stopped with no end record of their
+    own (no error, no signal, no footer: SIGKILL, a node lost), in a collective or not, while some others failed
+    because a peer closed its connection (a dead process's sockets close at once; a timeout, by contrast, says
+    only that a peer did not come, which a rank stuck and killed later does too) and the rest were not ahead
+    of them in failing (no error of their own, none that timed out). ((), ()) where that is not so."""
+    dead = tuple(
+        r for r, e in sorted(ends.items()) if e.state is RankState.KILLED and not e.signal and not e.error_type
+    )
+    noticed = tuple(r for r, e in sorted(ends.items()) if e.error_type and _PEER_CLOSED.search(e.error_message))
+    if not dead or not noticed:
+        return (), ()
+    rest = [e for r, e in ends.items() if r not in dead and r not in noticed]
+    if any(e.error_type or e.state is RankState.CRASHED for e in rest):
+        return (), ()
+    return dead, noticed
+
+
 def failed_exit(end: RankEnd) -> bool:
     """Its script exited with a failure status and let no exception escape (an error caught and logged, then
     sys.exit(1)): the launcher's exit line says so, its trace has no error."""

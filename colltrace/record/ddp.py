@@ -269,7 +269,7 @@ class DdpAdapter(Adapter):
 def _size(group: Any) -> int:
     import torch.distributed as dist
 
-    return (group if group is not None else dist.group.WORLD).size()
+    return int(dist.get_world_size(group))
 
 
 def _note_in_place(hooked: _Hooked, ddp: Any) -> None:

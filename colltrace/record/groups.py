@@ -21,7 +21,8 @@ def say(msg: str) -> None:
 
 
 def wrap_creation(tracer: Tracer) -> None:
-    """init_process_group opens the trace when it returns; new_group and split_group are recorded (group_create)."""
+    """init_process_group opens the trace when it returns; new_group and split_group are recorded (group_create);
+    destroy_process_group of the default group, when it returns, ends the rank's part in the job (destroyed)."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -52,11 +53,23 @@ def wrap_creation(tracer: Tracer) -> None:
         created.__colltrace__ = True  # type: ignore[attr-defined]
         return created
 
-    for name in ("init_process_group", "new_group", "split_group"):
+    def make_destroy(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
+            whole = group is None or group is getattr(c10d.GroupMember, "WORLD", None)
+            result = orig(group, *args, **kwargs)
+            if whole:  # the rank left the job cleanly: what comes after (Ray ending its workers) is no crash
+                tracer.lifecycle.left()
+            return result
+
+        destroy_process_group.__colltrace__ = True  # type: ignore[attr-defined]
+        return destroy_process_group
+
+    for name in ("init_process_group", "new_group", "split_group", "destroy_process_group"):
         orig = getattr(c10d, name, None)
         if orig is None or getattr(orig, "__colltrace__", False):
             continue
-        wrapper = make(name, orig)
+        wrapper = make_destroy(orig) if name == "destroy_process_group" else make(name, orig)
         tracer.patches.set(c10d, name, wrapper)
         if getattr(dist, name, None) is orig:
             tracer.patches.set(dist, name, wrapper)

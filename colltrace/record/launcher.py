@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import socket
-import sys
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -17,15 +16,6 @@ from colltrace.record.patches import Patches
 from colltrace.trace import schema
 
 FIRST = "_colltrace_first_failed"  # on torch's process context: the local ranks it found failed first
-
-
-def is_launcher() -> bool:
-    """This process is torchrun (or `python -m torch.distributed.run`), not one of its workers."""
-    argv = list(getattr(sys, "orig_argv", sys.argv))  # as the interpreter was started: `-m` is not yet a path
-    if any(a == "-m" and b in ("torch.distributed.run", "torch.distributed.launch") for a, b in zip(argv, argv[1:])):
-        return True
-    main = sys.argv[0] if sys.argv else ""
-    return os.path.basename(main) == "torchrun" or main.endswith(os.path.join("distributed", "run.py"))
 
 
 def install(patches: Patches, run_dir: str | None) -> bool:
@@ -102,8 +92,7 @@ def install_spawn(patches: Patches, run_dir: str | None) -> bool:
             try:  # never in the job's way
                 code = getattr(e, "exit_code", 1)  # a signal's is negative; an exception raised in the rank: 1
                 failure = SimpleNamespace(exitcode=code, pid=e.error_pid, timestamp=int(time.time()))
-                where = run_dir or os.path.join(os.environ.get("COLLTRACE_ROOT", config.RUNS_ROOT),
-                                                config.default_run_name(parent=os.getpid()))  # fmt: skip
+                where = run_dir or os.path.join(config.runs_root(), config.default_run_name())
                 write_exits(where, {e.error_index: failure}, {e.error_index})
             except Exception:
                 pass
@@ -116,15 +105,14 @@ def install_spawn(patches: Patches, run_dir: str | None) -> bool:
 
 def _workers_run_dir(agent: Any, worker_group: Any) -> str:
     """The run directory the workers compute (config.default_run_name) from the run id and restart count the
-    agent hands them, and from their parent: this process."""
+    agent hands them, and from the run name this process hands down (config.hand_down)."""
     from colltrace import config
 
     spec = worker_group.spec
     env = dict(os.environ)
     env["TORCHELASTIC_RUN_ID"] = str(spec.rdzv_handler.get_run_id())
     env["TORCHELASTIC_RESTART_COUNT"] = str(spec.max_restarts - agent._remaining_restarts)
-    root = os.environ.get("COLLTRACE_ROOT", config.RUNS_ROOT)
-    return os.path.join(root, config.default_run_name(env, parent=os.getpid()))
+    return os.path.join(config.runs_root(), config.default_run_name(env))
 
 
 def write_exits(run_dir: str, failures: dict[int, Any], first: set[int] | None) -> None:

@@ -48,6 +48,7 @@ class Lifecycle:
         self.tracer = tracer
         self.recorder: Any = None
         self.ended = False
+        self.has_left = False  # destroy_process_group() of the default group returned (left())
         self._fault_file: Any = None
         self._watchdog: threading.Thread | None = None
         self._stop = threading.Event()
@@ -126,6 +127,24 @@ class Lifecycle:
                     "in_flight": rec.in_flight,
                 }
             )
+            rec.writer.flush()
+        except Exception:
+            pass
+
+    def left(self) -> None:
+        """destroy_process_group() of the default group returned: the rank's part in the job ended cleanly. Said
+        durably (a framework may end the process next, Ray with a signal); the watchdog calls no hang after it."""
+        rec = self.recorder
+        if rec is None or self.ended or self.has_left:
+            return
+        self.has_left = True
+        try:
+            rec.poll(final=True)
+        except Exception:
+            pass
+        try:
+            rec.writer.event({"ev": schema.EV_DESTROYED, "t_ns": time.time_ns(), "step": rec.ctx.step,
+                              "in_flight": rec.in_flight})  # fmt: skip
             rec.writer.flush()
         except Exception:
             pass
@@ -338,7 +357,7 @@ class Lifecycle:
                     watch.tick(rec, last, idle)  # heartbeat, stacks asked for, the job's usual wait
                 except Exception as e:
                     rec.warn_once("the live watchdog failed", e)
-            if dumps >= _MAX_DUMPS or last == dumped_at:
+            if dumps >= _MAX_DUMPS or last == dumped_at or self.has_left:
                 continue
             fixed = bool(self.hang_s) and idle >= self.hang_s
             usual = watch.stuck(idle) if watch is not None else None

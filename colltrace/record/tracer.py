@@ -94,7 +94,7 @@ class Tracer:
         self.lifecycle.patch_spawn_wrap(patches)
         self.lifecycle.patch_process_bootstrap(patches)
         _rebind_stale_references(patches)
-        if launcher.is_launcher():  # torchrun itself: which workers fail first, and how
+        if config_mod.is_launcher():  # torchrun itself: which workers fail first, and how
             try:
                 launcher.install(patches, cfg.run_dir)
             except Exception as e:  # an agent we do not know: the workers are traced all the same
@@ -126,6 +126,7 @@ class Tracer:
             default_pg = c10d._get_default_group()
             if self.recorder is not None:  # init_process_group again: the same trace, a new default group
                 self.recorder.set_default_group(default_pg)
+                self.lifecycle.has_left = False
                 return
             cfg = self.cfg = self.cfg or config_mod.from_env()
             rank = dist.get_rank()
@@ -230,6 +231,7 @@ def _header(cfg: config_mod.Config, run_dir: str, untraced: list[str]) -> dict[s
         "python": sys.version.split()[0],
         "argv": list(sys.argv),
         "launcher": _launcher(),
+        "rendezvous": _rendezvous(),
         "run_dir": os.path.abspath(run_dir),
         "clock": {"wall_ns": time.time_ns(), "mono_ns": time.monotonic_ns()},
         "colltrace": _version(),
@@ -267,9 +269,42 @@ def _env_int(name: str) -> int | None:
         return None
 
 
+def _rendezvous() -> str:
+    """Where the ranks of this job met: torchrun's run id, else the default group's store (TCPStore host:port, a
+    FileStore's path), else MASTER_ADDR:MASTER_PORT. The same for every rank of one job, whichever agent or
+    launcher started it; two jobs that ran at once never share it."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        return f"torchrun:{run_id}"
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        store: Any = c10d._get_default_store()
+        for _ in range(16):  # PrefixStores around the store itself
+            inner = getattr(store, "underlying_store", None)
+            if inner is None:
+                break
+            store = inner
+        host, port, path = (getattr(store, k, None) for k in ("host", "port", "path"))
+        if host and port:
+            return f"tcp:{host}:{port}"
+        if path:
+            return f"file:{path}"
+    except Exception:
+        pass
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    return f"tcp:{addr}:{port}" if addr and port else ""
+
+
 def _launcher() -> str:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         return "torchrun"
+    if "SLURM_PROCID" in os.environ:
+        return "slurm"
+    if any(v in os.environ for v in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")):
+        return "mpi"
+    if sys.argv and os.path.basename(sys.argv[0]) == "default_worker.py" and "ray" in sys.modules:
+        return "ray"  # a Ray worker process (Ray Train's TorchTrainer)
     try:  # the deepspeed launcher runs each rank from its per-node launch.py
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
             if b"deepspeed.launcher.launch" in f.read():

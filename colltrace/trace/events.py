@@ -240,6 +240,14 @@ class Footer:
 
 
 @dataclass(frozen=True, slots=True)
+class Destroyed:
+    """destroy_process_group() of the default group returned: the rank left the job cleanly."""
+
+    t_ns: int = 0
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class DataExhausted:
     """A DataLoader iterator ran out of data."""
 

@@ -55,27 +55,59 @@ def heartbeats(run_dir: str, now: float | None = None) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
-def _died_here(run_dir: str, rank: int) -> bool:
-    """The rank's heartbeat names a process of this host that no longer runs (it died without removing it: a
-    fatal signal, gloo's abort): not a live rank, however fresh its heartbeat."""
+def running_here(pid: int) -> bool:
+    """The process runs on this host: it exists and is no zombie (a rank SIGKILLed together with its launcher
+    is reparented, and where nothing reaps it stays a zombie that signal 0 still finds)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass  # another user's process: it exists
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc: signal 0 alone
+    return state not in (b"Z", b"X")
+
+
+def _whose(run_dir: str, rank: int) -> tuple[str, int] | None:
+    """(host, pid) a rank's heartbeat names."""
     try:
         with open(heartbeat_path(run_dir, rank)) as f:
             host, pid = f.read().split()
-        if host != socket.gethostname():
-            return False
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
+        return host, int(pid)
     except (OSError, ValueError):
-        return False
-    return False
+        return None
+
+
+def _gone_hosts(beats: dict[int, float], hosts: dict[int, str]) -> set[str]:
+    """Hosts none of whose ranks beat in the last two beats while another host's rank did: a whole node gone
+    (its agent and workers killed, the machine lost), known without waiting for STALE_S."""
+    by_host: dict[str, list[float]] = {}
+    for rank, age in beats.items():
+        if rank in hosts:
+            by_host.setdefault(hosts[rank], []).append(age)
+    if len(by_host) < 2 or not any(min(ages) <= 1.5 * HEARTBEAT_S for ages in by_host.values()):
+        return set()
+    return {host for host, ages in by_host.items() if min(ages) > 2 * HEARTBEAT_S}
 
 
 def live_ranks(run_dir: str, now: float | None = None, beats: dict[int, float] | None = None) -> list[int]:
-    """The ranks whose heartbeat is fresh (their watchdog ran within STALE_S) and whose process, where it
-    ran on this host, still runs; `beats`: heartbeats() already read."""
+    """The ranks whose heartbeat is fresh (their watchdog ran within STALE_S), whose process, where it ran on
+    this host, still runs, and whose host still has a rank beating (_gone_hosts); `beats`: heartbeats() read."""
     beats = heartbeats(run_dir, now) if beats is None else beats
-    return [r for r, age in beats.items() if age <= STALE_S and not _died_here(run_dir, r)]
+    whose = {r: w for r in beats if (w := _whose(run_dir, r)) is not None}
+    gone = _gone_hosts(beats, {r: host for r, (host, _) in whose.items()})
+    here = socket.gethostname()
+    live = []
+    for rank, age in beats.items():
+        host, pid = whose.get(rank, ("", 0))
+        if age > STALE_S or host in gone or (host == here and pid and not running_here(pid)):
+            continue
+        live.append(rank)
+    return live
 
 
 def request(run_dir: str) -> str | None:

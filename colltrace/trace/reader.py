@@ -13,9 +13,10 @@ from array import array
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from colltrace.trace import flight, schema
+from colltrace.trace import flight, live, schema
 from colltrace.trace.events import (
     DataExhausted,
+    Destroyed,
     Error,
     Exit,
     Fault,
@@ -99,18 +100,17 @@ def _belong_together(run_dir: str, headers: dict[int, dict[str, Any]]) -> None:
     if len(runs) > 1:
         parts = ", ".join(f"{name(rs[0])} from {d}" for d, rs in sorted(runs.items(), key=lambda kv: kv[1]))
         raise TraceError(f"{run_dir}: files of different runs ({parts})")
-    parents: dict[tuple[str, object], list[int]] = {}  # one launch per host: torchrun's agent, mp's parent
+    # where the ranks met (a run id, the default group's store): one job's ranks met in one place, however many
+    # agents or launchers started them (two torchrun agents of one rendezvous on one host are one run)
+    met: dict[str, list[int]] = {}
     for r, h in sorted(headers.items()):
-        if h.get("launcher") in ("torchrun", "multiprocessing") and h.get("ppid"):
-            parents.setdefault((str(h.get("host", "")), h.get("ppid")), []).append(r)
-    hosts: dict[str, list[list[int]]] = {}
-    for (host, _), rs in parents.items():
-        hosts.setdefault(host, []).append(rs)
-    for host, launches in hosts.items():
-        if len(launches) > 1:
-            a, b = sorted(launches)[:2]
-            raise TraceError(f"{run_dir}: files of different runs ({name(a[0])} and {name(b[0])} were started by "
-                             f"different launchers on host {host})")  # fmt: skip
+        if isinstance(h.get("rendezvous"), str) and h["rendezvous"]:
+            met.setdefault(h["rendezvous"], []).append(r)
+    if len(met) > 1:
+        (a, ra), (b, rb) = sorted(met.items(), key=lambda kv: kv[1])[:2]
+        raise TraceError(f"{run_dir}: files of different runs ({name(ra[0])} joined {a}, {name(rb[0])} {b})")
+    if not met:  # traces from before the header said: one launch per host (torchrun's agent, mp's parent)
+        _one_launch_per_host(run_dir, headers)
     starts = {r: int(h["clock"].get("wall_ns") or 0) for r, h in headers.items()
               if isinstance(h.get("clock"), dict)}  # fmt: skip
     if len(starts) > 1:
@@ -121,8 +121,33 @@ def _belong_together(run_dir: str, headers: dict[int, dict[str, Any]]) -> None:
                              f"{hours:.1f} h apart): an old run's files left in the directory?")  # fmt: skip
 
 
+def _one_launch_per_host(run_dir: str, headers: dict[int, dict[str, Any]]) -> None:
+    parents: dict[tuple[str, object], list[int]] = {}
+    for r, h in sorted(headers.items()):
+        if h.get("launcher") in ("torchrun", "multiprocessing") and h.get("ppid"):
+            parents.setdefault((str(h.get("host", "")), h.get("ppid")), []).append(r)
+    hosts: dict[str, list[list[int]]] = {}
+    for (host, _), rs in parents.items():
+        hosts.setdefault(host, []).append(rs)
+    for host, launches in hosts.items():
+        if len(launches) > 1:
+            a, b = sorted(launches)[:2]
+            first, second = schema.EVENTS_NAME.format(rank=a[0]), schema.EVENTS_NAME.format(rank=b[0])
+            raise TraceError(f"{run_dir}: files of different runs ({first} and {second} were started by "
+                             f"different launchers on host {host})")  # fmt: skip
+
+
 _ONE_RUN_NS = 15 * 60 * 10**9  # the ranks of one run start within minutes of each other
-_WHOSE = ("rank", "world_size", "run_dir", "launcher", "ppid", "host", "clock")  # the header's fields it reads
+_WHOSE = (
+    "rank",
+    "world_size",
+    "run_dir",
+    "launcher",
+    "ppid",
+    "host",
+    "clock",
+    "rendezvous",
+)  # the header's fields it reads
 
 
 def _regular(path: str) -> None:
@@ -338,6 +363,8 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
             rt.error = rt.error or Error.of(ev)
         elif kind == schema.EV_FOOTER:
             rt.footer = Footer(ev.get("t_ns", 0))
+        elif kind == schema.EV_DESTROYED:
+            rt.destroyed = Destroyed(ev.get("t_ns", 0), ev.get("in_flight", 0))
         elif kind == schema.EV_RECORDING_FAILED:
             if rt.recording_failed is None:
                 rt.recording_failed = ev.get("reason", "")
@@ -377,7 +404,8 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
         with open(fault_path, "rb") as f:
             text = f.read().decode("utf-8", "replace").strip()
         rt.fault = Fault.of(text) if text else None
-    rt.alive = rt.footer is None and rt.error is None and rt.signal is None and not rt.fault and _alive(header)
+    rt.alive = (rt.footer is None and rt.destroyed is None and rt.error is None and rt.signal is None
+                and not rt.fault and _alive(header))  # fmt: skip
     rt.state = _state(rt)
     return rt, {k: header[k] for k in _WHOSE if k in header}  # the rest of the header line is let go
 
@@ -388,6 +416,8 @@ def _state(rt: RankTrace) -> RankState:
             return RankState.CRASHED
         if rt.footer is not None:
             return RankState.FINISHED
+    if rt.destroyed is not None and rt.error is None and not rt.fault:
+        return RankState.FINISHED  # it left the job cleanly; a signal or os._exit ended the process after
     # stopped from outside; an error or exit after the SIGTERM is the stop's doing (a DataLoader raising
     # because the same SIGTERM killed its worker), not the rank's own
     if any(st.reason == "hang" for st in rt.stacks):
@@ -405,7 +435,7 @@ _NUM = (int, float)
 _HEADER: dict[str, tuple[type, ...]] = {
     "rank": _INT, "world_size": _INT, "host": _STR, "pid": _INT, "ppid": _INT, "clock": (dict,), "argv": (list,),
     "run_dir": _STR, "launcher": _STR, "torch": _STR, "backend": _STR, "python": _STR, "unseen": (list,),
-    "hang_s": _NUM, "local_rank": (int, type(None)),
+    "hang_s": _NUM, "local_rank": (int, type(None)), "rendezvous": _STR,
 }  # fmt: skip
 # per stored event: field -> (types, required?)
 _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
@@ -422,6 +452,7 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     schema.EV_ERROR: {"type": (_STR, True), "message": (_STR, False), "traceback": (_STR, False),
                       "qualname": (_STR, False), "t_ns": (_INT, False)},
     schema.EV_FOOTER: {"t_ns": (_INT, False), "step": (_INT, False), "in_flight": (_INT, False)},
+    schema.EV_DESTROYED: {"t_ns": (_INT, False), "step": (_INT, False), "in_flight": (_INT, False)},
     schema.EV_WARNING: {"message": (_STR, False)},
     schema.EV_RECORDING_FAILED: {"reason": (_STR, False)},
     schema.EV_DATA_EXHAUSTED: {"t_ns": (_INT, False), "step": (_INT, False)},
@@ -503,10 +534,9 @@ def _alive(header: dict[str, Any]) -> bool:
     (a pid reused by another process does not count)."""
     try:
         pid = int(header.get("pid") or 0)
-        if pid <= 0 or str(header.get("host") or "") != socket.gethostname():
-            return False
-        os.kill(pid, 0)
-    except (OSError, ValueError, TypeError):
+    except (ValueError, TypeError):
+        return False
+    if pid <= 0 or str(header.get("host") or "") != socket.gethostname() or not live.running_here(pid):
         return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

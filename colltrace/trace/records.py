@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from colltrace.trace.events import (
     DataExhausted,
+    Destroyed,
     Error,
     Exit,
     Fault,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 class RankState(str, enum.Enum):
     """How a rank's process ended, as far as its trace can tell."""
 
-    FINISHED = "finished"  # clean interpreter exit (footer written)
+    FINISHED = "finished"  # clean interpreter exit (footer written), or left the job cleanly (destroyed)
     CRASHED = "crashed"  # an exception escaped, or a fatal signal (SIGABRT from std::terminate, SIGSEGV)
     HUNG = "hung"  # the hang watchdog saw no progress and dumped stacks; then it was stopped from outside
     KILLED = "killed"  # stopped from outside (SIGTERM seen, or no trace of its end at all: SIGKILL)
@@ -131,6 +132,7 @@ class RankTrace:
     error: Error | None = None  # the first exception that escaped the script
     signal: Signal | None = None  # the first terminating signal
     footer: Footer | None = None  # its clean exit
+    destroyed: Destroyed | None = None  # it left the job cleanly (destroy_process_group), whatever ended it then
     stacks: tuple[Stacks, ...] = ()  # in the order written
     fault: Fault | None = None  # what faulthandler wrote on a fatal signal
     group_creations: tuple[GroupCreation, ...] = ()  # in call order

@@ -142,6 +142,7 @@ EV_WARNING = "warning"  # the shim disabled part of itself
 # nothing else. Traces before it said so in a warning whose message begins "recording failed: "
 EV_RECORDING_FAILED = "recording_failed"
 EV_FOOTER = "footer"  # clean interpreter exit
+EV_DESTROYED = "destroyed"  # destroy_process_group() of the default group returned: the rank left the job
 EV_PIPELINE = "pipeline"  # a pipeline schedule's first step: its class, micro-batches, this rank's stages, their count
 # the phase of the collectives a rank that ran out of inputs issues inside torch's Join context manager
 # (torch.distributed.algorithms.Join): they shadow the others' collectives, from outside any module
