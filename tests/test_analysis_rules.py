@@ -2554,3 +2554,30 @@ def test_a_rank_killed_after_the_others_timed_out_did_not_die_first(tmp_path: Pa
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == (2,)
     assert dx.finding is None or not any(e.clue is Clue.DIED_FIRST for e in dx.finding.evidence)
+
+
+def test_a_rank_parked_in_ray_train_report_while_the_others_wait_in_a_collective_is_control_flow(
+    tmp_path: Path,
+) -> None:
+    """Ray Train's report waits for every worker through Ray, not torch: rank 2 stopped there while ranks 0-1
+    wait in an all_reduce for it. Each side waits for the other; rank 2 went to report on a path of its own
+    (control_flow, rule worker_sync), not `unknown`."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(3):
+            r.fsdp_step()
+    for r in rs[:2]:
+        r.coll("all_reduce", 1, "", "other", done=False)
+    site = "/venv/lib/python3.11/site-packages"
+    frames = [["train.py", 30, "train_loop", "ray.train.report({'loss': loss})"],
+              [f"{site}/ray/train/v2/_internal/execution/train_fn_utils.py", 88, "report", "self._ctx.report(m)"],
+              [f"{site}/ray/_private/worker.py", 2800, "get", "values, debugger_breakpoint = worker.get_objects("],
+              ["/usr/lib/python3.11/threading.py", 320, "wait", "waiter.acquire()"]]  # fmt: skip
+    rs[2].w.event({"ev": "stacks", "reason": "hang", "threads": [{"thread": "MainThread", "frames": frames}]})
+    dx = diagnose(read_run(str(tmp_path)))
+    assert (dx.culprits, dx.victims) == ((2,), (0, 1))
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (
+        Cause.CONTROL_FLOW,
+        Confidence.MEDIUM,
+    )
+    assert (Clue.WORKER_SYNC, (2,), "ray.train.report") in [(e.clue, e.ranks, e.detail) for e in dx.finding.evidence]

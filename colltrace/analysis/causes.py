@@ -320,6 +320,21 @@ def store_wait(f: Facts) -> Finding | None:
     return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, waited) if waited else None
 
 
+def worker_sync(f: Facts) -> Finding | None:
+    """Every culprit stopped outside collectives in a framework's call that waits for every worker through a
+    channel of its own (Ray Train's report), while the others wait in a collective for it: each side waits for
+    the other. The culprits went to the framework's sync point on a path the others did not take (a report
+    every N steps counted apart, a branch) → control_flow, medium."""
+    ends = f.ends
+    if not f.culprits or not all(r in ends and ends[r].worker_sync and ends[r].blocked is None for r in f.culprits):
+        return None
+    if not any(ends[v].blocked is not None for v in f.victims if v in ends):
+        return None
+    calls = {ends[r].worker_sync for r in f.culprits}
+    ev = tuple(Evidence(Clue.WORKER_SYNC, tuple(r for r in f.culprits if ends[r].worker_sync == c), c) for c in calls)
+    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, ev)
+
+
 def deadlock(f: Facts) -> Finding | None:
     """A cycle in the wait-for graph through collectives of different groups (a cycle through p2p transfers
     is a pipeline's schedule gone wrong, said by the rules below)."""
@@ -1087,7 +1102,7 @@ def control_flow(f: Facts) -> Finding | None:
 
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
-    schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, membership, groups_created_apart, split_sizes, failed, died_unseen, stuck_in_span, no_divergence, stopped_outside,
+    schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, worker_sync, membership, groups_created_apart, split_sizes, failed, died_unseen, stuck_in_span, no_divergence, stopped_outside,
     joined, step_skew, skew_before, saved_apart, grad_skipped, recompute, uneven_data, exited_early, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip

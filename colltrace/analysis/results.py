@@ -104,6 +104,9 @@ class Clue(str, enum.Enum):
     # stopped without an end record (SIGKILL, a node lost), in a collective or not, before the others, whose
     # errors say a peer closed its connection: the dead went first, the others noticed (detail: those others)
     DIED_FIRST = "died_first"
+    # stopped in a framework's call that waits for every worker outside torch.distributed (Ray Train's report),
+    # while the others wait in a collective: each waits for the other (detail: the call, "ray.train.report")
+    WORKER_SYNC = "worker_sync"
     THREAD_DIED = "thread_died"  # a thread of the rank's own died of an exception (detail: events.ThreadError)
     OUTLIVED = "outlived"  # a rank still in the collective, not failed, long after the others timed out there
     LATE_IN = "late_in"  # the compute span a rank that arrived last spent most of its lateness in (detail: InSpan)
@@ -314,6 +317,8 @@ class RankEnd:
     idle_s: float | None = None  # its watchdog saw no progress for this long (a live run), None: no such stack
     usual_s: float | None = None  # ... against the job's usual wait
     exit: Exit | None = None  # how torchrun saw it end, where it failed and torchrun said
+    # the framework call outside torch.distributed its last stack waits in for every worker ("ray.train.report")
+    worker_sync: str = ""
     # the job's other threads at its last stacks that were running its own code (an uploader, a producer): what
     # a loop waiting on a lock, a queue or a join waits for. (name, frames as `stack`)
     threads: tuple[tuple[str, tuple[str, ...]], ...] = ()

@@ -170,6 +170,19 @@ def in_own_code(end: RankEnd) -> bool:
     return not any(_DISTRIBUTED.search(f) for f in stack[below + 1 :])
 
 
+# framework calls that wait for every worker through a channel of their own, not a torch collective: (a frame's
+# "file:line in func" as frame_text writes it, the call's name for the report)
+_WORKER_SYNCS = ((re.compile(r"/ray/train/.*:\d+ in report\b"), "ray.train.report"),)
+
+
+def worker_sync(frames_text: list[str]) -> str:
+    """The framework call the stack waits in for every worker (Ray Train's report), '' for none."""
+    for pattern, name in _WORKER_SYNCS:
+        if any(pattern.search(f) for f in frames_text):
+            return name
+    return ""
+
+
 def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     last = record(rt, rs.last_idx) if rs.last_idx >= 0 else None
     state, err = rt.state, rt.error or _NO_ERROR
@@ -205,7 +218,8 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         frames = thread.frames if thread is not None else ()
         if state is not RankState.FINISHED:
             others = _other_threads(rt.stacks, thread)
-    stack = excerpt([frame_text(f) for f in frames])
+    full = [frame_text(f) for f in frames]
+    stack = excerpt(full)
     collective_failure = bool(
         (etype or fault)
         and not oom
@@ -237,6 +251,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         collective_failure=collective_failure,
         oom=oom,
         stack=tuple(stack),
+        worker_sync=worker_sync(full) if state is not RankState.FINISHED and blocked is None else "",
         host=rt.host,
         steps=rt.steps,
         signal=rt.signal.name if rt.signal is not None else "",

@@ -217,6 +217,8 @@ def evidence_text(e: Evidence) -> str:
         "was killed writes none)" + (f"; {_were(peers)} blocked" if peers else ""),
         Clue.WAITED_FOR: f"{who} never reached the collective that {_were(peers)} blocked in (wait-for graph sink)",
         Clue.KILLED_WAITING: _killed_waiting(who, peers, bool(s)),
+        Clue.WORKER_SYNC: f"{who} stopped in {detail}, which waits for every worker, while the others waited in a "
+        f"collective for {'it' if s else 'them'}: each side waits for the other",
         Clue.DIED_FIRST: f"{who} stopped without an end record (SIGKILL, or a machine lost) before the others: "
         f"{ranks_text(peers)} failed because a peer closed its connection",
         Clue.CYCLE: f"{who} wait on each other (a cycle in the wait-for graph: each is blocked where another has not arrived)",
