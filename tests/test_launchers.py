@@ -56,7 +56,9 @@ def _one_run(cwd: Path, world: int) -> Path:
     return runs[0]
 
 
-def _start(n: int, cwd: Path, rank_vars: dict[str, str], **extra: str) -> list[subprocess.Popen[str]]:
+def _start(
+    n: int, cwd: Path, rank_vars: dict[str, str], wrapped: bool = False, **extra: str
+) -> list[subprocess.Popen[str]]:
     """n plain processes, each told its rank by the variables a launcher sets ({rank} filled in); a rank still
     running once the others ended (stuck) is SIGKILLed, as a scheduler ends a job step."""
     port = str(_port())
@@ -64,7 +66,8 @@ def _start(n: int, cwd: Path, rank_vars: dict[str, str], **extra: str) -> list[s
     for r in range(n):
         told = {k: v.format(rank=r, n=n) for k, v in rank_vars.items()}
         env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **told, **extra)
-        procs.append(subprocess.Popen([sys.executable, JOB], cwd=cwd, env=env, text=True,
+        cmd = ["sh", "-c", f'"{sys.executable}" "{JOB}"; exit $?'] if wrapped else [sys.executable, JOB]
+        procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, text=True,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))  # fmt: skip
     ended = []
     for p in procs:
@@ -112,6 +115,22 @@ def test_mpirun_style_ranks_without_a_job_id_write_one_run(tmp_path: Path) -> No
     assert run.name.endswith(f"-p{os.getpid()}")
     code, report = _report(run)
     assert (code, report["verdict"]) == (0, "healthy")
+
+
+def test_ranks_each_started_through_a_wrapper_of_their_own_read_as_one_run(tmp_path: Path) -> None:
+    """mpirun-style ranks each started through a shell wrapper of its own: no common parent, so three run
+    directories (each read as a hang before); the report on any of them reads the others' ranks beside it, the
+    same rendezvous, and reads the job whole."""
+    procs = _start(3, tmp_path, OMPI, wrapped=True)
+    assert [p.returncode for p in procs] == [0, 0, 0]
+    runs = _runs(tmp_path)
+    assert len(runs) == 3
+    for run in runs:
+        trace = read_run(str(run))
+        assert sorted(trace.ranks) == [0, 1, 2] and len(trace.joined) == 2
+    code, report = _report(runs[0])
+    assert (code, report["verdict"]) == (0, "healthy")
+    assert len(report["environment"]["joined"]) == 2  # type: ignore[index]
 
 
 @pytest.mark.parametrize("end", ["destroy_exit", "destroy_kill"])
@@ -176,3 +195,36 @@ def test_a_killed_node_reads_dead_without_waiting_for_its_stacks(tmp_path: Path)
         pids = tuple(rt.header.pid for rt in read_run(str(_runs(tmp_path)[0])).ranks.values())
         for a in agents:
             kill_group(a, pids=pids)
+
+
+def _framework_job(tmp_path: Path, script: str, timeout: float = 240, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(WORKLOADS / script)], cwd=tmp_path, env=_env(**extra),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", ["none", "raise"])
+def test_lightning_started_by_python_train_py_writes_one_run(tmp_path: Path, fault: str) -> None:
+    """Lightning's own launcher (Trainer(devices=3, strategy=ddp), no torchrun): one run directory with every
+    rank, read right; it was two directories, each read as a hang."""
+    proc = _framework_job(tmp_path, "lightning_ddp.py", FAULT=fault, MASTER_PORT=str(_port()), TIMEOUT="20")
+    run = _one_run(tmp_path, 3)
+    code, report = _report(run)
+    if fault == "none":
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert (code, report["verdict"], report["culprit_ranks"]) == (0, "healthy", [])
+    else:
+        assert (report["verdict"], report["culprit_ranks"]) == ("crash", [2])
+        assert report["cause"]["id"] == "rank_exception"  # type: ignore[index]
+
+
+def test_ray_train_healthy_run_reads_healthy_with_its_straggler(tmp_path: Path) -> None:
+    """Ray Train destroys the process group after fit() and ends its workers: no footer, yet a healthy run (it
+    read 'Crash: culprit ranks 0-2'). Its workers start in a folder of Ray's: the run is under the driver's
+    working directory all the same, one directory, its straggler named."""
+    proc = _framework_job(tmp_path, "ray_train.py", OUT=str(tmp_path / "ray"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = _one_run(tmp_path, 3)
+    assert {rt.header.launcher for rt in read_run(str(run)).ranks.values()} == {"ray"}
+    code, report = _report(run)
+    assert (code, report["verdict"], report["culprit_ranks"]) == (0, "healthy", [])
+    assert report["straggler"]["rank"] == 1  # type: ignore[index]

@@ -139,6 +139,7 @@ def environment(run: Run) -> dict[str, Any]:
         "hosts": sorted({h.host for h in headers if h.host}),
         "ranks_with_trace": len(run.ranks),
         "restarts": run.restarts,
+        "joined": run.joined,
         "mesh": mesh(run),
         "source": run.source,
         "fr_version": first.fr_version,

@@ -378,6 +378,8 @@ def _environment(report: dict[str, Any]) -> list[Section]:
         hint = f"torch {env['torch']}, {env['backend']}, world size {env['world_size']}"
     if env["mesh"]:
         line += " · mesh: " + " × ".join(f"{d} {m['size']}" for d, m in env["mesh"].items())
+    if env.get("joined"):
+        line += f" · ranks read from {len(env['joined'])} directories beside this one: {', '.join(env['joined'][:4])}"
     if env.get("restarts"):
         line += f" · restarted {env['restarts']} time(s) by the launcher: this trace is the last attempt's"
     return [Section("Environment", [plain(line), ""], hint)]

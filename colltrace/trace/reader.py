@@ -150,6 +150,44 @@ _WHOSE = (
 )  # the header's fields it reads
 
 
+_MET_WITHIN_NS = 60 * 10**9  # the ranks of one job leave init_process_group (one rendezvous) within seconds
+
+
+def _beside(run_dir: str, headers: dict[int, dict[str, Any]], missing: list[int], world: int) -> dict[int, str]:
+    """The missing ranks' files in directories beside this one that hold the same job: ranks each started through
+    a wrapper of its own (a per-rank script, `timeout`) have no common parent to name the run after, and wrote
+    where each was told. A rank file there is this job's when its header names the same rendezvous and world
+    size and it left init_process_group within a minute of these ranks; of several, the nearest in time."""
+    met = {h.get("rendezvous") for h in headers.values()}
+    starts = [int(h["clock"].get("wall_ns") or 0) for h in headers.values() if isinstance(h.get("clock"), dict)]
+    if not missing or len(met) != 1 or not next(iter(met)) or not starts:
+        return {}
+    (rendezvous,) = met
+    here = os.path.realpath(run_dir)
+    parent = os.path.dirname(here)
+    try:
+        beside = [e.path for e in os.scandir(parent) if e.is_dir() and os.path.realpath(e.path) != here]
+    except OSError:
+        return {}
+    start = sorted(starts)[len(starts) // 2]
+    found: dict[int, tuple[int, str]] = {}
+    for other in beside:
+        for rank in missing:
+            path = os.path.join(other, schema.EVENTS_NAME.format(rank=rank))
+            try:
+                with open(path, "rb") as f:
+                    h = _loads(f.readline())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(h, dict) or h.get("rendezvous") != rendezvous or h.get("world_size") != world:
+                continue
+            clock = h.get("clock")
+            apart = abs(int(clock.get("wall_ns") or 0) - start) if isinstance(clock, dict) else _MET_WITHIN_NS
+            if apart < _MET_WITHIN_NS and (rank not in found or apart < found[rank][0]):
+                found[rank] = (apart, path)
+    return {rank: path for rank, (_, path) in found.items()}
+
+
 def _regular(path: str) -> None:
     """Refuse what is not a plain file (a FIFO would block the reader forever, a device never end)."""
     if not stat.S_ISREG(os.stat(path).st_mode):
@@ -582,8 +620,20 @@ def read_run(run_dir: str) -> Run:
     world = max((rt.world_size for rt in ranks.values()), default=0)
     world = max(world, max(ranks) + 1)
     missing = [r for r in range(world) if r not in ranks]
-    run = Run(path=run_dir, ranks=ranks, world_size=world, missing=missing, problems=problems)
-    for rank, ends in _launcher_exits(run_dir).items():
+    elsewhere = _beside(run_dir, headers, missing, world)
+    for rank, path in sorted(elsewhere.items()):
+        try:
+            ranks[rank], headers[rank] = _read_rank(rank, path)
+        except (OSError, TraceError, struct.error) as e:
+            problems.append(Problem(rank, Unread.TRACE, str(e)))
+    missing = [r for r in range(world) if r not in ranks]
+    joined = sorted({os.path.dirname(p) for p in elsewhere.values()})
+    run = Run(path=run_dir, ranks=ranks, world_size=world, missing=missing, problems=problems, joined=joined)
+    exits: dict[int, list[tuple[int, Exit]]] = {}
+    for where in (run_dir, *joined):
+        for rank, ends in _launcher_exits(where).items():
+            exits.setdefault(rank, []).extend(ends)
+    for rank, ends in exits.items():
         if rank in ranks:
             pid = ranks[rank].header.pid
             ranks[rank].exit = _exit_of(pid, ends)

@@ -215,6 +215,9 @@ class Run:
     # failed attempts the launcher restarted before the one traced (torchrun --max-restarts: its exit lines of
     # other pids than the traced processes'); the trace is the last attempt's, written over the others'
     restarts: int = 0
+    # directories beside this one the ranks missing here were read from (ranks of one job that each wrote where
+    # they were told: reader._beside)
+    joined: list[str] = field(default_factory=list)
 
     def group_labels(self) -> dict[str, str]:
         """Group name -> its label (GroupInfo.label), as the first rank that knows the group has it."""

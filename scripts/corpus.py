@@ -1,0 +1,76 @@
+"""Keep a job colltrace was measured on as a regression case: fixtures/corpus/<set>/<case>/.
+
+    python scripts/corpus.py add SET CASE_DIR RUN_DIR   # the job's files, its truth, its trace, today's answer
+    python scripts/corpus.py table [SET]                # each case's truth against what colltrace says now
+
+CASE_DIR holds the job as it was written (job.py, run.sh) and truth.json, written before any report:
+{"launcher", "verdict", "culprit_ranks", "cause", "notes"}, where "cause" is one of colltrace's cause ids (null
+for healthy). RUN_DIR is the run directory it traced. `add` copies the trace (rank files, launcher exit lines,
+Flight Recorder dumps; not live/), and answer.json: what colltrace says of it now, and, where that is not the
+truth, "wrong": why, to fill in by hand. tests/test_corpus.py holds every case to its answer.json."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "fixtures" / "corpus"
+JOB_FILES = ("job.py", "run.sh", "truth.json")
+TRACE = ("rank*", "launcher-*.jsonl", "flight_recorder")
+
+
+def answer(run_dir: Path) -> dict[str, object]:
+    from colltrace.report.build import run_report
+
+    report = json.loads(run_report(str(run_dir), "json")[0])
+    cause = report.get("cause") or {}
+    return {"verdict": report["verdict"], "culprit_ranks": report["culprit_ranks"], "cause": cause.get("id"),
+            "confidence": cause.get("confidence")}  # fmt: skip
+
+
+def right(truth: dict[str, object], got: dict[str, object]) -> bool:
+    return all(got[k] == truth[k] for k in ("verdict", "culprit_ranks", "cause"))
+
+
+def add(set_name: str, case_dir: Path, run_dir: Path) -> None:
+    out = CORPUS / set_name / case_dir.name
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "run").mkdir(parents=True)
+    for name in JOB_FILES:
+        if (case_dir / name).exists():
+            shutil.copy(case_dir / name, out / name)
+    for pattern in TRACE:
+        for path in sorted(run_dir.glob(pattern)):
+            if path.is_dir():
+                shutil.copytree(path, out / "run" / path.name)
+            else:
+                shutil.copy(path, out / "run" / path.name)
+    got = answer(out / "run")
+    truth = json.loads((out / "truth.json").read_text())
+    if not right(truth, got):
+        got["wrong"] = "TODO: why, and what would fix it"
+    (out / "answer.json").write_text(json.dumps(got, indent=1) + "\n")
+    print(f"{out.relative_to(ROOT)}: {'right' if 'wrong' not in got else 'WRONG'} {got}")
+
+
+def table(set_name: str | None) -> None:
+    print("| set | case | truth | colltrace | right |\n|---|---|---|---|---|")
+    for case in sorted(CORPUS.glob(f"{set_name or '*'}/*/truth.json")):
+        truth, got = json.loads(case.read_text()), answer(case.parent / "run")
+        t = f"{truth['verdict']} {truth['culprit_ranks']} {truth['cause']}"
+        g = f"{got['verdict']} {got['culprit_ranks']} {got['cause']} ({got['confidence']})"
+        print(f"| {case.parent.parent.name} | {case.parent.name} | {t} | {g} | {'yes' if right(truth, got) else 'no'} |")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    if sys.argv[1:2] == ["add"] and len(sys.argv) == 5:
+        add(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))
+    elif sys.argv[1:2] == ["table"]:
+        table(sys.argv[2] if len(sys.argv) > 2 else None)
+    else:
+        sys.exit(__doc__)
