@@ -143,8 +143,15 @@ class Lifecycle:
         except Exception:
             pass
         try:
-            rec.writer.event({"ev": schema.EV_DESTROYED, "t_ns": time.time_ns(), "step": rec.ctx.step,
-                              "in_flight": rec.in_flight})  # fmt: skip
+            ev = {"ev": schema.EV_DESTROYED, "t_ns": time.time_ns(), "step": rec.ctx.step, "in_flight": rec.in_flight}
+            # other threads that issued collectives and still run: a framework tearing the group down from a
+            # thread of its own while the training loop goes on (Ray after another worker failed) is no clean end
+            me, alive = threading.get_ident(), {t.ident for t in threading.enumerate()}
+            busy = sorted(tid for ident, tid in rec.tids.items() if ident != me and ident in alive)
+            if busy:
+                ev["busy"] = busy
+                ev["threads"] = [t for t in thread_stacks(rec) if t.get("tid") in busy]
+            rec.writer.event(ev)
             rec.writer.flush()
         except Exception:
             pass

@@ -241,10 +241,13 @@ class Footer:
 
 @dataclass(frozen=True, slots=True)
 class Destroyed:
-    """destroy_process_group() of the default group returned: the rank left the job cleanly."""
+    """destroy_process_group() of the default group returned: the rank left the job cleanly, unless threads that
+    issued its collectives still ran (busy: their tids), as when a framework tears the group down from a thread
+    of its own while the training loop goes on."""
 
     t_ns: int = 0
     in_flight: int = 0
+    busy: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

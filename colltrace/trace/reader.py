@@ -150,6 +150,9 @@ _WHOSE = (
 )  # the header's fields it reads
 
 
+# a rank whose group a framework destroyed from another thread while its training loop still ran (Ray, after
+# another worker failed): stopped from outside, as by a signal of this name; its loop's stack then, this reason
+TEARDOWN = "teardown"
 _MET_WITHIN_NS = 60 * 10**9  # the ranks of one job leave init_process_group (one rendezvous) within seconds
 
 
@@ -402,7 +405,13 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
         elif kind == schema.EV_FOOTER:
             rt.footer = Footer(ev.get("t_ns", 0))
         elif kind == schema.EV_DESTROYED:
-            rt.destroyed = Destroyed(ev.get("t_ns", 0), ev.get("in_flight", 0))
+            busy = tuple(t for t in ev.get("busy", ()) if type(t) is int)
+            rt.destroyed = Destroyed(ev.get("t_ns", 0), ev.get("in_flight", 0), busy)
+            if busy and type(ev.get("threads")) is list and _valid(ev, _EVENTS[schema.EV_STACKS]):
+                # torn down from a thread of its own while its loop ran: stopped from outside, and where its loop
+                # was then is its last stack (reason teardown)
+                stacks.append(Stacks.of({**ev, "reason": TEARDOWN}))
+                rt.signal = rt.signal or Signal(TEARDOWN, ev.get("t_ns", 0))
         elif kind == schema.EV_RECORDING_FAILED:
             if rt.recording_failed is None:
                 rt.recording_failed = ev.get("reason", "")
@@ -442,10 +451,19 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
         with open(fault_path, "rb") as f:
             text = f.read().decode("utf-8", "replace").strip()
         rt.fault = Fault.of(text) if text else None
-    rt.alive = (rt.footer is None and rt.destroyed is None and rt.error is None and rt.signal is None
-                and not rt.fault and _alive(header))  # fmt: skip
+    rt.alive = (rt.footer is None and not _left_cleanly(rt) and rt.error is None and rt.signal is None and not rt.fault
+                and _alive(header))  # fmt: skip
     rt.state = _state(rt)
     return rt, {k: header[k] for k in _WHOSE if k in header}  # the rest of the header line is let go
+
+
+def _left_cleanly(rt: RankTrace) -> bool:
+    """destroy_process_group() returned with no other thread of its collectives still running, no error or fatal
+    signal of its own, and its last collective not failed (a framework that caught the loop's timeout destroys
+    the group all the same: Ray's workers)."""
+    d, last = rt.destroyed, rt.last
+    return (d is not None and not d.busy and rt.error is None and not rt.fault
+            and not (last is not None and last.error))  # fmt: skip
 
 
 def _state(rt: RankTrace) -> RankState:
@@ -454,7 +472,7 @@ def _state(rt: RankTrace) -> RankState:
             return RankState.CRASHED
         if rt.footer is not None:
             return RankState.FINISHED
-    if rt.destroyed is not None and rt.error is None and not rt.fault:
+    if _left_cleanly(rt):
         return RankState.FINISHED  # it left the job cleanly; a signal or os._exit ended the process after
     # stopped from outside; an error or exit after the SIGTERM is the stop's doing (a DataLoader raising
     # because the same SIGTERM killed its worker), not the rank's own
@@ -490,7 +508,8 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     schema.EV_ERROR: {"type": (_STR, True), "message": (_STR, False), "traceback": (_STR, False),
                       "qualname": (_STR, False), "t_ns": (_INT, False)},
     schema.EV_FOOTER: {"t_ns": (_INT, False), "step": (_INT, False), "in_flight": (_INT, False)},
-    schema.EV_DESTROYED: {"t_ns": (_INT, False), "step": (_INT, False), "in_flight": (_INT, False)},
+    schema.EV_DESTROYED: {"t_ns": (_INT, False), "step": (_INT, False), "in_flight": (_INT, False),
+                          "busy": ((list,), False)},
     schema.EV_WARNING: {"message": (_STR, False)},
     schema.EV_RECORDING_FAILED: {"reason": (_STR, False)},
     schema.EV_DATA_EXHAUSTED: {"t_ns": (_INT, False), "step": (_INT, False)},
