@@ -72,7 +72,7 @@ def _start(
     ended = []
     for p in procs:
         try:
-            p.wait(timeout=60 if ended else 120)
+            p.wait(timeout=10 if ended else 120)
             ended.append(p)
         except subprocess.TimeoutExpired:
             p.kill()
@@ -226,5 +226,5 @@ def test_ray_train_healthy_run_reads_healthy_with_its_straggler(tmp_path: Path) 
     run = _one_run(tmp_path, 3)
     assert {rt.header.launcher for rt in read_run(str(run)).ranks.values()} == {"ray"}
     code, report = _report(run)
-    assert (code, report["verdict"], report["culprit_ranks"]) == (0, "healthy", [])
-    assert report["straggler"]["rank"] == 1  # type: ignore[index]
+    assert (code, report["verdict"], report["culprit_ranks"], report["cause"]["id"]) == (0, "healthy", [1], "straggler")  # type: ignore[index]
+    assert report["straggler"] == 1 and report["stragglers"][0]["rank"] == 1  # type: ignore[index]
