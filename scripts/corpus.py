@@ -6,7 +6,8 @@
 CASE_DIR holds the job as it was written (job.py, run.sh) and truth.json, written before any report:
 {"launcher", "verdict", "culprit_ranks", "cause", "notes"}, where "cause" is one of colltrace's cause ids (null
 for healthy). RUN_DIR is the run directory it traced. `add` copies the trace (rank files, launcher exit lines,
-Flight Recorder dumps; not live/), and answer.json: what colltrace says of it now, and, where that is not the
+Flight Recorder dumps; not live/) into run/, or, given a root of several run directories one job wrote,
+each into runs/<name>/; and answer.json: what colltrace says of it now, and, where that is not the
 truth, "wrong": why, to fill in by hand. tests/test_corpus.py holds every case to its answer.json."""
 
 from __future__ import annotations
@@ -31,25 +32,40 @@ def answer(run_dir: Path) -> dict[str, object]:
             "confidence": cause.get("confidence")}  # fmt: skip
 
 
+def target(case: Path) -> Path:
+    """The run directory a case is read from: run/, or the last of runs/ (the reader joins the others)."""
+    return case / "run" if (case / "run").is_dir() else max((case / "runs").iterdir())
+
+
+def _copy_trace(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True)
+    for pattern in TRACE:
+        for path in sorted(src.glob(pattern)):
+            if path.is_dir():
+                shutil.copytree(path, dst / path.name)
+            else:
+                shutil.copy(path, dst / path.name)
+
+
 def right(truth: dict[str, object], got: dict[str, object]) -> bool:
-    return all(got[k] == truth[k] for k in ("verdict", "culprit_ranks", "cause"))
+    healthy = (got["verdict"] == "healthy") == (truth["verdict"] == "healthy")
+    return healthy and all(got[k] == truth[k] for k in ("culprit_ranks", "cause"))
 
 
 def add(set_name: str, case_dir: Path, run_dir: Path) -> None:
     out = CORPUS / set_name / case_dir.name
     if out.exists():
         shutil.rmtree(out)
-    (out / "run").mkdir(parents=True)
+    out.mkdir(parents=True)
     for name in JOB_FILES:
         if (case_dir / name).exists():
             shutil.copy(case_dir / name, out / name)
-    for pattern in TRACE:
-        for path in sorted(run_dir.glob(pattern)):
-            if path.is_dir():
-                shutil.copytree(path, out / "run" / path.name)
-            else:
-                shutil.copy(path, out / "run" / path.name)
-    got = answer(out / "run")
+    if list(run_dir.glob("rank*.jsonl")):
+        _copy_trace(run_dir, out / "run")
+    else:  # a runs root: the job wrote several run directories (ranks each started through a wrapper)
+        for sub in sorted(p for p in run_dir.iterdir() if list(p.glob("rank*.jsonl"))):
+            _copy_trace(sub, out / "runs" / sub.name)
+    got = answer(target(out))
     truth = json.loads((out / "truth.json").read_text())
     if not right(truth, got):
         got["wrong"] = "TODO: why, and what would fix it"
@@ -60,7 +76,7 @@ def add(set_name: str, case_dir: Path, run_dir: Path) -> None:
 def table(set_name: str | None) -> None:
     print("| set | case | truth | colltrace | right |\n|---|---|---|---|---|")
     for case in sorted(CORPUS.glob(f"{set_name or '*'}/*/truth.json")):
-        truth, got = json.loads(case.read_text()), answer(case.parent / "run")
+        truth, got = json.loads(case.read_text()), answer(target(case.parent))
         t = f"{truth['verdict']} {truth['culprit_ranks']} {truth['cause']}"
         g = f"{got['verdict']} {got['culprit_ranks']} {got['cause']} ({got['confidence']})"
         print(f"| {case.parent.parent.name} | {case.parent.name} | {t} | {g} | {'yes' if right(truth, got) else 'no'} |")
