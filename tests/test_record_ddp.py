@@ -117,22 +117,22 @@ def test_ranks_out_of_inputs_inside_join_shadow_the_others_and_the_run_reads_hea
 def test_ddp_divides_as_its_reducer_does_at_every_world_size(tmp_path: Path, world: int) -> None:
     """DDP's reducer multiplies a gradient by 1/world size as it copies it into its bucket, and divides one that
     is its bucket's view already: at world size 3 or 5 the two differ in the last bit from dividing everything,
-    which colltrace's hook once did (same job traced and untraced, parameters compared as floats' hex)."""
-    sums = {}
-    for traced in (True, False):
-        out = tmp_path / f"sums-{traced}.json"
-        env = {"OUT": str(out)} if traced else {"OUT": str(out), "COLLTRACE": "0"}
-        proc = torchrun("ddp_bits.py", world, tmp_path / f"run-{traced}", **env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        sums[traced] = json.loads(out.read_text())
-    assert len(sums[True]) == 12
-    assert sums[True] == sums[False]
-    if world == 3:  # the case that told them apart: DDP's own division of kept bucket views, by 3
-        assert (
-            sums[False]["float32 hook=False as_view=True set_to_none=False"]
-            != sums[False]["float32 hook=False as_view=False set_to_none=True"]
+    which colltrace's hook once did. Each model trained twice in one traced job, colltrace paused (DDP's own
+    reduction) and recording; parameters compared as floats' hex."""
+    out = tmp_path / "sums.json"
+    proc = torchrun("ddp_bits.py", world, tmp_path / "run", OUT=str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sums = json.loads(out.read_text())
+    assert len(sums) == 12
+    assert {key: untraced for key, (untraced, _) in sums.items()} == {key: traced for key, (_, traced) in sums.items()}
+    if world == 3:  # what told them apart: DDP's own division of kept bucket views, by 3, against 1/3 on a copy
+        kept, copied = (
+            sums["float32 hook=False as_view=True set_to_none=False"],
+            sums["float32 hook=False as_view=False set_to_none=True"],
         )
-    run = read_run(str(tmp_path / "run-True"))
+        assert kept[0] != copied[0]
+    run = read_run(str(tmp_path / "run"))
     recs = [r for r in run.ranks[0].records if r.kind == "collective" and r.flavour == "reduce_grad"]
-    # every model's every bucket recorded: one in its first step, two in each of the three after (DDP rebuilds them)
+    # every traced model's every bucket recorded, none of the paused ones': one bucket in a model's first step,
+    # two in each of the three after (DDP rebuilds them)
     assert len(recs) == 12 * (1 + 3 * 2)

@@ -1,6 +1,7 @@
 """DDP models trained a few steps, one per way DDP divides its gradients: fp32 and bf16, with and without a user's
-comm hook, gradient_as_bucket_view with gradients set to None or kept between steps. Rank 0 writes each model's
-parameter checksum (float.hex of their sum) to $OUT: traced and untraced must agree bit for bit."""
+comm hook, gradient_as_bucket_view with gradients set to None or kept between steps; each twice, with colltrace
+paused (every patch out: DDP's own C++ reduction) and recording. Rank 0 writes each model's parameter checksum
+(float.hex of their sum), untraced and traced, to $OUT: they must agree bit for bit."""
 
 from __future__ import annotations
 
@@ -32,12 +33,17 @@ def train(dtype: torch.dtype, hook: bool, as_view: bool, set_to_none: bool) -> s
 
 def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    from colltrace.record import install
+
     sums = {}
     for dtype in (torch.float32, torch.bfloat16):
         for hook in (False, True):
             for as_view, set_to_none in ((False, True), (True, True), (True, False)):
                 key = f"{str(dtype)[6:]} hook={hook} as_view={as_view} set_to_none={set_to_none}"
-                sums[key] = train(dtype, hook, as_view, set_to_none)
+                install.pause()  # as without colltrace: DDP built and reducing on its own
+                untraced = train(dtype, hook, as_view, set_to_none)
+                install.resume()
+                sums[key] = (untraced, train(dtype, hook, as_view, set_to_none))
     if dist.get_rank() == 0:
         with open(os.environ["OUT"], "w") as f:
             json.dump(sums, f)
