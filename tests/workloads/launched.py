@@ -1,7 +1,7 @@
 """A small job that runs under any launcher: its rank and world size from torchrun's, Slurm's or Open MPI's
 variables. LAUNCH=self: rank 0 starts the other ranks itself, as Lightning's DDP launcher does from
 `python train.py`. FAULT=stuck: rank STUCK (default the last) stops at a data-dependent branch before step 3's
-all_reduce, so the others wait there. END: how each rank ends after training: exit (a clean interpreter exit),
+all_reduce, so the others wait there. END (one, or one per rank, comma-separated): how a rank ends after training: exit (a clean interpreter exit),
 destroy_exit (destroy_process_group, then os._exit(0)), destroy_kill (destroy_process_group, then SIGKILL to
 itself, as Ray ends its workers), none (no destroy, plain exit)."""
 
@@ -50,7 +50,8 @@ def main() -> None:
         for p in model.parameters():
             dist.all_reduce(p.grad)
         dist.barrier()
-    end = os.environ.get("END", "exit")
+    ends = os.environ.get("END", "exit").split(",")  # one for all, or one per rank
+    end = ends[rank % len(ends)]
     if end != "none":
         dist.destroy_process_group()
     for child in children:
