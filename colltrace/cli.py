@@ -274,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--format", choices=("md", "github", "json"), default="md",
                    help="md: Markdown for a terminal or a file; github: the same with its long sections folded "
                    "in <details>, to paste into an issue; json: every field, for automation")  # fmt: skip
+    r.add_argument("--json", dest="format", action="store_const", const="json", help="the same as --format json")
     r.add_argument("--max-chars", type=int, default=None, metavar="N",
                    help="cut the Markdown to N characters: whole sections from the bottom up, never the headline, "
                    "culprit, cause and evidence")  # fmt: skip

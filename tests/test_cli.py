@@ -33,6 +33,12 @@ def test_report_without_run_dir_takes_the_newest_run(tmp_path: Path) -> None:
     assert "newer (the newest run under colltrace-runs/)" in proc.stderr
 
 
+def test_report_json_is_short_for_format_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """A new user's first guess (`report RUN --json`) once failed as an unknown argument."""
+    assert main(["report", str(FIXTURES / "rank_exception"), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["culprit_ranks"] == [2]
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     for args in (["report"], ["report", "nowhere"], ["dump", str(tmp_path)], ["dump", "--rank", "x", str(tmp_path)]):
         proc = _colltrace(*args, cwd=tmp_path)
