@@ -4,6 +4,8 @@ the report written into the run directory (real torchrun jobs on gloo, left hang
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +86,17 @@ def test_a_rank_that_died_without_removing_its_heartbeat_is_not_asked(tmp_path: 
     assert live.live_ranks(str(tmp_path)) == [1]
     got = live.ask(str(tmp_path), wait_s=0.1)
     assert got is not None and got.asked == (1,) and got.silent == (1,)
+
+
+def test_a_rank_that_renamed_its_process_is_alive_by_its_start_time() -> None:
+    """Ray's workers retitle themselves (ray::RayTrainWorker...): their command line no longer names the script
+    their header's argv does, and a live hang once read every Ray worker as killed. The header's start time
+    (clock ticks after boot) says it is the very process; another start time is another process on that pid."""
+    from colltrace.trace.reader import _alive
+
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "argv": ["/ray/_private/workers/default_worker.py"]}
+    started = live.start_ticks(os.getpid())
+    assert started is not None
+    assert _alive({**me, "started": started})
+    assert not _alive({**me, "started": started - 1})
+    assert not _alive(me)  # no start time (an older trace): the command line decides, and it differs

@@ -22,7 +22,7 @@ from colltrace.record.patches import Patches
 from colltrace.record.pipelining import PipeliningAdapter
 from colltrace.record.recorder import Recorder
 from colltrace.record.shim import Shim
-from colltrace.trace import schema
+from colltrace.trace import live, schema
 from colltrace.trace.flight import SUBDIR
 from colltrace.trace.writer import TraceWriter
 
@@ -224,6 +224,7 @@ def _header(cfg: config_mod.Config, run_dir: str, untraced: list[str]) -> dict[s
         "world_size": dist.get_world_size(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "started": live.start_ticks(os.getpid()),
         "ppid": os.getppid(),
         "local_rank": _env_int("LOCAL_RANK"),
         "torch": torch.__version__,

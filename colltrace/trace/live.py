@@ -55,21 +55,41 @@ def heartbeats(run_dir: str, now: float | None = None) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
-def running_here(pid: int) -> bool:
+def _stat(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat's fields after the command's name (state first), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks after boot (stat's field 22): with its pid, who it is, whatever
+    title it gives itself since (Ray's workers call themselves ray::...) and whatever process reuses the pid."""
+    fields = _stat(pid)
+    try:
+        return int(fields[19]) if fields is not None else None
+    except (IndexError, ValueError):
+        return None
+
+
+def running_here(pid: int, started: int | None = None) -> bool:
     """The process runs on this host: it exists and is no zombie (a rank SIGKILLed together with its launcher
-    is reparented, and where nothing reaps it stays a zombie that signal 0 still finds)."""
+    is reparented, and where nothing reaps it stays a zombie that signal 0 still finds); where `started` is
+    given (start_ticks when it was traced), it is that process and not another that took its pid."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:
         pass  # another user's process: it exists
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    fields = _stat(pid)
+    if not fields:
         return True  # no /proc: signal 0 alone
-    return state not in (b"Z", b"X")
+    if started is not None and start_ticks(pid) != started:
+        return False
+    return fields[0] not in (b"Z", b"X")
 
 
 def _whose(run_dir: str, rank: int) -> tuple[str, int] | None:

@@ -587,14 +587,19 @@ def _valid(ev: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], bool]]) -
 
 
 def _alive(header: dict[str, Any]) -> bool:
-    """The rank's process is still running: the header's pid lives on this host, running the same program
-    (a pid reused by another process does not count)."""
+    """The rank's process is still running: the header's pid lives on this host, started when the traced one did
+    (header `started`), or, in traces without it, running the same program (a pid reused by another process does
+    not count)."""
     try:
         pid = int(header.get("pid") or 0)
     except (ValueError, TypeError):
         return False
-    if pid <= 0 or str(header.get("host") or "") != socket.gethostname() or not live.running_here(pid):
+    started = header.get("started")
+    started = started if type(started) is int else None
+    if pid <= 0 or str(header.get("host") or "") != socket.gethostname() or not live.running_here(pid, started):
         return False
+    if started is not None:
+        return True  # the very process: its title may have changed since (Ray's workers rename themselves)
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read().decode("utf-8", "replace")
