@@ -46,12 +46,13 @@ class _Hooked:
     """What colltrace's hook on one DDP model needs: the adapter, its group, the user's hook when one was
     registered after colltrace's, and the modules of each bucket."""
 
-    __slots__ = ("adapter", "ddp", "group", "user", "module_of", "names", "in_place")
+    __slots__ = ("adapter", "ddp", "group", "size", "user", "module_of", "names", "in_place")
 
     def __init__(self, adapter: DdpAdapter, ddp: Any) -> None:
         self.adapter = adapter
         self.ddp = weakref.ref(ddp)
         self.group = ddp.process_group
+        self.size = _size(self.group)  # what DDP divides by (a group's size never changes)
         self.user: tuple[Callable[..., Any], Any] | None = None  # (hook, state)
         self.module_of: dict[int, tuple[int, str]] | None = None  # id(param) -> (order, module FQN)
         self.names: dict[tuple[int, int, int], str] = {}  # bucket -> the name its records carry
@@ -275,7 +276,7 @@ def _size(group: Any) -> int:
 def _note_in_place(hooked: _Hooked, ddp: Any) -> None:
     """Where the two ways DDP divides differ (module docstring), note per parameter which one its gradient
     takes in each backward: in place where, once accumulated, it is a view of its bucket's storage."""
-    size = _size(hooked.group)
+    size = hooked.size
     if not getattr(ddp, "gradient_as_bucket_view", False) or size & (size - 1) == 0:
         return
     noted = hooked.in_place = {}
@@ -294,7 +295,7 @@ def _divide(hooked: _Hooked, bucket: Any) -> None:
     """What DDP's reducer does to each gradient before its sum, where no hook is registered: times
     1/world size as it copies it into the bucket, or divided by the world size where it is the bucket's own
     view already. Before the sum, as DDP does, against overflow."""
-    size = _size(hooked.group)
+    size = hooked.size
     noted = hooked.in_place
     if noted is None:
         bucket.buffer().mul_(1.0 / size)
