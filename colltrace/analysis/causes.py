@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from colltrace.analysis import align, groups, states
+from colltrace.analysis import align, groups, mesh, states
 from colltrace.analysis.history import precedent, starts_step
 from colltrace.analysis.results import (
     Clue,
@@ -444,6 +444,17 @@ def groups_created_apart(f: Facts) -> Finding | None:
     if odd and f.d is not None:
         return Finding(Cause.GROUP_MISCONFIG, Confidence.MEDIUM, (Evidence(Clue.GROUP_CREATE, odd),))
     return None
+
+
+def labels_apart(f: Facts) -> Finding | None:
+    """Ranks that named a group of the divergent one's members otherwise than every other rank did (mesh.relabeled):
+    a mesh built with its dimension names in another order."""
+    odd = mesh.relabeled(f.run) if f.d is not None else {}
+    if f.d is None or not set(odd) & set(f.d.group_ranks):
+        return None
+    return Finding(
+        Cause.GROUP_MISCONFIG, Confidence.HIGH, tuple(Evidence(Clue.GROUP_LABEL, (r,), odd[r]) for r in sorted(odd))
+    )
 
 
 def split_sizes(f: Facts) -> Finding | None:
@@ -1102,7 +1113,7 @@ def control_flow(f: Facts) -> Finding | None:
 
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
-    schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, worker_sync, membership, groups_created_apart, split_sizes, failed, died_unseen, stuck_in_span, no_divergence, stopped_outside,
+    schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, worker_sync, membership, groups_created_apart, labels_apart, split_sizes, failed, died_unseen, stuck_in_span, no_divergence, stopped_outside,
     joined, step_skew, skew_before, saved_apart, grad_skipped, recompute, uneven_data, exited_early, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from colltrace.analysis import groups, states, waitfor
+from colltrace.analysis import groups, mesh, states, waitfor
 from colltrace.analysis.history import Habit, periodic, precedent, starts_step
 from colltrace.analysis.results import (
     Clue,
@@ -170,8 +170,10 @@ def for_content(
     con = tuple(sorted(r for r, h in hab.items() if h is Habit.CONSISTENT))
     top = max(scores.values())
     if top == min(scores.values()):
-        return new_call(d, streams, run) or Blame(
-            (), tuple(sorted(visible)), d.kind, Confidence.LOW, (Evidence(Clue.UNDECIDED, tuple(visible)),)
+        return (
+            positional(d, streams, table, run)
+            or new_call(d, streams, run)
+            or Blame((), tuple(sorted(visible)), d.kind, Confidence.LOW, (Evidence(Clue.UNDECIDED, tuple(visible)),))
         )
     culprits = tuple(sorted(r for c, s in scores.items() if s == top for r in c))
     if dev and set(dev) & set(culprits):
@@ -184,6 +186,17 @@ def for_content(
     kinds = {e.clue for e in evidence} - {Clue.FIRST_OF_KIND}  # why history is set aside, no evidence of its own
     confidence = Confidence.HIGH if len(kinds) >= 2 else Confidence.MEDIUM
     return Blame(culprits, _others(tuple(sorted(visible)), culprits), d.kind, confidence, tuple(evidence))
+
+
+def positional(d: Divergence, streams: dict[int, RankStreams], table: SigTable, run: Run | None) -> Blame | None:
+    """Members the group cannot tell apart by itself (two, no history): the one that issued what its positional
+    peers (its place of the mesh in the other replicas: mesh.py) issued at the same seq is right, the others not."""
+    found = mesh.by_peers(d, run, streams, table) if run is not None else None
+    if found is None:
+        return None
+    who, detail = found
+    others = tuple(sorted(r for c in d.classes for r in c if r not in who))
+    return Blame(who, others, d.kind, Confidence.MEDIUM, (Evidence(Clue.POSITIONAL_PEERS, who, detail),))
 
 
 _SAMPLE = 8  # ranks of a class looked at: the ranks of one class issued alike

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from colltrace.analysis import align, causes, culprit, groups, schedules, splits, states, timing, waitfor
+from colltrace.analysis import align, causes, culprit, groups, mesh, schedules, splits, states, timing, waitfor
 from colltrace.analysis.align import divergences
 from colltrace.analysis.results import (
     Blind,
@@ -120,6 +120,7 @@ def diagnose(run: Run) -> Diagnosis:
                      or culprit.new_size(d, streams, table) or blame)  # fmt: skip
     if d is not None and d.kind in (Kind.MISSING, Kind.EXTRA) and not wf.cycle:
         blame = _created_apart(run, blame, ends)  # a run that matched throughout names no one for it
+    blame = _relabeled(run, d, blame)
     split = None
     if d is None or d.kind is Kind.MISSING:  # a run that matched throughout: its all-to-alls' pairs still must
         split = splits.suspects(run, streams, ends, blame.culprits, table if d is None else None)
@@ -136,7 +137,7 @@ def diagnose(run: Run) -> Diagnosis:
         d = Divergence(d.group, d.label, d.group_ranks, d.seq, blame.kind, d.at, d.classes)
     # ranks that built a group with other members than the majority's call asked for: a cycle in the wait-for
     # graph of groups whose members the ranks disagree on is their doing, not an order of entering groups
-    built_apart = any(e.clue is Clue.CREATION_MAJORITY for e in blame.evidence)
+    built_apart = any(e.clue in (Clue.CREATION_MAJORITY, Clue.GROUP_LABEL) for e in blame.evidence)
     if cycle and not (d is not None and d.kind in _CONTENT) and not built_apart:
         culprits = cycle
         # the sender of a transfer to the wrong peer; a cycle of sends, every rank of it; else the part of the
@@ -283,6 +284,18 @@ def _created_apart(run: Run, blame: culprit.Blame, ends: dict[int, RankEnd]) -> 
         return blame
     others = tuple(r for r in sorted(ends) if r not in odd)
     return culprit.Blame(odd, others, blame.kind, Confidence.MEDIUM, (Evidence(Clue.GROUP_CREATE, odd),))
+
+
+def _relabeled(run: Run, d: Divergence | None, blame: culprit.Blame) -> culprit.Blame:
+    """Ranks that named a group otherwise than every other rank's same creation call (mesh.relabeled), where the
+    divergence is in a group of theirs: they use it as another dimension than its other members do."""
+    odd = mesh.relabeled(run) if d is not None else {}
+    if d is None or not set(odd) & set(d.group_ranks):
+        return blame
+    culprits = tuple(sorted(odd))
+    victims = tuple(r for r in d.group_ranks if r not in odd)
+    ev = tuple(Evidence(Clue.GROUP_LABEL, (r,), odd[r]) for r in culprits)
+    return culprit.Blame(culprits, victims, blame.kind, Confidence.HIGH, ev)
 
 
 def _confidence(a: Confidence, b: Confidence) -> Confidence:

@@ -49,6 +49,11 @@ class Clue(str, enum.Enum):
     MEMBERSHIP = "membership"  # the ranks disagree on the members of a group
     GROUP_CREATE = "group_create"  # the ranks asked new_group/split_group for different rank lists
     CREATION_MAJORITY = "creation_majority"  # the rank built a group with other members than most ranks' same call
+    # the rank named a group otherwise than every other rank's same new_group/split_group call (detail: Relabeled)
+    GROUP_LABEL = "group_label"
+    # the rank issued what none of its positional peers (its place in the mesh's other replicas) issued at the
+    # same seq, where its group's other members issued what theirs did (detail: Positional)
+    POSITIONAL_PEERS = "positional_peers"
     SAME_MODULE = "same_module"  # the mismatch is on the same module and op: the tensors themselves differ
     RECOMPUTE = "recompute"  # the divergent records are in activation-checkpoint recompute
     DDP_UNREDUCED = "ddp_unreduced"  # DDP raised: parameters got no gradient on the rank (detail: their indices)
@@ -193,6 +198,24 @@ class PeersApart:
 
 
 @dataclass(frozen=True, slots=True)
+class Positional:
+    """POSITIONAL_PEERS: the dimension, the culprits' peers (who issued otherwise than the culprits) and the other
+    members' peers (who issued as those members did)."""
+
+    label: str  # the dimension's label (mesh_tp)
+    against: tuple[int, ...]
+    backing: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Relabeled:
+    """GROUP_LABEL: the group_desc the rank passed, and the one the other ranks passed in the same call."""
+
+    theirs: str
+    usual: str
+
+
+@dataclass(frozen=True, slots=True)
 class GroupApart:
     """GROUP_APART: the group the others issue the culprit's divergent call in, from the same line."""
 
@@ -327,7 +350,7 @@ class RankEnd:
 Detail: TypeAlias = (
     str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
     | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | DtypeChange | RankEnd | Handling | ThreadError
-    | SignalCaught | Exit | GroupApart
+    | SignalCaught | Exit | GroupApart | Positional | Relabeled
     | None
 )  # fmt: skip
 

@@ -15,7 +15,9 @@ from colltrace.analysis.results import (
     InSpan,
     Lateness,
     PeersApart,
+    Positional,
     RankEnd,
+    Relabeled,
     SchedulesApart,
     SlowIn,
     SplitGap,
@@ -312,6 +314,10 @@ def detail_text(e: Evidence) -> str:
         return f"{d.code},{d.signal},{'' if d.first is None else str(d.first).lower()}"
     if isinstance(d, GroupApart):
         return ",".join((d.group, d.line, *map(str, d.waiting)))
+    if isinstance(d, Positional):  # the dimension, the culprits' peers, then ";" and the others' peers
+        return ",".join((d.label, *map(str, d.against))) + ";" + ",".join(map(str, d.backing))
+    if isinstance(d, Relabeled):
+        return f"{d.theirs},{d.usual}"
     if e.clue is Clue.CREATION_MAJORITY:
         return words.asked_text(d)
     if isinstance(d, tuple):

@@ -14,7 +14,9 @@ from colltrace.analysis.results import (
     InSpan,
     Lateness,
     PeersApart,
+    Positional,
     RankEnd,
+    Relabeled,
     SchedulesApart,
     SlowIn,
     SplitGap,
@@ -226,6 +228,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.GROUP_CREATE: f"{who} asked new_group/split_group for other ranks than the rest",
         Clue.CREATION_MAJORITY: f"{who} created the group with other members than most ranks asked for in the "
         f"same new_group/split_group call (they asked for ranks {asked_text(d)})",
+        Clue.GROUP_LABEL: _group_label(who, d),
+        Clue.POSITIONAL_PEERS: _positional(who, d),
         Clue.SAME_MODULE: f"same op on the same module ({detail}) on every rank: the tensors themselves differ",
         Clue.RECOMPUTE: "the divergent collectives are in activation-checkpoint recompute",
         Clue.DDP_UNREDUCED: f"DDP raised on {who}: parameters got no gradient there"
@@ -688,6 +692,28 @@ def _thread_died(who: str, d: Detail) -> str:
     return (
         f"{who}'s thread{name} died of {_raised(d)}: its main thread may be waiting for what that thread "
         "was to hand it (a batch, an upload's end, a lock it held)"
+    )
+
+
+def _group_label(who: str, d: Detail) -> str:
+    """Clue GROUP_LABEL: the rank named a group otherwise than every other rank's same creation call."""
+    if not isinstance(d, Relabeled):
+        return f"{who} named a group otherwise than the other ranks did in the same new_group/split_group call"
+    return (
+        f"{who} created the group as `{d.theirs}` where every other rank's same new_group/split_group call named it "
+        f"`{d.usual}`: {who} uses it as another dimension of the mesh than its members do (a DeviceMesh built with "
+        "its mesh_dim_names in another order)"
+    )
+
+
+def _positional(who: str, d: Detail) -> str:
+    """Clue POSITIONAL_PEERS: the rank's peers at its place in the mesh's other replicas issued otherwise."""
+    if not isinstance(d, Positional):
+        return f"{who} issued what none of the ranks at the same place in the mesh's other replicas issued"
+    return (
+        f"{ranks_text(d.against)}, at {who}'s place of {group_text(d.label)} in the other replicas, issued something "
+        f"else at this seq, and {ranks_text(d.backing)}, at the other members' place, issued what those members "
+        f"did: {who} left the schedule {ranks_text(d.against)} keep"
     )
 
 
