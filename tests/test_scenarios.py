@@ -46,8 +46,9 @@ def _by_seq(run: Run, label: str, member: int) -> dict[int, dict[int, Collective
     """rank -> seq -> record, on the group labelled `label` that `member` belongs to (a mesh dimension's
     label names one group per slice), for the ranks in it."""
     out: dict[int, dict[int, Collective]] = {}
+    labels = run.group_labels()  # as the report names each group (a rank may name it otherwise: mesh_names)
     for rank, rt in run.ranks.items():
-        names_ = {n for n, g in rt.groups.items() if g.label == label and member in g.ranks}
+        names_ = {n for n, g in rt.groups.items() if labels[n] == label and member in g.ranks}
         if names_:
             out[rank] = {r.seq: r for r in rt.records if r.kind == "collective" and r.group in names_}
     return out

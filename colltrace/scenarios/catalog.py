@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from colltrace.scenarios import crashes, divergence, frameworks, groups, healthy, outside, pipeline  # noqa: F401  (registration)
+from colltrace.scenarios import crashes, divergence, frameworks, groups, healthy, mesh, outside, pipeline  # noqa: F401  (registration)
 from colltrace.scenarios.base import REGISTRY, Scenario
 
 DEFAULT = "control_flow"  # the README's demo: a realistic hang whose cause is far from where it hangs
@@ -21,7 +21,7 @@ ORDER = (
     "metric_allreduce", "uneven_data", "generator_uneven", "rank_exception", "oom", "killed", "stuck_compute",
     "stuck_checkpoint", "oneoff_barrier", "pp_stage_crash", "pp_microbatch_count", "pp_wrong_peer", "pp_skip_microbatch",
     "pp_send_shape", "pp_fsdp2_stuck_data",
-    "group_misconfig", "cross_group_deadlock", "hsdp_metric", "tp_clip",
+    "group_misconfig", "cross_group_deadlock", "hsdp_metric", "tp_clip", "tp_plan_slip", "mesh_names",
     "fsdp1", "deepspeed_zero3", "ddp_unused", "ddp_unused_last",
 )  # fmt: skip
 
