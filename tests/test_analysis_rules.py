@@ -2581,3 +2581,47 @@ def test_a_rank_parked_in_ray_train_report_while_the_others_wait_in_a_collective
         Confidence.MEDIUM,
     )
     assert (Clue.WORKER_SYNC, (2,), "ray.train.report") in [(e.clue, e.ranks, e.detail) for e in dx.finding.evidence]
+
+
+# -- [mesh] item 4: a rank that skips a whole step, and goes on training --------------------------------------
+
+
+def _loader_steps(r: FakeRank, steps: int, skip: int | None = None) -> None:
+    """DDP steps from a DataLoader: fetch, forward, backward with its gradient all-reduce, optimizer step; at
+    step `skip` the rank fetches a batch and skips it (`continue` on a non-finite batch), then fetches the next;
+    the loop's last fetch ends the loader."""
+    for i in range(steps):
+        r.span("data")
+        if i == skip:
+            r.span("data")
+        r.span("forward")
+        r.span("backward")
+        r.coll("all_reduce", 676, "", "backward", redop="SUM")
+        r.span("optimizer")
+        r.step += 1
+        r.w.event({"ev": "step", "step": r.step})
+
+
+def test_a_rank_that_skipped_a_batch_and_went_on_is_control_flow_at_that_step(tmp_path: Path) -> None:
+    """Four ranks, eight batches each; rank 3's batch 3 is non-finite and its loop `continue`s (no forward, no
+    backward, no step): its gradient all-reduces pair with the others' next step's, and after its seventh step
+    it reaches the final barrier while the others wait in their eighth all-reduce. It did not run out of data:
+    it fetched a batch and trained on none of it in step 3, which no other rank did."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        if r.rank == 3:
+            _loader_steps(r, 7, skip=3)
+            r.span("data")
+            r.coll("barrier", 0, "", "other", done=False)
+        else:
+            _loader_steps(r, 7)
+            r.span("data")
+            r.span("forward")
+            r.span("backward")
+            r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (3,)
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.SKIPPED_BATCH] == [((3,), 3)]
+    md, _ = run_report(str(tmp_path))
+    assert "rank 3 fetched a batch in step 3 and began no backward on it" in md

@@ -760,6 +760,46 @@ def grad_skipped(f: Facts) -> Finding | None:
     return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (skipped, Evidence(Clue.GRAD_REDUCTION, f.culprits)))
 
 
+def batch_skipped(f: Facts) -> Finding | None:
+    """Each culprit fetched a batch and began no backward before fetching its next one, in a step where none of
+    the ranks left waiting did: a branch of its own skipped that batch's work (a `continue` on a non-finite or
+    empty batch, a loss-spike skip), and from there its collectives paired with the others' next ones. Not a
+    rank whose data ran out: it went on training."""
+    if f.d is None or not f.culprits:
+        return None
+    theirs: set[int] = set()
+    for v in f.victims[:_VICTIMS]:
+        if v in f.run.ranks:
+            theirs.update(_untrained(f.run.ranks[v]))
+    found: list[Evidence] = []
+    for r in f.culprits:
+        steps = [s for s in _untrained(f.run.ranks[r]) if s not in theirs] if r in f.run.ranks else []
+        if not steps:
+            return None
+        found.append(Evidence(Clue.SKIPPED_BATCH, (r,), steps[0]))
+    return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, tuple(found))
+
+
+_SPANS_READ = 20_000  # a rank's last spans looked at for batches it skipped
+
+
+def _untrained(rt: RankTrace) -> list[int]:
+    """The steps in which the rank fetched a batch (a DataLoader next()) and began no backward before its next
+    fetch. None for a rank that never began a backward (no spans, or no training)."""
+    out: list[int] = []
+    pending: int | None = None  # the step of the last fetch with no backward since
+    trained = False
+    for s in sorted(rt.spans.tail(_SPANS_READ), key=lambda s: s.t_issue_ns):
+        if s.op == SpanKind.DATA:
+            if pending is not None:
+                out.append(pending)
+            pending = s.step
+        elif s.op == SpanKind.BACKWARD and pending is not None:
+            trained = True
+            pending = None
+    return out if trained else []
+
+
 def other_call(f: Facts) -> Finding | None:
     """The culprit's record at the divergence came from another line of code, or reduces with another op, than
     the others': another collective, not the same one with other tensors (a rank-only guard, a metric)."""
@@ -1114,7 +1154,7 @@ def control_flow(f: Facts) -> Finding | None:
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
     schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, worker_sync, membership, groups_created_apart, labels_apart, split_sizes, failed, died_unseen, stuck_in_span, no_divergence, stopped_outside,
-    joined, step_skew, skew_before, saved_apart, grad_skipped, recompute, uneven_data, exited_early, unattributed, other_call, grad_changed, same_collective,
+    joined, step_skew, skew_before, saved_apart, grad_skipped, batch_skipped, recompute, uneven_data, exited_early, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip
 

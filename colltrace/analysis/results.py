@@ -64,6 +64,9 @@ class Clue(str, enum.Enum):
     # the culprit's previous call of the same line had the size the others issue now, and it loaded data between
     # the two: the size follows its data (detail: (the size then, the size now))
     DATA_RESIZED = "data_resized"
+    # the culprit fetched a batch and began no backward before its next, in a step the others trained in
+    # (detail: that step)
+    SKIPPED_BATCH = "skipped_batch"
     GRAD_SKIPPED = "grad_skipped"  # the culprit completed the step the others wait in, without that reduction
     EVAL_FORWARD = "eval_forward"  # the culprit ran a forward without gradients / in eval mode (detail: mode)
     REPEATED_MODULE = "repeated_module"  # the culprit gathered a module more often than in its earlier steps

@@ -247,6 +247,9 @@ def evidence_text(e: Evidence) -> str:
         "Join does not shadow (one the loop issues itself, outside the joined modules)",
         Clue.GRAD_SKIPPED: f"{who} completed step {detail} (its backward and optimizer step) without the gradient "
         "reduction the others wait for in that step: it did not run out of data",
+        Clue.SKIPPED_BATCH: f"{who} fetched a batch in step {detail} and began no backward on it before fetching "
+        f"the next, where the others trained on theirs: a branch of {its} own skipped that batch (a `continue`), "
+        f"and from there {its} collectives paired with the others' next ones",
         Clue.EVAL_FORWARD: f"{who} ran a forward without gradients ({detail}: an evaluation pass) in this step, "
         "which the others did not",
         Clue.REPEATED_MODULE: f"{who} gathered {detail} more often in this step than in its previous step",
@@ -711,9 +714,10 @@ def _positional(who: str, d: Detail) -> str:
     if not isinstance(d, Positional):
         return f"{who} issued what none of the ranks at the same place in the mesh's other replicas issued"
     return (
-        f"{ranks_text(d.against)}, at {who}'s place of {group_text(d.label)} in the other replicas, issued something "
-        f"else at this seq, and {ranks_text(d.backing)}, at the other members' place, issued what those members "
-        f"did: {who} left the schedule {ranks_text(d.against)} keep"
+        f"{ranks_text(d.against)}, at {who}'s place of {group_text(d.label)} in the other replicas, issued "
+        f"something else than {who} at this seq, and {ranks_text(d.backing)}, at the other members' place, issued "
+        f"what those members did: {who} left the schedule of {'its' if len(d.against) == 1 else 'their'} place in "
+        "the mesh"
     )
 
 
