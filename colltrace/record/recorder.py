@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from colltrace.record.context import Context, ThreadState
+from colltrace.record.functional import Results
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
 from colltrace.trace.frames import is_library
@@ -105,6 +106,7 @@ class Recorder:
         self._lock = threading.Lock()
         # async Works not yet seen complete -> (idx, flags, [Works of this record still running])
         self.pending: dict[Any, tuple[int, int, list[int] | None]] = {}  # Work -> see watch()
+        self.results = Results(self)  # functional collectives' results not yet waited on
         # blocking calls on CUDA tensors not yet seen done on the device: (event, idx, flags), oldest first
         self.on_stream: deque[tuple[Any, int, int]] = deque()
         self._new_event: Callable[[], Any] | None = None  # torch.cuda.Event, bound at the first such call
@@ -349,13 +351,18 @@ class Recorder:
 
     def returned(self, idx: int, flags: int, anchor: Any, result: Any, t_issue: int) -> None:
         """The call returned: a sync op is done; an async one is done when its Work is seen
-        complete (Work.wait, or the watchdog's poll)."""
+        complete (Work.wait, or the watchdog's poll); a functional one when its result is waited on (Results)."""
         bseq = -1
         if anchor is not None:
             try:
                 bseq = anchor._get_sequence_number_for_group()
             except Exception:
                 self.backend_seq = False
+        if flags & schema.FLAG_FUNCTIONAL:  # done at its result's wait
+            if bseq >= 0:
+                self.writer.set_backend_seq(idx, bseq)
+            self.results.returned(idx, flags, result, t_issue)
+            return
         if flags & schema.FLAG_DEVICE:
             self.on_device(idx, flags, bseq, result, t_issue)
             return
@@ -579,8 +586,8 @@ def describe_group(pg: Any) -> tuple[str, str, tuple[int, ...], str]:
     return name or desc or "?", desc, ranks, backend
 
 
-# calls whose record is done when they return, whatever their tensors: object collectives copy to
-# the host; functional ones complete at the tensor's first use (colltrace/record/functional.py)
+# calls whose record is done by the host, whatever their tensors: object collectives copy to the host and are
+# done at their return; functional ones at their result's wait (colltrace/record/functional.py)
 _HOST_DONE = schema.FLAG_OBJECT | schema.FLAG_FUNCTIONAL
 
 
