@@ -18,6 +18,7 @@ from colltrace.record.context import (
     PHASE_RECOMPUTE,
     THREAD_STATE,
     ThreadState,
+    clean_fqn,
 )
 from colltrace.record.hooks import spanned
 from colltrace.trace.vocab import Role
@@ -235,7 +236,10 @@ _SERVING = """\
 _PREFETCH = """\
     try:
 {thread_state}        phase = PHASE_BACKWARD if {arg1} == "backward" else {forward_phase}
-        serve = ({arg0}._module_fqn or fqn({arg0}), phase, PREFETCH)
+        unit = units.get({arg0})
+        if unit is None or not unit.named:
+            unit = group_unit({arg0})
+        serve = (unit.serves[0][0], phase, PREFETCH)
     except Exception as e:
         failed(e)
         return orig({call})
@@ -319,10 +323,9 @@ _PRE_FORWARD = """\
         unit = units.get(self)
         if unit is None or not unit.named:
             unit = state_unit(self, {module})
-{forward_kind}        if self._training_state is pre_backward:  # activation checkpointing's recompute: FSDP's backward unshard
-            serve = unit.serves[2]
-        else:
-            serve = unit.serves[0] if what is PHASE_FORWARD else unit.serves[1]
+{forward_kind}        # a forward while autograd runs a backward is activation checkpointing's recompute, whatever FSDP's own state
+        # (PRE_BACKWARD where the unit's pre-backward hook ran first: FSDP then unshards only what a reshard undid)
+        serve = unit.serves[0] if what is PHASE_FORWARD else unit.serves[1]
         if ts.labels:
             serve = (serve[0], serve[1], UNSHARD + ":" + ts.labels[-1])
     except Exception as e:
@@ -367,9 +370,10 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
         tracer.warn_once("recording FSDP2 spans failed", exc)
 
     def fqn(group: Any) -> str:
+        """A param group's module FQN as FSDP names it, less wrapper levels (checkpoint_wrapper's around a unit)."""
         name = getattr(group, "_module_fqn", None)
         if name:
-            return str(name)
+            return clean_fqn(str(name)) or "<root>"
         if name == "":
             return "<root>"
         modules = getattr(group, "modules", ())
@@ -382,17 +386,13 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
         return fqn(groups[0]) if groups else ctx.module_name(module)
 
     def state_unit(fsdp_state: Any, module: Any) -> Unit:
-        """fsdp_state's Unit: what its forward unshard serves in a forward, a recompute and FSDP's backward unshard
-        (under activation checkpointing), named for good once FSDP has named its unit (its lazy init)."""
+        """fsdp_state's Unit: what its forward unshard serves in a forward and in a recompute (activation
+        checkpointing), named for good once FSDP has named its unit (its lazy init)."""
         unit = units.get(fsdp_state)
         if unit is None:
             unit = units[fsdp_state] = Unit()
         name = unit_name(fsdp_state, module)
-        unit.serves = (
-            (name, PHASE_FORWARD, UNSHARD),
-            (name, PHASE_RECOMPUTE, UNSHARD),
-            (name, PHASE_BACKWARD, UNSHARD),
-        )
+        unit.serves = ((name, PHASE_FORWARD, UNSHARD), (name, PHASE_RECOMPUTE, UNSHARD))
         groups = getattr(fsdp_state, "_fsdp_param_groups", None)
         unit.named = (getattr(groups[0], "_module_fqn", None) is not None) if groups else ctx.root is not None
         return unit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,7 @@ class Hooks:
         self._wrap_checkpointing()
         self._wrap_data_loading()
         self._wrap_backward(torch.autograd)
+        self._wrap_recompute()
         self._wrap_store_waits()
 
     # -- modules found from the frames: the first root's forwards count micro-steps -----------
@@ -282,6 +284,43 @@ class Hooks:
 
         self.patches.wrap(autograd, "backward", make)
 
+    def _wrap_recompute(self) -> None:
+        """torch.utils.checkpoint's non-reentrant recompute runs inside a _recomputation_hook context, and may stop
+        early by raising out of the recomputed forward, past the forward hooks that end an FSDP2 unit's recompute
+        span: the recompute spans this thread began inside that context and left open end when it exits. (A
+        reentrant recompute always runs to its end; FSDP1's forward span sees the exception: spanned.)"""
+        try:
+            from torch.utils import checkpoint as torch_checkpoint
+
+            hook_cls = torch_checkpoint._recomputation_hook
+            enter, leave = hook_cls.__enter__, hook_cls.__exit__
+        except (ImportError, AttributeError):  # a torch without it: such spans stay open
+            return
+        tracer, get_ident = self.tracer, threading.get_ident
+        opened: dict[int, list[tuple[spans.SpanRecorder, int]]] = {}  # thread -> (its recorder, first idx) per context
+
+        def __enter__(hook: Any) -> Any:
+            sp = tracer.spans
+            if sp is not None:
+                opened.setdefault(get_ident(), []).append((sp, sp.ring.last_idx + 1))
+            return enter(hook)
+
+        def __exit__(hook: Any, *exc: Any) -> Any:
+            try:
+                return leave(hook, *exc)
+            finally:
+                mine = opened.get(get_ident())
+                if mine:
+                    began_in, since = mine.pop()
+                    try:
+                        if tracer.spans is began_in:
+                            began_in.end_open(since, spans.RECOMPUTE)
+                    except Exception as e:
+                        tracer.warn_once("ending recompute spans failed", e)
+
+        self.patches.set(hook_cls, "__enter__", __enter__)
+        self.patches.set(hook_cls, "__exit__", __exit__)
+
     def _wrap_data_loading(self) -> None:
         """Each next() on a DataLoader iterator is a span; StopIteration says the rank ran out of data."""
         try:
@@ -339,8 +378,8 @@ def spanned(
         return fn(*args, **kwargs)
     try:
         result = fn(*args, **kwargs)
-    except BaseException:
-        sp.end(span, error=True)
+    except BaseException as e:
+        sp.end(span, error=not spans.stopped_early(e))  # a recompute's early stop is its end
         raise
     sp.end(span)
     return result

@@ -43,6 +43,8 @@ EVAL = Mode.EVAL.value
 _now = time.monotonic_ns
 _get_ident = threading.get_ident
 _ERROR = schema.FLAG_DONE | schema.FLAG_ERROR
+_TID_TO_OP = schema.run_struct("tid", "op")  # a slot's tid, group and op (end_open)
+_TID_AT = schema.field_offset("tid")
 
 
 # The hot paths of a span, as source for the generated functions that inline them (SpanRecorder.begin and end
@@ -107,6 +109,22 @@ class SpanRecorder:
         {**SPAN_NAMES, "_ERROR": _ERROR},
     )  # fmt: skip
 
+    def end_open(self, since: int, what: str) -> None:
+        """End now the spans of kind `what` that this thread began from idx `since` on and that are still open: a
+        recompute that torch.utils.checkpoint stopped early (non-reentrant: it raises out of the recomputed forward
+        once it has every tensor it needs), whose end no hook of the unit saw. Cold: once per such recompute."""
+        ring = self.ring
+        op, tid = self.writer.intern(what), self._tid()
+        t = 0
+        for idx in range(since, ring.last_idx + 1):
+            w = ring.live_word(idx)
+            if w < 0 or ring.t_done_ns[w]:
+                continue
+            span_tid, _, span_op = _TID_TO_OP.unpack_from(ring.mv, (w << 3) + _TID_AT)
+            if span_tid == tid and span_op == op:
+                t = t or _now()
+                ring.t_done_ns[w] = t
+
     def exhausted(self) -> None:
         self.writer.event({"ev": schema.EV_DATA_EXHAUSTED, "t_ns": time.time_ns(), "step": self.ctx.step})
 
@@ -122,6 +140,12 @@ if {{ctx}}.grad_enabled() and getattr({{module}}, "training", True):
 else:
     mode = forward_mode({{ctx}}.grad_enabled(), {{module}})
 """
+
+
+def stopped_early(exc: BaseException) -> bool:
+    """`exc` is how torch.utils.checkpoint ends a recompute once it has every tensor it needs (non-reentrant,
+    early stop): the recomputed forward ended as it should, not with an error. Its class is private: by name."""
+    return type(exc).__name__ == "_StopRecomputationError"
 
 
 def forward_mode(grad: bool, module: Any) -> str:
