@@ -297,7 +297,7 @@ def _first_of_kind(d: Divergence, streams: dict[int, RankStreams], hab: dict[int
     return tuple(sorted(largest))
 
 
-def for_step(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame:
+def for_step(d: Divergence, streams: dict[int, RankStreams], table: SigTable, run: Run | None = None) -> Blame:
     """The same records, issued at different steps or micro-steps: one rank issued one more (or one fewer)
     before this seq. A minority of the group says who; so does the rank's own count of records in that
     step against its step before (training is periodic); both, agreeing, are high confidence."""
@@ -320,7 +320,9 @@ def for_step(d: Divergence, streams: dict[int, RankStreams], table: SigTable) ->
     else:
         culprits = ()
     if not culprits:
-        return Blame((), visible, Kind.STEP, Confidence.LOW, (Evidence(Clue.UNDECIDED, visible),))
+        return positional(d, streams, table, run) or Blame(
+            (), visible, Kind.STEP, Confidence.LOW, (Evidence(Clue.UNDECIDED, visible),)
+        )
     if changed and set(changed) <= set(culprits):
         evidence.append(Evidence(Clue.COUNT_CHANGED, tuple(sorted(changed))))
     here = {r: streams[r].groups[d.group].progress_at(d.seq) for r in visible if d.group in streams[r].groups}
@@ -351,6 +353,9 @@ def step_count_changed(st: GroupStream | None, seq: int, table: SigTable) -> boo
         return sum(1 for sid in st.sigs[starts[j] : starts[j + 1]] if (s := table[sid]) is not None and s.phase != init)
 
     complete = k + 1 < len(starts) - 1
+    steps = [step for _, step in st.step_starts]
+    if k >= 2 and steps[k] - steps[k - 1] > 1 and all(steps[i] - steps[i - 1] == 1 for i in range(1, k)):
+        return True  # a step with none of its records here, after steps that each had some: it skipped them
     if k == 0:  # the first step: its next one, when that one is complete too
         return complete and k + 2 < len(starts) - 1 and count(0) != count(1)
     now, before = count(k), count(k - 1)
@@ -556,7 +561,7 @@ def _paired_apart(
     return None
 
 
-def misdirected(streams: dict[int, RankStreams]) -> Blame | None:
+def misdirected(streams: dict[int, RankStreams], run: Run | None = None) -> Blame | None:
     """A transfer to or from the wrong peer. A sender that sent one peer a transfer more than that peer
     received from it, and another peer one fewer than that peer waits for; or, the mirror, a receiver that
     waits on one peer for a transfer it never sent while another's waits unreceived. Said only where that
@@ -600,9 +605,36 @@ def misdirected(streams: dict[int, RankStreams]) -> Blame | None:
             found[r] = Evidence(clue, (r,), PeersApart(tuple(sorted(more)), tuple(sorted(fewer))))
     if not found:
         return None
+    if run is not None and len(found) > 1:
+        # one transfer read from both ends (a sender to the wrong peer, a receiver from the wrong source): the
+        # end whose transfers its positional peers (its place in the mesh's other replicas) never made is wrong
+        odd = {r for r, e in found.items() if _unlike_peers(run, streams, r, e)}
+        if odd and odd != set(found):
+            found = {r: found[r] for r in odd}
     wrong = tuple(sorted(found))
     others = tuple(sorted(set(streams) - set(wrong)))
     return Blame(wrong, others, Kind.PEER, Confidence.MEDIUM, tuple(found[r] for r in wrong))
+
+
+def _unlike_peers(run: Run, streams: dict[int, RankStreams], rank: int, e: Evidence) -> bool:
+    """Every peer the rank sent one too many (waited on in vain) has, in every other replica of the mesh, a
+    counterpart that the rank's positional peer never sent to (received from) there. False where the mesh
+    cannot say (no dimension holds the two ranks)."""
+    if not isinstance(e.detail, PeersApart):
+        return False
+    sending = e.clue is Clue.MISDIRECTED
+    for q in e.detail.over:
+        pairs = mesh.counterparts(run, rank, q)
+        if not pairs:
+            return False
+        for mine, theirs in pairs:
+            rs = streams.get(mine)
+            way = f"{mine}->{theirs}" if sending else f"{theirs}->{mine}"
+            if rs is None or any(
+                k.startswith("p2p:") and k.endswith(":" + way) and st.sigs for k, st in rs.groups.items()
+            ):
+                return False  # a peer made that transfer too (or cannot be read): the rank did as its place does
+    return True
 
 
 def _posts_elsewhere(streams: dict[int, RankStreams], peer: int, rank: int, sending: bool) -> bool:

@@ -110,7 +110,7 @@ def diagnose(run: Run) -> Diagnosis:
         if d.kind is Kind.MISSING:  # the ranks that never came wait on the store for those that did
             blame = culprit.store_waiters(blame.culprits, ends, run) or blame
     elif d.kind is Kind.STEP:
-        blame = culprit.for_step(d, streams, table)
+        blame = culprit.for_step(d, streams, table, run)
     elif d.kind is Kind.MEMBERSHIP:
         blame = culprit.for_membership(d, run) or culprit.for_content(d, streams, table, ends, run)
     else:
@@ -142,7 +142,7 @@ def diagnose(run: Run) -> Diagnosis:
         culprits = cycle
         # the sender of a transfer to the wrong peer; a cycle of sends, every rank of it; else the part of the
         # cycle that left its own pattern
-        broke = (culprit.misdirected(streams) or culprit.sending_cycle(cycle, ends)
+        broke = (culprit.misdirected(streams, run) or culprit.sending_cycle(cycle, ends)
                  or culprit.in_cycle(cycle, streams, ends))  # fmt: skip
         if broke is not None:
             blame, culprits = broke, broke.culprits

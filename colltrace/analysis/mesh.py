@@ -17,7 +17,8 @@ from collections import Counter
 from typing import NamedTuple
 
 from colltrace.analysis.results import AtSeq, Divergence, Positional, Relabeled
-from colltrace.analysis.streams import RankStreams, Signature, SigTable
+from colltrace.analysis.streams import GroupStream, RankStreams, Signature, SigTable
+from colltrace.analysis.vocab import Kind
 from colltrace.trace.records import UNNAMED_DESC, GroupInfo, Run
 
 
@@ -29,11 +30,16 @@ class Dimension(NamedTuple):
 
 
 def _groups(run: Run) -> dict[str, GroupInfo]:
-    """Every group some rank knows, as the first rank that knows it has it."""
+    """Every group some rank knows, as the first rank that knows it has it; and the groups the ranks made and
+    never issued in (a mesh's pipeline dimension, whose stages exchange on the world's group), as made."""
     out: dict[str, GroupInfo] = {}
     for _, rt in sorted(run.ranks.items()):
         for name, g in rt.groups.items():
             out.setdefault(name, g)
+    for _, rt in sorted(run.ranks.items()):
+        for c in rt.group_creations:
+            if c.name is not None and c.group_ranks and c.name not in out:
+                out[c.name] = GroupInfo(c.name, c.desc, c.group_ranks)
     return out
 
 
@@ -63,9 +69,28 @@ def peers(dim: Dimension, group: str, rank: int) -> tuple[tuple[str, int], ...]:
     return tuple((name, members[at]) for name, members in dim.groups if name != group)
 
 
+def counterparts(run: Run, rank: int, other: int) -> tuple[tuple[int, int], ...]:
+    """For two ranks of one group of a dimension (the stages of one pipeline replica), the ranks at their two
+    places in every other group of it: (rank's peer, other's peer). () where no dimension holds both."""
+    for g in _groups(run).values():
+        if rank in g.ranks and other in g.ranks and g.label != g.name:
+            dim = dimension(run, g.name)
+            if dim is None:
+                continue
+            i, j = g.ranks.index(rank), g.ranks.index(other)
+            return tuple((m[i], m[j]) for name, m in dim.groups if name != g.name)
+    return ()
+
+
 def _work(sig: Signature) -> tuple[str, str, int, str, str, str, str]:
     """What a collective is, apart from its root or peer (a global rank: each replica's own)."""
     return sig.kind, sig.op, sig.numel, sig.dtype, sig.reduce_op, sig.module, sig.phase
+
+
+def _at(st: GroupStream, seq: int, sig: Signature, step: bool) -> tuple[object, ...]:
+    """What a rank did at a seq of its group, as its peers are compared on: the collective, and at a step
+    divergence (the same records, in other steps) how far it had got, its (step, micro-step)."""
+    return (_work(sig), st.progress_at(seq)) if step else (_work(sig),)
 
 
 def by_peers(
@@ -81,6 +106,7 @@ def by_peers(
     if dim is None:
         return None
     at: dict[int, AtSeq] = {a.rank: a for a in d.at}
+    step = d.kind is Kind.STEP
     agree: list[int] = []
     apart: list[int] = []
     backing: set[int] = set()  # peers that issued what the members that agree issued
@@ -88,15 +114,17 @@ def by_peers(
     for cls in d.classes:
         for r in cls:
             a = at.get(r)
-            if a is None or a.sig is None:
-                return None  # a member that issued nothing there: not a content divergence peers can settle
+            mine = streams[r].groups.get(d.group) if r in streams else None
+            if a is None or a.sig is None or mine is None:
+                return None  # a member that issued nothing there: not a divergence peers can settle
+            own = _at(mine, d.seq, a.sig, step)
             votes = []
             for name, p in peers(dim, d.group, r):
                 st = streams[p].groups.get(name) if p in streams else None
                 sid = st.sig_at(d.seq) if st is not None else 0
                 theirs = table[sid] if sid else None
-                if theirs is not None:
-                    votes.append((p, _work(theirs) == _work(a.sig)))
+                if st is not None and theirs is not None:
+                    votes.append((p, _at(st, d.seq, theirs, step) == own))
             if not votes or len({v for _, v in votes}) > 1:
                 return None  # no peer issued there, or the peers themselves disagree
             (agree if votes[0][1] else apart).append(r)
