@@ -348,6 +348,8 @@ def deadlock(f: Facts) -> Finding | None:
         # no part of the cycle named: its parts paired one group's collectives at other points of their steps
         # from the first on (a sync schedule that differs by rank), which a branch or a setting of its own made
         return Finding(Cause.CONTROL_FLOW, Confidence.LOW, (Evidence(Clue.CYCLE, f.cycle), *apart))
+    if f.culprits and all(f.ends[r].out_of_data and _ran_out(f, r) for r in f.culprits if r in f.ends):
+        return None  # their DataLoaders ran out first: they left the loop for a collective after it (uneven_data)
     line = {r: _same_line(f, r) for r in f.culprits}
     if set(f.culprits) < set(f.cycle) and all(line.values()):
         # the part of the cycle that broke its pattern is blocked in a collective new to it, issued from the

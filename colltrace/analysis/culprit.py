@@ -6,6 +6,7 @@ No rank is a reference. With two ranks a majority cannot decide, so a rank's own
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, NamedTuple
 
 from colltrace.analysis import groups, mesh, states, waitfor
@@ -15,6 +16,7 @@ from colltrace.analysis.results import (
     Confidence,
     Divergence,
     DtypeChange,
+    Entered,
     Evidence,
     InSpan,
     PeersApart,
@@ -532,6 +534,28 @@ def in_cycle(cycle: tuple[int, ...], streams: dict[int, RankStreams], ends: dict
     if kept:
         ev.append(Evidence(Clue.HISTORY_CONSISTENT, tuple(sorted(kept))))
     return Blame(culprits, tuple(r for r in cycle if r not in culprits), Kind.MISSING, Confidence.MEDIUM, tuple(ev))
+
+
+def entered_apart(cycle: tuple[int, ...], ends: dict[int, RankEnd], run: Run) -> Blame | None:
+    """Ranks of the cycle blocked in a group of another label (a mesh dimension) than a strict majority of all
+    the ranks blocked in a collective: those entered the groups in another order than the rest of the job, who
+    wait where they always would (a logging helper on two ranks of eight that all-reduces over dp first). None
+    where no strict majority says so (half the ranks one way, half the other: no order is the odd one)."""
+    labels = run.group_labels()
+    where = {
+        r: labels.get(b.group, b.group) for r, e in ends.items() if (b := e.blocked) is not None and b.kind != "p2p"
+    }
+    if len(where) < 3:
+        return None
+    top = Counter(where.values()).most_common(2)
+    if len(top) < 2 or 2 * top[0][1] <= len(where):
+        return None
+    usual, agree = top[0]
+    odd = tuple(sorted(r for r in cycle if r in where and where[r] != usual))
+    if not odd or len(odd) == len(cycle):
+        return None
+    ev = (Evidence(Clue.CYCLE, cycle), Evidence(Clue.ENTERED_APART, odd, Entered(where[odd[0]], usual, agree)))
+    return Blame(odd, tuple(r for r in cycle if r not in odd), Kind.MISSING, Confidence.MEDIUM, ev)
 
 
 def _paired_apart(

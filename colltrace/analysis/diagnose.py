@@ -143,7 +143,7 @@ def diagnose(run: Run) -> Diagnosis:
         # the sender of a transfer to the wrong peer; a cycle of sends, every rank of it; else the part of the
         # cycle that left its own pattern
         broke = (culprit.misdirected(streams, run) or culprit.sending_cycle(cycle, ends)
-                 or culprit.in_cycle(cycle, streams, ends))  # fmt: skip
+                 or culprit.in_cycle(cycle, streams, ends) or culprit.entered_apart(cycle, ends, run))  # fmt: skip
         if broke is not None:
             blame, culprits = broke, broke.culprits
         victims = tuple(sorted(set(waitfor.waiting_on(wf, cycle)) | set(cycle) - set(culprits)))

@@ -54,6 +54,8 @@ class Clue(str, enum.Enum):
     # the rank issued what none of its positional peers (its place in the mesh's other replicas) issued at the
     # same seq, where its group's other members issued what theirs did (detail: Positional)
     POSITIONAL_PEERS = "positional_peers"
+    # the rank of a cycle is blocked in a group of another dimension than most ranks are (detail: Entered)
+    ENTERED_APART = "entered_apart"
     SAME_MODULE = "same_module"  # the mismatch is on the same module and op: the tensors themselves differ
     RECOMPUTE = "recompute"  # the divergent records are in activation-checkpoint recompute
     DDP_UNREDUCED = "ddp_unreduced"  # DDP raised: parameters got no gradient on the rank (detail: their indices)
@@ -211,6 +213,15 @@ class Positional:
 
 
 @dataclass(frozen=True, slots=True)
+class Entered:
+    """ENTERED_APART: the group label the rank is blocked in, the one most ranks are blocked in, and how many."""
+
+    theirs: str
+    usual: str
+    agree: int
+
+
+@dataclass(frozen=True, slots=True)
 class Relabeled:
     """GROUP_LABEL: the group_desc the rank passed, and the one the other ranks passed in the same call."""
 
@@ -353,7 +364,7 @@ class RankEnd:
 Detail: TypeAlias = (
     str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
     | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | DtypeChange | RankEnd | Handling | ThreadError
-    | SignalCaught | Exit | GroupApart | Positional | Relabeled
+    | SignalCaught | Exit | GroupApart | Positional | Relabeled | Entered
     | None
 )  # fmt: skip
 

@@ -10,6 +10,7 @@ from colltrace.analysis.results import (
     Clue,
     Diagnosis,
     DtypeChange,
+    Entered,
     Evidence,
     GroupApart,
     InSpan,
@@ -316,6 +317,8 @@ def detail_text(e: Evidence) -> str:
         return ",".join((d.group, d.line, *map(str, d.waiting)))
     if isinstance(d, Positional):  # the dimension, the culprits' peers, then ";" and the others' peers
         return ",".join((d.label, *map(str, d.against))) + ";" + ",".join(map(str, d.backing))
+    if isinstance(d, Entered):
+        return f"{d.theirs},{d.usual},{d.agree}"
     if isinstance(d, Relabeled):
         return f"{d.theirs},{d.usual}"
     if e.clue is Clue.CREATION_MAJORITY:

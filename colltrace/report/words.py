@@ -9,6 +9,7 @@ from colltrace.analysis.results import (
     Detail,
     Diagnosis,
     DtypeChange,
+    Entered,
     Evidence,
     GroupApart,
     InSpan,
@@ -230,6 +231,12 @@ def evidence_text(e: Evidence) -> str:
         f"same new_group/split_group call (they asked for ranks {asked_text(d)})",
         Clue.GROUP_LABEL: _group_label(who, d),
         Clue.POSITIONAL_PEERS: _positional(who, d),
+        Clue.ENTERED_APART: (
+            f"{who} {'is' if s else 'are'} blocked in {group_text(d.theirs)} where {d.agree} ranks are blocked in "
+            f"{group_text(d.usual)}: {who} entered the groups in another order than the rest of the job"
+            if isinstance(d, Entered)
+            else f"{who} entered the groups in another order than the rest of the job"
+        ),
         Clue.SAME_MODULE: f"same op on the same module ({detail}) on every rank: the tensors themselves differ",
         Clue.RECOMPUTE: "the divergent collectives are in activation-checkpoint recompute",
         Clue.DDP_UNREDUCED: f"DDP raised on {who}: parameters got no gradient there"
