@@ -121,7 +121,8 @@ def headline(dx: Diagnosis) -> str:
             across = " in point-to-point transfers"
         else:
             across = ""
-        return f"Deadlock{across}: {ranks_text(dx.cycle)} wait on each other{cause}"
+        named = f", {who}" if set(dx.culprits) != set(dx.cycle) else ""  # the cycle is not all to blame
+        return f"Deadlock{across}: {ranks_text(dx.cycle)} wait on each other{named}{cause}"
     where = (
         f" at {group_text(d.label)} {position(d.group, d.seq)} ({d.kind.value})"
         if d is not None and d.seq is not None
