@@ -54,6 +54,10 @@ def test_a_live_hang_names_the_rank_polling_outside_collectives_from_its_stack_a
     assert written["culprit_ranks"] == [0]
     assert (run_dir / "report.md").read_text().startswith("### colltrace: Hang (the job is still running)")
     assert len(pids) == 3
+    # the trace, live/ (heartbeats, the request, the report's lock), the reports, the launcher's lines: the user's
+    shared = [f"{p.relative_to(run_dir)} {oct(p.stat().st_mode & 0o777)}" for p in [run_dir, *run_dir.rglob("*")]
+              if p.stat().st_mode & 0o077]  # fmt: skip
+    assert not shared, shared
 
 
 def test_a_rank_holding_the_gil_in_native_code_is_said_not_to_have_answered(tmp_path: Path) -> None:

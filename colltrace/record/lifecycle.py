@@ -434,10 +434,9 @@ class Watch:
             self.beat_at = now
             try:
                 os.utime(self.beat_path)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(self.beat_path), exist_ok=True)
-                with open(self.beat_path, "w") as f:  # who beats: a reader on this host can see it died
-                    f.write(f"{socket.gethostname()} {os.getpid()}\n")
+            except FileNotFoundError:  # who beats: a reader on this host can see it died
+                self.live.make_dir(os.path.dirname(self.beat_path), self.run_dir)
+                self.live.write_file(self.beat_path, f"{socket.gethostname()} {os.getpid()}\n", self.run_dir)
         try:
             mtime = os.stat(self.request_path).st_mtime_ns
         except OSError:
@@ -470,8 +469,9 @@ class Watch:
         if not self.autoreport or self.reporter:
             return
         try:
+            self.live.make_dir(self.live.live_dir(self.run_dir), self.run_dir)
             fd = os.open(os.path.join(self.live.live_dir(self.run_dir), self.live.REPORT_LOCK),
-                         os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)  # fmt: skip
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY, self.live.modes(self.run_dir)[0])  # fmt: skip
         except OSError:
             return  # another rank writes it
         os.write(fd, str(self.writer.rank).encode())
@@ -507,10 +507,7 @@ class Watch:
             return
         self.said = head
         for name, text in (("report.md", md), ("report.json", js)):
-            path = os.path.join(self.run_dir, name)
-            with open(f"{path}.tmp", "w") as f:
-                f.write(text)
-            os.replace(f"{path}.tmp", path)
+            self.live.write_file(os.path.join(self.run_dir, name), text, self.run_dir)
 
 
 def _recording_run(run: Any, lifecycle: Lifecycle) -> Any:

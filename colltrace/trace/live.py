@@ -35,6 +35,31 @@ def live_dir(run_dir: str) -> str:
     return os.path.join(run_dir, LIVE_DIR)
 
 
+def modes(run_dir: str) -> tuple[int, int]:
+    """(file, folder) modes for what goes into a run directory: the user's alone (0600, 0700), or its group's
+    too where the run directory was made for the group (COLLTRACE_SHARE=group: 0750)."""
+    try:
+        shared = os.stat(run_dir).st_mode & 0o070
+    except OSError:
+        shared = 0
+    return (0o640, 0o750) if shared else (0o600, 0o700)
+
+
+def make_dir(path: str, run_dir: str) -> None:
+    """A folder of the run directory (live/), made with the run directory's privacy."""
+    os.makedirs(path, mode=modes(run_dir)[1], exist_ok=True)
+
+
+def write_file(path: str, text: str, run_dir: str) -> None:
+    """Write a file of the run directory whole (through a temporary file: a reader never sees half of it), with
+    the run directory's privacy whatever the process's umask."""
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, modes(run_dir)[0])
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def heartbeat_path(run_dir: str, rank: int) -> str:
     return os.path.join(live_dir(run_dir), HEARTBEAT_NAME.format(rank=rank))
 
@@ -135,11 +160,8 @@ def request(run_dir: str) -> str | None:
     rid = secrets.token_hex(8)
     path = request_path(run_dir)
     try:
-        os.makedirs(live_dir(run_dir), exist_ok=True)
-        tmp = f"{path}.{rid}"
-        with open(tmp, "w") as f:
-            json.dump({"id": rid, "t_ns": time.time_ns()}, f)
-        os.replace(tmp, path)  # one step: a rank never reads half a request
+        make_dir(live_dir(run_dir), run_dir)
+        write_file(path, json.dumps({"id": rid, "t_ns": time.time_ns()}), run_dir)  # a rank never reads half of one
     except OSError:
         return None
     return rid
