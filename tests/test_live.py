@@ -35,15 +35,17 @@ def _waiting_in_barrier(run_dir: Path, ranks: tuple[int, ...]) -> bool:
 
 def test_a_live_hang_names_the_rank_polling_outside_collectives_from_its_stack_asked_for_now(tmp_path: Path) -> None:
     """Rank 0 polls for a file before a one-off barrier ranks 1-2 wait in; no gloo timeout for minutes. The
-    report, asked while the job hangs, has rank 0's user frame from a stack it wrote on request; the first
-    rank to notice the hang (3 s floor, well past its usual wait) wrote report.md and report.json."""
+    report, asked while the job hangs, has rank 0's user frame from a stack it wrote on request. A rank blocked
+    5 s in the barrier read every rank's trace and saw the stall (the hang floor of 600 s is far off): it wrote
+    report.md, report.json and live/status.json (who waits for whom, and what rank 0 is doing)."""
     run_dir = tmp_path / "run"
-    proc = start_torchrun("live_hang.py", 3, run_dir, COLLTRACE_HANG_FLOOR_S="3", COLLTRACE_AUTOREPORT="1")
+    proc = start_torchrun("live_hang.py", 3, run_dir, COLLTRACE_HANG_FLOOR_S="600", COLLTRACE_AUTOREPORT="1")
     try:
         wait_for("ranks 1-2 in the barrier", lambda: _waiting_in_barrier(run_dir, (1, 2)), timeout=150)
         wait_for("the report written into the run directory", lambda: (run_dir / "report.json").exists(), 90)
         rep = _report(run_dir)
         written = json.loads((run_dir / "report.json").read_text())
+        status = json.loads((run_dir / "live" / "status.json").read_text())
         pids = _pids(run_dir)
     finally:
         kill_group(proc, pids=_pids(run_dir) if run_dir.exists() else ())
@@ -52,7 +54,10 @@ def test_a_live_hang_names_the_rank_polling_outside_collectives_from_its_stack_a
     asked = [st for st in read_run(str(run_dir)).ranks[0].stacks if st.reason == "request"]
     assert asked, "rank 0 answered no request for its stacks"
     assert written["culprit_ranks"] == [0]
-    assert (run_dir / "report.md").read_text().startswith("### colltrace: Hang (the job is still running)")
+    assert (run_dir / "report.md").read_text().startswith("### colltrace: Hang (the job is still running; no progress")
+    assert status["level"] == "stalled" and status["culprit_ranks"] == [0] and status["stalled_s"] >= 5
+    assert sorted(status["waiting"]) == ["1", "2"] and status["waiting"]["1"]["op"] == "barrier"
+    assert "wait_for_upload" in status["waited_for"]["0"]["last_activity"]
     assert len(pids) == 3
     # the trace, live/ (heartbeats, the request, the report's lock), the reports, the launcher's lines: the user's
     shared = [f"{p.relative_to(run_dir)} {oct(p.stat().st_mode & 0o777)}" for p in [run_dir, *run_dir.rglob("*")]
@@ -104,3 +109,25 @@ def test_a_rank_that_renamed_its_process_is_alive_by_its_start_time() -> None:
     assert _alive({**me, "started": started})
     assert not _alive({**me, "started": started - 1})
     assert not _alive(me)  # no start time (an older trace): the command line decides, and it differs
+
+
+def test_a_stall_that_ends_leaves_a_healthy_job_and_no_report(tmp_path: Path) -> None:
+    """Rank 0 saves a checkpoint for 12 s while ranks 1-2 wait in a barrier, then all go on and finish. A rank
+    blocked 5 s saw the stall and wrote its status; when the barrier completed it took back what it wrote: the
+    finished run holds no report.md nor status, and reads healthy (exit 0)."""
+    run_dir = tmp_path / "run"
+    proc = start_torchrun("live_stall.py", 3, run_dir, STALL_S="12", COLLTRACE_AUTOREPORT="1")
+    try:
+        wait_for("the stall's status", lambda: (run_dir / "live" / "status.json").exists(), 150)
+        status = json.loads((run_dir / "live" / "status.json").read_text())
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        kill_group(proc, pids=_pids(run_dir) if run_dir.exists() else ())
+    assert proc.returncode == 0, out
+    assert status["level"] == "stalled" and status["culprit_ranks"] == [0]
+    assert "save_checkpoint" in status["waited_for"]["0"]["frame"]
+    left = sorted(p.name for p in [*run_dir.glob("report.*"), *run_dir.glob("live/status.json")])
+    assert left == []
+    done = subprocess.run([sys.executable, "-m", "colltrace.cli", "report", str(run_dir)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("### colltrace: Healthy"), done.stdout[:300]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import os
 import signal
@@ -110,6 +111,7 @@ class Lifecycle:
         self.ended = True
         self._stop.set()
         if self.watch is not None:
+            self.watch.finished(self.recorder)
             self.watch.gone()
         rec = self.recorder
         try:
@@ -384,9 +386,12 @@ class Lifecycle:
 
 
 HANG_FACTOR = 20.0  # stuck: this many times the longest wait between two progress events the job has shown
+STALL_S = 5.0  # a rank blocked this long in a collective asks whether the job has stalled (reads every rank)
+_STALL_EVERY_S = 30.0  # ... at most this often, and at most _MAX_STALLS times: a job that waits by design
 _MIN_GAPS = 10  # ... once this many of its half-second looks saw progress
 _REPORT_EVERY_S = 30.0  # the written report is made again this often while the hang lasts, if it changed
 _MAX_REPORTS = 5
+_MAX_STALLS = 20
 
 
 class Watch:
@@ -411,6 +416,11 @@ class Watch:
         self.usual = 0.0  # the longest gap between two progress events seen (at the watchdog's resolution)
         self.gaps = 0
         self.reporter = False  # this rank holds the report lock
+        self.wrote = False  # ... and wrote the run's report (and live/status.json), which a stall's end takes back
+        self.stalls = 0  # times it read the run on a stall of its own
+        self.stall = False  # the report it holds the lock for is a stall's (else a hang's)
+        self.reported_last = 0
+        self.stall_at = -_STALL_EVERY_S
         self.reports = 0
         self.reported_at = 0.0
         self.said = ""
@@ -451,8 +461,15 @@ class Watch:
                 self.usual = max(self.usual, (last - self.prev_last) / 1e9)
                 self.gaps += 1
             self.prev_last = last
+            if self.reporter:
+                self.resumed()
         elif self.reporter and self.reports < _MAX_REPORTS and now - self.reported_at >= _REPORT_EVERY_S:
             self.report_aside()  # the hang goes on: has the picture changed (a rank died, another hung)?
+        elif (idle >= STALL_S and self.autoreport and not self.reporter and self.stalls < _MAX_STALLS
+              and now - self.stall_at >= _STALL_EVERY_S and _blocked(rec)):  # fmt: skip
+            self.stalls += 1
+            self.stall_at = now
+            self.hung(stall=True)  # what every rank knows says whether someone waits for someone (_report)
 
     def answer(self, rec: Any, rid: str, idle: float) -> None:
         self.answered = rid
@@ -465,7 +482,10 @@ class Watch:
             return None
         return self.usual if idle >= max(self.floor_s, HANG_FACTOR * self.usual) else None
 
-    def hung(self) -> None:
+    def hung(self, stall: bool = False) -> None:
+        """This rank is blocked (a stall: STALL_S in a collective) or hung (by the job's usual wait): the first
+        rank to take the lock writes the run's report."""
+        self.stall = stall
         if not self.autoreport or self.reporter:
             return
         try:
@@ -477,7 +497,35 @@ class Watch:
         os.write(fd, str(self.writer.rank).encode())
         os.close(fd)
         self.reporter = True
+        self.reported_last = self.prev_last  # its progress when it saw the stall or hang
         self.report_aside()
+
+    def finished(self, rec: Any) -> None:
+        """The rank exits cleanly: a stall or hang it reported that it got past since (it made progress after it:
+        the job went on, and ended before the watchdog's next look) is taken back."""
+        if self.reporter and rec.progress_ns() != self.reported_last:
+            if self.thread is not None:
+                self.thread.join(timeout=10)  # a report being written: taken back once it is
+            self.resumed()
+
+    def resumed(self) -> None:
+        """This rank made progress again: the stall or hang it reported is over. What it wrote is taken back (a
+        job that waited 20 s for a save ends with no report in its directory) and the lock let go."""
+        if self.thread is not None and self.thread.is_alive():
+            return  # its report is being written: taken back on the next progress
+        if self.wrote:
+            for name in ("report.md", "report.json", os.path.join(self.live.LIVE_DIR, self.live.STATUS_NAME)):
+                try:
+                    os.unlink(os.path.join(self.run_dir, name))
+                except OSError:
+                    pass
+        try:
+            os.unlink(os.path.join(self.live.live_dir(self.run_dir), self.live.REPORT_LOCK))
+        except OSError:
+            pass
+        self.reporter = self.wrote = False
+        self.said = ""
+        self.reports = 0
 
     def report_aside(self) -> None:
         """Make the report in a thread of its own: the watchdog goes on taking SIGTERM and answering requests
@@ -501,13 +549,34 @@ class Watch:
         from colltrace.report.build import both_reports
 
         got = self.live.ask(self.run_dir, asking=lambda rid: self.answer(self.rec, rid, self.idle))
-        md, js = both_reports(self.run_dir, got.not_answered if got is not None else ())
-        head = md.splitlines()[0] if md else ""
+        md, js, status = both_reports(self.run_dir, got.not_answered if got is not None else ())
+        if status is None and self.stall and not self.wrote:
+            # nobody waits for anyone in particular (a long collective every member is in): no stall, the lock let go
+            self.reporter = False
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.live.live_dir(self.run_dir), self.live.REPORT_LOCK))
+            return
+        head = md.splitlines()[0].split(" (the job is still running")[0] if md else ""  # not its ticking seconds
         if head == self.said:
             return
         self.said = head
         for name, text in (("report.md", md), ("report.json", js)):
             self.live.write_file(os.path.join(self.run_dir, name), text, self.run_dir)
+        if status is not None:
+            import json
+
+            status["level"] = "stalled" if self.stall else "hung"
+            status_path = os.path.join(self.live.live_dir(self.run_dir), self.live.STATUS_NAME)
+            self.live.write_file(status_path, json.dumps(status, indent=1) + "\n", self.run_dir)
+        self.wrote = True
+
+
+def _blocked(rec: Any) -> bool:
+    """The rank's newest record is a collective still in flight: it waits in it (not computing between two)."""
+    writer = rec.writer
+    idx = writer.last_idx
+    w = writer.live_word(idx) if idx >= 0 else -1
+    return w >= 0 and writer.t_done_ns[w] == 0
 
 
 def _recording_run(run: Any, lifecycle: Lifecycle) -> Any:

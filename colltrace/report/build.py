@@ -7,7 +7,7 @@ from typing import Any
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
 from colltrace.analysis.vocab import Verdict
-from colltrace.report import jsonreport, markdown
+from colltrace.report import jsonreport, markdown, words
 from colltrace.trace.reader import TraceError, read_run
 from colltrace.trace.records import NOT_ENDED, Problem, Run, Unread
 
@@ -33,10 +33,26 @@ def _built(run_dir: str, silent: tuple[int, ...]) -> tuple[Run, Diagnosis, dict[
     return run, dx, jsonreport.build(run, dx)
 
 
-def both_reports(run_dir: str, silent: tuple[int, ...] = ()) -> tuple[str, str]:
-    """The Markdown and the JSON report of one reading of the run (the report written into a hung run)."""
+def both_reports(run_dir: str, silent: tuple[int, ...] = ()) -> tuple[str, str, dict[str, Any] | None]:
+    """The Markdown and the JSON report of one reading of the run (the report written into a hung run), and the
+    live status of a stall (None where no rank is named: nothing waits for anyone in particular)."""
     _, dx, report = _built(run_dir, silent)
-    return markdown.render(report, dx, "culprits"), dumps(report)
+    status = live_status(report, dx) if dx.culprits and dx.verdict is not Verdict.HEALTHY else None
+    return markdown.render(report, dx, "culprits"), dumps(report), status
+
+
+def live_status(report: dict[str, Any], dx: Diagnosis) -> dict[str, Any]:
+    """live/status.json: who waits for whom since when, and what those waited for are doing, for a script to poll
+    (the fields are the JSON report's: docs/report.md)."""
+    ranks = report["ranks"]
+    waiting = {r: {k: b.get(k) for k in ("group_label", "seq", "op", "peer")} | {"since_ns": c.t_issue_ns}
+               for r, e in dx.ranks.items() if r not in dx.culprits and (c := e.blocked) is not None
+               and (b := ranks[str(r)]["blocked_in"]) is not None}  # fmt: skip
+    waited = {r: {"state": ranks[str(r)]["state"], "blocked_in": ranks[str(r)]["blocked_in"],
+                  "last_activity": ranks[str(r)]["last_activity"], "frame": (ranks[str(r)]["stack"] or [None])[-1]}
+              for r in dx.culprits}  # fmt: skip
+    return {"headline": report["headline"], "stalled_s": round(words.stalled_s(dx), 1), "verdict": report["verdict"],
+            "culprit_ranks": report["culprit_ranks"], "cause": report["cause"], "waiting": waiting, "waited_for": waited}  # fmt: skip
 
 
 def run_report(

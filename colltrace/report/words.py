@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from colltrace.analysis import states
 from colltrace.analysis.results import (
     Blind,
@@ -130,8 +132,22 @@ def headline(dx: Diagnosis) -> str:
     )
     if d is not None and d.seq is None:
         where = f" in group {d.label} ({d.kind.value})"
-    live = " (the job is still running)" if any(e.alive for e in dx.ranks.values()) else ""
+    live = ""
+    if any(e.alive for e in dx.ranks.values()):
+        quiet = stalled_s(dx)
+        live = (
+            f" (the job is still running; no progress for {quiet:.0f} s)"
+            if quiet >= 1
+            else " (the job is still running)"
+        )
     return f"{dx.verdict.value.capitalize()}{live}{where}: {who}{cause}"
+
+
+def stalled_s(dx: Diagnosis) -> float:
+    """How long no rank of a live run has issued or completed a collective, until now."""
+    times = [t for e in dx.ranks.values() for c in (e.last, e.blocked) if c is not None
+             for t in (c.t_issue_ns, c.t_done_ns or 0)]  # fmt: skip
+    return max(0.0, (time.time_ns() - max(times)) / 1e9) if times else 0.0
 
 
 def _misdirected(who: str, d: Detail) -> str:

@@ -25,6 +25,7 @@ from colltrace.trace import schema
 LIVE_DIR = "live"
 REQUEST_NAME = "stacks.request"
 HEARTBEAT_NAME = "rank{rank:05d}.alive"
+STATUS_NAME = "status.json"  # a stall's or a hang's live status (report.build.live_status), beside the lock
 REPORT_LOCK = "report.lock"  # the rank that writes the run's report.md/json when a hang is noticed holds it
 HEARTBEAT_S = 2.0  # a rank's watchdog touches its heartbeat this often
 STALE_S = 5 * HEARTBEAT_S  # a heartbeat older than this: the rank is not alive (or its watchdog cannot run)
