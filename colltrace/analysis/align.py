@@ -24,6 +24,9 @@ _FIELD_KINDS = (
 )
 
 
+_CONTENT_KINDS = frozenset({k for _, k in _FIELD_KINDS} | {Kind.TAG})
+
+
 def kind_of(sigs: Sequence[Signature]) -> Kind:
     """The first field, in order of severity, on which the records differ (a transfer's reduce-op field holds
     its tag: streams.py)."""
@@ -302,6 +305,11 @@ def _compare(x: Divergence, y: Divergence, streams: dict[int, RankStreams]) -> i
         return 1
     if y_missing & xi.keys() and not x_missing & yi.keys():
         return -1
+    # no rank orders them (groups of other replicas): ranks that issued different things are where it began,
+    # ranks that never came are blocked elsewhere, downstream of it (a rank waiting on the one that diverged)
+    x_apart, y_apart = x.kind in _CONTENT_KINDS, y.kind in _CONTENT_KINDS
+    if x_apart != y_apart and Kind.MISSING in (x.kind, y.kind):
+        return -1 if x_apart else 1
     return (_time(x, streams) > _time(y, streams)) - (_time(x, streams) < _time(y, streams))
 
 
