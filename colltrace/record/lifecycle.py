@@ -59,11 +59,13 @@ class Lifecycle:
         self._prev_excepthook: Any = None
         self._prev_threadhook: Any = None
 
-    def start(self, recorder: Any, hang_s: float, hang_floor_s: float = 0.0, autoreport: bool = False) -> None:
+    def start(
+        self, recorder: Any, hang_s: float, hang_floor_s: float = 0.0, autoreport: bool = False, world: int = 0
+    ) -> None:
         self.recorder = recorder
         self.hang_s = hang_s
         try:
-            self.watch = Watch(recorder.writer, hang_floor_s, autoreport)
+            self.watch = Watch(recorder.writer, hang_floor_s, autoreport, stalls=world <= STALL_WORLD_MAX)
         except Exception as e:  # the live extras step aside; the end records below must be set up
             recorder.warn_once("the live watchdog could not start", e)
         atexit.register(self.footer)
@@ -388,6 +390,9 @@ class Lifecycle:
 HANG_FACTOR = 20.0  # stuck: this many times the longest wait between two progress events the job has shown
 STALL_S = 5.0  # a rank blocked this long in a collective asks whether the job has stalled (reads every rank)
 _STALL_EVERY_S = 30.0  # ... at most this often, and at most _MAX_STALLS times: a job that waits by design
+# ... in a world of at most this many ranks: reading a bigger one costs a training process seconds and its memory
+# (docs/evaluation.md), so there only a hang (the usual wait's multiple) reads it, once
+STALL_WORLD_MAX = 256
 _MIN_GAPS = 10  # ... once this many of its half-second looks saw progress
 _REPORT_EVERY_S = 30.0  # the written report is made again this often while the hang lasts, if it changed
 _MAX_REPORTS = 5
@@ -399,7 +404,7 @@ class Watch:
     learn the job's usual wait between progress events (issues and completions) to call a hang in seconds,
     and, on the rank that takes the lock first, write report.md and report.json into the run directory."""
 
-    def __init__(self, writer: Any, floor_s: float, autoreport: bool) -> None:
+    def __init__(self, writer: Any, floor_s: float, autoreport: bool, stalls: bool = True) -> None:
         from colltrace.trace import live
 
         self.live = live
@@ -417,7 +422,7 @@ class Watch:
         self.gaps = 0
         self.reporter = False  # this rank holds the report lock
         self.wrote = False  # ... and wrote the run's report (and live/status.json), which a stall's end takes back
-        self.stalls = 0  # times it read the run on a stall of its own
+        self.stalls = 0 if stalls else _MAX_STALLS  # times it read the run on a stall of its own
         self.stall = False  # the report it holds the lock for is a stall's (else a hang's)
         self.reported_last = 0
         self.stall_at = -_STALL_EVERY_S

@@ -151,7 +151,7 @@ class Tracer:
                 rec.spans = SpanRecorder(writer, self.ctx, rec._tid)
             rec.arm_wait = self.shim.patch_work_wait
             self.start(rec)
-            self.lifecycle.start(rec, cfg.hang_s, cfg.hang_floor_s, cfg.autoreport)
+            self.lifecycle.start(rec, cfg.hang_s, cfg.hang_floor_s, cfg.autoreport, header["world_size"])
             if os.environ.get("COLLTRACE_QUIET") != "1" and rank == 0:
                 say(f"tracing {header['world_size']} ranks into {run_dir}")
 
