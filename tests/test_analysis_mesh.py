@@ -89,6 +89,7 @@ def test_a_two_member_tp_group_is_decided_by_the_ranks_at_the_same_place_of_the_
     assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
     ev = [e for e in dx.finding.evidence if e.clue is Clue.POSITIONAL_PEERS]
     assert [(e.ranks, e.detail) for e in ev] == [((1,), Positional("mesh_tp", (3,), (2,)))]
+    assert (dx.blame_rule, dx.finding.rule) == ("positional", "control_flow")
     md, _ = run_report(str(tmp_path))
     assert "rank 3, at rank 1's place of mesh_tp in the other replicas, issued something else than rank 1" in md
 
@@ -130,6 +131,7 @@ def test_a_rank_that_named_the_mesh_dimensions_the_other_way_round_is_the_culpri
     assert dx.finding is not None
     assert (dx.finding.cause, dx.finding.confidence) == (Cause.GROUP_MISCONFIG, Confidence.HIGH)
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.GROUP_LABEL] == [(3,)]
+    assert (dx.blame_rule, dx.finding.rule) == ("relabeled", "labels_apart")
     assert dx.verdict is not Verdict.HEALTHY
     md, _ = run_report(str(tmp_path))
     assert "rank 3 created the group as `mesh_tp` where every other rank's same new_group/split_group call" in md

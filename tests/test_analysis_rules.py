@@ -506,6 +506,18 @@ def test_the_cause_rules_are_listed_in_the_docs_in_their_order() -> None:
     assert listed == [rule.__name__ for rule in causes.RULES]
 
 
+def test_the_blame_rules_are_listed_in_the_docs() -> None:
+    """docs/report.md's list of blame rules names every function that may decide the culprits, and the rules
+    diagnose() decides itself."""
+    from colltrace.analysis import culprit
+    from colltrace.analysis.diagnose import INLINE_RULES
+
+    text = DOCS.read_text()
+    block = text[text.index("<!-- blame rules -->") : text.index("<!-- /blame rules -->")]
+    listed = re.findall(r"^ *- `(\w+)`", block, flags=re.M)
+    assert sorted(listed) == sorted([*culprit.BLAME_RULES, *INLINE_RULES])
+
+
 def _short_run(tmp_path: Path, late_ns: int, every: int) -> list:  # type: ignore[type-arg]
     """Three ranks, 15 one-collective steps of about 10 ms; rank 2 comes `late_ns` late to every
     `every`-th collective."""

@@ -1169,9 +1169,9 @@ def find(f: Facts) -> Finding:
             died = died_in_divergence(f)
             if died:  # said, so that the error the report shows is not taken for the cause
                 ev = Evidence(Clue.FAILED_IN_IT, died, f.ends[died[0]].error_type)
-                return Finding(got.cause, got.confidence, (*got.evidence, ev))
-            return got
-    return Finding(Cause.UNKNOWN, Confidence.LOW, ())
+                return Finding(got.cause, got.confidence, (*got.evidence, ev), rule.__name__)
+            return Finding(got.cause, got.confidence, got.evidence, rule.__name__)
+    return Finding(Cause.UNKNOWN, Confidence.LOW, (), "")
 
 
 def _grad(f: Facts) -> bool:

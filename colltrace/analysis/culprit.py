@@ -6,8 +6,10 @@ No rank is a reference. With two ranks a majority cannot decide, so a rank's own
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from colltrace.analysis import groups, mesh, states, waitfor
 from colltrace.analysis.history import Habit, periodic, precedent, starts_step
@@ -40,6 +42,24 @@ class Blame(NamedTuple):
     kind: Kind  # the divergence kind, MISSING turned into EXTRA when the issuers are the culprits
     confidence: Confidence
     evidence: tuple[Evidence, ...]
+    rule: str = ""  # the blame rule that decided it (BLAME_RULES; docs/report.md lists them)
+
+
+BLAME_RULES: list[str] = []  # every blame rule's name, in the order defined (a test holds docs/report.md to it)
+_B = TypeVar("_B", bound=Callable[..., "Blame | None"])
+
+
+def blame_rule(fn: _B) -> _B:
+    """A function that may decide who is to blame: the blame it returns names it, unless a rule it asked decided
+    (for_content's undecided ranks settled by their positional peers name `positional`)."""
+    BLAME_RULES.append(fn.__name__.lstrip("_"))
+
+    @functools.wraps(fn)
+    def named(*args: Any, **kwargs: Any) -> Blame | None:
+        got = fn(*args, **kwargs)
+        return got._replace(rule=fn.__name__.lstrip("_")) if got is not None and not got.rule else got
+
+    return named  # type: ignore[return-value]
 
 
 def habits(d: Divergence, streams: dict[int, RankStreams], table: SigTable, run: Run | None = None) -> dict[int, Habit]:
@@ -97,6 +117,7 @@ def _in_store(e: RankEnd | None) -> bool:
     return e is not None and e.blocked is None and e.open_span is not None and e.open_span.op == SpanKind.STORE
 
 
+@blame_rule
 def store_waiters(waiting: tuple[int, ...], ends: dict[int, RankEnd], run: Run) -> Blame | None:
     """The ranks named for not coming each wait on the c10d store (Store.wait/get) for a key, since before any
     other rank entered the collective it waits in, or finished: they waited first, for the others, who went on
@@ -134,6 +155,7 @@ def _others(ranks: tuple[int, ...], culprits: tuple[int, ...]) -> tuple[int, ...
     return tuple(r for r in ranks if r not in culprits)
 
 
+@blame_rule
 def for_content(
     d: Divergence, streams: dict[int, RankStreams], table: SigTable, ends: dict[int, RankEnd], run: Run | None = None
 ) -> Blame:
@@ -190,6 +212,7 @@ def for_content(
     return Blame(culprits, _others(tuple(sorted(visible)), culprits), d.kind, confidence, tuple(evidence))
 
 
+@blame_rule
 def positional(d: Divergence, streams: dict[int, RankStreams], table: SigTable, run: Run | None) -> Blame | None:
     """Members the group cannot tell apart by itself (two, no history): the one that issued what its positional
     peers (its place of the mesh in the other replicas: mesh.py) issued at the same seq is right, the others not."""
@@ -207,6 +230,7 @@ _SAMPLE = 8  # ranks of a class looked at: the ranks of one class issued alike
 _ROUTINE = 2
 
 
+@blame_rule
 def new_call(d: Divergence, streams: dict[int, RankStreams], run: Run | None) -> Blame | None:
     """Ranks that neither history at this point of the step nor a majority tells apart (a step whose start
     held one-off calls shifts every position of it on every rank): the side whose record came from a line of
@@ -299,6 +323,7 @@ def _first_of_kind(d: Divergence, streams: dict[int, RankStreams], hab: dict[int
     return tuple(sorted(largest))
 
 
+@blame_rule
 def for_step(d: Divergence, streams: dict[int, RankStreams], table: SigTable, run: Run | None = None) -> Blame:
     """The same records, issued at different steps or micro-steps: one rank issued one more (or one fewer)
     before this seq. A minority of the group says who; so does the rank's own count of records in that
@@ -364,6 +389,7 @@ def step_count_changed(st: GroupStream | None, seq: int, table: SigTable) -> boo
     return now != before and (complete or now > before)
 
 
+@blame_rule
 def for_missing(
     d: Divergence, streams: dict[int, RankStreams], table: SigTable, ends: dict[int, RankEnd], wf: WaitFor
 ) -> Blame:
@@ -475,6 +501,7 @@ def left_early(
     return tuple(out)
 
 
+@blame_rule
 def for_membership(d: Divergence, run: Run) -> Blame | None:
     """Ranks disagree on who is in a group: the majority of every rank's same new_group/split_group call
     (members and non-members alike take part in it) says whose view is wrong. None when it cannot."""
@@ -488,6 +515,7 @@ def for_membership(d: Divergence, run: Run) -> Blame | None:
     return Blame(odd, victims, Kind.MEMBERSHIP, Confidence.HIGH, evidence)
 
 
+@blame_rule
 def sending_cycle(cycle: tuple[int, ...], ends: dict[int, RankEnd]) -> Blame | None:
     """Every rank of the cycle is blocked in a send to another rank of it (gloo's send waits for its
     receive): each has its data ready and offers it, none withholds what another waits for; what is missing
@@ -508,6 +536,7 @@ def sending_cycle(cycle: tuple[int, ...], ends: dict[int, RankEnd]) -> Blame | N
     return Blame(cycle, (), Kind.MISSING, Confidence.MEDIUM, ev)
 
 
+@blame_rule
 def in_cycle(cycle: tuple[int, ...], streams: dict[int, RankStreams], ends: dict[int, RankEnd]) -> Blame | None:
     """Ranks that wait on each other across groups or p2p pairs: those whose collective they stopped in is
     not what they issued at that point of their step before (across all their groups and pairs: a send to
@@ -536,6 +565,7 @@ def in_cycle(cycle: tuple[int, ...], streams: dict[int, RankStreams], ends: dict
     return Blame(culprits, tuple(r for r in cycle if r not in culprits), Kind.MISSING, Confidence.MEDIUM, tuple(ev))
 
 
+@blame_rule
 def entered_apart(cycle: tuple[int, ...], ends: dict[int, RankEnd], run: Run) -> Blame | None:
     """Ranks of the cycle blocked in a group of another label (a mesh dimension) than a strict majority of all
     the ranks blocked in a collective: those entered the groups in another order than the rest of the job, who
@@ -585,6 +615,7 @@ def _paired_apart(
     return None
 
 
+@blame_rule
 def misdirected(streams: dict[int, RankStreams], run: Run | None = None) -> Blame | None:
     """A transfer to or from the wrong peer. A sender that sent one peer a transfer more than that peer
     received from it, and another peer one fewer than that peer waits for; or, the mirror, a receiver that
@@ -714,6 +745,7 @@ def _reach(wf: WaitFor, r: int) -> set[int]:
     return waitfor.reach(wf.graph, (r,)) - {r}
 
 
+@blame_rule
 def in_every_pair(d: Divergence, found: list[Divergence]) -> Blame | None:
     """Transfers disagree on several pairs and one rank is an end of every pair that disagrees: that rank
     (it swapped its neighbours, or sends and receives another size than every peer of it); the others'
@@ -731,6 +763,7 @@ def in_every_pair(d: Divergence, found: list[Divergence]) -> Blame | None:
     return Blame((who,), others, d.kind, Confidence.MEDIUM, (Evidence(Clue.EVERY_PAIR, (who,), every),))
 
 
+@blame_rule
 def dtype_changed(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame | None:
     """The ranks disagree on a dtype and their whole records' history leaves them undecided (the sizes of a
     transfer or a gather follow the data, so every end issued another size than at this point of its step
@@ -762,6 +795,7 @@ def dtype_changed(d: Divergence, streams: dict[int, RankStreams], table: SigTabl
     return Blame(who, tuple(kept), d.kind, Confidence.MEDIUM, (ev,))
 
 
+@blame_rule
 def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame | None:
     """The two ends of a transfer disagree on its size (or dtype, or tag), with no earlier step to compare
     with: the end that sends (or receives) one it never sent (or received) before, on any pair, against the

@@ -25,6 +25,8 @@ from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.records import NOT_ENDED, RankState, Run
 from colltrace.trace.vocab import SpanKind
 
+# blame rules decided here in diagnose() (the others are culprit.blame_rule functions): docs/report.md lists all
+INLINE_RULES = ("split_sizes", "cycle", "schedules", "straggler")
 _CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.TAG, Kind.PEER, Kind.MODULE, Kind.PHASE,
                       Kind.STEP})  # fmt: skip
 
@@ -130,7 +132,7 @@ def diagnose(run: Run) -> Diagnosis:
         others = tuple(r for r in members if r not in who)
         ev = (Evidence(Clue.SPLITS, who, peers), *blame.evidence)
         sure = Confidence.HIGH if certain and set(who) <= set(blame.culprits) else Confidence.MEDIUM
-        blame = culprit.Blame(who, others, Kind.NUMEL, sure, ev)
+        blame = culprit.Blame(who, others, Kind.NUMEL, sure, ev, "split_sizes")
         at = tuple(align.at_seq(streams, r, group, seq, table) for r in members)
         d = Divergence(group, align.label(run, group), members, seq, Kind.NUMEL, at, (who, others))
     if d is not None and blame.kind is not d.kind:
@@ -146,6 +148,8 @@ def diagnose(run: Run) -> Diagnosis:
                  or culprit.in_cycle(cycle, streams, ends) or culprit.entered_apart(cycle, ends, run))  # fmt: skip
         if broke is not None:
             blame, culprits = broke, broke.culprits
+        else:
+            blame = blame._replace(rule="cycle")  # no part of it singled out: the whole cycle
         victims = tuple(sorted(set(waitfor.waiting_on(wf, cycle)) | set(cycle) - set(culprits)))
     else:
         cycle = None
@@ -158,7 +162,7 @@ def diagnose(run: Run) -> Diagnosis:
             victims = tuple(sorted((set(victims) | set(culprits)) - set(odd.ranks)))
             culprits = odd.ranks
             kept = tuple(e for e in blame.evidence if e.clue not in (Clue.MISDIRECTED, Clue.WRONG_SOURCE))
-            blame = culprit.Blame(culprits, victims, blame.kind, Confidence.HIGH, (built, *kept))
+            blame = culprit.Blame(culprits, victims, blame.kind, Confidence.HIGH, (built, *kept), "schedules")
         else:
             blame = blame._replace(evidence=(built, *blame.evidence))
     if culprits:  # a rank whose error says it waited for or lost a peer (in new_group too: no record) is one
@@ -182,8 +186,9 @@ def diagnose(run: Run) -> Diagnosis:
         sure = _confidence(blame.confidence, f.confidence)
         if any(run.ranks[c].ring_cut for c in culprits if c in run.ranks):
             sure = Confidence.LOW  # a culprit whose ring file was cut: what it did last is not all there
-        finding = Finding(f.cause, sure, evidence)
+        finding = Finding(f.cause, sure, evidence, f.rule)
         if verdict is Verdict.HEALTHY and f.cause is Cause.STRAGGLER and slow is not None:
+            blame = blame._replace(rule="straggler")  # timing's: the rank the others waited for
             culprits = (slow.rank,)
             victims = tuple(r for r in sorted(ends) if r != slow.rank)
     return Diagnosis(
@@ -199,6 +204,7 @@ def diagnose(run: Run) -> Diagnosis:
         timing=tm,
         call_sites=call_sites(run, d),
         window=window,
+        blame_rule=blame.rule if verdict is not Verdict.HEALTHY or culprits else "",
     )
 
 
@@ -273,6 +279,7 @@ def context(
     return tuple(rows)
 
 
+@culprit.blame_rule
 def _created_apart(run: Run, blame: culprit.Blame, ends: dict[int, RankEnd]) -> culprit.Blame:
     """Every rank takes part in every new_group/split_group call: ranks whose call asked for other members
     than the majority's built the groups the others then wait in wrong, wherever the wait-for graph ends
@@ -286,6 +293,7 @@ def _created_apart(run: Run, blame: culprit.Blame, ends: dict[int, RankEnd]) -> 
     return culprit.Blame(odd, others, blame.kind, Confidence.MEDIUM, (Evidence(Clue.GROUP_CREATE, odd),))
 
 
+@culprit.blame_rule
 def _relabeled(run: Run, d: Divergence | None, blame: culprit.Blame) -> culprit.Blame:
     """Ranks that named a group otherwise than every other rank's same creation call (mesh.relabeled), where the
     divergence is in a group of theirs: they use it as another dimension than its other members do."""
@@ -320,6 +328,7 @@ def _named_ranks(e: RankEnd, ranks: set[int], pattern: re.Pattern[str] = _FAILED
     return tuple(sorted(named)) if named and named < ranks else ()
 
 
+@culprit.blame_rule
 def _missed_barrier(ends: dict[int, RankEnd]) -> culprit.Blame | None:
     """A rank's monitored_barrier raised naming the ranks that never passed it in time: those ranks (the
     barrier's own check of who waited for whom), the others victims."""
@@ -338,6 +347,7 @@ def _missed_barrier(ends: dict[int, RankEnd]) -> culprit.Blame | None:
     return culprit.Blame(who, tuple(r for r in sorted(ends) if r not in named), Kind.MISSING, Confidence.MEDIUM, ev)
 
 
+@culprit.blame_rule
 def _refused_calls(ends: dict[int, RankEnd]) -> culprit.Blame | None:
     """Every collective matched and no rank died outside one: the ranks whose call raised an error of its own
     in Python (an argument check such as gather_object's `gather_list` on a non-destination rank), each
@@ -359,6 +369,7 @@ def _refused_calls(ends: dict[int, RankEnd]) -> culprit.Blame | None:
 ARRIVAL_MARGIN_NS = 1_000_000_000  # beyond any clock error between hosts
 
 
+@culprit.blame_rule
 def _arrived_after(ends: dict[int, RankEnd], run: Run) -> culprit.Blame | None:
     """Every collective matched, yet ranks failed in one: those that issued it only after every other rank
     blocked in it had failed there (timed out waiting) are the ranks the others waited for, however they
@@ -435,6 +446,7 @@ def _spent_in(run: Run, rank: int, since_ns: int, until_ns: int) -> InSpan | Non
     return InSpan(best.op, took, best.module, best.flavour)
 
 
+@culprit.blame_rule
 def _no_divergence(ends: dict[int, RankEnd], slow: timing.Straggler | None, run: Run) -> culprit.Blame:
     """Every collective matched: a rank that died or stopped on its own is still to blame."""
     dead = tuple(r for r, e in ends.items() if states.self_failed(e) or states.died_unseen(e))

@@ -374,6 +374,7 @@ class Finding:
     cause: Cause
     confidence: Confidence
     evidence: tuple[Evidence, ...]
+    rule: str = ""  # the cause rule that named it (causes.RULES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,3 +400,4 @@ class Diagnosis:
     # where the divergent collective was issued: (ranks, "file:line in func") per class of ranks that issued it
     call_sites: tuple[tuple[tuple[int, ...], str], ...] = ()
     window: int | None = None  # the last records per rank the alignment read (None: all the trace holds)
+    blame_rule: str = ""  # the blame rule that named the culprits (culprit.BLAME_RULES), "" when healthy

@@ -362,6 +362,10 @@ def _head(report: dict[str, Any], dx: Diagnosis) -> list[str]:
             out += ["Evidence:", *[f"- {plain(e['text'])}" for e in cause["evidence"]], ""]
         if cause["check"] and report["verdict"] != "healthy" or cause and cause["id"] == "straggler":
             out += [f"What to check: {plain(cause['check'])}.", ""]
+    rules = report["rules"]
+    named = [f"{what} rule `{rules[key]}`" for key, what in (("blame", "culprit"), ("cause", "cause")) if rules[key]]
+    if named:
+        out += [f"Decided by: {', '.join(named)} (docs/report.md).", ""]
     return out
 
 
