@@ -2637,3 +2637,20 @@ def test_a_rank_that_skipped_a_batch_and_went_on_is_control_flow_at_that_step(tm
     assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.SKIPPED_BATCH] == [((3,), 3)]
     md, _ = run_report(str(tmp_path))
     assert "rank 3 fetched a batch in step 3 and began no backward on it" in md
+
+
+def test_ranks_sigkilled_together_while_the_others_ran_on_are_all_culprits(tmp_path: Path) -> None:
+    """An agent and its two workers SIGKILLed (a node lost) while ranks 0-1 still run: rank 2 was computing,
+    rank 3 already waited in the all-reduce for it. Rank 3 is no victim of rank 2: both died in one event. Read
+    while ranks 0-1 wait (their records in flight, no end of their own)."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        for _ in range(4):
+            r.coll("all_reduce", 64, "", "backward", redop="SUM")
+        if r.rank != 2:
+            r.coll("all_reduce", 64, "", "backward", redop="SUM", done=False)
+    for r in (0, 1):
+        rs[r].signal("SIGTERM")  # torchrun's, once the job was given up on: they lived on after ranks 2-3
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (2, 3) and dx.victims == (0, 1)
+    assert dx.blame_rule == "killed_together"

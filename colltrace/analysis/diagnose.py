@@ -123,6 +123,7 @@ def diagnose(run: Run) -> Diagnosis:
     if d is not None and d.kind in (Kind.MISSING, Kind.EXTRA) and not wf.cycle:
         blame = _created_apart(run, blame, ends)  # a run that matched throughout names no one for it
     blame = _relabeled(run, d, blame)
+    blame = _killed_together(blame, ends)
     split = None
     if d is None or d.kind is Kind.MISSING:  # a run that matched throughout: its all-to-alls' pairs still must
         split = splits.suspects(run, streams, ends, blame.culprits, table if d is None else None)
@@ -304,6 +305,23 @@ def _relabeled(run: Run, d: Divergence | None, blame: culprit.Blame) -> culprit.
     victims = tuple(r for r in d.group_ranks if r not in odd)
     ev = tuple(Evidence(Clue.GROUP_LABEL, (r,), odd[r]) for r in culprits)
     return culprit.Blame(culprits, victims, blame.kind, Confidence.HIGH, ev)
+
+
+@culprit.blame_rule
+def _killed_together(blame: culprit.Blame, ends: dict[int, RankEnd]) -> culprit.Blame:
+    """Culprits SIGKILLed (killed, no end record, no signal seen) while other ranks lived on, and ranks of their hosts
+    killed so too: one event (a node, or an agent and its workers, lost), whatever each was doing. A rank killed while it waited in a
+    collective for another killed one is no victim of it: it is as dead."""
+    killed = {r for r, e in ends.items() if e.state is RankState.KILLED and not e.signal}
+    if not blame.culprits or not set(blame.culprits) <= killed or killed == set(ends):
+        return blame  # every rank SIGKILLed (a scheduler's kill after a hang): no one died before the others
+    hosts = {ends[r].host for r in blame.culprits}
+    more = {r for r in killed - set(blame.culprits) if ends[r].host in hosts}
+    if not more:
+        return blame
+    culprits = tuple(sorted(set(blame.culprits) | more))
+    victims = tuple(r for r in blame.victims if r not in more)
+    return blame._replace(culprits=culprits, victims=victims, rule="")
 
 
 def _confidence(a: Confidence, b: Confidence) -> Confidence:
