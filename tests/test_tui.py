@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -494,14 +495,15 @@ def test_a_live_runs_ticking_clock_redraws_only_the_ago_lines() -> None:
 
 def test_a_rank_blocked_in_a_tensor_parallel_all_reduce_shows_it_in_flight() -> None:
     """tp_plan_slip: ranks 1 and 3 wait at the first use of a tensor-parallel all-reduce's output (DTensor's
-    functional collective) for the rest of the run: their collective lanes hold that all-reduce (A) from the
-    first moment to the last, as rank 2's holds its scatter (c), not a forward that never ends."""
+    functional collective) until gloo's timeout: their collective lanes end with that all-reduce (A) held over
+    most of the run, as rank 2's with its scatter (c), not with a forward that never ends."""
 
     async def script(app: tui.CollTraceApp, pilot: Any) -> None:
         await pilot.press("2")
         text = lines(app, 9)
         for row, letter in ((4, "A"), (6, "c"), (8, "A")):
             lane = text[row][14:].rstrip()
-            assert lane[0] == letter and set(lane[1:]) == {"─"}, (row, text[row])
+            held = re.search(letter + "(─+)$", lane)
+            assert held is not None and len(held.group(1)) > len(lane) / 2, (row, text[row])
 
     drive(FIXTURES / "tp_plan_slip", script)

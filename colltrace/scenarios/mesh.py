@@ -46,6 +46,18 @@ def _mlp(blocks: int) -> nn.Module:
     return Mlp()
 
 
+def _mesh(job: Job, names: tuple[str, str]) -> DeviceMesh:
+    """The 2 x 2 mesh, its groups with the job's gloo timeout: DeviceMesh makes them with torch's default (30
+    minutes), not the world group's, so a hung mesh job would wait for the launcher's deadline."""
+    import datetime
+
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed.device_mesh import init_device_mesh
+
+    c10d.default_pg_timeout = datetime.timedelta(seconds=job.gloo_timeout_s)
+    return init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+
+
 def _fsdp_tp(job: Job, mesh: DeviceMesh, planned: range) -> tuple[nn.Module, object]:
     """The model tensor-parallel over mesh["tp"] for the blocks in `planned`, then fully_shard over mesh["dp"]."""
     import torch
@@ -97,10 +109,8 @@ def tp_plan_slip(job: Job) -> None:
     which is wrong by itself. Right diagnosis: divergence on the culprit's tp group, culprit that rank
     (decided by its positional peers), cause control_flow.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-
     job.init()
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh = _mesh(job, ("dp", "tp"))
     planned = range(1) if job.rank == job.culprit else range(BLOCKS)  # the bug: blocks.1 left out
     model, opt = _fsdp_tp(job, mesh, planned)
     _train(job, model, opt)
@@ -126,10 +136,8 @@ def mesh_names(job: Job) -> None:
     dimension. Right diagnosis: divergence on the group the culprit calls mesh_tp and its member mesh_dp, at
     its first collective; culprit the rank that named it otherwise, cause group_misconfig.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-
     job.init()
     names = ("tp", "dp") if job.rank == job.culprit else ("dp", "tp")  # the bug: the names the other way round
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+    mesh = _mesh(job, names)
     model, opt = _fsdp_tp(job, mesh, range(BLOCKS))
     _train(job, model, opt)
