@@ -24,7 +24,8 @@ _FIELD_KINDS = (
 )
 
 
-_CONTENT_KINDS = frozenset({k for _, k in _FIELD_KINDS} | {Kind.TAG})
+# the kinds where ranks issued different records at one seq (a step divergence: the same, in other steps)
+CONTENT = frozenset({k for _, k in _FIELD_KINDS} | {Kind.TAG})
 
 
 def kind_of(sigs: Sequence[Signature]) -> Kind:
@@ -307,7 +308,7 @@ def _compare(x: Divergence, y: Divergence, streams: dict[int, RankStreams]) -> i
         return -1
     # no rank orders them (groups of other replicas): ranks that issued different things are where it began,
     # ranks that never came are blocked elsewhere, downstream of it (a rank waiting on the one that diverged)
-    x_apart, y_apart = x.kind in _CONTENT_KINDS, y.kind in _CONTENT_KINDS
+    x_apart, y_apart = x.kind in CONTENT, y.kind in CONTENT
     if x_apart != y_apart and Kind.MISSING in (x.kind, y.kind):
         return -1 if x_apart else 1
     return (_time(x, streams) > _time(y, streams)) - (_time(x, streams) < _time(y, streams))

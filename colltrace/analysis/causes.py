@@ -451,8 +451,8 @@ def groups_created_apart(f: Facts) -> Finding | None:
 def labels_apart(f: Facts) -> Finding | None:
     """Ranks that named a group of the divergent one's members otherwise than every other rank did (mesh.relabeled):
     a mesh built with its dimension names in another order."""
-    odd = mesh.relabeled(f.run) if f.d is not None else {}
-    if f.d is None or not set(odd) & set(f.d.group_ranks):
+    odd = mesh.relabeled_in(f.run, f.d.group_ranks) if f.d is not None else {}
+    if not odd:
         return None
     return Finding(
         Cause.GROUP_MISCONFIG, Confidence.HIGH, tuple(Evidence(Clue.GROUP_LABEL, (r,), odd[r]) for r in sorted(odd))

@@ -52,12 +52,13 @@ _B = TypeVar("_B", bound=Callable[..., "Blame | None"])
 def blame_rule(fn: _B) -> _B:
     """A function that may decide who is to blame: the blame it returns names it, unless a rule it asked decided
     (for_content's undecided ranks settled by their positional peers name `positional`)."""
-    BLAME_RULES.append(fn.__name__.lstrip("_"))
+    name = fn.__name__.lstrip("_")
+    BLAME_RULES.append(name)
 
     @functools.wraps(fn)
     def named(*args: Any, **kwargs: Any) -> Blame | None:
         got = fn(*args, **kwargs)
-        return got._replace(rule=fn.__name__.lstrip("_")) if got is not None and not got.rule else got
+        return got._replace(rule=name) if got is not None and not got.rule else got
 
     return named  # type: ignore[return-value]
 

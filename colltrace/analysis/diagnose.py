@@ -27,8 +27,7 @@ from colltrace.trace.vocab import SpanKind
 
 # blame rules decided here in diagnose() (the others are culprit.blame_rule functions): docs/report.md lists all
 INLINE_RULES = ("split_sizes", "cycle", "schedules", "straggler")
-_CONTENT = frozenset({Kind.OP, Kind.NUMEL, Kind.DTYPE, Kind.REDUCE_OP, Kind.TAG, Kind.PEER, Kind.MODULE, Kind.PHASE,
-                      Kind.STEP})  # fmt: skip
+_CONTENT = align.CONTENT | {Kind.STEP}
 
 
 def unseen(run: Run) -> tuple[Unseen, ...]:
@@ -298,8 +297,8 @@ def _created_apart(run: Run, blame: culprit.Blame, ends: dict[int, RankEnd]) -> 
 def _relabeled(run: Run, d: Divergence | None, blame: culprit.Blame) -> culprit.Blame:
     """Ranks that named a group otherwise than every other rank's same creation call (mesh.relabeled), where the
     divergence is in a group of theirs: they use it as another dimension than its other members do."""
-    odd = mesh.relabeled(run) if d is not None else {}
-    if d is None or not set(odd) & set(d.group_ranks):
+    odd = mesh.relabeled_in(run, d.group_ranks) if d is not None else {}
+    if d is None or not odd:
         return blame
     culprits = tuple(sorted(odd))
     victims = tuple(r for r in d.group_ranks if r not in odd)

@@ -46,7 +46,10 @@ def _groups(run: Run) -> dict[str, GroupInfo]:
 def dimension(run: Run, group: str) -> Dimension | None:
     """The dimension a group is one of: the groups with its label (DeviceMesh's desc, `mesh_tp`) and size,
     whose members are disjoint. None for a group alone of its kind (the world's, a group with no desc)."""
-    known = _groups(run)
+    return _dimension(_groups(run), group)
+
+
+def _dimension(known: dict[str, GroupInfo], group: str) -> Dimension | None:
     g = known.get(group)
     if g is None or not g.ranks or g.label == g.name:
         return None
@@ -72,9 +75,10 @@ def peers(dim: Dimension, group: str, rank: int) -> tuple[tuple[str, int], ...]:
 def counterparts(run: Run, rank: int, other: int) -> tuple[tuple[int, int], ...]:
     """For two ranks of one group of a dimension (the stages of one pipeline replica), the ranks at their two
     places in every other group of it: (rank's peer, other's peer). () where no dimension holds both."""
-    for g in _groups(run).values():
+    known = _groups(run)
+    for g in known.values():
         if rank in g.ranks and other in g.ranks and g.label != g.name:
-            dim = dimension(run, g.name)
+            dim = _dimension(known, g.name)
             if dim is None:
                 continue
             i, j = g.ranks.index(rank), g.ranks.index(other)
@@ -132,6 +136,12 @@ def by_peers(
     if not agree or not apart:
         return None
     return tuple(sorted(apart)), Positional(dim.label, tuple(sorted(against)), tuple(sorted(backing)))
+
+
+def relabeled_in(run: Run, members: tuple[int, ...]) -> dict[int, Relabeled]:
+    """relabeled(run), where one of those ranks is among `members` (the divergent group's); else {}."""
+    odd = relabeled(run)
+    return odd if set(odd) & set(members) else {}
 
 
 def relabeled(run: Run) -> dict[int, Relabeled]:

@@ -120,8 +120,8 @@ def write_exits(run_dir: str, failures: dict[int, Any], first: set[int] | None) 
     `first`: the ranks found failed before the launcher stopped the others (None: not known)."""
     from colltrace import config
 
-    share = config.from_env().share_group  # as the ranks make the run directory (trace.writer)
-    os.makedirs(run_dir, mode=0o750 if share else 0o700, exist_ok=True)
+    file_mode, dir_mode = schema.run_modes(config.from_env().share_group)  # as the ranks' (trace.writer)
+    os.makedirs(run_dir, mode=dir_mode, exist_ok=True)
     path = os.path.join(run_dir, f"launcher-{socket.gethostname()}-{os.getpid()}.jsonl")
     lines = []
     for rank, failure in sorted(failures.items()):
@@ -135,7 +135,7 @@ def write_exits(run_dir: str, failures: dict[int, Any], first: set[int] | None) 
         lines.append({"ev": schema.EV_EXIT, "rank": int(rank), "pid": int(failure.pid), "exitcode": code,
                       "signal": name, "t_ns": int(getattr(failure, "timestamp", 0)) * 1_000_000_000,
                       **({"first": rank in first} if first is not None else {})})  # fmt: skip
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640 if share else 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, file_mode)
     with os.fdopen(fd, "a") as f:
         for line in lines:
             f.write(json.dumps(line) + "\n")

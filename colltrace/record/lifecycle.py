@@ -414,6 +414,7 @@ class Watch:
         self.autoreport = autoreport
         self.beat_path = live.heartbeat_path(self.run_dir, writer.rank)
         self.request_path = live.request_path(self.run_dir)
+        self.lock_path = os.path.join(live.live_dir(self.run_dir), live.REPORT_LOCK)
         self.beat_at = 0.0
         self.seen_ns = 0  # the request file's mtime when last read
         self.answered = ""
@@ -495,8 +496,7 @@ class Watch:
             return
         try:
             self.live.make_dir(self.live.live_dir(self.run_dir), self.run_dir)
-            fd = os.open(os.path.join(self.live.live_dir(self.run_dir), self.live.REPORT_LOCK),
-                         os.O_CREAT | os.O_EXCL | os.O_WRONLY, self.live.modes(self.run_dir)[0])  # fmt: skip
+            fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, self.live.modes(self.run_dir)[0])
         except OSError:
             return  # another rank writes it
         os.write(fd, str(self.writer.rank).encode())
@@ -520,17 +520,18 @@ class Watch:
             return  # its report is being written: taken back on the next progress
         if self.wrote:
             for name in ("report.md", "report.json", os.path.join(self.live.LIVE_DIR, self.live.STATUS_NAME)):
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.run_dir, name))
-                except OSError:
-                    pass
-        try:
-            os.unlink(os.path.join(self.live.live_dir(self.run_dir), self.live.REPORT_LOCK))
-        except OSError:
-            pass
-        self.reporter = self.wrote = False
+        self.let_go()
+        self.wrote = False
         self.said = ""
         self.reports = 0
+
+    def let_go(self) -> None:
+        """Release the report lock: another rank (or this one, later) may write the run's report."""
+        self.reporter = False
+        with contextlib.suppress(OSError):
+            os.unlink(self.lock_path)
 
     def report_aside(self) -> None:
         """Make the report in a thread of its own: the watchdog goes on taking SIGTERM and answering requests
@@ -552,16 +553,14 @@ class Watch:
 
     def _report(self) -> None:
         from colltrace.report.build import both_reports
+        from colltrace.report.words import LIVE_SAID
 
         got = self.live.ask(self.run_dir, asking=lambda rid: self.answer(self.rec, rid, self.idle))
         md, js, status = both_reports(self.run_dir, got.not_answered if got is not None else ())
         if status is None and self.stall and not self.wrote:
-            # nobody waits for anyone in particular (a long collective every member is in): no stall, the lock let go
-            self.reporter = False
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.live.live_dir(self.run_dir), self.live.REPORT_LOCK))
+            self.let_go()  # nobody waits for anyone in particular (a long collective every member is in): no stall
             return
-        head = md.splitlines()[0].split(" (the job is still running")[0] if md else ""  # not its ticking seconds
+        head = md.splitlines()[0].split(LIVE_SAID)[0] if md else ""  # not its ticking seconds
         if head == self.said:
             return
         self.said = head

@@ -190,7 +190,7 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
         "first_divergence": first,
         "deadlock_cycle": list(dx.cycle) if dx.cycle else None,
         "cause": cause,
-        "rules": {"blame": dx.blame_rule or None, "cause": dx.finding.rule or None if dx.finding else None},
+        "rules": {"blame": dx.blame_rule or None, "cause": (dx.finding.rule or None) if dx.finding else None},
         "ranks": {
             str(r): _rank(e, run.ranks[r].flight if r in run.ranks else {}, labels) for r, e in dx.ranks.items()
         },  # fmt: skip

@@ -99,6 +99,9 @@ def finished_apart(dx: Diagnosis) -> str:
     )
 
 
+LIVE_SAID = " (the job is still running"  # the headline of a live run, before how long no rank made progress
+
+
 def headline(dx: Diagnosis) -> str:
     d = dx.divergence
     who = f"culprit {ranks_text(dx.culprits)}" if dx.culprits else "culprit undecided"
@@ -135,11 +138,7 @@ def headline(dx: Diagnosis) -> str:
     live = ""
     if any(e.alive for e in dx.ranks.values()):
         quiet = stalled_s(dx)
-        live = (
-            f" (the job is still running; no progress for {quiet:.0f} s)"
-            if quiet >= 1
-            else " (the job is still running)"
-        )
+        live = f"{LIVE_SAID}; no progress for {quiet:.0f} s)" if quiet >= 1 else f"{LIVE_SAID})"
     return f"{dx.verdict.value.capitalize()}{live}{where}: {who}{cause}"
 
 

@@ -43,7 +43,7 @@ def modes(run_dir: str) -> tuple[int, int]:
         shared = os.stat(run_dir).st_mode & 0o070
     except OSError:
         shared = 0
-    return (0o640, 0o750) if shared else (0o600, 0o700)
+    return schema.run_modes(bool(shared))
 
 
 def make_dir(path: str, run_dir: str) -> None:

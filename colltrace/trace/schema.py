@@ -192,3 +192,9 @@ def row_of(cols: Any, idx: int) -> int:
     marker = cols["marker"]
     at = int(np.searchsorted(marker, np.uint64(idx + 1)))
     return at if at < len(marker) and int(marker[at]) == idx + 1 else -1
+
+
+def run_modes(shared: bool) -> tuple[int, int]:
+    """(file, folder) modes of what a run directory holds: the job's user alone, or its group too
+    (COLLTRACE_SHARE=group). The trace holds stacks, host names, paths and the environment."""
+    return (0o640, 0o750) if shared else (0o600, 0o700)

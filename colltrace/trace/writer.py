@@ -270,8 +270,7 @@ class TraceWriter(Ring):
         self, run_dir: str, rank: int, capacity: int, full: bool, header: dict[str, Any], span_capacity: int = 0,
         share_group: bool = False,
     ) -> None:  # fmt: skip
-        # the trace holds stacks, host names, paths and the environment: the job's user only, unless asked
-        self.file_mode, self.dir_mode = (0o640, 0o750) if share_group else (0o600, 0o700)
+        self.file_mode, self.dir_mode = schema.run_modes(share_group)
         os.makedirs(run_dir, mode=self.dir_mode, exist_ok=True)
         self.run_dir = run_dir
         self.rank = rank
