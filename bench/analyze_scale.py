@@ -1,16 +1,28 @@
 """Scale benchmark of `colltrace report` on synthetic hangs, each with a planted culprit:
 
-  ranks1024    1,024 ranks x 2,000 records (a 24-collective FSDP2 step)
-  ranks8_1m    8 ranks x 1,000,000 records
-  ranks16k     16,384 ranks, each a full default ring (100,000 slots) that wrapped (125,000 records written),
-               of a 241-collective step (80 layers), the culprit's divergence in the last steps
+  ranks1024     1,024 ranks x 2,000 records (a 24-collective FSDP2 step)
+  ranks8_1m     8 ranks x 1,000,000 records
+  ranks16k      16,384 ranks, each a full default ring (100,000 slots) that wrapped (125,000 records written),
+                of a 241-collective step (80 layers), the culprit's divergence in the last steps
+  distinct1k    1,024 ranks x 2,000 records, every rank its own ring and its own times (below)
+  distinct16k   16,384 ranks x 1,000 records, the same; the live path (both reports and the status) timed too
+  distinct131k  131,072 ranks x 200 records, the same
 
-Written with the real TraceWriter: one rank's ring for the healthy ranks and one for the culprit; the other
-ranks' rings are hard links of the first (so the 16,384-rank figure measures the analysis and the page
-cache, not the disk: 210 GB of rings would not fit here), each rank its own sidecar (its header names its
-rank; a step event per optimizer step). Each run's report is timed in a fresh subprocess with its peak RSS.
-`--keep --dir DIR` keeps each run in DIR/<name> with an expected.json ({"culprit_ranks": [...]}).
-The last line is one JSON object. Usage: .venv/bin/python bench/analyze_scale.py [--keep] [--dir DIR] [--only NAME]
+Written with the real TraceWriter. In the first three, one rank's ring serves the healthy ranks and one the
+culprit; the other ranks' rings are hard links of the first (so the 16,384-rank figure measures the analysis and
+the page cache, not the disk: 210 GB of rings would not fit here), each rank its own sidecar (its header names
+its rank; a step event per optimizer step). In the distinct runs every rank writes its own files: a host's 8
+ranks share a clock (its own monotonic origin, a wall-clock error of a few ms), each rank's compute before
+each collective is jittered, a straggler computes 1.5 times as long (the others wait for it), and the culprit
+skips an all-gather 1.5 steps before the end (its later records pair with the others' next ones, and the
+others' last collective never completes). Their slots are packed at once into each writer's own map; three
+ranks are written again with one append() per record and compared byte for byte.
+
+Each run's report is timed in a fresh subprocess with its peak RSS. `--keep --dir DIR` keeps each run in
+DIR/<name> with an expected.json ({"culprit_ranks": [...]}, and "straggler"), and a kept run is not written
+again. The last line is one JSON object: seconds, peak MB, the live path's seconds, and whether every culprit
+(and straggler) was right.
+Usage: .venv/bin/python bench/analyze_scale.py [--keep] [--dir DIR] [--only NAME]
 """
 
 from __future__ import annotations
@@ -18,16 +30,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, NamedTuple
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from colltrace.trace import schema  # noqa: E402
+from colltrace.trace.store import SLOT_DTYPE  # noqa: E402
 from colltrace.trace.writer import TraceWriter  # noqa: E402
 
 
@@ -107,6 +122,152 @@ def make_run(
         json.dump({"culprit_ranks": [culprit]}, f)
 
 
+# -- distinct rings: every rank its own ring and its own times -------------------------------------------------
+
+HOST_RANKS = 8  # ranks per host: one clock each (its own monotonic origin and wall-clock error)
+GAP_NS = 1_000_000  # compute before each collective, +-10 % per rank and record
+SLOW = 1.5  # the straggler's compute, times the others'
+OPTIMIZER_NS = 5_000_000  # at each step boundary
+XFER_NS = 200_000  # from the last arrival to completion
+WALL0 = 1_700_000_000_000_000_000
+
+
+class Plan(NamedTuple):
+    """A distinct-ring run worked out before any file is written: per rank its records' fields and times."""
+
+    world: int
+    step: list[tuple[str, int, str, str]]
+    culprit: int
+    skip_at: int  # the culprit's record (in the step plan) it skips: an all-gather near the end
+    slow: int  # the straggler
+    records: int  # planned per rank (the culprit writes one fewer)
+    issue: Any  # (records, world) int64: monotonic ns on the rank's host, by seq - 1
+    done: Any  # ... 0: in flight
+    mono0: Any  # (hosts,) each host's monotonic clock at the run's start
+    wall0: Any  # (hosts,) each host's wall clock at the run's start (its error included)
+
+
+def plan_distinct(world: int, records: int, culprit: int, slow: int, layers: int = 8, seed: int = 1) -> Plan:
+    """Times of a hang, seq by seq: each rank issues when its own compute is done (jittered; the straggler's
+    takes SLOW times as long), a collective completes XFER_NS after its last member issued it, and each rank
+    sees that a few µs apart. The culprit skips an all-gather 1.5 steps before the end, so its later records
+    pair with the others' next ones (gloo pairs equal sizes silently) and the others' last collective never
+    completes."""
+    rng = np.random.default_rng(seed)
+    step = fsdp_step(layers)
+    n = len(step)
+    skip_at = records - 3 * n // 2
+    while step[skip_at % n][0] != "all_gather_single":
+        skip_at -= 1
+    hosts = (world + HOST_RANKS - 1) // HOST_RANKS
+    mono0 = rng.integers(10**12, 10**14, hosts)  # each host booted at its own time
+    wall0 = WALL0 + rng.integers(-5_000_000, 5_000_000, hosts)  # NTP's error: a few ms
+    issue = np.zeros((records, world), dtype=np.int64)  # by seq - 1
+    done = np.zeros((records, world), dtype=np.int64)
+    true = np.zeros(world, dtype=np.int64)  # each rank's last completion, on the true clock
+    for s in range(records):
+        planned = np.full(world, s)  # each rank's record of the step plan at this seq
+        planned[culprit] = s if s < skip_at else s + 1
+        gap = (GAP_NS * (0.9 + 0.2 * rng.random(world))).astype(np.int64)
+        gap[slow] = int(gap[slow] * SLOW)
+        gap += np.where((planned % n == 0) & (planned > 0), OPTIMIZER_NS, 0)
+        issue[s] = true + gap
+        if s == records - 1:  # the last seq: the culprit never issues it, the others wait in it
+            break
+        true = int(issue[s].max()) + XFER_NS + rng.integers(0, 20_000, world)
+        done[s] = true
+    shift = mono0[np.arange(world) // HOST_RANKS]  # the true clock on each rank's host's monotonic clock
+    issue += shift
+    done = np.where(done > 0, done + shift, 0)
+    return Plan(world, step, culprit, skip_at, slow, records, issue, done, mono0, wall0)
+
+
+_STATIC = ("kind", "flags", "site", "tid", "group", "op", "dtype", "reduce_op", "module", "phase", "flavour", "shape")
+
+
+def _rank_rows(plan: Plan, rank: int, ids: list[tuple[int, int, int, int]], g: int, f32: int, shape: int,
+               empty: int) -> Any:  # fmt: skip
+    """One rank's slots as numpy rows, what TraceWriter.append would have written for each record."""
+    n = len(plan.step)
+    planned = np.arange(plan.records)
+    if rank == plan.culprit:
+        planned = planned[planned != plan.skip_at]
+    count = len(planned)
+    rows = np.zeros(count, dtype=SLOT_DTYPE)
+    ops, modules, phases, numels = (np.array(col, dtype=np.int64) for col in zip(*ids))
+    at = planned % n
+    rows["marker"] = np.arange(1, count + 1)
+    rows["kind"] = schema.KIND_COLLECTIVE
+    rows["group"], rows["op"], rows["dtype"], rows["module"], rows["phase"] = g, ops[at], f32, modules[at], phases[at]
+    rows["reduce_op"], rows["flavour"], rows["shape"] = empty, empty, shape
+    seq = np.arange(1, count + 1)
+    rows["seq"], rows["backend_seq"] = seq, seq
+    rows["numel_in"], rows["numel_out"] = numels[at], numels[at] * 2
+    rows["peer"] = -1
+    rows["step"] = planned // n
+    rows["t_issue_ns"] = plan.issue[:count, rank]
+    rows["t_done_ns"] = plan.done[:count, rank]
+    return rows
+
+
+def _distinct_header(plan: Plan, rank: int) -> dict[str, Any]:
+    h = rank // HOST_RANKS
+    return {"world_size": plan.world, "host": f"node{h}", "torch": "2.13.0+cpu", "backend": "gloo",
+            "clock": {"wall_ns": int(plan.wall0[h]), "mono_ns": int(plan.mono0[h])}}  # fmt: skip
+
+
+def write_distinct_rank(run_dir: str, plan: Plan, rank: int, by_append: bool = False) -> None:
+    """One rank's files through the real TraceWriter: its header, string table, group and step events and its
+    stacks at the hang; its slots packed all at once into the writer's own map (by_append: one append() per
+    record, as the recorder does: the same bytes, checked by check_distinct)."""
+    w = TraceWriter(run_dir, rank, capacity=plan.records + 16, full=True, header=_distinct_header(plan, rank),
+                    span_capacity=16)  # fmt: skip
+    w.event({"ev": "group", "name": "0", "desc": "default_pg", "ranks": schema.pack_ranks(range(plan.world)),
+             "backend": "gloo"})  # as the recorder writes it  # fmt: skip
+    s = w.intern
+    ids = [(s(op), s(module), s(phase), numel) for op, numel, module, phase in plan.step]
+    rows = _rank_rows(plan, rank, ids, s("0"), s("float32"), s("[136] -> [272]"), s(""))
+    steps = rows["step"]
+    for k in np.flatnonzero(np.diff(steps)).tolist():  # a step event as each step begins (its first issue)
+        w.step(int(steps[k + 1]), int(rows["t_issue_ns"][k + 1]) - 1)
+    if by_append:
+        for row in rows.tolist():
+            w.append(*row[1:])
+    else:
+        w.mv[schema.RING_HEADER_SIZE : schema.RING_HEADER_SIZE + rows.nbytes] = rows.tobytes()
+        w.last_idx = len(rows) - 1
+    w.event({"ev": "stacks", "reason": "hang", "threads": []})
+    for ring in (w, w.spans):
+        ring.publish_head()  # the exact record count, as at exit (flush() without its fsync)
+        os.close(ring._ring_fd)
+    os.close(w._events_fd)
+
+
+RANK_FILES = (schema.EVENTS_NAME, schema.RING_NAME, schema.SPANS_NAME)
+
+
+def check_distinct(run_dir: str, plan: Plan, ranks: list[int]) -> None:
+    """Those ranks' files are byte for byte what TraceWriter writes with one append() per record."""
+    with tempfile.TemporaryDirectory() as other:
+        for r in ranks:
+            write_distinct_rank(other, plan, r, by_append=True)
+            for name in RANK_FILES:
+                file = name.format(rank=r)
+                with open(os.path.join(run_dir, file), "rb") as a, open(os.path.join(other, file), "rb") as b:
+                    if a.read() != b.read():
+                        raise SystemExit(f"rank {r}: {file} differs from TraceWriter.append's")
+
+
+def make_distinct(run_dir: str, world: int, records: int, culprit: int, slow: int) -> None:
+    os.makedirs(run_dir, exist_ok=True)
+    plan = plan_distinct(world, records, culprit, slow)
+    for r in range(world):
+        write_distinct_rank(run_dir, plan, r)
+    check_distinct(run_dir, plan, [0, culprit, slow])
+    with open(os.path.join(run_dir, "expected.json"), "w") as f:
+        json.dump({"culprit_ranks": [culprit], "straggler": slow}, f)
+
+
 _CHILD = """
 import json, resource, sys, time
 t = time.perf_counter()
@@ -115,21 +276,49 @@ text, problem = run_report(sys.argv[1], "json")
 wall = time.perf_counter() - t
 rep = json.loads(text)
 print(json.dumps({"s": wall, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "read": rep["read"],
+                  "read": rep["read"], "straggler": rep["straggler"],
                   "verdict": rep["verdict"], "culprits": rep["culprit_ranks"],
                   "seq": (rep["first_divergence"] or {}).get("seq"), "kind": (rep["first_divergence"] or {}).get("kind")}))
 """
 
+# the live path: the rank that notices the hang writes report.md, report.json and live/status.json from a thread of
+# its own, beside the training thread (record/lifecycle.py, Watch.report)
+_LIVE_CHILD = """
+import json, sys, threading, time
+t = time.perf_counter()
+from colltrace.report.build import both_reports
+got = []
+worker = threading.Thread(target=lambda: got.append(both_reports(sys.argv[1])))
+worker.start()
+worker.join()
+md, js, status = got[0]
+print(json.dumps({"s": time.perf_counter() - t, "culprits": (status or {}).get("culprit_ranks")}))
+"""
 
-def time_report(run_dir: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", _CHILD, run_dir], capture_output=True, text=True, check=True)
+
+def time_report(run_dir: str, child: str = _CHILD) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", child, run_dir], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-RUNS = {  # name: (ranks, records per rank, culprit, layers, ring capacity or None (full))
-    "ranks1024": (1024, 2000, 517, 8, None),
-    "ranks8_1m": (8, 1_000_000, 5, 8, None),
-    "ranks16k": (16384, 125_000, 9001, 80, 100_000),
+class Scale(NamedTuple):
+    ranks: int
+    records: int  # per rank
+    culprit: int
+    layers: int = 8
+    capacity: int | None = None  # the ring's slots (it wraps), else it holds every record
+    distinct: bool = False  # every rank its own ring and times (make_distinct), else hard links of one (make_run)
+    slow: int | None = None  # the straggler (distinct runs)
+    live: bool = False  # also time the live path (both reports and the status, from a thread)
+
+
+RUNS = {
+    "ranks1024": Scale(1024, 2000, 517),
+    "ranks8_1m": Scale(8, 1_000_000, 5),
+    "ranks16k": Scale(16384, 125_000, 9001, 80, 100_000),
+    "distinct1k": Scale(1024, 2000, 517, distinct=True, slow=301),
+    "distinct16k": Scale(16384, 1000, 9001, distinct=True, slow=3001, live=True),
+    "distinct131k": Scale(131072, 200, 77001, distinct=True, slow=30001),
 }
 
 
@@ -143,27 +332,37 @@ def main() -> None:
     results = {}
     try:
         for name in args.only or list(RUNS):
-            world, records, culprit, layers, capacity = RUNS[name]
+            run = RUNS[name]
             run_dir = os.path.join(base, name)
             if not os.path.exists(os.path.join(run_dir, "expected.json")):
                 shutil.rmtree(run_dir, ignore_errors=True)
                 t = time.perf_counter()
-                make_run(run_dir, world, records, culprit, layers, capacity)
-                print(f"{name}: wrote {world} ranks x {records} records in {time.perf_counter() - t:.1f} s", flush=True)
+                if run.distinct:
+                    assert run.slow is not None
+                    make_distinct(run_dir, run.ranks, run.records, run.culprit, run.slow)
+                else:
+                    make_run(run_dir, run.ranks, run.records, run.culprit, run.layers, run.capacity)
+                print(f"{name}: wrote {run.ranks} ranks x {run.records} records in {time.perf_counter() - t:.1f} s",
+                      flush=True)  # fmt: skip
             r = time_report(run_dir)
-            r["right"] = r["culprits"] == [culprit]
+            r["right"] = r["culprits"] == [run.culprit] and (run.slow is None or r["straggler"] == run.slow)
             print(f"{name}: report {r['s']:.2f} s, peak {r['rss_mb']:.0f} MB, verdict {r['verdict']}, "
-                  f"culprits {r['culprits']} ({'right' if r['right'] else 'WRONG'}), seq {r['seq']} ({r['kind']}), "
-                  f"read {r['read']}", flush=True)  # fmt: skip
+                  f"culprits {r['culprits']}, straggler {r['straggler']} ({'right' if r['right'] else 'WRONG'}), "
+                  f"seq {r['seq']} ({r['kind']}), read {r['read']}", flush=True)  # fmt: skip
+            if run.live:
+                live = time_report(run_dir, _LIVE_CHILD)
+                r["live_s"] = live["s"]
+                r["right"] = r["right"] and live["culprits"] == [run.culprit]
+                print(f"{name}: live report and status {live['s']:.2f} s, culprits {live['culprits']}", flush=True)
             results[name] = r
             if not args.keep:
                 shutil.rmtree(run_dir, ignore_errors=True)
     finally:
         if not args.keep and not args.dir:
             shutil.rmtree(base, ignore_errors=True)
-    _ = resource  # children's peak is measured inside each child
     out: dict[str, object] = {f"{n}_s": round(r["s"], 2) for n, r in results.items()}
     out.update({f"{n}_mb": round(r["rss_mb"]) for n, r in results.items()})
+    out.update({f"{n}_live_s": round(r["live_s"], 2) for n, r in results.items() if "live_s" in r})
     out["culprits_right"] = all(r["right"] for r in results.values())
     print(json.dumps(out))
 
