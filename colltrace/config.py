@@ -31,6 +31,7 @@ class Config:
     share_group: bool = False  # COLLTRACE_SHARE=group: trace files 0640 and directories 0750 (else 0600, 0700)
     hang_floor_s: float = DEFAULT_HANG_FLOOR_S  # COLLTRACE_HANG_FLOOR_S: stuck at HANG_FACTOR x the usual, from this
     autoreport: bool = True  # COLLTRACE_AUTOREPORT=0: no report.md/json written into the run directory on a hang
+    memory: bool = True  # COLLTRACE_MEMORY=0: no memory samples (record/memory.py)
 
 
 def _float(name: str, default: float) -> float:
@@ -75,6 +76,7 @@ def from_env() -> Config:
         share_group=os.environ.get("COLLTRACE_SHARE", "").strip().lower() == "group",
         hang_floor_s=max(0.0, _float("COLLTRACE_HANG_FLOOR_S", DEFAULT_HANG_FLOOR_S)),
         autoreport=os.environ.get("COLLTRACE_AUTOREPORT", "").strip().lower() not in ("0", "off", "false", "no"),
+        memory=os.environ.get("COLLTRACE_MEMORY", "").strip().lower() not in ("0", "off", "false", "no"),
     )
 
 

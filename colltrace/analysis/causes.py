@@ -10,7 +10,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from colltrace.analysis import align, groups, mesh, states
+from colltrace.analysis import memory as mem
 from colltrace.analysis.history import precedent, starts_step
+from colltrace.analysis.memory import RankMemory
 from colltrace.analysis.results import (
     Clue,
     Confidence,
@@ -54,7 +56,9 @@ class Facts:
         deviates: bool = False,
         sites: tuple[tuple[tuple[int, ...], str], ...] = (),
         found: tuple[Evidence, ...] = (),
+        memory: dict[int, RankMemory] | None = None,
     ) -> None:
+        self.memory = memory or {}  # each rank's memory, where it was sampled (analysis/memory.py)
         self.deviates = deviates  # the culprits broke their own earlier pattern (not a setting fixed from the start)
         self.sites = sites  # (ranks, the user's line) that issued the divergent record, per class of ranks
         self.found = found  # the blame's evidence
@@ -465,6 +469,36 @@ def split_sizes(f: Facts) -> Finding | None:
     return Finding(Cause.SPLIT_MISMATCH, Confidence.HIGH, said) if said else None  # the blame says how sure
 
 
+def out_of_memory(f: Facts) -> Finding | None:
+    """Every culprit died of running out of memory: the allocator said so (high), or it was SIGKILLed with nothing
+    of its own written and its memory says why: its cgroup's OOM killer killed (high), it ended near its limit and
+    rising (medium), it grew steadily every step (low). Before the straggler and death rules: a rank slowed by its
+    own growth, then killed for it, died of its memory, not of being slow."""
+    found: list[Evidence] = []
+    sure = Confidence.HIGH
+    for r in f.culprits:
+        e, m = f.ends.get(r), f.memory.get(r)
+        if e is None:
+            return None
+        if e.oom and states.self_failed(e) and not _died_of_it(f, r):  # not what a disagreement did (failed)
+            found.append(Evidence(Clue.OOM, (r,), e.error_type))
+        elif states.died_unseen(e) and m is not None and (m.oom_killed or mem.ran_out(m) or m.growth):
+            if m.oom_killed:
+                found.append(Evidence(Clue.OOM_KILLED, (r,), m.oom_killed))
+            else:
+                sure = min(sure, Confidence.MEDIUM if mem.ran_out(m) else Confidence.LOW, key=_ORDER.index)
+        else:
+            return None
+        if m is not None:
+            found.append(Evidence(Clue.MEMORY, (r,), m))
+    if not found or all(states.died_unseen(e) for e in f.ends.values()):
+        return None  # the whole job killed at once: no rank's memory singled out
+    return Finding(Cause.OOM, sure, tuple(found))
+
+
+_ORDER = (Confidence.LOW, Confidence.MEDIUM, Confidence.HIGH)
+
+
 def failed(f: Facts) -> Finding | None:
     """A culprit died of its own error: DDP's unfinished reduction, out of memory, any other exception."""
     ends = f.ends
@@ -645,6 +679,9 @@ def _exited_first(f: Facts, ranks: list[int] | tuple[int, ...]) -> Finding | Non
         return None
     ev = tuple(Evidence(Clue.EXITED, (r,), x) for r, x in zip(ranks, exits))
     killed = all(x is not None and x.signal == "SIGKILL" and states.died_unseen(ends[r]) for r, x in zip(ranks, exits))
+    flat = [f.memory[r] for r in ranks if r in f.memory and mem.flat_and_far(f.memory[r])]
+    if killed and len(flat) == len(ranks):  # its memory was flat and far from any limit: not the OOM killer's doing
+        return Finding(Cause.UNKNOWN, Confidence.LOW, (*ev, *(Evidence(Clue.MEMORY, (m.rank,), m) for m in flat)))
     return Finding(Cause.OOM if killed else Cause.UNKNOWN, Confidence.LOW, ev)
 
 
@@ -1155,7 +1192,7 @@ def control_flow(f: Facts) -> Finding | None:
 
 # the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
 RULES = (
-    schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, worker_sync, membership, groups_created_apart, labels_apart, split_sizes, failed, died_unseen, stuck_in_span, no_divergence, stopped_outside,
+    schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, worker_sync, membership, groups_created_apart, labels_apart, split_sizes, out_of_memory, failed, died_unseen, stuck_in_span, no_divergence, stopped_outside,
     joined, step_skew, skew_before, saved_apart, grad_skipped, batch_skipped, recompute, uneven_data, exited_early, unattributed, other_call, grad_changed, same_collective,
     eval_forward, shared_module, gradient_reduction, control_flow,
 )  # fmt: skip

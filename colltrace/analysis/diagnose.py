@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from colltrace.analysis import align, causes, culprit, groups, mesh, schedules, splits, states, timing, waitfor
+from colltrace.analysis import align, causes, culprit, groups, memory, mesh, schedules, splits, states, timing, waitfor
 from colltrace.analysis.align import divergences
 from colltrace.analysis.results import (
     Blind,
@@ -171,12 +171,13 @@ def diagnose(run: Run) -> Diagnosis:
         d = _nearest(d, found, culprits)
     verdict = _verdict(d, culprits, ends, bool(cycle))
     tm = timing.including(tm, run, culprits, end_ns)  # a big world's sample may have missed them
+    used = memory.summarize(run)
     finding: Finding | None = None
     if verdict is not Verdict.HEALTHY or slow is not None:
         deviates = any(e.clue is Clue.HISTORY_DEVIATES for e in blame.evidence)
         sites = call_sites(run, d)
         facts = causes.Facts(run, d, culprits, victims, ends, streams, table, cycle, slow, deviates, sites,
-                             blame.evidence)  # fmt: skip
+                             blame.evidence, used)  # fmt: skip
         f = causes.find(facts)
         spanned = {r for e in f.evidence if e.clue is Clue.IN_SPAN for r in e.ranks}
         said = tuple(e for e in blame.evidence if not (e.clue is Clue.STUCK_OUTSIDE and set(e.ranks) <= spanned))
@@ -205,6 +206,7 @@ def diagnose(run: Run) -> Diagnosis:
         call_sites=call_sites(run, d),
         window=window,
         blame_rule=blame.rule if verdict is not Verdict.HEALTHY or culprits else "",
+        memory=used,
     )
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
+from colltrace.analysis.memory import RankMemory
 from colltrace.analysis.schedules import Schedule
 from colltrace.analysis.streams import Signature
 from colltrace.analysis.vocab import Cause, Kind, Verdict
@@ -33,6 +34,9 @@ class Clue(str, enum.Enum):
     FIRST_OF_KIND = "first_of_kind"
     CRASHED = "crashed"  # the rank raised on its own (not inside a failing collective)
     OOM = "oom"  # the error says out of memory
+    # what the rank's memory did: its growth, its peak, how near its limit it ended (detail: memory.RankMemory)
+    MEMORY = "memory"
+    OOM_KILLED = "oom_killed"  # its memory cgroup's OOM killer killed while the job ran (detail: how many)
     # the rank's DataLoader worker died of a signal (detail: its name, "Killed" for SIGKILL: the OOM killer's)
     WORKER_KILLED = "worker_killed"
     FATAL_SIGNAL = "fatal_signal"  # faulthandler wrote a fatal error outside any collective
@@ -364,7 +368,7 @@ class RankEnd:
 Detail: TypeAlias = (
     str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
     | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | DtypeChange | RankEnd | Handling | ThreadError
-    | SignalCaught | Exit | GroupApart | Positional | Relabeled | Entered
+    | SignalCaught | Exit | GroupApart | Positional | Relabeled | Entered | RankMemory
     | None
 )  # fmt: skip
 
@@ -401,3 +405,4 @@ class Diagnosis:
     call_sites: tuple[tuple[tuple[int, ...], str], ...] = ()
     window: int | None = None  # the last records per rank the alignment read (None: all the trace holds)
     blame_rule: str = ""  # the blame rule that named the culprits (culprit.BLAME_RULES), "" when healthy
+    memory: dict[int, RankMemory] = field(default_factory=dict)  # each rank's memory, where it was sampled

@@ -14,6 +14,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from colltrace.record.memory import MemorySampler, oom_size
 from colltrace.trace import schema
 from colltrace.trace.frames import user_frame
 
@@ -56,14 +57,23 @@ class Lifecycle:
         self._wakeup_r = -1
         self.hang_s = 0.0
         self.watch: Watch | None = None
+        self.memory: MemorySampler | None = None  # the process's memory, sampled by the watchdog (record/memory.py)
         self._prev_excepthook: Any = None
         self._prev_threadhook: Any = None
 
     def start(
-        self, recorder: Any, hang_s: float, hang_floor_s: float = 0.0, autoreport: bool = False, world: int = 0
-    ) -> None:
+        self, recorder: Any, hang_s: float, hang_floor_s: float = 0.0, autoreport: bool = False, world: int = 0,
+        memory: bool = False,
+    ) -> None:  # fmt: skip
         self.recorder = recorder
         self.hang_s = hang_s
+        if memory:
+            try:
+                self.memory = MemorySampler(recorder.writer)
+                self.memory.sample(recorder.ctx.step)
+            except Exception as e:
+                self.memory = None
+                recorder.warn_once("memory sampling could not start", e)
         try:
             self.watch = Watch(recorder.writer, hang_floor_s, autoreport, stalls=world <= STALL_WORLD_MAX)
         except Exception as e:  # the live extras step aside; the end records below must be set up
@@ -165,9 +175,27 @@ class Lifecycle:
         if rec is None or self.ended:  # ended: a forked child's (its parent's trace) or after the footer
             return
         try:
-            rec.writer.event({"ev": schema.EV_ERROR, **_error_fields(rec, exc, tb)})
+            ev = {"ev": schema.EV_ERROR, **_error_fields(rec, exc, tb)}
+            asked = oom_size(exc)
+            if asked is not None:  # out of memory: the size asked for, and where memory stood
+                ev["oom_size"] = asked
+                self.sample_memory(force=True, oom=asked)
+            rec.writer.event(ev)
         except Exception:
             pass
+
+    def sample_memory(self, force: bool = False, oom: int | None = None) -> None:
+        """The watchdog's look at the process's memory; forced (a line whatever moved) at an out-of-memory error."""
+        mem, rec = self.memory, self.recorder
+        if mem is None or rec is None:
+            return
+        try:
+            mem.sample(rec.ctx.step, force)
+            if oom is not None and mem.cuda is not None:
+                mem.cuda_event(rec.ctx.step, oom)
+        except Exception as e:
+            self.memory = None
+            rec.warn_once("memory sampling failed", e)
 
     def _excepthook(self, etype: Any, value: BaseException, tb: Any) -> None:
         if not isinstance(value, (SystemExit,)):
@@ -360,6 +388,7 @@ class Lifecycle:
                 rec.poll()  # async Works that finished with nobody waiting on them
             except Exception as e:
                 rec.warn_once("polling async collectives failed", e)
+            self.sample_memory()
             last = rec.progress_ns()
             idle = (time.monotonic_ns() - last) / 1e9
             watch = self.watch

@@ -151,9 +151,26 @@ class Tracer:
                 rec.spans = SpanRecorder(writer, self.ctx, rec._tid)
             rec.arm_wait = self.shim.patch_work_wait
             self.start(rec)
-            self.lifecycle.start(rec, cfg.hang_s, cfg.hang_floor_s, cfg.autoreport, header["world_size"])
+            self.lifecycle.start(rec, cfg.hang_s, cfg.hang_floor_s, cfg.autoreport, header["world_size"], cfg.memory)
+            if self.lifecycle.memory is not None:
+                self.hooks.on_step = self._stepped(writer, self.lifecycle.memory)
             if os.environ.get("COLLTRACE_QUIET") != "1" and rank == 0:
                 say(f"tracing {header['world_size']} ranks into {run_dir}")
+
+    def _stepped(self, writer: TraceWriter, memory: Any) -> Any:
+        """The step event, then CUDA's memory counters where the job uses CUDA (memory.cuda_step; a failure says so
+        once and stops reading them)."""
+
+        def on_step(step: int) -> None:
+            writer.step(step, time.time_ns())
+            if memory.cuda_seen:
+                try:
+                    memory.cuda_step(step)
+                except Exception as e:
+                    memory.cuda_seen = False
+                    self.warn_once("reading CUDA's memory counters failed", e)
+
+        return on_step
 
     def pause(self) -> None:
         """Take every patch and hook out, keeping the open trace (benchmarks interleave on/off)."""

@@ -6,6 +6,7 @@ from typing import Any
 
 from colltrace.analysis import timing as tmg
 from colltrace.analysis.causes import straggler_evidence
+from colltrace.analysis.memory import RankMemory
 from colltrace.analysis.results import (
     Clue,
     Diagnosis,
@@ -91,6 +92,27 @@ def _rank(e: RankEnd, flight: dict[int, Collective], labels: dict[str, str]) -> 
         "other_threads": [{"thread": name, "stack": list(frames)} for name, frames in e.threads],
         "host": e.host or None,
         "steps": e.steps,
+    }
+
+
+def memory(m: RankMemory | None) -> dict[str, Any] | None:
+    """A rank's memory (analysis/memory.py), bytes; None where its trace holds no samples."""
+    if m is None:
+        return None
+    b, g = m.bound, m.growth
+    return {
+        "samples": m.samples,
+        "first_rss": m.first_rss,
+        "last_rss": m.last_rss,
+        "peak": {"rss": m.peak.bytes, "step": m.peak.step, "span": m.peak.span or None},
+        "growth_per_step": g.per_step if g else None,
+        "growth_steps": g.steps if g else None,
+        "limit": {"kind": b.kind, "bytes": b.limit, "used": b.used, "share": round(b.share, 4), "rising": b.rising}
+        if b
+        else None,
+        "oom_kills": m.oom_killed,
+        "cuda": {"peak": m.cuda_peak, "total": m.cuda_total} if m.cuda_peak is not None else None,
+        "text": words.memory_text(f"rank {m.rank}", m),
     }
 
 
@@ -192,7 +214,11 @@ def build(run: Run, dx: Diagnosis) -> dict[str, Any]:
         "cause": cause,
         "rules": {"blame": dx.blame_rule or None, "cause": (dx.finding.rule or None) if dx.finding else None},
         "ranks": {
-            str(r): _rank(e, run.ranks[r].flight if r in run.ranks else {}, labels) for r, e in dx.ranks.items()
+            str(r): {
+                **_rank(e, run.ranks[r].flight if r in run.ranks else {}, labels),
+                "memory": memory(dx.memory.get(r)),
+            }
+            for r, e in dx.ranks.items()
         },  # fmt: skip
         "flight_recorder": flight_recorder(run),
         "environment": environment(run),

@@ -276,6 +276,37 @@ def timing_section(report: dict[str, Any]) -> list[Section]:
     return [Section("Timing", out, hint)]
 
 
+def memory_section(report: dict[str, Any], dx: Diagnosis) -> list[Section]:
+    """Each rank's memory: peak, growth per step, the limit nearest and how near; the ranks that grew named in
+    words above the table (in a healthy run too). Big worlds: the culprits, the growing and the highest peak."""
+    mem = {r: m for r, m in ((r, v["memory"]) for r, v in report["ranks"].items()) if m is not None}
+    if not mem:
+        return []
+    growing = [r for r, m in mem.items() if m["growth_per_step"] is not None]
+    out = [f"- {plain(mem[r]['text'])}" for r in growing[:_TABLE_RANKS]]
+    ranks = list(mem)
+    if len(ranks) > _TABLE_RANKS:
+        top = max(ranks, key=lambda r: mem[r]["peak"]["rss"])
+        keep = {str(c) for c in dx.culprits} | set(growing[:_TABLE_RANKS]) | {top}
+        ranks = [r for r in ranks if r in keep]
+    out += [
+        *([""] if out else []),
+        "| rank | peak resident | in | growth a step | limit | at the last sample |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in ranks:
+        m, lim = mem[r], mem[r]["limit"]
+        growth = words.size(m["growth_per_step"]) if m["growth_per_step"] is not None else "—"
+        where = f"step {m['peak']['step']}" + (f", {m['peak']['span']}" if m["peak"]["span"] else "")
+        limit = f"{words.size(lim['bytes'])} ({lim['kind']})" if lim else "—"
+        last = (f"{words.size(lim['used'])}, {lim['share'] * 100:.0f} %{' and rising' if lim['rising'] else ''}"
+                if lim else words.size(m["last_rss"]))  # fmt: skip
+        out.append(f"| {r} | {words.size(m['peak']['rss'])} | {plain(where)} | {growth} | {limit} | {last} |")
+    out.append("")
+    hint = f"rank{'s' if len(growing) > 1 else ''} {', '.join(growing)} grew" if growing else "flat"
+    return [Section("Memory", out, hint)]
+
+
 def _inflight(o: dict[str, Any]) -> str:
     n = o["max_inflight_allgathers"]
     return f"; up to {n} all-gather{'s' if n > 1 else ''} in flight" if n else ""
@@ -324,7 +355,7 @@ def render(
     left out from the bottom up until it fits (layout.lay_out); the headline sections are always kept."""
     sections = _context(dx) + _ranks(report)
     sections += _stacks(report, list(dx.culprits) if stacks == "culprits" else [int(r) for r in report["ranks"]])
-    sections += flight_section(report) + timing_section(report) + _environment(report)
+    sections += flight_section(report) + timing_section(report) + memory_section(report, dx) + _environment(report)
     if report["unseen"]:
         sections.append(Section("Not seen", [*[f"- {plain(u)}" for u in report["unseen"][:20]], ""],
                                 f"{len(report['unseen'])} item{'s' if len(report['unseen']) > 1 else ''}"))  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from colltrace.analysis import states
+from colltrace.analysis.memory import RankMemory
 from colltrace.analysis.results import (
     Blind,
     Clue,
@@ -212,6 +213,8 @@ def evidence_text(e: Evidence) -> str:
         return _late_in(who, d)
     if e.clue is Clue.DTYPE_CHANGED:
         return _dtype_changed(who, d, len(e.ranks) == 1)
+    if e.clue is Clue.MEMORY:
+        return memory_text(who, d)
     text = {
         Clue.HISTORY_DEVIATES: f"{who} issued something other than what {'it' if s else 'they'} issued at this point of {its} earlier steps",
         Clue.HISTORY_CONSISTENT: f"{who} issued the same as at this point of {its} earlier steps",
@@ -221,6 +224,8 @@ def evidence_text(e: Evidence) -> str:
         Clue.MAJORITY: f"{who} disagree{s} with the majority of the group ({detail} ranks agree)",
         Clue.CRASHED: f"{who} raised {detail or 'an exception'} on its own, not inside a failing collective",
         Clue.OOM: f"{who} ran out of memory ({detail})",
+        Clue.OOM_KILLED: f"the memory cgroup of {who} had its OOM killer kill {detail} process(es) while the job "
+        "ran (the kernel's count, memory.oom_control or memory.events)",
         Clue.WORKER_KILLED: _worker_killed(who, detail),
         Clue.FATAL_SIGNAL: f"{who} died of a fatal signal outside any collective ({detail})",
         Clue.EXITED_CLEANLY: f"{who} exited cleanly after {detail} step(s), as far on as the ranks left waiting: "
@@ -587,6 +592,46 @@ def _slow_in(who: str, d: Detail) -> str:
         return f"{who} spends more per step than the median rank"
     extra = duration(round(d.extra_ns / 1e6) * 1e6)  # in whole ms, as the JSON report's detail has it
     return f"{who} spends {extra} more per step in {CATEGORY.get(d.category, d.category)} than the median rank"
+
+
+def size(n: int) -> str:
+    """Bytes for people: 850 KB, 16 MB, 1.2 GB, 79.1 GB (powers of 1024, as the allocators say them)."""
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.1f} {unit}" if abs(v) < 100 and unit == "GB" else f"{v:.0f} {unit}"
+    return f"{n} B"
+
+
+LIMIT_NAMES = {"cgroup": "its memory cgroup's limit", "rlimit_as": "RLIMIT_AS", "machine": "the machine's memory"}
+_USED_NAMES = {"cgroup": "cgroup usage", "rlimit_as": "address space", "machine": "resident memory"}
+
+
+def growth_text(m: RankMemory) -> str:
+    """ "grew 16 MB a step over 27 steps", "" none."""
+    g = m.growth
+    return f"grew {size(g.per_step)} a step over {g.steps} steps" if g is not None else ""
+
+
+def bound_text(m: RankMemory) -> str:
+    """ "its cgroup usage was 492 of 508 MB (97 %) and rising", "" no limit read."""
+    b = m.bound
+    if b is None:
+        return ""
+    rising = " and rising" if b.rising else ""
+    return (f"its {_USED_NAMES[b.kind]} was {size(b.used)} of {size(b.limit)} ({LIMIT_NAMES[b.kind]}, "
+            f"{b.share:.0%}){rising} at its last sample")  # fmt: skip
+
+
+def memory_text(who: str, d: Detail) -> str:
+    if not isinstance(d, RankMemory):
+        return f"{who}'s memory was sampled"
+    parts = [p for p in (growth_text(d), f"peaked at {size(d.peak.bytes)} resident in step {d.peak.step}") if p]
+    if d.growth is None:
+        parts[0:0] = [f"did not grow steadily ({size(d.first_rss)} resident at its first sample, {size(d.last_rss)} "
+                      "at its last)"]  # fmt: skip
+    bound = bound_text(d)
+    return f"{who}'s memory {', '.join(parts)}" + (f"; {bound}" if bound else "")
 
 
 def duration(ns: float | None) -> str:

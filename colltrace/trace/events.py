@@ -169,6 +169,8 @@ class Error:
     in_collective: int | None = None
     handling: Handling | None = None  # the exception of its own it was handling when that collective failed
     frames: tuple[Frame, ...] = ()  # its traceback's, innermost last
+    # out of memory, as the recorder read the allocator's words: the bytes asked for (-1: not said); None: not so
+    oom_size: int | None = None
 
     @classmethod
     def of(cls, ev: dict[str, Any]) -> Error:
@@ -179,6 +181,7 @@ class Error:
             type=ev["type"], message=ev.get("message", ""), traceback=tb, qualname=ev.get("qualname", ""),
             t_ns=ev.get("t_ns", 0), in_collective=None if at is None else int(at) if isinstance(at, int) else -1,
             handling=Handling.of(ev.get("while_handling")), frames=traceback_frames(tb),
+            oom_size=ev["oom_size"] if type(ev.get("oom_size")) is int else None,
         )  # fmt: skip
 
 

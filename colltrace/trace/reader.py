@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from colltrace.trace import flight, live, schema
+from colltrace.trace import memory as memory_mod
 from colltrace.trace.events import (
     DataExhausted,
     Destroyed,
@@ -201,13 +202,16 @@ _STEP_PREFIX = b'{"ev":"%s",' % schema.EV_STEP.encode()
 _STEP_LINE = re.compile(rb'\{"ev":"%s","step":-?\d+,"t_ns":-?\d+\}\n' % schema.EV_STEP.encode())
 
 
-def read_events(path: str) -> tuple[list[dict[str, Any]], int]:
-    """Return the JSON events of a sidecar and the number of unreadable lines (a torn tail)."""
+def read_events(path: str, memory: list[memory_mod.Sample] | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Return the JSON events of a sidecar and the number of unreadable lines (a torn tail); its memory lines
+    go into `memory` as samples, where given."""
     events: list[dict[str, Any]] = []
     torn = 0
     _regular(path)
     with open(path, "rb") as f:
         data = f.read()
+    if memory is not None:
+        data = memory_mod.take(data, memory)
     # a long run writes one step event per optimizer step: only the last says anything (the steps done), so
     # the rest go in one pass at C speed, not one JSON parse each
     last = data.rfind(_STEP_PREFIX)
@@ -338,7 +342,8 @@ def read_rank(rank: int, events_path: str) -> RankTrace:
 
 def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
     """One rank's trace, and its header's fields that say which run it belongs to (_belong_together's)."""
-    events, torn = read_events(events_path)
+    samples: list[memory_mod.Sample] = []
+    events, torn = read_events(events_path, samples)
     if not events or events[0].get("ev") != schema.EV_HEADER:
         raise TraceError(f"{events_path}: no header line (not a colltrace trace, or written by another tool)")
     header = events[0]
@@ -364,6 +369,7 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
     thread_errors: list[ThreadError] = []
     caught: list[SignalCaught] = []
     pipelines: list[Pipeline] = []
+    memory_events: list[dict[str, Any]] = []
     rt = RankTrace(rank=rank, header=Header.of(header), records=of_records(rank, ()), groups=groups,
                    state=RankState.KILLED, torn=torn)  # fmt: skip
     for ev in events[1:]:
@@ -425,12 +431,15 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
             thread_errors.append(ThreadError.of(ev))
         elif kind == schema.EV_SIGNAL_CAUGHT:
             caught.append(SignalCaught(ev["signal"], ev.get("step"), ev.get("t_ns", 0)))
+        elif kind in memory_mod.EVENTS:
+            memory_events.append(ev)
         elif kind == schema.EV_PIPELINE:
             stages = tuple(s for s in ev["stages"] if type(s) is int)
             pipelines.append(Pipeline(ev["schedule"], ev["microbatches"], stages, ev["num_stages"]))
     rt.stacks, rt.exhausted, rt.pipelines = tuple(stacks), tuple(exhausted), tuple(pipelines)
     rt.group_creations = tuple(GroupCreation.of(ev) for ev in creations)
     rt.thread_errors, rt.caught = tuple(thread_errors), tuple(caught)
+    rt.memory = memory_mod.of(samples, memory_events)
 
     ring_path = events_path[: -len(".jsonl")] + ".ring"
     offset = _clock_offset(header)
@@ -517,6 +526,10 @@ _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
                              "where": (_STR, False), "t_ns": (_INT, False), "tid": (_INT, False),
                              "traceback": (_STR, False), "qualname": (_STR, False)},
     schema.EV_GROUP_CREATE: {"ranks": ((list, type(None)), False), "call": (_INT, False), "done": ((bool,), False)},
+    schema.EV_MEMORY_LIMITS: {"t_ns": (_INT, False), "machine": (_INT, False), "rlimit_as": (_INT, False),
+                              "cgroup": ((dict, type(None)), False)},
+    schema.EV_CUDA_MEMORY: {"t_ns": (_INT, False), "step": (_INT, False), "allocated": (_INT, False),
+                            "reserved": (_INT, False), "peak": (_INT, False), "total": (_INT, False)},
     schema.EV_PIPELINE: {"schedule": (_STR, True), "microbatches": (_INT, True), "stages": ((list,), True),
                          "num_stages": (_INT, True)},
 }  # fmt: skip

@@ -22,6 +22,7 @@ from colltrace.trace.events import (
     Stacks,
     ThreadError,
 )
+from colltrace.trace.memory import MemoryTrace
 
 if TYPE_CHECKING:
     from colltrace.trace.store import Slots
@@ -154,6 +155,7 @@ class RankTrace:
     # of the same (group, backend seq), and per group the FR seqs our trace has no record for
     flight: dict[int, Collective] = field(default_factory=dict)
     flight_only: dict[str, list[int]] = field(default_factory=dict)
+    memory: MemoryTrace = field(default_factory=MemoryTrace)  # its memory samples and limits (trace/memory.py)
 
     @property
     def open_spans(self) -> list[Collective]:

@@ -151,6 +151,16 @@ EV_GROUP_CREATE = "group_create"  # new_group / split_group as this rank called 
 EV_THREAD_ERROR = "thread_error"  # a thread of the job (not its main one) died of an exception
 EV_DATA_EXHAUSTED = "data_exhausted"  # a DataLoader iterator raised StopIteration: this rank ran out of data
 EV_ADAPTERS = "adapters"  # the framework adapters installed (fsdp2, fsdp1, ddp, deepspeed, ...)
+# the process's memory, sampled by the watchdog thread (record/memory.py): one line as MEMORY_LINE writes it
+EV_MEMORY = "memory"
+EV_MEMORY_LIMITS = "memory_limits"  # what bounds the process's memory: the machine's, RLIMIT_AS, its memory cgroup's
+EV_CUDA_MEMORY = "cuda_memory"  # the CUDA caching allocator's counters at a step's end, or at an out-of-memory error
+# a memory line, formatted without orjson (written up to twice a second) and read back by one regex (trace.reader):
+# wall-clock ns, the step, resident and virtual size, the memory cgroup's usage less its inactive file cache (-1:
+# none) and its OOM-kill count (-1: not readable)
+MEMORY_LINE = b'{"ev":"%s","t_ns":%%d,"step":%%d,"rss":%%d,"vms":%%d,"cgroup":%%d,"oom_kills":%%d}\n' % (
+    EV_MEMORY.encode()
+)
 
 
 def pack_ranks(ranks: Iterable[int]) -> list[int] | dict[str, int]:

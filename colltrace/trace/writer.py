@@ -335,6 +335,10 @@ class TraceWriter(Ring):
         1 KiB output buffer is a malloc that cost 20k instructions a step in a real job."""
         self._write(_STEP_LINE % (int(step), int(t_ns)))
 
+    def write_line(self, line: bytes) -> None:
+        """A sidecar line formatted by the caller (schema.MEMORY_LINE): no orjson on a thread that writes often."""
+        self._write(line)
+
     def _write(self, line: bytes) -> None:
         """One sidecar line. A write that fails (a disk that filled since the start) never reaches the job:
         `on_error` hears of it once (the recorder stops), and nothing more is written."""

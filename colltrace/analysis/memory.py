@@ -1,0 +1,175 @@
+"""What each rank's memory did (no I/O): its peak and where it was, its growth per step, how near the limit that
+bounded it the rank ended, and whether its cgroup's OOM killer killed. The facts the `oom` rule and the report's
+Memory section read.
+
+A rank's memory is the one its tightest limit bounds: its memory cgroup's usage (less the inactive file cache)
+against the cgroup's limit, its virtual size against RLIMIT_AS, its resident size against the machine's memory,
+whichever is nearest its limit at its last sample. Growth is of the resident size, per optimizer step, fitted over
+the last GROWTH_STEPS steps the samples cover.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from colltrace.trace.memory import Limits, Sample
+from colltrace.trace.records import RankTrace, Run
+
+MIB = 1 << 20
+GROWTH_STEPS = 50  # growth is fitted over this many of the last steps sampled ...
+MIN_STEPS = 4  # ... of at least this many
+GROWS_PER_STEP = MIB  # steady growth: at least this much a step ...
+GROWS_IN_ALL = 32 * MIB  # ... this much over the steps fitted ...
+GROWS_SHARE = 2 / 3  # ... rising from at least this share of one sampled step to the next
+NEAR = 0.9  # "near its limit": at least this share of it used at the last sample
+RISING = 4 * MIB  # "rising": the last sample this much above the one three before
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    per_step: int  # bytes a step (the fit's slope)
+    steps: int  # over this many steps, from `first` on
+    first: int
+
+
+@dataclass(frozen=True, slots=True)
+class Peak:
+    bytes: int  # resident
+    step: int
+    span: str  # the compute span open then, innermost ("backward of blocks.3"), "" none
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """The limit nearest at the rank's last sample."""
+
+    kind: str  # "cgroup" (its memory cgroup's limit), "rlimit_as" (RLIMIT_AS), "machine"
+    limit: int  # bytes
+    used: int  # what that limit bounds, at the last sample
+    rising: bool  # it rose over the last samples
+
+    @property
+    def share(self) -> float:
+        return self.used / self.limit if self.limit > 0 else 0.0
+
+    @property
+    def near(self) -> bool:
+        return self.share >= NEAR
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    rank: int
+    samples: int
+    first_rss: int
+    last_rss: int
+    last_step: int
+    peak: Peak
+    growth: Growth | None  # steady growth per step, None: none (or too few steps to say)
+    bound: Bound | None  # None: no limit read
+    oom_killed: int  # OOM kills its cgroup's count rose by while the job ran (seen by any rank of it), 0 none
+    cuda_peak: int | None = None  # the most CUDA memory allocated at once, None: no CUDA counters
+    cuda_total: int | None = None
+
+
+def _growth(samples: tuple[Sample, ...]) -> Growth | None:
+    """A steady rise of the resident size per step over the last steps sampled (the last sample of each step)."""
+    per_step: dict[int, int] = {}
+    for s in samples:
+        per_step[s.step] = s.rss
+    steps = sorted(per_step)[-GROWTH_STEPS:]
+    if len(steps) < MIN_STEPS or steps[-1] == steps[0]:
+        return None
+    x = np.array(steps, dtype=np.float64)
+    y = np.array([per_step[s] for s in steps], dtype=np.float64)
+    slope = float(np.polyfit(x, y, 1)[0])
+    rises = int(np.count_nonzero(np.diff(y) > 0))
+    if slope < GROWS_PER_STEP or y[-1] - y[0] < GROWS_IN_ALL or rises < GROWS_SHARE * (len(steps) - 1):
+        return None
+    return Growth(int(slope), steps[-1] - steps[0], steps[0])
+
+
+def _bound(samples: tuple[Sample, ...], limits: Limits | None) -> Bound | None:
+    if limits is None or not samples:
+        return None
+    last = samples[-1]
+    before = samples[max(0, len(samples) - 4)]
+    options = []
+    for kind, used, limit, then in (
+        ("cgroup", last.cgroup, limits.cgroup, before.cgroup),
+        ("rlimit_as", last.vms, limits.rlimit_as, before.vms),
+        ("machine", last.rss, limits.machine, before.rss),
+    ):
+        if used >= 0 and limit > 0:
+            options.append(Bound(kind, limit, used, used - then >= RISING))
+    return max(options, key=lambda b: b.share, default=None)
+
+
+def _peak(rt: RankTrace) -> Peak:
+    best = max(rt.memory.samples, key=lambda s: s.rss)
+    return Peak(best.rss, best.step, _span_at(rt, best.t_ns))
+
+
+def _span_at(rt: RankTrace, t_ns: int) -> str:
+    """The innermost compute span open at t_ns: "backward of blocks.3", "data", "" none."""
+    spans = rt.spans
+    if not len(spans):
+        return ""
+    cols = spans.cols
+    begun = cols["t_issue_ns"].astype(np.int64) + spans.offset
+    ended = cols["t_done_ns"].astype(np.int64)
+    ended = np.where(ended > 0, ended + spans.offset, np.iinfo(np.int64).max)
+    open_ = np.flatnonzero((begun <= t_ns) & (ended >= t_ns))
+    if not len(open_):
+        return ""
+    i = int(open_[np.argmax(begun[open_])])
+    span = spans.decode(cols[i : i + 1])[0]
+    return f"{span.op} of {span.module}" if span.module else span.op
+
+
+def _oom_kills(run: Run) -> dict[tuple[str, str], int]:
+    """(host, cgroup path) -> how many OOM kills its count rose by while any rank of it sampled it."""
+    seen: dict[tuple[str, str], tuple[int, int]] = {}
+    for rt in run.ranks.values():
+        mem = rt.memory
+        for s in mem.samples:
+            lim = mem.limits_at(s.t_ns)
+            if s.oom_kills < 0 or lim is None or not lim.cgroup_path:
+                continue
+            key = (rt.host, lim.cgroup_path)
+            lo, hi = seen.get(key, (s.oom_kills, s.oom_kills))
+            seen[key] = (min(lo, s.oom_kills), max(hi, s.oom_kills))
+    return {key: hi - lo for key, (lo, hi) in seen.items()}
+
+
+def summarize(run: Run) -> dict[int, RankMemory]:
+    """Each rank's memory, where its trace holds samples."""
+    kills = _oom_kills(run)
+    out: dict[int, RankMemory] = {}
+    for r, rt in sorted(run.ranks.items()):
+        mem = rt.memory
+        if not mem.samples:
+            continue
+        last = mem.samples[-1]
+        limits = mem.limits_at(last.t_ns)
+        cuda = [c for c in mem.cuda if c.peak >= 0]
+        out[r] = RankMemory(
+            rank=r, samples=len(mem.samples), first_rss=mem.samples[0].rss, last_rss=last.rss, last_step=last.step,
+            peak=_peak(rt), growth=_growth(mem.samples), bound=_bound(mem.samples, limits),
+            oom_killed=kills.get((rt.host, limits.cgroup_path), 0) if limits is not None else 0,
+            cuda_peak=max(c.peak for c in cuda) if cuda else None,
+            cuda_total=max(c.total for c in cuda) if cuda else None,
+        )  # fmt: skip
+    return out
+
+
+def ran_out(m: RankMemory) -> bool:
+    """Its memory ended near its limit and rising: what the kernel's OOM killer acts on."""
+    return m.bound is not None and m.bound.near and m.bound.rising
+
+
+def flat_and_far(m: RankMemory) -> bool:
+    """Its memory did not grow and ended far from any limit: not what ran it out of memory."""
+    return m.growth is None and (m.bound is None or m.bound.share < 0.5) and not m.oom_killed
