@@ -23,6 +23,9 @@ FSDP_STEP = [  # (op, numel, module, phase): one FSDP2 training step of a 3-laye
 ]
 
 
+WALL = 1_700_000_000_000_000_000  # the wall clock at monotonic 0 (the header's clock): slots' times are monotonic
+
+
 class FakeRank:
     """Writes one rank's trace the way the recorder does."""
 
@@ -43,7 +46,7 @@ class FakeRank:
             "backend": "gloo",
             "python": "3.11",
             "launcher": "torchrun",
-            "clock": {"wall_ns": 1_700_000_000_000_000_000, "mono_ns": 0},
+            "clock": {"wall_ns": WALL, "mono_ns": 0},
         }
         if pid:  # the traced process (the launcher's exit lines name theirs)
             header["pid"] = pid
@@ -132,6 +135,17 @@ class FakeRank:
             schema.KIND_SPAN, 0, 0, 0, 0, s(kind), 0, 0, 0, 0, s(flavour), 0, 0, -1, 0, 0, -1, self.step, 0,
             self.t - duration_ns, self.t, 0,
         )  # fmt: skip
+
+    def limits(self, machine: int = 64 << 30, rlimit_as: int = -1, cgroup: int = -1, path: str = "/job") -> None:
+        """What bounds its memory from now on (the watchdog's memory_limits event)."""
+        cg = {"version": 2, "path": path, "limit": cgroup} if path else None
+        self.w.event({"ev": schema.EV_MEMORY_LIMITS, "t_ns": WALL + self.t, "machine": machine, "rlimit_as": rlimit_as,
+                      "cgroup": cg})  # fmt: skip
+
+    def memory(self, rss: int, vms: int = 0, cgroup: int = -1, oom_kills: int = 0, step: int | None = None) -> None:
+        """One memory sample of its watchdog, now (vms: rss + 1 GB unless said)."""
+        step = self.step if step is None else step
+        self.w.write_line(schema.MEMORY_LINE % (WALL + self.t, step, rss, vms or rss + (1 << 30), cgroup, oom_kills))
 
     def footer(self) -> None:
         self.w.event({"ev": schema.EV_FOOTER, "t_ns": 0, "step": self.step, "in_flight": 0})

@@ -23,7 +23,7 @@ MIN_STEPS = 4  # ... of at least this many
 GROWS_PER_STEP = MIB  # steady growth: at least this much a step ...
 GROWS_IN_ALL = 32 * MIB  # ... this much over the steps fitted ...
 GROWS_SHARE = 2 / 3  # ... rising from at least this share of one sampled step to the next
-NEAR = 0.9  # "near its limit": at least this share of it used at the last sample
+NEAR = 0.9  # "near its limit": at least this share of it used at the last sample (or one more rise: Bound.near)
 RISING = 4 * MIB  # "rising": the last sample this much above the one three before
 
 
@@ -49,6 +49,7 @@ class Bound:
     limit: int  # bytes
     used: int  # what that limit bounds, at the last sample
     rising: bool  # it rose over the last samples
+    last_rise: int = 0  # ... by this much since the sample before the last
 
     @property
     def share(self) -> float:
@@ -56,7 +57,9 @@ class Bound:
 
     @property
     def near(self) -> bool:
-        return self.share >= NEAR
+        """At NEAR of the limit or more, or one more rise like its last from it: a rank that grows fast dies
+        between two samples, its last well below the limit."""
+        return self.share >= NEAR or (self.last_rise > 0 and self.used + self.last_rise >= self.limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,22 +91,22 @@ def _growth(samples: tuple[Sample, ...]) -> Growth | None:
     rises = int(np.count_nonzero(np.diff(y) > 0))
     if slope < GROWS_PER_STEP or y[-1] - y[0] < GROWS_IN_ALL or rises < GROWS_SHARE * (len(steps) - 1):
         return None
-    return Growth(int(slope), steps[-1] - steps[0], steps[0])
+    return Growth(round(slope), steps[-1] - steps[0], steps[0])
 
 
 def _bound(samples: tuple[Sample, ...], limits: Limits | None) -> Bound | None:
     if limits is None or not samples:
         return None
-    last = samples[-1]
+    last, prev = samples[-1], samples[max(0, len(samples) - 2)]
     before = samples[max(0, len(samples) - 4)]
     options = []
-    for kind, used, limit, then in (
-        ("cgroup", last.cgroup, limits.cgroup, before.cgroup),
-        ("rlimit_as", last.vms, limits.rlimit_as, before.vms),
-        ("machine", last.rss, limits.machine, before.rss),
+    for kind, used, limit, then, just in (
+        ("cgroup", last.cgroup, limits.cgroup, before.cgroup, prev.cgroup),
+        ("rlimit_as", last.vms, limits.rlimit_as, before.vms, prev.vms),
+        ("machine", last.rss, limits.machine, before.rss, prev.rss),
     ):
         if used >= 0 and limit > 0:
-            options.append(Bound(kind, limit, used, used - then >= RISING))
+            options.append(Bound(kind, limit, used, used - then >= RISING, used - just))
     return max(options, key=lambda b: b.share, default=None)
 
 
