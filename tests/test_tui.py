@@ -507,3 +507,36 @@ def test_a_rank_blocked_in_a_tensor_parallel_all_reduce_shows_it_in_flight() -> 
             assert held is not None and len(held.group(1)) > len(lane) / 2, (row, text[row])
 
     drive(FIXTURES / "tp_plan_slip", script)
+
+
+def test_memory_shows_in_the_lanes_stats_and_detail(tmp_path: Path) -> None:
+    """Rank 2 grows 15 MB a step, the others stay flat: its lane's sparkline rises to the top, theirs stays low;
+    Stats gives each rank's peak, growth and share of its limit; Detail the rank's memory at the collective."""
+    from handmade import ranks
+
+    mb = 1 << 20
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.limits(cgroup=2 << 30)
+    for i in range(40):
+        for r in rs:
+            r.coll("all_reduce", 756, "", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+            r.memory(300 * mb + (15 * mb * i if r.rank == 2 else 0), cgroup=(300 + (15 * i if r.rank == 2 else 0)) * mb)
+    for r in rs:
+        r.footer()
+
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        await pilot.press("2")
+        shown = lines(app, 7)
+        assert shown[6][9:14] == "▄▆▇█ " and shown[2][9:14] == "▃▃▃▃ "
+        await pilot.press("4")
+        table = app.query_one("#stats-table", DataTable)
+        cells = [str(c) for c in table.get_row_at(2)][-3:]
+        assert cells == ["885 MB", "15 MB", "43 % cgroup ↑"]
+        assert [str(c) for c in table.get_row_at(0)][-3:] == ["300 MB", "—", "15 % cgroup"]
+        await pilot.press("2", "n", "5")
+        assert "mem 300 MB" in str(app.query_one("#detail-text").render())
+
+    drive(tmp_path, script)

@@ -208,12 +208,12 @@ class CollTraceApp(App[None]):
         table.clear(columns=True)
         cats = list(words.CATEGORY)
         table.add_columns("rank", "steps", "p50", "p99", "overlap", "exposed", "AG in flight",
-                          *[words.CATEGORY_SHORT[c] for c in cats])  # fmt: skip
+                          *[words.CATEGORY_SHORT[c] for c in cats], "peak mem", "growth/step", "of limit")  # fmt: skip
         for st in got.steps:
             table.add_row(
                 str(st.rank), str(st.steps), words.duration(st.p50_ns), words.duration(st.p99_ns),
                 "—" if st.overlap is None else f"{st.overlap * 100:.0f} %", words.duration(st.exposed_ns),
-                str(st.inflight_allgathers), *[words.duration(st.mean_ns.get(c)) for c in cats],
+                str(st.inflight_allgathers), *[words.duration(st.mean_ns.get(c)) for c in cats], *_memory_cells(st),
             )  # fmt: skip
         note = (f"rank {got.straggler} is the run's straggler (the report names it)" if got.straggler is not None
                 else "no straggler: no rank kept the others waiting long enough (at least 1 s and 60 % of all such "
@@ -394,14 +394,25 @@ class CollTraceApp(App[None]):
             took = "in flight" if x.t1 is None else ("failed" if x.error else words.duration(x.t1 - x.t0))
             blocked = words.duration(row.blocked_ns)
             size = "?" if x.nbytes is None else f"{x.nbytes} B"
+            mem = f"  mem {words.size(row.rss)}" if row.rss is not None else ""
             rows.append(f"{who} {'≠' if row.differs else ' '} {x.op:<24} {size:>10}  "
                         f"issued +{words.duration(x.t0 - model.t_min):>9}  took {took:>9}  blocked {blocked:>8}  "
-                        f"{x.module or '-'} {x.phase or '-'} step {x.step}")  # fmt: skip
+                        f"{x.module or '-'} {x.phase or '-'} step {x.step}{mem}")  # fmt: skip
         if dt.unread:
             rows.append(f"  … {dt.unread} more ranks of the group not read here (a sample of a big world; "
                         "`e` on the timeline shows a class rank by rank)")  # fmt: skip
         legend = "! culprit   ≠ issued something else at this seq than most ranks of the group"
         return head + "\n\n" + "\n".join(rows) + "\n\n" + legend
+
+
+def _memory_cells(st: m.StepRow) -> tuple[str, str, str]:
+    """Its peak resident memory, its growth a step, the share of its nearest limit used at its last sample."""
+    mem = st.memory
+    if mem is None:
+        return "—", "—", "—"
+    b = mem.bound
+    limit = "—" if b is None else f"{b.share * 100:.0f} % {b.kind}{' ↑' if b.rising else ''}"
+    return words.size(mem.peak.bytes), words.size(mem.growth.per_step) if mem.growth else "—", limit
 
 
 def _tab_bar(active: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from colltrace.analysis.causes import straggler_evidence
 from colltrace.analysis.diagnose import diagnose
+from colltrace.analysis.memory import RankMemory
 from colltrace.analysis.results import Diagnosis, Evidence
 from colltrace.analysis.streams import Signature, p2p_ends
 from colltrace.analysis.timeline import Call, Span, Timeline, stream_of
@@ -206,6 +207,7 @@ class DetailRow:
     differs: bool  # issued something else at this seq (op, size, module or phase) than most members did
     blocked_ns: int | None  # how long the host was blocked in it (a blocking call to the rank's end if it
     # never returned; an async one, its wait()); None: not known (an async call still in flight)
+    rss: int | None = None  # the rank's resident memory at its last sample before the call; None: not sampled
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +254,7 @@ def detail(model: Model, c: Call, rank: int | None = None) -> Detail:
             blocked: int | None = (same.t1 if same.t1 is not None else model.lines[r].end_ns) - same.t0
         else:
             blocked = same.wait_ns if same.t1 is not None else None
-        rows.append(DetailRow(r, same, differs, blocked))
+        rows.append(DetailRow(r, same, differs, blocked, memory_at(model.run, r, same.t0)))
     issued = [row.call.t0 for row in rows if row.call is not None]
     d = model.dx.divergence
     return Detail(c, label, tuple(rows), sum(r not in model.lines for r in members),
@@ -313,6 +315,7 @@ class StepRow:
     exposed_ns: float | None  # communication not under compute, per step
     inflight_allgathers: int  # the most all-gathers in flight at once
     mean_ns: Mapping[str, float]  # per step, by timing category (timing.CATEGORIES); empty: no completed step
+    memory: RankMemory | None = None  # its memory (peak, growth, limit), None: not sampled
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +340,8 @@ def stats(model: Model) -> Stats:
     steps = []
     for r, rt in tm.ranks.items():
         steps.append(StepRow(r, len(rt.steps), rt.step_pct_ns(0.5), rt.step_pct_ns(0.99), rt.overlap.ratio,
-                             rt.exposed_per_step_ns(), rt.max_inflight_allgathers, rt.mean_ns()))  # fmt: skip
+                             rt.exposed_per_step_ns(), rt.max_inflight_allgathers, rt.mean_ns(),
+                             model.dx.memory.get(r)))  # fmt: skip
     top = tm.straggler()
     return Stats(tuple(steps), tuple(SlowRow(s, straggler_evidence(s)) for s in tm.stragglers),
                  top.rank if top is not None else None)  # fmt: skip
@@ -438,12 +442,43 @@ class LaneHead:
     state: str  # how its rank ended: done, crash, hung, ... (STATE_WORD)
     culprit: bool  # a culprit is among its ranks
     progress_ns: int  # wall clock of its rank's last progress (0: none)
+    memory: str = ""  # its resident memory over the run, a SPARK_CELLS sparkline against the biggest rank's peak
 
 
 def head(model: Model, row: Row) -> LaneHead:
     end = model.dx.ranks.get(row.rank)
     state = STATE_WORD[end.state] if end else ""
-    return LaneHead(row.label, state, bool(set(row.ranks) & set(model.dx.culprits)), model.last_progress_ns(row.rank))
+    return LaneHead(row.label, state, bool(set(row.ranks) & set(model.dx.culprits)), model.last_progress_ns(row.rank),
+                    spark(model, row.rank))  # fmt: skip
+
+
+SPARK_CELLS = 4
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def spark(model: Model, rank: int, cells: int = SPARK_CELLS) -> str:
+    """The rank's resident memory over the run's time, `cells` wide: the most in each part of the run (the part
+    before carried on where none was sampled), against the biggest peak of any rank; "" not sampled."""
+    rt = model.run.ranks.get(rank)
+    top = max((m.peak.bytes for m in model.dx.memory.values()), default=0)
+    if rt is None or not rt.memory.samples or top <= 0:
+        return ""
+    span = max(1, model.t_max - model.t_min)
+    most = [0] * cells
+    for sm in rt.memory.samples:
+        i = min(cells - 1, max(0, (sm.t_ns - model.t_min) * cells // span))
+        most[i] = max(most[i], sm.rss)
+    for i in range(1, cells):
+        most[i] = most[i] or most[i - 1]
+    return "".join(_BARS[min(len(_BARS) - 1, v * len(_BARS) // (top + 1))] if v else " " for v in most)
+
+
+def memory_at(run: Run, rank: int, t_ns: int) -> int | None:
+    """The rank's resident memory at its last sample at or before t_ns, None: none."""
+    rt = run.ranks.get(rank)
+    samples = rt.memory.samples if rt is not None else ()
+    i = bisect.bisect_right([s.t_ns for s in samples], t_ns)
+    return samples[i - 1].rss if i else None
 
 
 # -- the timeline's cells -------------------------------------------------------------------------------

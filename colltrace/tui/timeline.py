@@ -178,6 +178,8 @@ class Timeline(ScrollView):
             row_cells = m.span_cells(ln, self.t0, self.t1, cells)
         else:
             label = f"  {m.ago(head.progress_ns)} ago"
+            if head.memory:  # its memory over the run at the label's right end, "ago" left out to make room
+                label = f"  {m.ago(head.progress_ns)}".ljust(LABEL - m.SPARK_CELLS - 1) + head.memory
             lstyle = Style(dim=True)
             row_cells = m.call_cells(ln, self.t0, self.t1, cells, model.divergence)
         segs = [Segment(label[:LABEL].ljust(LABEL), lstyle)]
