@@ -1,6 +1,7 @@
 """The shim's share of an FSDP2 training step, in CPU instructions (valgrind callgrind).
 
     python bench/step_instructions.py [--rounds N] [--steps K] [--modes frames,hooks] [--spans on,off]
+                                      [--memory on,off]
     python bench/step_instructions.py --parts      (the shim's parts installed one at a time)
     python bench/step_instructions.py --modes frames --compare before=../old-checkout   (two trees, one run)
 
@@ -182,6 +183,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=2, help="steps per measured region")
     p.add_argument("--modes", default="frames,hooks", help="COLLTRACE_MODULES values to measure")
     p.add_argument("--spans", default="on", help="COLLTRACE_SPANS values to measure (on,off: both)")
+    p.add_argument("--memory", default="on", help="COLLTRACE_MEMORY values to measure (on,off: both)")
     p.add_argument("--parts", action="store_true", help="the shim's parts one at a time instead (biased, see above)")
     p.add_argument("--keep", metavar="DIR", default="", help="keep the callgrind dumps (one per region) in DIR")
     p.add_argument("--compare", metavar="NAME=DIR", action="append", default=[],
@@ -209,9 +211,12 @@ def main() -> int:
         variants = []
         for m in (m for m in args.modes.split(",") if m):
             for sp in (s for s in args.spans.split(",") if s):
-                name = m if sp == "on" else f"{m}, spans {sp}"  # the default way keeps its plain name
-                variants.append(name)
-                runs[name] = dict(base_env, COLLTRACE="1", COLLTRACE_MODULES=m, COLLTRACE_SPANS=sp)
+                for mem in (s for s in args.memory.split(",") if s):
+                    # the default way keeps its plain name
+                    name = m + ("" if sp == "on" else f", spans {sp}") + ("" if mem == "on" else f", memory {mem}")
+                    variants.append(name)
+                    runs[name] = dict(base_env, COLLTRACE="1", COLLTRACE_MODULES=m, COLLTRACE_SPANS=sp,
+                                      COLLTRACE_MEMORY=mem)  # fmt: skip
         for name, _, tree in (c.partition("=") for c in args.compare):
             variants.append(name)
             runs[name] = dict(base_env, COLLTRACE="1", PYTHONPATH=os.path.abspath(tree))

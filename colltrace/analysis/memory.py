@@ -75,6 +75,7 @@ class RankMemory:
     oom_killed: int  # OOM kills its cgroup's count rose by while the job ran (seen by any rank of it), 0 none
     cuda_peak: int | None = None  # the most CUDA memory allocated at once, None: no CUDA counters
     cuda_total: int | None = None
+    cuda_peak_at: str = ""  # the FSDP2 unit span that peak rose in, and its step: "backward of blocks.11, step 40"
 
 
 def _growth(samples: tuple[Sample, ...]) -> Growth | None:
@@ -158,12 +159,13 @@ def summarize(run: Run) -> dict[int, RankMemory]:
         last = mem.samples[-1]
         limits = mem.limits_at(last.t_ns)
         cuda = [c for c in mem.cuda if c.peak >= 0]
+        top = max(cuda, key=lambda c: c.peak) if cuda else None
         out[r] = RankMemory(
             rank=r, samples=len(mem.samples), first_rss=mem.samples[0].rss, last_rss=last.rss, last_step=last.step,
             peak=_peak(rt), growth=_growth(mem.samples), bound=_bound(mem.samples, limits),
             oom_killed=kills.get((rt.host, limits.cgroup_path), 0) if limits is not None else 0,
-            cuda_peak=max(c.peak for c in cuda) if cuda else None,
-            cuda_total=max(c.total for c in cuda) if cuda else None,
+            cuda_peak=top.peak if top else None, cuda_total=top.total if top else None,
+            cuda_peak_at=f"{top.peak_at}, step {top.step}" if top and top.peak_at else "",
         )  # fmt: skip
     return out
 

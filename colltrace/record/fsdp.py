@@ -292,7 +292,8 @@ class Unit:
 # by its Unit, which keeps its fixed part too: a unit's module is named once. _SPAN: `unit` begins a span of kind
 # {what} and mode {mode} of module {name}, its kept fixed part good where {same} (the same recorder and thread;
 # an FSDPState's forwards differ in kind and mode too, a param group's backward spans never do); _SPAN_END: the
-# span `unit` has open ends. A compiled module runs its
+# span `unit` has open ends (then, on CUDA, MemorySampler.unit_end looks at the allocator's peak; it never
+# raises). A compiled module runs its
 # hooks inside the graph TorchDynamo traces: no span then. An error goes to `span_failed`, and the hook runs.
 _SPAN = """\
     sp = tracer.spans
@@ -313,7 +314,9 @@ _SPAN_END = """\
             unit.idx = -1
             slot_w = unit.slot_w
             ring = unit.sp.ring
-{end}"""
+{end}            if tracer.cuda_unit is not None:  # on CUDA: did the allocator's peak rise in this unit (memory.py)
+                tracer.cuda_unit(unit)
+"""
 _PRE_FORWARD = """\
     if {compiling}:
         return orig({call})

@@ -147,6 +147,8 @@ class MemorySampler:
         self.cuda_seen = False
         self.cuda: Any = None
         self.cuda_total = 0
+        self.unit_peak = 0  # the allocator's peak at the last FSDP unit end where it rose, this step ...
+        self.peak_at = ""  # ... and that unit's span: "backward of blocks.11"
 
     def sample(self, step: int, force: bool = False) -> None:
         now = time.monotonic()
@@ -193,6 +195,18 @@ class MemorySampler:
             self.cuda_total = int(torch.cuda.mem_get_info()[1])
         self.cuda_event(step)
 
+    def unit_end(self, unit: Any) -> None:
+        """An FSDP2 unit's forward or backward span ended (fsdp._SPAN_END, on CUDA only): where the allocator's peak
+        since the step began rose, it rose in this unit, or just before it. Kept until the step's end says it."""
+        try:
+            peak = self.cuda.max_memory_allocated()
+            if peak > self.unit_peak:
+                self.unit_peak = peak
+                name = unit.serves[0][0] if unit.serves else ""
+                self.peak_at = f"{unit.what} of {name}" if name else unit.what
+        except Exception:
+            pass
+
     def cuda_event(self, step: int, oom: int | None = None) -> None:
         cuda = self.cuda
         stats = cuda.memory_stats()
@@ -203,5 +217,8 @@ class MemorySampler:
               "retries": int(stats.get("num_alloc_retries", 0)), "ooms": int(stats.get("num_ooms", 0))}  # fmt: skip
         if oom is not None:
             ev["oom_size"] = oom
+        if self.peak_at:
+            ev["peak_at"] = self.peak_at
         cuda.reset_peak_memory_stats()
+        self.unit_peak, self.peak_at = 0, ""
         self.writer.event(ev)

@@ -41,6 +41,7 @@ class Tracer:
     def __init__(self) -> None:
         self.recorder: Recorder | None = None
         self.spans: SpanRecorder | None = None  # the recorder's spans while it records (read by hooks)
+        self.cuda_unit: Any = None  # on CUDA, MemorySampler.unit_end: FSDP2's unit ends call it (record/memory.py)
         self.cfg: config_mod.Config | None = None
         self.ctx = Context()
         self.patches = Patches()  # everything install() changed: pause() and uninstall() undo exactly this
@@ -166,8 +167,10 @@ class Tracer:
             if memory.cuda_seen:
                 try:
                     memory.cuda_step(step)
+                    self.cuda_unit = memory.unit_end  # FSDP2's unit ends look at the peak from now on
                 except Exception as e:
                     memory.cuda_seen = False
+                    self.cuda_unit = None
                     self.warn_once("reading CUDA's memory counters failed", e)
 
         return on_step

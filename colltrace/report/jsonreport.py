@@ -111,7 +111,9 @@ def memory(m: RankMemory | None) -> dict[str, Any] | None:
         if b
         else None,
         "oom_kills": m.oom_killed,
-        "cuda": {"peak": m.cuda_peak, "total": m.cuda_total} if m.cuda_peak is not None else None,
+        "cuda": {"peak": m.cuda_peak, "total": m.cuda_total, "peak_at": m.cuda_peak_at or None}
+        if m.cuda_peak is not None
+        else None,
         "text": words.memory_text(f"rank {m.rank}", m),
     }
 

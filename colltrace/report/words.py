@@ -631,6 +631,9 @@ def memory_text(who: str, d: Detail) -> str:
         parts[0:0] = [f"did not grow steadily ({size(d.first_rss)} resident at its first sample, {size(d.last_rss)} "
                       "at its last)"]  # fmt: skip
     bound = bound_text(d)
+    if d.cuda_peak is not None:  # on CUDA: the allocator's peak, and where it rose
+        at = f" in {d.cuda_peak_at}" if d.cuda_peak_at else ""
+        parts.append(f"allocated {size(d.cuda_peak)} of {size(d.cuda_total or 0)} on its GPU at most{at}")
     return f"{who}'s memory {', '.join(parts)}" + (f"; {bound}" if bound else "")
 
 

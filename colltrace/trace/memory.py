@@ -54,6 +54,7 @@ class Cuda:
     retries: int = 0  # allocations retried after freeing the cache, so far
     ooms: int = 0  # out-of-memory errors so far
     oom_size: int | None = None
+    peak_at: str = ""  # the FSDP2 unit span the peak rose in last: "backward of blocks.11" ("" not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,8 @@ def of(samples: list[Sample], events: list[dict[str, Any]]) -> MemoryTrace:
             size = ev.get("oom_size")
             cuda.append(Cuda(_int(ev.get("t_ns")), _int(ev.get("step")), _int(ev.get("allocated")),
                              _int(ev.get("reserved")), _int(ev.get("peak")), _int(ev.get("total")),
-                             _int(ev.get("retries")), _int(ev.get("ooms")), size if type(size) is int else None))  # fmt: skip
+                             _int(ev.get("retries")), _int(ev.get("ooms")), size if type(size) is int else None,
+                             str(ev.get("peak_at") or "")))  # fmt: skip
     kept = samples[-KEPT:]
     return MemoryTrace(tuple(kept), tuple(limits), tuple(cuda[-KEPT:]), len(samples) - len(kept))
 

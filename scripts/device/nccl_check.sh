@@ -10,7 +10,9 @@
 #   3. overhead  host time per blocking all_reduce and per FSDP2 step, traced vs untraced
 #   4. graph     all_reduces captured in a CUDA graph, replayed: the shim must not break the capture
 #   5. diverge   two ranks, rank 1 skipping an all_reduce (not in the default PARTS: needs 2 GPUs)
-# PARTS="hang" runs only some of them (train hang overhead graph diverge).
+#   6. memory    FSDP2 leaking 256 MB of device memory a step under a 5 % cap until CUDA's OutOfMemoryError:
+#                cuda_memory events with the unit the peak rose in, the error's size, the report's oom
+# PARTS="hang" runs only some of them (train hang overhead graph diverge memory).
 set -u
 OUT=${OUT:-/tmp/nccl-check-out}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -38,7 +40,7 @@ main() {
     fi
 
     local part
-    for part in ${PARTS:-train hang overhead}; do "part_$part"; done
+    for part in ${PARTS:-train hang overhead memory}; do "part_$part"; done
 }
 
 part_train() {
@@ -70,6 +72,16 @@ for l in open('$WORK/runs/diverge.dump.jsonl'):
         d = json.loads(l); print('  ', d['rank'], d['seq'], d['op'], d['numel'], d['status'], d['on_device'])" 2>&1 | head -n 20
     echo "== colltrace report diverge"
     $PY -m colltrace report "$WORK/runs/diverge" 2>&1 | head -n 50
+}
+
+part_memory() {
+    job memory memory 180
+    echo "== memory events (rank 0)"
+    grep -h -E '"ev":"(cuda_memory|memory_limits)"' "$WORK/runs/memory/rank00000.jsonl" | tail -n 4 | cut -c1-400
+    grep -h -o '"oom_size":[-0-9]*' "$WORK/runs/memory/rank00000.jsonl" | head -n 2
+    echo "== colltrace report memory"
+    $PY -m colltrace report "$WORK/runs/memory" 2>&1 | sed -n '1,/^#### Aligned/p' | head -n 30
+    $PY -m colltrace report "$WORK/runs/memory" 2>&1 | sed -n '/^#### Memory/,/^#### Env/p'
 }
 
 part_graph() {  # collectives captured in a CUDA graph: the capture and the replays must work as without colltrace

@@ -12,6 +12,9 @@ MODE=graph: all_reduces captured in a CUDA graph (blocking and async), the graph
   more all_reduces outside it: capture must not be broken by the shim.
 MODE=overhead: host time per blocking all_reduce and per FSDP2 step, traced and untraced in
   interleaved batches (colltrace.record.install.pause/resume), written to $FACTS.
+MODE=memory: an FSDP2 model whose backward keeps 256 MB of activations a step on the device, in a process
+  capped at MEM_FRACTION of the GPU (set_per_process_memory_fraction), until CUDA's allocator raises
+  OutOfMemoryError: the trace must hold cuda_memory events (the peak's unit), the error's oom_size.
 
 DRY=1 runs the same code on CPU with gloo (no sleeps): a check of this script, not of NCCL.
 """
@@ -112,7 +115,8 @@ def main() -> None:
         facts["gpu"] = torch.cuda.get_device_name(dev)
     cps = calibrate()
     facts["cycles_per_s"] = cps
-    {"train": train, "hang": hang, "overhead": overhead, "diverge": diverge, "graph": graph}[MODE](dev, cps, facts)
+    {"train": train, "hang": hang, "overhead": overhead, "diverge": diverge, "graph": graph,
+     "memory": memory}[MODE](dev, cps, facts)  # fmt: skip
     if dist.get_rank() == 0:
         with open(FACTS, "w") as f:
             json.dump(facts, f, indent=1)
@@ -191,6 +195,20 @@ def train(dev: torch.device, cps: float, facts: dict[str, object]) -> None:
         async_issue_ns=a0, async_waited_ns=a_waited, async_synced_ns=a_synced,
         async_completed_after_wait=completed_after_wait,
     )  # fmt: skip
+
+
+def memory(dev: torch.device, cps: float, facts: dict[str, object]) -> None:
+    if not DRY:
+        torch.cuda.set_per_process_memory_fraction(float(os.environ.get("MEM_FRACTION", "0.05")), dev)
+    model, opt = fsdp_model(dev, 1024, 6)
+    kept = []
+    x = torch.randn(64, 1024, device=dev)
+    for step in range(1000):
+        train_step(model, opt, x)
+        kept.append(torch.empty(64 << 20, dtype=torch.float32, device=dev))  # 256 MB a step, never freed
+        facts["steps"] = step + 1
+        with open(FACTS, "w") as f:  # written each step: the last step dies of it
+            json.dump(facts, f, indent=1)
 
 
 def hang(dev: torch.device, cps: float, facts: dict[str, object]) -> None:
