@@ -103,6 +103,9 @@ if (
 assert _MARKER_W == 0  # the marker is the slot's first word: words[slot_w]
 # what the templates' code refers to: the namespace of a function that inlines them
 _SOURCES = itertools.count(1)
+# every generated function's source, by its file name (`<colltrace traced all_reduce>`): what runs, for a reader
+# and for tests/test_record_generated.py, which holds it to its saved copy (tests/snapshots/generated.py)
+GENERATED: dict[str, str] = {}
 HOT_NAMES: dict[str, Any] = {"_BASE": _BASE, "_SIZE": _SIZE, "_HEAD_MASK": _HEAD_MASK, "pack_static": pack_static,
                              "pack_fixed": pack_fixed}  # fmt: skip
 
@@ -129,6 +132,7 @@ def hot_function(
     ns = {**HOT_NAMES, **namespace}
     exec(code, ns)  # noqa: S102 - generated from this package's own templates
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    GENERATED[filename] = source
     fn: Callable[..., Any] = ns[name]
     return fn
 
