@@ -17,6 +17,7 @@ from colltrace.record.context import (
     PHASE_FORWARD,
     PHASE_RECOMPUTE,
     THREAD_STATE,
+    Context,
     ThreadState,
     clean_fqn,
 )
@@ -357,22 +358,14 @@ _PRE_BACKWARD = """\
 {span_backward}{serving}"""
 
 
-def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseException], None]) -> dict[str, Any]:
-    """What wraps FSDP2's FSDPState._pre_forward and _post_forward, FSDPParamGroup.pre_backward, post_backward and
-    _prefetch_unshard (_PRE_FORWARD, _POST_FORWARD, _PRE_BACKWARD, _POST_BACKWARD, _PREFETCH), by name, reading the
-    unit's state (pre_backward: its TrainingState value); and "unit_name", the name of what an FSDPState
-    serves (its param group's module FQN). Plain functions of plain objects, so bench/shim_instructions.py can count
-    them without torch."""
-    from colltrace.record.shim import COMPILING, compiling_names  # the shim imports the adapters' helpers
+class _Units:
+    """FSDPState or FSDPParamGroup -> its Unit (`table`, the hooks' `units`), and the names of what each serves."""
 
-    ctx = tracer.ctx
-    # FSDPState or FSDPParamGroup -> its Unit
-    units: dict[object, Unit] = {}
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.table: dict[object, Unit] = {}
 
-    def span_failed(exc: BaseException) -> None:
-        tracer.warn_once("recording FSDP2 spans failed", exc)
-
-    def fqn(group: Any) -> str:
+    def fqn(self, group: Any) -> str:
         """A param group's module FQN as FSDP names it, less wrapper levels (checkpoint_wrapper's around a unit)."""
         name = getattr(group, "_module_fqn", None)
         if name:
@@ -380,88 +373,110 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
         if name == "":
             return "<root>"
         modules = getattr(group, "modules", ())
-        return ",".join(ctx.module_name(m) for m in modules) or "?"
+        return ",".join(self.ctx.module_name(m) for m in modules) or "?"
 
-    def unit_name(fsdp_state: Any, module: Any) -> str:
+    def unit_name(self, fsdp_state: Any, module: Any) -> str:
         """What fsdp_state's collectives serve: its (first) param group's module FQN, as FSDP names it at its lazy
         init; before that, or for a state without parameters, the module's."""
         groups = getattr(fsdp_state, "_fsdp_param_groups", None)
-        return fqn(groups[0]) if groups else ctx.module_name(module)
+        return self.fqn(groups[0]) if groups else self.ctx.module_name(module)
 
-    def state_unit(fsdp_state: Any, module: Any) -> Unit:
+    def state_unit(self, fsdp_state: Any, module: Any) -> Unit:
         """fsdp_state's Unit: what its forward unshard serves in a forward and in a recompute (activation
         checkpointing), named for good once FSDP has named its unit (its lazy init)."""
-        unit = units.get(fsdp_state)
+        unit = self.table.get(fsdp_state)
         if unit is None:
-            unit = units[fsdp_state] = Unit()
-        name = unit_name(fsdp_state, module)
+            unit = self.table[fsdp_state] = Unit()
+        name = self.unit_name(fsdp_state, module)
         unit.serves = ((name, PHASE_FORWARD, UNSHARD), (name, PHASE_RECOMPUTE, UNSHARD))
         groups = getattr(fsdp_state, "_fsdp_param_groups", None)
-        unit.named = (getattr(groups[0], "_module_fqn", None) is not None) if groups else ctx.root is not None
+        unit.named = (getattr(groups[0], "_module_fqn", None) is not None) if groups else self.ctx.root is not None
         return unit
 
-    def group_unit(group: Any) -> Unit:
+    def group_unit(self, group: Any) -> Unit:
         """A param group's Unit: what its backward unshard and its reduce-scatter serve, named for good once FSDP
         has named its unit."""
-        unit = units.get(group)
+        unit = self.table.get(group)
         if unit is None:
-            unit = units[group] = Unit()
-        name = fqn(group)
+            unit = self.table[group] = Unit()
+        name = self.fqn(group)
         unit.serves = ((name, PHASE_BACKWARD, UNSHARD), (name, PHASE_BACKWARD, REDUCE_GRAD))
         unit.named = getattr(group, "_module_fqn", None) is not None
         return unit
 
-    names = {"ctx": ctx, "current_ts": ctx.var.get, "state": ctx.state, "fqn": fqn,
-             "failed": failed, "tracer": tracer, "pre_backward": pre_backward, "units": units,
-             "state_unit": state_unit, "group_unit": group_unit, "PHASE_BACKWARD": PHASE_BACKWARD,
+
+def _template_parts() -> dict[str, str]:
+    """The shared pieces the hook templates name ({span_forward}, {span_end}, ...), as source."""
+    from colltrace.record.shim import COMPILING  # the shim imports the adapters' helpers
+
+    span = _SPAN.replace("{begin}", spans.span_source(spans.BEGIN, 12, "sp"))
+    same = "unit.sp is sp and unit.ts is ts"
+    return {"span_forward": span.format(what="what", mode="mode", name="ctx.module_name({module})",
+                                        same=same + " and unit.what is what and unit.mode == mode"),
+            "span_backward": span.format(what="BACKWARD", mode='""', name="serve[0]", same=same),
+            "span_end": _SPAN_END.replace("{end}", textwrap.indent(spans.END_AT, " " * 12)),
+            "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 8),
+            "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING,
+            "thread_state": textwrap.indent(THREAD_STATE, " " * 8), "serving": _SERVING}  # fmt: skip
+
+
+_PLACEHOLDERS = ("{call}", "{module}", "{arg0}", "{arg1}")
+
+
+def _hook_maker(name: str, template: str, parts: dict[str, str], names: dict[str, Any]) -> Wrap:
+    """What makes the wrapper of one FSDP2 method from its template: the method's own parameters where
+    ops.passthrough can take them over, else *args, **kwargs."""
+    body = template
+    for part, source in parts.items():
+        body = body.replace("{" + part + "}", source)
+    # the names the body uses (the placeholders become the function's own parameters)
+    used = body
+    for placeholder in _PLACEHOLDERS:
+        used = used.replace(placeholder, "")
+    taken = (set(re.findall(r"[A-Za-z_]\w*", used)) | set(names)) - {"self"}
+    method = re.search(r"\bself\b", used) is not None
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        own = ops.passthrough(orig, taken)
+        if own is None or (method and not own[1].startswith("self")):
+            own = ("self, *args, **kwargs", "self, *args, **kwargs", {}) if method else ("*args, **kwargs",) * 2 + ({},)
+        params, call, defaults = own
+        # the function's arguments by position ({module}: a method's first after self, FSDPState._pre_forward's
+        # module); with *args, from it (a call that passes them by keyword then runs unscoped: `failed`)
+        if "*" in call:
+            argv = (["self"] if method else []) + [f"args[{i}]" for i in range(2)]
+        else:
+            argv = call.split(", ") + ["args[0]"] * 2
+        source = body.replace("{call}", call).replace("{module}", argv[1])
+        source = source.replace("{arg0}", argv[0]).replace("{arg1}", argv[1])
+        return hot_function(name, params, source, {**names, **defaults, "orig": orig}, f"<colltrace FSDP2 {name}>")
+
+    return make
+
+
+def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseException], None]) -> dict[str, Any]:
+    """What wraps FSDP2's FSDPState._pre_forward and _post_forward, FSDPParamGroup.pre_backward, post_backward and
+    _prefetch_unshard (_PRE_FORWARD, _POST_FORWARD, _PRE_BACKWARD, _POST_BACKWARD, _PREFETCH), by name, reading the
+    unit's state (pre_backward: its TrainingState value); and "unit_name", the name of what an FSDPState
+    serves (its param group's module FQN). Plain functions of plain objects, so bench/shim_instructions.py can count
+    them without torch."""
+    from colltrace.record.shim import compiling_names  # the shim imports the adapters' helpers
+
+    ctx = tracer.ctx
+    units = _Units(ctx)
+
+    def span_failed(exc: BaseException) -> None:
+        tracer.warn_once("recording FSDP2 spans failed", exc)
+
+    names = {"ctx": ctx, "current_ts": ctx.var.get, "state": ctx.state, "fqn": units.fqn,
+             "failed": failed, "tracer": tracer, "pre_backward": pre_backward, "units": units.table,
+             "state_unit": units.state_unit, "group_unit": units.group_unit, "PHASE_BACKWARD": PHASE_BACKWARD,
              "PHASE_FORWARD": PHASE_FORWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
              "REDUCE_GRAD": REDUCE_GRAD, "BACKWARD": spans.BACKWARD, "span_failed": span_failed,
              **spans.SPAN_NAMES, **spans.KIND_NAMES, **compiling_names()}  # fmt: skip
-    span = _SPAN.replace("{begin}", spans.span_source(spans.BEGIN, 12, "sp"))
-    same = "unit.sp is sp and unit.ts is ts"
-    parts = {"span_forward": span.format(what="what", mode="mode", name="ctx.module_name({module})",
-                                         same=same + " and unit.what is what and unit.mode == mode"),
-             "span_backward": span.format(what="BACKWARD", mode='""', name="serve[0]", same=same),
-             "span_end": _SPAN_END.replace("{end}", textwrap.indent(spans.END_AT, " " * 12)),
-             "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 8),
-             "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING,
-             "thread_state": textwrap.indent(THREAD_STATE, " " * 8), "serving": _SERVING}  # fmt: skip
-    placeholders = ("{call}", "{module}", "{arg0}", "{arg1}")
-
-    def maker(name: str, template: str) -> Wrap:
-        body = template
-        for part, source in parts.items():
-            body = body.replace("{" + part + "}", source)
-        # the names the body uses (the placeholders become the function's own parameters)
-        used = body
-        for placeholder in placeholders:
-            used = used.replace(placeholder, "")
-        taken = (set(re.findall(r"[A-Za-z_]\w*", used)) | set(names)) - {"self"}
-        method = re.search(r"\bself\b", used) is not None
-
-        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-            own = ops.passthrough(orig, taken)
-            if own is None or (method and not own[1].startswith("self")):
-                own = (
-                    ("self, *args, **kwargs", "self, *args, **kwargs", {})
-                    if method
-                    else ("*args, **kwargs",) * 2 + ({},)
-                )
-            params, call, defaults = own
-            # the function's arguments by position ({module}: a method's first after self, FSDPState._pre_forward's
-            # module); with *args, from it (a call that passes them by keyword then runs unscoped: `failed`)
-            if "*" in call:
-                argv = (["self"] if method else []) + [f"args[{i}]" for i in range(2)]
-            else:
-                argv = call.split(", ") + ["args[0]"] * 2
-            source = body.replace("{call}", call).replace("{module}", argv[1])
-            source = source.replace("{arg0}", argv[0]).replace("{arg1}", argv[1])
-            return hot_function(name, params, source, {**names, **defaults, "orig": orig}, f"<colltrace FSDP2 {name}>")
-
-        return make
-
+    parts = _template_parts()
     templates = {"prefetch": _PREFETCH, "post_backward": _POST_BACKWARD, "pre_backward": _PRE_BACKWARD,
                  "pre_forward": _PRE_FORWARD, "post_forward": _POST_FORWARD}  # fmt: skip
-    wraps: dict[str, Any] = {name: maker(name, template) for name, template in templates.items()}
-    wraps["unit_name"] = unit_name
+    wraps: dict[str, Any] = {name: _hook_maker(name, template, parts, names) for name, template in templates.items()}
+    wraps["unit_name"] = units.unit_name
     return wraps
