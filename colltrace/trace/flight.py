@@ -149,13 +149,12 @@ def _frames(entry: dict[str, Any]) -> list[tuple[str, int, str]]:
     return out
 
 
-def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
-    """One rank's dump as a RankTrace: each entry a record (seq: FR's per-group collective_seq_id, which
-    counts what colltrace's seq counts; flavour: FR's state, scheduled, started or completed); done when FR
-    retired or completed it, else in flight. No module, phase or step."""
+def _groups(dump: dict[str, Any]) -> tuple[dict[str, GroupInfo], int, tuple[int, ...]]:
+    """The dump's groups by name, the world size its configs imply, and the members of a group it left unnamed
+    (2.13 on gloo writes the default group's config with an empty name)."""
     groups: dict[str, GroupInfo] = {}
     world = 0
-    unnamed: tuple[int, ...] = ()  # 2.13 on gloo writes the default group's config with an empty name
+    unnamed: tuple[int, ...] = ()
     for key, cfg in (dump.get("pg_config") or {}).items():
         if not isinstance(cfg, dict):
             continue
@@ -166,6 +165,46 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
             groups[name] = GroupInfo(name, str(cfg.get("desc") or ""), members)
         else:
             unnamed = unnamed or members
+    return groups, world, unnamed
+
+
+def _record(rank: int, i: int, e: dict[str, Any], name: str, site: str) -> Collective | None:
+    """Entry i of the dump as a record of group `name`, issued at `site`; None where FR gives no number to
+    align it by (a p2p entry without its peer, no seq): left out, as a slot holds none."""
+    p2p = bool(e.get("is_p2p"))
+    peer = -1
+    if p2p:  # "nccl:send 0->1", "nccl:recv 0<-1": the peer is the other number
+        m = _P2P_PEER.search(str(e.get("profiling_name") or ""))
+        if m is None:
+            return None
+        peer = int(m.group(2))
+    # FR 2.x before 2.3 (torch 2.4) numbered both kinds in one seq_id
+    seq = _int(e.get("p2p_seq_id" if p2p else "collective_seq_id", e.get("seq_id")))
+    idx = _int(e.get("record_id", i), i)
+    if seq < 0 or idx < 0 or peer >= 2**31:
+        return None
+    op = str(e.get("profiling_name") or "?").split(":", 1)[-1].split(" ")[0]
+    dtypes = e.get("input_dtypes") or e.get("output_dtypes") or ()
+    dtype = _DTYPES.get(str(dtypes[0]), str(dtypes[0]).lower()) if dtypes else ""
+    state = str(e.get("state") or "")
+    done = state == "completed" or bool(e.get("retired"))
+    t0 = _int(e.get("time_created_ns"))
+    t_done = _int(e.get("time_discovered_completed_ns"))
+    if done and not t_done:
+        t_done = t0 + _int(_float(e.get("duration_ms")) * 1e6)  # done; when, FR did not say (0 ms on gloo)
+    flags = schema.FLAG_FLIGHT | (schema.FLAG_DONE if done else 0)
+    return Collective(
+        rank, idx, "p2p" if p2p else "collective", name, seq, seq, op,
+        _numel(e.get("input_sizes")), _numel(e.get("output_sizes")), str(e.get("input_sizes") or ""), dtype,
+        "", peer, "", "", state, 0, 0, t0, t_done if done else None, 0, flags, 0, site,
+    )  # fmt: skip
+
+
+def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
+    """One rank's dump as a RankTrace: each entry a record (seq: FR's per-group collective_seq_id, which
+    counts what colltrace's seq counts; flavour: FR's state, scheduled, started or completed); done when FR
+    retired or completed it, else in flight. No module, phase or step."""
+    groups, world, unnamed = _groups(dump)
     records: list[Collective] = []
     skipped = 0
     sites: dict[tuple[tuple[str, int, str], ...], str] = {}
@@ -179,45 +218,20 @@ def rank_trace(rank: int, path: str, dump: dict[str, Any]) -> RankTrace:
             known = groups.get(name)
             members = known.ranks if known and known.ranks else (unnamed if desc == "default_pg" else ())
             groups[name] = GroupInfo(name, desc, members)
-        p2p = bool(e.get("is_p2p"))
-        peer = -1
-        if p2p:  # "nccl:send 0->1", "nccl:recv 0<-1": the peer is the other number; without one, left out
-            m = _P2P_PEER.search(str(e.get("profiling_name") or ""))
-            if m is None:
-                skipped += 1
-                continue
-            peer = int(m.group(2))
-        # FR 2.x before 2.3 (torch 2.4) numbered both kinds in one seq_id
-        seq = _int(e.get("p2p_seq_id" if p2p else "collective_seq_id", e.get("seq_id")))
-        idx = _int(e.get("record_id", i), i)
-        if seq < 0 or idx < 0 or peer >= 2**31:  # no number FR gives: left out, as a record's slot holds none
-            skipped += 1
-            continue
-        op = str(e.get("profiling_name") or "?").split(":", 1)[-1].split(" ")[0]
-        dtypes = e.get("input_dtypes") or e.get("output_dtypes") or ()
-        dtype = _DTYPES.get(str(dtypes[0]), str(dtypes[0]).lower()) if dtypes else ""
-        state = str(e.get("state") or "")
-        done = state == "completed" or bool(e.get("retired"))
-        t0 = _int(e.get("time_created_ns"))
-        t_done = _int(e.get("time_discovered_completed_ns"))
-        duration = e.get("duration_ms")
-        if done and not t_done:
-            t_done = t0 + _int(_float(duration) * 1e6)  # done; when, FR did not say (0 ms on gloo)
         frames = _frames(e)
         key = tuple(frames)  # the whole stack: the innermost frame is torch's, the same for every call site
         site = sites.get(key)
         if site is None:
             site = sites[key] = user_frame(frames)
+        record = _record(rank, i, e, name, site)
+        if record is None:
+            skipped += 1
+            continue
         if frames:
             last_frames = frames  # where it issued its last collective
-            if not done:
+            if record.t_done_ns is None:
                 stuck_frames = frames  # ... and the last one it is blocked in
-        flags = schema.FLAG_FLIGHT | (schema.FLAG_DONE if done else 0)
-        records.append(Collective(
-            rank, idx, "p2p" if p2p else "collective", name, seq, seq, op,
-            _numel(e.get("input_sizes")), _numel(e.get("output_sizes")), str(e.get("input_sizes") or ""), dtype,
-            "", peer, "", "", state, 0, 0, t0, t_done if done else None, 0, flags, 0, site,
-        ))  # fmt: skip
+        records.append(record)
     records.sort(key=lambda c: c.idx)
     records = _p2p_by_direction(records)
     header = Header(world_size=world, fr_version=str(dump.get("version", "")))
