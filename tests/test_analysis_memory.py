@@ -55,6 +55,7 @@ def test_a_rank_that_grows_every_step_in_a_healthy_run_is_named_with_its_growth(
     assert dx.memory[0].growth is None and dx.memory[1].growth is None
     text, _ = run_report(str(tmp_path), fmt="md")
     assert "rank 2's memory grew 15 MB a step over 39 steps" in text
+    assert "- **Memory:** rank 2 grew 15 MB a step over 39 steps" in text  # in the headline sections too
 
 
 def test_a_rank_killed_near_its_cgroups_limit_and_rising_ran_out_of_memory(tmp_path: Path) -> None:

@@ -387,6 +387,9 @@ def _head(report: dict[str, Any], dx: Diagnosis) -> list[str]:
     cause = report["cause"]
     if cause is not None:
         out.append(f"- **Likely cause:** `{cause['id']}` (confidence {cause['confidence']})")
+    grew = _grew(report)
+    if grew:
+        out.append(f"- **Memory:** {grew}")
     out.append("")
     if cause is not None:
         if cause["evidence"]:
@@ -398,6 +401,17 @@ def _head(report: dict[str, Any], dx: Diagnosis) -> list[str]:
     if named:
         out += [f"Decided by: {', '.join(named)} (docs/report.md).", ""]
     return out
+
+
+def _grew(report: dict[str, Any]) -> str:
+    """The ranks whose memory grew steadily, said in the headline sections of any run (a leak that has not killed
+    yet), where the evidence does not say it already: "rank 2 grew 15 MB a step over 40 steps"."""
+    said = {r for e in (report["cause"] or {}).get("evidence", ()) if e["clue"] == "memory" for r in e["ranks"]}
+    grew = [(int(r), v["memory"]) for r, v in report["ranks"].items()
+            if v["memory"] is not None and v["memory"]["growth_per_step"] is not None and int(r) not in said]  # fmt: skip
+    text = "; ".join(f"rank {r} grew {words.size(m['growth_per_step'])} a step over {m['growth_steps']} steps"
+                     for r, m in grew[:3])  # fmt: skip
+    return text + (f"; {len(grew) - 3} more ranks grew (Memory)" if len(grew) > 3 else "")
 
 
 def _environment(report: dict[str, Any]) -> list[Section]:
