@@ -19,10 +19,11 @@ TIMEOUT = "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed o
 
 
 def _steps(rs: list[FakeRank], steps: int, grow: dict[int, int], base: int = 300 * MB, **memory: int) -> None:
-    """`steps` data-parallel steps, one gradient all-reduce each and a memory sample after it; rank r's resident
-    size rises by grow[r] bytes a step."""
+    """`steps` data-parallel steps of half a second, one gradient all-reduce each and a memory sample after it;
+    rank r's resident size rises by grow[r] bytes a step."""
     for i in range(steps):
         for r in rs:
+            r.t += 500_000_000
             r.coll("all_reduce", 756, "", "backward", redop="SUM")
             r.step += 1
             r.w.event({"ev": "step", "step": r.step})
@@ -139,3 +140,16 @@ def test_a_trace_without_memory_samples_reads_as_before(tmp_path: Path) -> None:
     assert json.loads(text)["ranks"]["0"]["memory"] is None
     md, _ = run_report(str(tmp_path), fmt="md")
     assert "#### Memory" not in md
+
+
+def test_a_rank_killed_in_its_first_second_says_nothing_by_its_memory(tmp_path: Path) -> None:
+    """One sample at its start, then a SIGKILL (an index built at once, past a cgroup's limit it moved into):
+    too little to call its memory flat, so a lone SIGKILL reads as it did without memory samples (oom, low)."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.limits(path="/job")
+        r.memory(280 * MB)
+    _steps(rs[:2], 3, {})
+    dx = _killed_waiting(tmp_path, rs, 2)
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.OOM, Confidence.LOW)

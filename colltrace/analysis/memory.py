@@ -25,6 +25,7 @@ GROWS_IN_ALL = 32 * MIB  # ... this much over the steps fitted ...
 GROWS_SHARE = 2 / 3  # ... rising from at least this share of one sampled step to the next
 NEAR = 0.9  # "near its limit": at least this share of it used at the last sample (or one more rise: Bound.near)
 RISING = 4 * MIB  # "rising": the last sample this much above the one three before
+FLAT_SAMPLES, FLAT_S = 4, 2.0  # "flat" memory needs this many samples over this many seconds at least
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,8 @@ class Bound:
 class RankMemory:
     rank: int
     samples: int
+    first_t_ns: int  # its first and last samples' times (wall clock)
+    last_t_ns: int
     first_rss: int
     last_rss: int
     last_step: int
@@ -161,7 +164,8 @@ def summarize(run: Run) -> dict[int, RankMemory]:
         cuda = [c for c in mem.cuda if c.peak >= 0]
         top = max(cuda, key=lambda c: c.peak) if cuda else None
         out[r] = RankMemory(
-            rank=r, samples=len(mem.samples), first_rss=mem.samples[0].rss, last_rss=last.rss, last_step=last.step,
+            rank=r, samples=len(mem.samples), first_t_ns=mem.samples[0].t_ns, last_t_ns=last.t_ns,
+            first_rss=mem.samples[0].rss, last_rss=last.rss, last_step=last.step,
             peak=_peak(rt), growth=_growth(mem.samples), bound=_bound(mem.samples, limits),
             oom_killed=kills.get((rt.host, limits.cgroup_path), 0) if limits is not None else 0,
             cuda_peak=top.peak if top else None, cuda_total=top.total if top else None,
@@ -176,5 +180,7 @@ def ran_out(m: RankMemory) -> bool:
 
 
 def flat_and_far(m: RankMemory) -> bool:
-    """Its memory did not grow and ended far from any limit: not what ran it out of memory."""
-    return m.growth is None and (m.bound is None or m.bound.share < 0.5) and not m.oom_killed
+    """Its memory, sampled for a while (at least FLAT_SAMPLES samples over FLAT_S seconds), did not grow and ended
+    far from any limit: not what ran it out of memory. A rank killed in its first seconds says nothing either way."""
+    seen = m.samples >= FLAT_SAMPLES and m.last_t_ns - m.first_t_ns >= FLAT_S * 1e9
+    return seen and m.growth is None and (m.bound is None or m.bound.share < 0.5) and not m.oom_killed
