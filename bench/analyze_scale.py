@@ -28,6 +28,7 @@ Usage: .venv/bin/python bench/analyze_scale.py [--keep] [--dir DIR] [--only NAME
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -216,13 +217,18 @@ def _distinct_header(plan: Plan, rank: int) -> dict[str, Any]:
             "clock": {"wall_ns": int(plan.wall0[h]), "mono_ns": int(plan.mono0[h])}}  # fmt: skip
 
 
+@functools.cache
+def _packed(world: int) -> Any:
+    return schema.pack_ranks(range(world))  # (once: it looks at every member)
+
+
 def write_distinct_rank(run_dir: str, plan: Plan, rank: int, by_append: bool = False) -> None:
     """One rank's files through the real TraceWriter: its header, string table, group and step events and its
     stacks at the hang; its slots packed all at once into the writer's own map (by_append: one append() per
     record, as the recorder does: the same bytes, checked by check_distinct)."""
     w = TraceWriter(run_dir, rank, capacity=plan.records + 16, full=True, header=_distinct_header(plan, rank),
                     span_capacity=16)  # fmt: skip
-    w.event({"ev": "group", "name": "0", "desc": "default_pg", "ranks": schema.pack_ranks(range(plan.world)),
+    w.event({"ev": "group", "name": "0", "desc": "default_pg", "ranks": _packed(plan.world),
              "backend": "gloo"})  # as the recorder writes it  # fmt: skip
     s = w.intern
     ids = [(s(op), s(module), s(phase), numel) for op, numel, module, phase in plan.step]
