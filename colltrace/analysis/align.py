@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
 
@@ -77,10 +78,14 @@ def membership(run: Run, streams: dict[int, RankStreams]) -> list[Divergence]:
     names = sorted({name for rt in run.ranks.values() for name in rt.groups})
     for name in names:
         views: dict[tuple[int, ...], list[int]] = {}
+        ordered: dict[int, tuple[int, ...]] = {}  # each distinct member list sorted once (the reader shares them)
         for rank, rt in sorted(run.ranks.items()):
             g = rt.groups.get(name)
             if g is not None and g.ranks:
-                views.setdefault(tuple(sorted(g.ranks)), []).append(rank)
+                view = ordered.get(id(g.ranks))
+                if view is None:
+                    view = ordered[id(g.ranks)] = tuple(sorted(g.ranks))
+                views.setdefault(view, []).append(rank)
         if len(views) < 2:
             continue
         seqs = [s.groups[name].seq0 for s in streams.values() if name in s.groups]
@@ -142,6 +147,19 @@ def _first_difference(windows: list[Sequence[int]]) -> tuple[int, int]:
     return first, len(ref)
 
 
+def _loose_windows(windows: list[Sequence[int]], table: SigTable) -> list[Sequence[int]]:
+    """SigTable.loose of each window, worked out once per distinct window (the ranks of a class share one)."""
+    done: dict[bytes, list[int]] = {}
+    out: list[Sequence[int]] = []
+    for w in windows:
+        key = w.tobytes() if isinstance(w, array) else bytes(array("I", w))
+        got = done.get(key)
+        if got is None:
+            got = done[key] = table.loose(w)
+        out.append(got)
+    return out
+
+
 def _shadows(windows: list[Sequence[int]], i: int, table: SigTable) -> bool:
     """Whether the records at position i differ only because some rank issued its own inside torch's Join,
     shadowing the others' collectives (schema.PHASE_JOIN): the same op, size, dtype, reduce op and root, its
@@ -183,7 +201,7 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
         ws: list[Sequence[int]] = list(windows.values())
         first, size = _first_difference(ws)
         if first < size:  # compared again with no phase known read alike (SigTable.loose): rare, so done lazily
-            ws = [table.loose(w) for w in ws]
+            ws = _loose_windows(ws, table)
             first, size = _first_difference(ws)
         shadowed = first
         while first < size and _shadows(ws, first, table):  # a rank inside Join pairs with what it shadows

@@ -68,7 +68,8 @@ class Facts:
     def sigs(self, ranks: tuple[int, ...]) -> list:  # type: ignore[type-arg]
         if self.d is None:
             return []
-        return [a.sig for a in self.d.at if a.rank in ranks and a.sig is not None]
+        among = set(ranks)  # (a big world's victims: a tuple's `in` would make this ranks x ranks)
+        return [a.sig for a in self.d.at if a.rank in among and a.sig is not None]
 
     def stream(self, rank: int) -> GroupStream | None:
         if self.d is None or rank not in self.streams:
@@ -146,7 +147,8 @@ def _victim_step(f: Facts) -> int | None:
     """The step the victims were in at the divergent seq (optimizer steps they had completed)."""
     if f.d is None:
         return None
-    steps = [a.step for a in f.d.at if a.rank in f.victims and a.sig is not None and a.step is not None]
+    victims = set(f.victims)
+    steps = [a.step for a in f.d.at if a.rank in victims and a.sig is not None and a.step is not None]
     return max(steps) if steps else None
 
 

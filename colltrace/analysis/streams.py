@@ -180,14 +180,15 @@ _KEY_B = ("numel_in", "peer")
 _NAMES_A = schema.FIELD_NAMES[schema.FIELD_NAMES.index(_KEY_A[0]) : schema.FIELD_NAMES.index(_KEY_A[1]) + 1]
 _NAMES_B = schema.FIELD_NAMES[schema.FIELD_NAMES.index(_KEY_B[0]) : schema.FIELD_NAMES.index(_KEY_B[1]) + 1]
 _STRUCT_A, _STRUCT_B = schema.run_struct(*_KEY_A), schema.run_struct(*_KEY_B)
+_WORDS_A, _WORDS_B = schema.words_dtype(*_KEY_A), schema.words_dtype(*_KEY_B)
 BLOCK_ROWS = 32768  # rows taken at a time: what ranks of one class share (SigTable.blocks)
 
 
 def _blocks(records: Slots) -> Iterator[tuple[Any, Any, Any]]:
     """(idxs, columns, keys) of a rank's rows, a block at a time."""
-    cols = records.cols
-    idxs = records.idx
-    keys = np.concatenate((records.words(*_KEY_A), records.words(*_KEY_B)), axis=1)
+    cols = records.cols  # (once: each look at `cols` finds what the ring holds)
+    idxs = cols["marker"].astype(np.int64) - 1
+    keys = np.concatenate((cols.view(_WORDS_A)["w"], cols.view(_WORDS_B)["w"]), axis=1)
     for lo in range(0, len(cols), BLOCK_ROWS):
         yield idxs[lo : lo + BLOCK_ROWS], cols[lo : lo + BLOCK_ROWS], keys[lo : lo + BLOCK_ROWS]
 
@@ -297,8 +298,26 @@ def loop_threads(rt: RankTrace) -> frozenset[int] | None:
             continue
         ids = [i for i, text in slots.strings.items() if text in _TRAINING_WORK]
         if ids:
-            found.update(np.unique(cols["tid"][np.isin(cols[field_], ids)]).tolist())
+            found.update(threads(cols["tid"], one_of(cols[field_], ids)))
     return frozenset(found) or None
+
+
+def one_of(column: Any, values: list[int]) -> Any:
+    """column == any of a few values (np.isin, without its set-up: a rank's few training phases)."""
+    out = column == values[0]
+    for v in values[1:]:
+        out |= column == v
+    return out
+
+
+def threads(tids: Any, where: Any = None) -> list[int]:
+    """The distinct tids (of the rows `where` holds), in order: np.unique, at once where one thread wrote all."""
+    if where is not None:
+        tids = tids[where]
+    if not len(tids):
+        return []
+    first = int(tids[0])
+    return [first] if (tids == first).all() else np.unique(tids).tolist()
 
 
 _MIX = np.array([0x9E3779B97F4A7C15 * (2 * i + 1) % 2**64 for i in range(16)], dtype=np.uint64)
@@ -364,7 +383,7 @@ def _extend(
     micros = cols["micro_step"]
     p2p = st.key.startswith("p2p:")  # its progress is not kept: a pipeline's transfers change micro-batch each
     n = len(seqs)
-    st.threads.update(np.unique(cols["tid"]).tolist())
+    st.threads.update(threads(cols["tid"]))
     if not st.sigs:
         st.seq0 = int(seqs[0])
     base = len(st.sigs)

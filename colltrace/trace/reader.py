@@ -236,8 +236,13 @@ def ring_info(ring_path: str) -> RingInfo | None:
     """Read a ring's header; None when the file is too short to hold one (killed before the first record)."""
     _regular(ring_path)
     with open(ring_path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        data = f.read(schema.RING_HEADER.size)
+        return _ring_info(ring_path, f)
+
+
+def _ring_info(ring_path: str, f: BinaryIO) -> RingInfo | None:
+    """ring_info of an open ring file: its header, then its slots' markers near the end (one open for both)."""
+    size = os.fstat(f.fileno()).st_size
+    data = f.read(schema.RING_HEADER.size)
     if size < schema.RING_HEADER_SIZE or len(data) < schema.RING_HEADER.size:
         return None
     magic, _version, slot_size, capacity, head = schema.RING_HEADER.unpack(data)
@@ -249,30 +254,29 @@ def ring_info(ring_path: str) -> RingInfo | None:
     if in_file < capacity:  # cut short (a copy that stopped, a full disk): what lies past the end is lost
         if head > capacity:  # it had wrapped too: where the file ends says nothing of which records are gone
             return RingInfo(in_file, max(0, head - in_file), head - 1, head, cut_to=in_file)
-        last = _last_marker(ring_path, in_file)
+        last = _last_marker(f, in_file)
         return RingInfo(capacity, 0, last, last + 1, cut_to=in_file)
     # the writer publishes head only every HEAD_EVERY records (it is a lower bound): the
     # slots' own markers say how far the ring really goes
-    last = _last_committed(ring_path, head, capacity)
+    last = _last_committed(f, head, capacity)
     return RingInfo(capacity=capacity, first=max(0, last + 1 - capacity), last=last, head=last + 1)
 
 
-def _last_marker(ring_path: str, slots: int) -> int:
+def _last_marker(f: BinaryIO, slots: int) -> int:
     """The highest idx among the first `slots` slots that holds its own record (a ring that never wrapped)."""
     last, idx = -1, 0
-    with open(ring_path, "rb") as f:
-        while idx < slots:
-            block = _markers(f, idx, slots, CHUNK_SLOTS)
-            if not block:
-                break
-            for i, m in enumerate(block):
-                if m == idx + i + 1:
-                    last = idx + i
-            idx += len(block)
+    while idx < slots:
+        block = _markers(f, idx, slots, CHUNK_SLOTS)
+        if not block:
+            break
+        for i, m in enumerate(block):
+            if m == idx + i + 1:
+                last = idx + i
+        idx += len(block)
     return last
 
 
-def _last_committed(ring_path: str, head: int, capacity: int) -> int:
+def _last_committed(f: BinaryIO, head: int, capacity: int) -> int:
     """The highest idx whose slot holds it, scanning forward by idx from the published head.
 
     The true end lies less than HEAD_EVERY records past head, but a ring smaller than that
@@ -282,19 +286,18 @@ def _last_committed(ring_path: str, head: int, capacity: int) -> int:
     """
     last = -1
     idx, gaps = max(0, head - 1), 0
-    with open(ring_path, "rb") as f:
-        while gaps <= schema.HEAD_EVERY:
-            block = _markers(f, idx, capacity, 2 * schema.HEAD_EVERY)
-            if not block:
-                break
-            for m in block:
-                if m == idx + 1:
-                    last, gaps = idx, 0
-                else:
-                    gaps += 1
-                    if gaps > schema.HEAD_EVERY:
-                        break
-                idx += 1
+    while gaps <= schema.HEAD_EVERY:
+        block = _markers(f, idx, capacity, 2 * schema.HEAD_EVERY)
+        if not block or len(block) == capacity and not any(block):
+            break  # (a ring with no slot written, read whole: nothing further can match)
+        for m in block:
+            if m == idx + 1:
+                last, gaps = idx, 0
+            else:
+                gaps += 1
+                if gaps > schema.HEAD_EVERY:
+                    break
+            idx += 1
     return last if last >= 0 else head - 1  # nothing matched: trust the header
 
 
@@ -374,6 +377,9 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
                    state=RankState.KILLED, torn=torn)  # fmt: skip
     for ev in events[1:]:
         kind = ev.get("ev")
+        if kind == schema.EV_STR and type(ev.get("id")) is int and type(ev.get("s")) is str and "ranks" not in ev:
+            strings[ev["id"]] = ev["s"]  # the string table, most of a sidecar: what _valid checks, in one line
+            continue
         spec = _EVENTS.get(kind) if isinstance(kind, str) else None
         if spec is not None and not _valid(ev, spec):
             rt.skipped += 1  # a known event with a field missing or of another type: left out, and said
@@ -443,15 +449,15 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
 
     ring_path = events_path[: -len(".jsonl")] + ".ring"
     offset = _clock_offset(header)
-    info = ring_info(ring_path) if os.path.exists(ring_path) else None
+    there, info = _ring_file(ring_path)
     if info is not None:
         rt.records = of_ring(rank, ring_path, info, strings, offset, sites)
         rt.dropped = info.first  # overwritten by the ring before the end
         rt.ring_cut = info.cut_to
-    elif os.path.exists(ring_path):
+    elif there:
         rt.ring_cut = -1  # the file is there, too short for its header: none of its records can be read
     spans_path = events_path[: -len(".jsonl")] + ".spans"
-    spans_info = ring_info(spans_path) if os.path.exists(spans_path) else None
+    _, spans_info = _ring_file(spans_path)
     if spans_info is not None:
         rt.spans = of_ring(rank, spans_path, spans_info, strings, offset)
     fault_path = events_path[: -len(".jsonl")] + ".fault"
@@ -460,28 +466,41 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
         with open(fault_path, "rb") as f:
             text = f.read().decode("utf-8", "replace").strip()
         rt.fault = Fault.of(text) if text else None
-    rt.alive = (rt.footer is None and not _left_cleanly(rt) and rt.error is None and rt.signal is None and not rt.fault
+    left = _left_cleanly(rt)
+    rt.alive = (rt.footer is None and not left and rt.error is None and rt.signal is None and not rt.fault
                 and _alive(header))  # fmt: skip
-    rt.state = _state(rt)
+    rt.state = _state(rt, left)
     return rt, {k: header[k] for k in _WHOSE if k in header}  # the rest of the header line is let go
+
+
+def _ring_file(path: str) -> tuple[bool, RingInfo | None]:
+    """(whether the ring file is there, its ring_info), from one stat and one open."""
+    try:
+        _regular(path)
+    except FileNotFoundError:
+        return False, None
+    with open(path, "rb") as f:
+        return True, _ring_info(path, f)
 
 
 def _left_cleanly(rt: RankTrace) -> bool:
     """destroy_process_group() returned with no other thread of its collectives still running, no error or fatal
     signal of its own, and its last collective not failed (a framework that caught the loop's timeout destroys
     the group all the same: Ray's workers)."""
-    d, last = rt.destroyed, rt.last
-    return (d is not None and not d.busy and rt.error is None and not rt.fault
-            and not (last is not None and last.error))  # fmt: skip
+    d = rt.destroyed
+    if d is None or d.busy or rt.error is not None or rt.fault:
+        return False
+    last = rt.last  # (read only here: it costs a read of the ring)
+    return not (last is not None and last.error)
 
 
-def _state(rt: RankTrace) -> RankState:
+def _state(rt: RankTrace, left: bool) -> RankState:
     if not _after_signal(rt, rt.error):
         if rt.error is not None or rt.fault:
             return RankState.CRASHED
         if rt.footer is not None:
             return RankState.FINISHED
-    if _left_cleanly(rt):
+    if left:
         return RankState.FINISHED  # it left the job cleanly; a signal or os._exit ended the process after
     # stopped from outside; an error or exit after the SIGTERM is the stop's doing (a DataLoader raising
     # because the same SIGTERM killed its worker), not the rank's own

@@ -179,7 +179,7 @@ class RankTrace:
 
     @property
     def last(self) -> Collective | None:
-        return self.records[-1] if self.records else None
+        return self.records.newest()
 
     @property
     def in_flight(self) -> list[Collective]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -66,6 +67,17 @@ def run_struct(first: str, last: str) -> struct.Struct:
     """The consecutive fields first..last (inclusive) as one struct: pack them alone."""
     names = FIELD_NAMES[FIELD_NAMES.index(first) : FIELD_NAMES.index(last) + 1]
     return struct.Struct("<" + "".join(code for name, code in SLOT_FIELDS if name in names))
+
+
+@functools.cache
+def words_dtype(first: str, last: str) -> Any:
+    """The consecutive fields first..last of a slot as one numpy field `w` of 32-bit words (a slot array's
+    .view(words_dtype(...))["w"]: one hashable key per slot)."""
+    import numpy as np
+
+    size = run_struct(first, last).size
+    return np.dtype({"names": ["w"], "formats": [("<u4", (size // 4,))], "offsets": [field_offset(first)],
+                     "itemsize": SLOT_SIZE})  # fmt: skip
 
 
 def slot_struct(*parts: str | tuple[str, str]) -> struct.Struct:

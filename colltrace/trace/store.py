@@ -5,7 +5,6 @@ has, nor reads a file."""
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, NamedTuple, overload
@@ -60,14 +59,6 @@ SLOT_DTYPE: np.dtype[Any] = np.dtype({
 _KINDS = {name: kind for kind, name in schema.KIND_NAMES.items()}
 MEMORY = "<memory>"
 _NONE = np.zeros(0, dtype=SLOT_DTYPE)
-
-
-@functools.cache
-def _words(first: str, last: str) -> np.dtype[Any]:
-    """The consecutive fields first..last of a slot as one field `w` of 32-bit words."""
-    size = schema.run_struct(first, last).size
-    return np.dtype({"names": ["w"], "formats": [("<u4", (size // 4,))], "offsets": [schema.field_offset(first)],
-                     "itemsize": schema.SLOT_SIZE})  # fmt: skip
 
 
 class _Ring:
@@ -169,7 +160,7 @@ class Slots(Sequence[Collective]):
 
     def words(self, first: str, last: str) -> Any:
         """The consecutive fields first..last of every row as one row of 32-bit words (a hashable key)."""
-        return self.cols.view(_words(first, last))["w"]
+        return self.cols.view(schema.words_dtype(first, last))["w"]
 
     def tail(self, n: int) -> Slots:
         """The same rank's last n records only."""
@@ -237,6 +228,15 @@ class Slots(Sequence[Collective]):
     def last(self) -> Collective | None:
         """The newest record, if its slot still holds it (without reading the others)."""
         return self.by_idx(self.last_idx)
+
+    def newest(self) -> Collective | None:
+        """The newest readable record: its slot alone where it holds it (the usual case), else the last of the
+        columns (a torn last slot)."""
+        found = self.last() if self.held > 0 else None
+        if found is not None:
+            return found
+        cols = self.cols
+        return self.decode(cols[-1:])[0] if len(cols) else None
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (Slots, list, tuple)):
