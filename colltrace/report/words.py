@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from colltrace.analysis import states
 from colltrace.analysis.memory import RankMemory
@@ -150,8 +153,576 @@ def stalled_s(dx: Diagnosis) -> float:
     return max(0.0, (time.time_ns() - max(times)) / 1e9) if times else 0.0
 
 
-def _misdirected(who: str, d: Detail) -> str:
-    if not isinstance(d, PeersApart):
+# Evidence: one sentence per clue, made by a function of the clue's ranks and the detail narrowed to the type that
+# clue carries (WORDS, below, says which); a detail that is absent or of another type is said plainly, without it.
+
+
+@dataclass(frozen=True, slots=True)
+class Who:
+    """The ranks an evidence item names, as its sentence says them ('rank 2', 'ranks 0-1'), and the words that agree
+    with one rank or with several."""
+
+    ranks: tuple[int, ...]
+    text: str
+
+    @classmethod
+    def of(cls, ranks: tuple[int, ...]) -> Who:
+        return cls(ranks, ranks_text(ranks))
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def one(self) -> bool:
+        return len(self.ranks) == 1
+
+    @property
+    def s(self) -> str:
+        """'rank 2 disagrees', 'ranks 0-1 disagree'."""
+        return "s" if self.one else ""
+
+    @property
+    def they(self) -> str:
+        return "it" if self.one else "they"
+
+    @property
+    def them(self) -> str:
+        return "it" if self.one else "them"
+
+    @property
+    def their(self) -> str:
+        return "its" if self.one else "their"
+
+    @property
+    def were(self) -> str:
+        return "was" if self.one else "were"
+
+    @property
+    def are(self) -> str:
+        return "is" if self.one else "are"
+
+
+@dataclass(frozen=True, slots=True)
+class ClueWords:
+    """How a report says one clue: `carries` narrows an evidence detail to the type the clue carries (None where it
+    is absent or of another type), `said` makes the sentence from the ranks and that narrowed detail."""
+
+    carries: Callable[[Detail], object]
+    said: Callable[[Who, Any], str]
+
+
+T = TypeVar("T")
+
+
+def _from(carries: Callable[[Detail], T | None], said: Callable[[Who, T | None], str]) -> ClueWords:
+    """The words of a clue that carries a detail (mypy checks that `said` takes what `carries` gives)."""
+    return ClueWords(carries, said)
+
+
+def _plain(said: Callable[[Who], str]) -> ClueWords:
+    """The words of a clue that carries no detail: its sentence names its ranks only."""
+    return ClueWords(_nothing, lambda who, _: said(who))
+
+
+def evidence_text(e: Evidence) -> str:
+    words = WORDS[e.clue]
+    return words.said(Who.of(e.ranks), words.carries(e.detail))
+
+
+# what a clue carries, narrowed from the detail: None where the detail is absent or of another type
+
+
+def _nothing(d: Detail) -> None:
+    return None
+
+
+def _a(kind: type[T]) -> Callable[[Detail], T | None]:
+    """One of the small typed details (StepSkew, InSpan, ...), or a RankEnd, an Exit, a RankMemory."""
+    return lambda d: d if isinstance(d, kind) else None
+
+
+def _word(d: Detail) -> str | None:
+    """A name from the trace, as it is: a module, an error type, a group's label, a signal, a flavour."""
+    return d if isinstance(d, str) else None
+
+
+def _number(d: Detail) -> int | None:
+    """A step, a seq or a count."""
+    return d if isinstance(d, int) else None
+
+
+def _count(d: Detail) -> str | None:
+    """A number as the analysis hands it over: an int or its digits."""
+    return str(d) if isinstance(d, (str, int)) else None
+
+
+def _every(d: Detail, kind: type[T]) -> tuple[T, ...] | None:
+    if not isinstance(d, tuple):
+        return None
+    items = tuple(x for x in d if isinstance(x, kind))
+    return items if len(items) == len(d) else None
+
+
+def _ranks(d: Detail) -> tuple[int, ...] | None:
+    """Ranks: who were blocked, the peers."""
+    return _every(d, int)
+
+
+def _two(d: Detail) -> tuple[int, int] | None:
+    """Two numbers: a size before and now, a culprit's root and the others'."""
+    two = _every(d, int)
+    return (two[0], two[1]) if two is not None and len(two) == 2 else None
+
+
+def _rank_pairs(d: Detail) -> tuple[tuple[int, ...], ...] | None:
+    """Pairs of ranks: (sender, receiver)."""
+    return _every(d, tuple)
+
+
+def _asked(d: Detail) -> str | None:
+    """The rank list a group creation asked for, or split_group's lists, in words (asked_text)."""
+    return asked_text(d) if _ranks(d) is not None or _rank_pairs(d) is not None else None
+
+
+def _gaps(d: Detail) -> tuple[SplitGap, ...] | None:
+    return _every(d, SplitGap)
+
+
+# the words of the clues that carry nothing but their ranks
+
+
+def _history_deviates(who: Who) -> str:
+    return f"{who} issued something other than what {who.they} issued at this point of {who.their} earlier steps"
+
+
+def _history_consistent(who: Who) -> str:
+    return f"{who} issued the same as at this point of {who.their} earlier steps"
+
+
+def _first_of_kind(who: Who) -> str:
+    return (f"{who} issued a collective {who.they} had never issued before (the first of its kind: a log or a save "
+            "every few steps) where the others issued their usual one: history cannot say whether the others should "
+            "have issued it too, so the majority decides")  # fmt: skip
+
+
+def _out_of_data(who: Who) -> str:
+    return f"{who}'s DataLoader ran out of batches (its iterator raised StopIteration)"
+
+
+def _killed(who: Who) -> str:
+    return f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)"
+
+
+def _cycle(who: Who) -> str:
+    return f"{who} wait on each other (a cycle in the wait-for graph: each is blocked where another has not arrived)"
+
+
+def _group_create(who: Who) -> str:
+    return f"{who} asked new_group/split_group for other ranks than the rest"
+
+
+def _recompute(who: Who) -> str:
+    return "the divergent collectives are in activation-checkpoint recompute"
+
+
+def _grad_reduction(who: Who) -> str:
+    return "the divergent collectives are gradient reductions in backward"
+
+
+def _left_loop(who: Who) -> str:
+    return f"{who} stopped issuing training-step collectives"
+
+
+def _timed_out(who: Who) -> str:
+    return (f"{who} failed in the collective {who.they} waited in (timeout or peer gone): "
+            f"{'a victim' if who.one else 'victims'}")  # fmt: skip
+
+
+def _step_boundary(who: Who) -> str:
+    return f"{who} were starting a new step"
+
+
+def _count_changed(who: Who) -> str:
+    return f"{who} issued another number of collectives in this group in this step than in {who.their} other steps"
+
+
+def _new_line(who: Who) -> str:
+    return (f"{who} issued it from a line of code that had issued no collective on {who.them} before: something "
+            f"{who.they} never did before")  # fmt: skip
+
+
+def _undecided(who: Who) -> str:
+    return (f"nothing in the traces tells {who} apart (their own earlier steps do not single one out, and there is "
+            "no majority): which is wrong is for you to judge")  # fmt: skip
+
+
+# the words of the clues that carry a name or a number from the trace
+
+
+def _majority(who: Who, agree: str | None) -> str:
+    said = f"{who} disagree{who.s} with the majority of the group"
+    return said + (f" ({agree} ranks agree)" if agree is not None else "")
+
+
+def _crashed(who: Who, error: str | None) -> str:
+    return f"{who} raised {error or 'an exception'} on its own, not inside a failing collective"
+
+
+def _oom(who: Who, error: str | None) -> str:
+    return f"{who} ran out of memory" + (f" ({error})" if error is not None else "")
+
+
+def _oom_killed(who: Who, kills: int | None) -> str:
+    killed = f"kill {kills} process(es)" if kills is not None else "kill processes"
+    return (f"the memory cgroup of {who} had its OOM killer {killed} while the job ran (the kernel's count, "
+            "memory.oom_control or memory.events)")  # fmt: skip
+
+
+def _worker_killed(who: Who, signal: str | None) -> str:
+    said = f"{who}'s DataLoader worker was killed by a signal ({signal or 'unknown'})"
+    if signal != "Killed":
+        return said
+    return (f"{said}: SIGKILL, which the kernel's OOM killer sends when memory runs out (check `dmesg` or the "
+            "node's memory; a process cannot catch it)")  # fmt: skip
+
+
+def _fatal_signal(who: Who, error: str | None) -> str:
+    return f"{who} died of a fatal signal outside any collective" + (f" ({error})" if error is not None else "")
+
+
+def _exited_cleanly(who: Who, steps: int | None) -> str:
+    after = f" after {steps} step(s)" if steps is not None else ""
+    return (f"{who} exited cleanly{after}, as far on as the ranks left waiting: {who.they} issued every collective "
+            f"{who.their} code asked for")  # fmt: skip
+
+
+def _finished_early(who: Who, steps: str | None) -> str:
+    after = f" after {steps} step(s)" if steps is not None else ""
+    return f"{who} exited cleanly{after} while others still waited for it"
+
+
+def _membership(who: Who, label: str | None) -> str:
+    return f"the ranks disagree on the members of {f'group {label}' if label is not None else 'a group'}"
+
+
+def _same_module(who: Who, module: str | None) -> str:
+    which = f" ({module})" if module is not None else ""
+    return f"same op on the same module{which} on every rank: the tensors themselves differ"
+
+
+def _ddp_unreduced(who: Who, indices: str | None) -> str:
+    return (f"DDP raised on {who}: parameters got no gradient there" + (f" (indices {indices})" if indices else "")
+            + ", so the gradient bucket holding them was never reduced")  # fmt: skip
+
+
+def _skipped_batch(who: Who, step: int | None) -> str:
+    step_ = f" in step {step}" if step is not None else ""
+    return (f"{who} fetched a batch{step_} and began no backward on it before fetching the next, where the others "
+            f"trained on theirs: a branch of {who.their} own skipped that batch (a `continue`), and from there "
+            f"{who.their} collectives paired with the others' next ones")  # fmt: skip
+
+
+def _grad_skipped(who: Who, step: int | None) -> str:
+    if step is None:
+        return (f"{who} completed the step the others wait in (its backward and optimizer step) without the "
+                "gradient reduction they wait for there: it did not run out of data")  # fmt: skip
+    return (f"{who} completed step {step} (its backward and optimizer step) without the gradient reduction the "
+            "others wait for in that step: it did not run out of data")  # fmt: skip
+
+
+def _eval_forward(who: Who, mode: str | None) -> str:
+    how = f"{mode}: " if mode is not None else ""
+    return f"{who} ran a forward without gradients ({how}an evaluation pass) in this step, which the others did not"
+
+
+def _repeated_module(who: Who, module: str | None) -> str:
+    which = module if module is not None else "a module"
+    return f"{who} gathered {which} more often in this step than in its previous step"
+
+
+def _joined(who: Who, seq: int | None) -> str:
+    since = f"from seq {seq} on, " if seq is not None else ""
+    return (f"{who} had run out of inputs and joined (torch's Join: {since}{who.their} records shadow the others' "
+            "collectives) while the others still had inputs: the divergence is a collective Join does not shadow "
+            "(one the loop issues itself, outside the joined modules)")  # fmt: skip
+
+
+def _turned_slow(who: Who, step: int | None) -> str:
+    return f"{who} turned slow{f' at step {step}' if step is not None else ''}: it was on time before"
+
+
+def _first_failed(who: Who, error: str | None) -> str:
+    which = f" ({error})" if error is not None else ""
+    return f"{who} failed first, with an error of {who.their} own{which}, not a timeout or a lost peer"
+
+
+def _refused_call(who: Who, error: str | None) -> str:
+    return (f"{who} raised {error or 'an error'} in {who.their} own call of the collective, from Python code (a "
+            f"`raise`: a check of the arguments {'it' if who.one else 'each'} passed), before any other rank failed: "
+            f"an error of {who.their} own, not a peer's")  # fmt: skip
+
+
+def _named_by_error(who: Who, error: str | None) -> str:
+    return (f"every rank raised the same {error if error is not None else 'error'}, which names {who} as where it "
+            "failed (the error was gathered from there and raised on every rank)")  # fmt: skip
+
+
+def _failed_in_it(who: Who, error: str | None) -> str:
+    return (f"{who} raised {error or 'an error'} inside the divergent collective itself: what the disagreement did "
+            "(a size or an object read from a peer that sent another), not why the ranks disagree")  # fmt: skip
+
+
+def _worker_sync(who: Who, call: str | None) -> str:
+    where = f"{call}, which waits" if call is not None else "a call that waits"
+    return (f"{who} stopped in {where} for every worker, while the others waited in a collective for "
+            f"{who.them}: each side waits for the other")  # fmt: skip
+
+
+def _went_past(who: Who, label: str | None) -> str:
+    return (f"{who} went on past the collective of {group_text(label) if label else 'the group'} the others wait in, "
+            f"which {who.they} issued in {who.their} step before: skipped this step on a branch of {who.their} own "
+            "(ranks that enter groups in another order do so from the start)")  # fmt: skip
+
+
+def _same_line(who: Who, label: str | None) -> str:
+    return (f"{who} {who.are} blocked in a collective new to {who.them}, issued from the very line where the others "
+            f"wait in {group_text(label) if label else 'another group'}: the same code reached the groups in another "
+            "order")  # fmt: skip
+
+
+def _same_order(who: Who, side: str | None) -> str:
+    return (f"{who} each block in a blocking {side if side is not None else 'transfer'} to another of them: each "
+            "posted the same side of its transfers first, so the other side is never posted (the same code on "
+            "every rank, not a branch)")  # fmt: skip
+
+
+def _saved_apart(who: Who, how: str | None) -> str:
+    flavour = f" ({how})" if how is not None else ""
+    return (f"{who} saved a checkpoint{flavour} in this step just before, which the others did not: a save path that "
+            "only some ranks enter (a collective inside `if rank == 0:`), not data that ran out")  # fmt: skip
+
+
+def _other_call(who: Who, argument: str | None) -> str:
+    if argument == "root":
+        return (f"{who} issued it from another root than the others, where {who.their} earlier steps issued another "
+                "collective at this point: a different collective, chosen at run time, not the same one with other "
+                "tensors")  # fmt: skip
+    return (
+        f"{who} issued it from another line of code or with another reduce op than the others: a different "
+        "collective, not the same one with other tensors"
+    )
+
+
+def _repeats_step(who: Who, step: int | None) -> str:
+    step_ = f"in step {step}" if step is not None else f"in {who.their} step before"
+    return (f"{who} issued exactly what {who.they} issued {step_} (the same op, size, module, phase and line): "
+            f"{who.their} usual work, one step on")  # fmt: skip
+
+
+# the words of the clues that carry ranks, or numbers in pairs
+
+
+def _were(ranks: tuple[int, ...]) -> str:
+    """(0, 1) -> 'ranks 0-1 were'; (3,) -> 'rank 3 was'."""
+    return ranks_text(ranks) + (" was" if len(ranks) == 1 else " were")
+
+
+def _waited_for(who: Who, blocked: tuple[int, ...] | None) -> str:
+    them = _were(blocked) if blocked is not None else "the others were"
+    return f"{who} never reached the collective that {them} blocked in (wait-for graph sink)"
+
+
+def _no_trace(who: Who, blocked: tuple[int, ...] | None) -> str:
+    them = f"ranks {','.join(map(str, blocked))}" if blocked is not None else "the others"
+    return (f"{who} left no trace while {them} were blocked: it never started tracing (died before "
+            "init_process_group returned) or its files were not copied")  # fmt: skip
+
+
+def _no_dump(who: Who, blocked: tuple[int, ...] | None) -> str:
+    return (f"{who} left no readable Flight Recorder dump while the others did (a process that aborted in C++ or was "
+            "killed writes none)" + (f"; {_were(blocked)} blocked" if blocked else ""))  # fmt: skip
+
+
+def _creation_majority(who: Who, asked: str | None) -> str:
+    which = f" (they asked for ranks {asked})" if asked is not None else ""
+    return (f"{who} created the group with other members than most ranks asked for in the same "
+            f"new_group/split_group call{which}")  # fmt: skip
+
+
+def _grad_resized(who: Who, sizes: tuple[int, int] | None) -> str:
+    sizes_ = f" ({sizes[0]} elements before, {sizes[1]} now)" if sizes is not None else ""
+    return (
+        f"{who} all-reduced gradients of another size than at this point of {who.their} earlier steps{sizes_}, and "
+        "never reduce-scattered: a fixed buffer (DDP's bucket) keeps its size when parameters get no gradient, "
+        "so the reduction itself changed (a comm hook that starts compressing at a step of its own)"
+    )
+
+
+def _data_resized(who: Who, sizes: tuple[int, int] | None) -> str:
+    sizes_ = f" ({sizes[0]} elements then, {sizes[1]} now)" if sizes is not None else ""
+    return (
+        f"{who}'s previous call from the same line had the size the others still have{sizes_}, with a data load in "
+        f"between: the size follows {who.their} data (a short last batch, an uneven split), not a setting"
+    )
+
+
+def _splits(who: Who, gaps: tuple[SplitGap, ...] | None) -> str:
+    """'rank 2 sent rank 1 20 rows where rank 1 expected 25', pair by pair."""
+    said = [f"rank {g.sender} sent rank {g.receiver} {g.sent} {'rows' if g.rows else 'elements'} where rank "
+            f"{g.receiver} expected {g.expected}" for g in gaps or ()]  # fmt: skip
+    text = "; ".join(said) or "its pairs' sizes disagree"
+    return f"{who}'s all-to-all split sizes disagree with its peers': {text}"
+
+
+def _missed_barrier(who: Who, said_by: tuple[int, ...] | None) -> str:
+    return (f"{who} failed to pass the monitored barrier in time, says the error of "
+            f"{ranks_text(said_by) if said_by else 'the rank that checks it'} (monitored_barrier: it waited for {who} "
+            "and gave up)")  # fmt: skip
+
+
+def _arrived_after(who: Who, gave_up: tuple[int, ...] | None) -> str:
+    return (f"{who} reached the collective the others were blocked in only after "
+            f"{ranks_text(gave_up) if gave_up else 'they'} had given up on it (timed out): the rank they waited for")  # fmt: skip
+
+
+def _outlived(who: Who, gave_up: tuple[int, ...] | None) -> str:
+    return (f"{who} was still in the collective the others were blocked in well after "
+            f"{ranks_text(gave_up) if gave_up else 'they'} had given up on it (timed out), and never failed in it: "
+            f"{who.they} had not reached the exchange they waited in (Python of {who.their} own before it: an object "
+            "collective pickling, a hook), the rank they waited for")  # fmt: skip
+
+
+def _root_apart(who: Who, roots: tuple[int, int] | None) -> str:
+    roots_ = f"root {roots[0]} where they passed {roots[1]}" if roots is not None else "another root than theirs"
+    return (f"{who} issued the same collective from the same line of code as the others, with {roots_}: the src/dst "
+            f"argument is worked out otherwise on {who.them} (a rank-dependent helper, a stale setting), not a "
+            "branch")  # fmt: skip
+
+
+def _killed_waiting(who: Who, peers: tuple[int, ...] | None) -> str:
+    """Killed from outside first while it waited for ranks that had not failed."""
+    them = ranks_text(peers) if peers else "the others"
+    return (
+        f"{who} {who.were} killed (SIGKILL, the first of the run to end) while waiting in the collective for {them}; "
+        f"torchrun stopped {them} after it, before {'it' if peers and len(peers) == 1 else 'any'} had failed or "
+        "timed out: the run ended with that death, not with a hang"
+    )
+
+
+def _died_first(who: Who, noticed: tuple[int, ...] | None) -> str:
+    them = f": {ranks_text(noticed)} failed" if noticed is not None else ", which failed"
+    return (f"{who} stopped without an end record (SIGKILL, or a machine lost) before the others{them} because a "
+            "peer closed its connection")  # fmt: skip
+
+
+def _pairs_text(pairs: tuple[tuple[int, ...], ...]) -> str:
+    """((1, 2), (2, 1)) as 'rank 1 → rank 2, rank 2 → rank 1'."""
+    return ", ".join(" → ".join(f"rank {r}" for r in p) for p in pairs)
+
+
+def _every_pair(who: Who, pairs: tuple[tuple[int, ...], ...] | None) -> str:
+    pairs_ = f" ({_pairs_text(pairs)})" if pairs is not None else ""
+    return f"{who} is an end of every pair whose transfers disagree{pairs_}; every other pair agrees"
+
+
+def _new_size(who: Who, peers: tuple[int, ...] | None) -> str:
+    return (f"{who} issued a size, dtype or tag on this transfer that it never sent or received before, while "
+            f"{ranks_text(peers) if peers is not None else 'its peer'} expected one it had taken before")  # fmt: skip
+
+
+# the words of the clues that carry a small type of their own
+
+
+def _memory(who: Who, m: RankMemory | None) -> str:
+    return memory_text(str(who), m) if m is not None else f"{who}'s memory was sampled"
+
+
+def _stuck_outside(who: Who, end: RankEnd | None) -> str:
+    doing = f" ({activity_text(end)})" if end is not None else ""
+    return f"{who} was in no collective at {who.their} last record{doing}"
+
+
+def _in_span(who: Who, d: InSpan | None) -> str:
+    if d is None:
+        return f"{who} was in a compute span when it stopped, in no collective"
+    took = f" for {d.for_s:.1f} s" if d.for_s is not None else ""
+    what = span_text(d.kind, d.module, d.flavour if d.kind == SpanKind.STORE else "")  # the key it waited for
+    return f"{who} was in {what}{took} when it stopped, in no collective"
+
+
+def _late_in(who: Who, d: InSpan | None) -> str:
+    if d is None:
+        return f"{who} was in a compute span for most of the time the others waited"
+    took = f" for {d.for_s:.1f} s" if d.for_s is not None else ""
+    return f"{who} was in {span_text(d.kind, d.module, d.flavour)}{took} while the others waited: where their wait went"
+
+
+def _store_wait(who: Who, d: InSpan | None) -> str:
+    """The ranks waited in the c10d store for a key, from before the culprits went on."""
+    call = f" (`{d.flavour}`)" if d is not None and d.flavour else ""
+    took = f" for {d.for_s:.1f} s" if d is not None and d.for_s is not None else ""
+    return (f"{who} {who.were} waiting on the c10d store{call}{took} when {who.they} stopped, from before the culprit "
+            f"went on without setting what {who.they} waited for: a wait for the culprit, outside any collective")  # fmt: skip
+
+
+def _last_arriver(who: Who, d: Lateness | None) -> str:
+    if d is None:
+        return f"{who} arrived last; the others waited for it alone"
+    # in µs, as the JSON report's detail has it
+    wait = duration(round(d.waited_s, 6) * 1e9)
+    return (
+        f"{who} arrived last at {d.last_arrivals} of {d.collectives} collectives; the others waited {wait} for it alone"
+    )
+
+
+def _slow_in(who: Who, d: SlowIn | None) -> str:
+    if d is None:
+        return f"{who} spends more per step than the median rank"
+    extra = duration(round(d.extra_ns / 1e6) * 1e6)  # in whole ms, as the JSON report's detail has it
+    return f"{who} spends {extra} more per step in {CATEGORY.get(d.category, d.category)} than the median rank"
+
+
+def _step_skew(who: Who, d: StepSkew | None) -> str:
+    if d is None:
+        return f"{who} issued the same collective in another step or micro-step than the others"
+    return (f"{who} issued it in step {d.step}, micro-step {d.micro}, where the others were in step {d.other_step}, "
+            f"micro-step {d.other_micro}: {who} issued one collective more or fewer before it, and the backend "
+            "paired the rest silently")  # fmt: skip
+
+
+def _skew_before(who: Who, d: StepSkew | None) -> str:
+    if d is None or d.seq is None:
+        return f"{who} issued an earlier collective in another step or micro-step than the others"
+    return (f"before that, {who} issued seq {d.seq} in step {d.step}, micro-step {d.micro}, where the others were "
+            f"in step {d.other_step}, micro-step {d.other_micro}: it ran a forward or a step the others did not (or "
+            "skipped one they ran) on a branch of its own, not out of data")  # fmt: skip
+
+
+def _paired_apart(who: Who, d: StepSkew | None) -> str:
+    where = ""
+    if d is not None:
+        where = (f" (seq {d.seq}: step {d.step}, micro-step {d.micro}, against step {d.other_step}, micro-step "
+                 f"{d.other_micro})")  # fmt: skip
+    return (f"{who} had issued every earlier collective of the group they wait in at another point of the step than "
+            f"the ranks they paired with, from the first on{where}: each side kept a schedule of its own (a "
+            "gradient sync every few micro-batches, another count on each side), paired silently until one side "
+            "had issued all of its; neither side's own history says whose schedule is wrong")  # fmt: skip
+
+
+def _schedule(who: Who, d: SchedulesApart | None) -> str:
+    """ "rank 1's Schedule1F1B over 3 stages runs 3 micro-batches a step; the other stages' ... 4" (no ranks when no
+    majority says which is wrong)."""
+    if d is None:
+        return "the pipeline's stages built their schedules differently"
+    theirs = f"{d.theirs.name} over {d.theirs.stages} stages runs {d.theirs.microbatches} micro-batches a step"
+    others = f"{d.usual.name} over {d.usual.stages} stages runs {d.usual.microbatches}"
+    if not who.ranks:
+        return f"the pipeline's stages built their schedules differently: one {theirs}, another {others}"
+    return f"{who}'s {theirs}; the other stages' {others}: every stage must run the same schedule"
+
+
+def _misdirected(who: Who, d: PeersApart | None) -> str:
+    if d is None:
         return f"{who} sent a transfer to the wrong peer"
     if not d.under:
         takes = "receives" if len(d.over) == 1 else "receive"
@@ -163,8 +734,8 @@ def _misdirected(who: str, d: Detail) -> str:
             f"fewer than {took} {waits} for: a send to the wrong peer")  # fmt: skip
 
 
-def _wrong_source(who: str, d: Detail) -> str:
-    if not isinstance(d, PeersApart):
+def _wrong_source(who: Who, d: PeersApart | None) -> str:
+    if d is None:
         return f"{who} waits to receive from the wrong peer"
     if not d.under:
         sends = "sends" if len(d.over) == 1 else "send"
@@ -177,169 +748,188 @@ def _wrong_source(who: str, d: Detail) -> str:
             "does not match)")  # fmt: skip
 
 
-def _other_call(who: str, detail: str, its: str) -> str:
-    if detail == "root":
-        return (f"{who} issued it from another root than the others, where {its} earlier steps issued another "
-                "collective at this point: a different collective, chosen at run time, not the same one with other "
-                "tensors")  # fmt: skip
+def _dtype_changed(who: Who, d: DtypeChange | None) -> str:
+    if d is None:
+        return f"{who} issued another dtype than {who.they} issued at this point of {who.their} earlier steps"
+    return (f"{who} issued {d.now} where {who.they} issued {d.was} at this point of {who.their} earlier steps, while "
+            f"{ranks_text(d.kept)} kept to {d.was}: the side that changed its dtype")  # fmt: skip
+
+
+def _raised(e: Handling | ThreadError) -> str:
+    """An exception as the evidence names it: "ValueError: bad label (raised at train.py:33 in main)"."""
+    what = f"{e.type}: {e.message}" if e.message else e.type
+    return what + (f" (raised at {e.where})" if e.where else "")
+
+
+def _handling(who: Who, d: Handling | None) -> str:
+    """The exception of its own a culprit was handling when it issued the divergent collective."""
+    if d is None:
+        return f"{who} issued it while handling an exception of its own"
     return (
-        f"{who} issued it from another line of code or with another reduce op than the others: a different "
-        "collective, not the same one with other tensors"
+        f"{who} issued it while handling an exception of its own, {_raised(d)}: a save, a barrier or a "
+        "cleanup in an `except` or `finally` block that the other ranks, which raised nothing, never enter"
     )
 
 
-def _worker_killed(who: str, signal: str) -> str:
-    said = f"{who}'s DataLoader worker was killed by a signal ({signal or 'unknown'})"
-    if signal != "Killed":
-        return said
-    return (f"{said}: SIGKILL, which the kernel's OOM killer sends when memory runs out (check `dmesg` or the "
-            "node's memory; a process cannot catch it)")  # fmt: skip
+def _thread_died(who: Who, d: ThreadError | None) -> str:
+    """A thread of the rank's own died of an exception."""
+    if d is None:
+        return f"a thread of {who}'s own died of an exception"
+    name = f" {d.thread!r}" if d.thread else ""
+    return (
+        f"{who}'s thread{name} died of {_raised(d)}: its main thread may be waiting for what that thread "
+        "was to hand it (a batch, an upload's end, a lock it held)"
+    )
 
 
-def evidence_text(e: Evidence) -> str:
-    who = ranks_text(e.ranks)
-    d = e.detail
-    detail = _named(d)  # a name or number the clue refers to
-    peers = _rank_list(d)
-    its = "its" if len(e.ranks) == 1 else "their"
-    s = "s" if len(e.ranks) == 1 else ""
-    if e.clue is Clue.SLOW_IN:
-        return _slow_in(who, d)
-    if e.clue is Clue.LAST_ARRIVER:
-        return _last_arriver(who, d)
-    if e.clue is Clue.IN_SPAN:
-        return _in_span(who, d)
-    if e.clue is Clue.LATE_IN:
-        return _late_in(who, d)
-    if e.clue is Clue.DTYPE_CHANGED:
-        return _dtype_changed(who, d, len(e.ranks) == 1)
-    if e.clue is Clue.MEMORY:
-        return memory_text(who, d)
-    text = {
-        Clue.HISTORY_DEVIATES: f"{who} issued something other than what {'it' if s else 'they'} issued at this point of {its} earlier steps",
-        Clue.HISTORY_CONSISTENT: f"{who} issued the same as at this point of {its} earlier steps",
-        Clue.FIRST_OF_KIND: f"{who} issued a collective {'it' if s else 'they'} had never issued before (the "
-        "first of its kind: a log or a save every few steps) where the others issued their usual one: history "
-        f"cannot say whether the others should have issued it too, so the majority decides",
-        Clue.MAJORITY: f"{who} disagree{s} with the majority of the group ({detail} ranks agree)",
-        Clue.CRASHED: f"{who} raised {detail or 'an exception'} on its own, not inside a failing collective",
-        Clue.OOM: f"{who} ran out of memory ({detail})",
-        Clue.OOM_KILLED: f"the memory cgroup of {who} had its OOM killer kill {detail} process(es) while the job "
-        "ran (the kernel's count, memory.oom_control or memory.events)",
-        Clue.WORKER_KILLED: _worker_killed(who, detail),
-        Clue.FATAL_SIGNAL: f"{who} died of a fatal signal outside any collective ({detail})",
-        Clue.EXITED_CLEANLY: f"{who} exited cleanly after {detail} step(s), as far on as the ranks left waiting: "
-        f"{'it' if s else 'they'} issued every collective {its} code asked for",
-        Clue.FINISHED_EARLY: f"{who} exited cleanly after {detail} step(s) while others still waited for it",
-        Clue.OUT_OF_DATA: f"{who}'s DataLoader ran out of batches (its iterator raised StopIteration)",
-        Clue.STUCK_OUTSIDE: f"{who} was in no collective at {its} last record"
-        + (f" ({activity_text(d)})" if isinstance(d, RankEnd) else ""),
-        Clue.KILLED: f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)",
-        Clue.NO_TRACE: f"{who} left no trace while ranks {','.join(map(str, peers))} were blocked: it never started tracing "
-        f"(died before init_process_group returned) or its files were not copied",
-        Clue.NO_DUMP: f"{who} left no readable Flight Recorder dump while the others did (a process that aborted in C++ or "
-        "was killed writes none)" + (f"; {_were(peers)} blocked" if peers else ""),
-        Clue.WAITED_FOR: f"{who} never reached the collective that {_were(peers)} blocked in (wait-for graph sink)",
-        Clue.KILLED_WAITING: _killed_waiting(who, peers, bool(s)),
-        Clue.WORKER_SYNC: f"{who} stopped in {detail}, which waits for every worker, while the others waited in a "
-        f"collective for {'it' if s else 'them'}: each side waits for the other",
-        Clue.DIED_FIRST: f"{who} stopped without an end record (SIGKILL, or a machine lost) before the others: "
-        f"{ranks_text(peers)} failed because a peer closed its connection",
-        Clue.CYCLE: f"{who} wait on each other (a cycle in the wait-for graph: each is blocked where another has not arrived)",
-        Clue.MEMBERSHIP: f"the ranks disagree on the members of group {detail}",
-        Clue.GROUP_CREATE: f"{who} asked new_group/split_group for other ranks than the rest",
-        Clue.CREATION_MAJORITY: f"{who} created the group with other members than most ranks asked for in the "
-        f"same new_group/split_group call (they asked for ranks {asked_text(d)})",
-        Clue.GROUP_LABEL: _group_label(who, d),
-        Clue.POSITIONAL_PEERS: _positional(who, d),
-        Clue.ENTERED_APART: (
-            f"{who} {'is' if s else 'are'} blocked in {group_text(d.theirs)} where {d.agree} ranks are blocked in "
-            f"{group_text(d.usual)}: {who} entered the groups in another order than the rest of the job"
-            if isinstance(d, Entered)
-            else f"{who} entered the groups in another order than the rest of the job"
-        ),
-        Clue.SAME_MODULE: f"same op on the same module ({detail}) on every rank: the tensors themselves differ",
-        Clue.RECOMPUTE: "the divergent collectives are in activation-checkpoint recompute",
-        Clue.DDP_UNREDUCED: f"DDP raised on {who}: parameters got no gradient there"
-        + (f" (indices {detail})" if detail else "")
-        + ", so the gradient bucket holding them was never reduced",
-        Clue.GRAD_REDUCTION: "the divergent collectives are gradient reductions in backward",
-        Clue.GRAD_RESIZED: _grad_resized(who, d, its),
-        Clue.DATA_RESIZED: _data_resized(who, d, its),
-        Clue.NEW_LINE: f"{who} issued it from a line of code that had issued no collective on {'it' if s else 'them'} "
-        f"before: something {'it' if s else 'they'} never did before",
-        Clue.REPEATS_STEP: f"{who} issued exactly what {'it' if s else 'they'} issued in step {detail} (the same op, "
-        f"size, module, phase and line): {its} usual work, one step on",
-        Clue.JOINED: f"{who} had run out of inputs and joined (torch's Join: from seq {detail or '?'} on, {its} "
-        "records shadow the others' collectives) while the others still had inputs: the divergence is a collective "
-        "Join does not shadow (one the loop issues itself, outside the joined modules)",
-        Clue.GRAD_SKIPPED: f"{who} completed step {detail} (its backward and optimizer step) without the gradient "
-        "reduction the others wait for in that step: it did not run out of data",
-        Clue.SKIPPED_BATCH: f"{who} fetched a batch in step {detail} and began no backward on it before fetching "
-        f"the next, where the others trained on theirs: a branch of {its} own skipped that batch (a `continue`), "
-        f"and from there {its} collectives paired with the others' next ones",
-        Clue.EVAL_FORWARD: f"{who} ran a forward without gradients ({detail}: an evaluation pass) in this step, "
-        "which the others did not",
-        Clue.REPEATED_MODULE: f"{who} gathered {detail} more often in this step than in its previous step",
-        Clue.LEFT_LOOP: f"{who} stopped issuing training-step collectives",
-        Clue.STEP_BOUNDARY: f"{who} were starting a new step",
-        Clue.TIMED_OUT: f"{who} failed in the collective {'it' if s else 'they'} waited in (timeout or peer gone): "
-        f"{'a victim' if s else 'victims'}",
-        Clue.TURNED_SLOW: f"{who} turned slow at step {detail}: it was on time before",
-        Clue.STEP_SKEW: _step_skew(who, d),
-        Clue.PAIRED_APART: _paired_apart(who, d),
-        Clue.SKEW_BEFORE: _skew_before(who, d),
-        Clue.COUNT_CHANGED: f"{who} issued another number of collectives in this group in this step than in {its} other steps",
-        Clue.SPLITS: _splits(who, d),
-        Clue.FIRST_FAILED: f"{who} failed first, with an error of {its} own ({detail}), not a timeout or a lost peer",
-        Clue.REFUSED_CALL: f"{who} raised {detail or 'an error'} in {its} own call of the collective, from Python "
-        f"code (a `raise`: a check of the arguments {'it' if s else 'each'} passed), before any other rank "
-        f"failed: an error of {its} own, not a peer's",
-        Clue.NAMED_BY_ERROR: f"every rank raised the same {detail}, which names {who} as where it failed (the "
-        "error was gathered from there and raised on every rank)",
-        Clue.MISSED_BARRIER: f"{who} failed to pass the monitored barrier in time, says the error of "
-        f"{ranks_text(peers) if peers else 'the rank that checks it'} (monitored_barrier: it waited for {who} "
-        "and gave up)",
-        Clue.FAILED_IN_IT: f"{who} raised {detail or 'an error'} inside the divergent collective itself: what the "
-        "disagreement did (a size or an object read from a peer that sent another), not why the ranks disagree",
-        Clue.MISDIRECTED: _misdirected(who, d),
-        Clue.WRONG_SOURCE: _wrong_source(who, d),
-        Clue.ARRIVED_AFTER: f"{who} reached the collective the others were blocked in only after "
-        f"{ranks_text(peers) if peers else 'they'} had given up on it (timed out): the rank they waited for",
-        Clue.HANDLING: _handling(who, d),
-        Clue.THREAD_DIED: _thread_died(who, d),
-        Clue.SIGNALLED: _signalled(who, d),
-        Clue.STORE_WAIT: _store_wait(who, d, len(e.ranks) == 1),
-        Clue.EXITED: _exited(who, d),
-        Clue.GROUP_APART: _group_apart(who, d),
-        Clue.ROOT_APART: f"{who} issued the same collective from the same line of code as the others, with root "
-        f"{_pair(d)[0]} where they passed {_pair(d)[1]}: the src/dst argument is worked out otherwise on "
-        f"{'it' if s else 'them'} (a rank-dependent helper, a stale setting), not a branch",
-        Clue.OUTLIVED: f"{who} was still in the collective the others were blocked in well after "
-        f"{ranks_text(peers) if peers else 'they'} had given up on it (timed out), and never failed in it: "
-        f"{'it' if s else 'they'} had not reached the exchange they waited in (Python of {its} own before it: an "
-        "object collective pickling, a hook), the rank they waited for",
-        Clue.WENT_PAST: f"{who} went on past the collective of {group_text(detail) if detail else 'the group'} the "
-        "others wait in, which "
-        f"{'it' if s else 'they'} issued in {its} step before: skipped this step on a branch of {its} own (ranks that "
-        "enter groups in another order do so from the start)",
-        Clue.SAME_LINE: f"{who} {'is' if s else 'are'} blocked in a collective new to {'it' if s else 'them'}, "
-        f"issued from the very line where the others wait in {group_text(detail) if detail else 'another group'}: "
-        "the same code reached the groups in another order",
-        Clue.SAME_ORDER: f"{who} each block in a blocking {detail} to another of them: each posted the same side "
-        f"of its transfers first, so the other side is never posted (the same code on every rank, not a branch)",
-        Clue.SAVED_APART: f"{who} saved a checkpoint ({detail}) in this step just before, which the others did "
-        "not: a save path that only some ranks enter (a collective inside `if rank == 0:`), not data that ran out",
-        Clue.OTHER_CALL: _other_call(who, detail, its),
-        Clue.SCHEDULE: _schedule(who if e.ranks else "", d),
-        Clue.EVERY_PAIR: f"{who} is an end of every pair whose transfers disagree ({_pairs(d)}); every "
-        "other pair agrees",
-        Clue.NEW_SIZE: f"{who} issued a size, dtype or tag on this transfer that it never sent or received before, "
-        f"while {ranks_text(peers)} expected one it had taken before",
-        Clue.UNDECIDED: f"nothing in the traces tells {who} apart (their own earlier steps do not single one out, "
-        "and there is no majority): which is wrong is for you to judge",
-    }[e.clue]
-    return text
+def _signalled(who: Who, d: SignalCaught | None) -> str:
+    """The culprit caught a signal its script handles, which the others did not."""
+    what = (f"{d.name}" + (f" at step {d.step}" if d.step is not None else "")) if d is not None else "a signal"
+    return (
+        f"{who} caught {what}, a signal the script handles itself (a preemption notice, a timer), and none of "
+        "the others did: leaving was its answer to it, which the others were never told of"
+    )
+
+
+def _exited(who: Who, d: Exit | None) -> str:
+    """The launcher (torchrun, or the process that called mp.spawn) found the rank dead first, and how."""
+    if d is None:
+        return f"the launcher found {who} dead first"
+    if d.signal == "SIGKILL":
+        return (
+            f"the launcher found {who} killed by SIGKILL (exit code {d.code}) first, before it stopped the others, and "
+            f"{who} wrote nothing of its own: a SIGKILL to one rank while the job goes on is most often the kernel's "
+            "OOM killer (`dmesg` on its host says so), else a scheduler or a person"
+        )
+    how = f"killed by {d.signal}" if d.signal else f"exited with code {d.code}"
+    if d.first is False:
+        return f"the launcher saw {who} {how}, after another rank had ended"
+    return f"the launcher found {who} {how} first, before it stopped the others"
+
+
+def _group_apart(who: Who, d: GroupApart | None) -> str:
+    """The call the others wait for in a group of the culprit's, issued in another group."""
+    if d is None:
+        return f"{who} issued from the same line as the others, in another group"
+    return (
+        f"{who} issued from `{d.line}` the collective that {_were(d.waiting)} blocked in on "
+        f"{group_text(d.group)} from that same line, a group {who} is in, but issued it in this group: the "
+        "group argument is worked out otherwise on it (a device mesh's other dimension, a leftover group)"
+    )
+
+
+def _group_label(who: Who, d: Relabeled | None) -> str:
+    """The rank named a group otherwise than every other rank's same creation call."""
+    if d is None:
+        return f"{who} named a group otherwise than the other ranks did in the same new_group/split_group call"
+    return (
+        f"{who} created the group as `{d.theirs}` where every other rank's same new_group/split_group call named it "
+        f"`{d.usual}`: {who} uses it as another dimension of the mesh than its members do (a DeviceMesh built with "
+        "its mesh_dim_names in another order)"
+    )
+
+
+def _positional_peers(who: Who, d: Positional | None) -> str:
+    """The rank's peers at its place in the mesh's other replicas issued otherwise."""
+    if d is None:
+        return f"{who} issued what none of the ranks at the same place in the mesh's other replicas issued"
+    return (
+        f"{ranks_text(d.against)}, at {who}'s place of {group_text(d.label)} in the other replicas, issued "
+        f"something else than {who} at this seq, and {ranks_text(d.backing)}, at the other members' place, issued "
+        f"what those members did: {who} left the schedule of {'its' if len(d.against) == 1 else 'their'} place in "
+        "the mesh"
+    )
+
+
+def _entered_apart(who: Who, d: Entered | None) -> str:
+    if d is None:
+        return f"{who} entered the groups in another order than the rest of the job"
+    return (f"{who} {who.are} blocked in {group_text(d.theirs)} where {d.agree} ranks are blocked in "
+            f"{group_text(d.usual)}: {who} entered the groups in another order than the rest of the job")  # fmt: skip
+
+
+WORDS: dict[Clue, ClueWords] = {  # every Clue (a test checks), in its order
+    Clue.HISTORY_DEVIATES: _plain(_history_deviates),
+    Clue.HISTORY_CONSISTENT: _plain(_history_consistent),
+    Clue.MAJORITY: _from(_count, _majority),
+    Clue.FIRST_OF_KIND: _plain(_first_of_kind),
+    Clue.CRASHED: _from(_word, _crashed),
+    Clue.OOM: _from(_word, _oom),
+    Clue.MEMORY: _from(_a(RankMemory), _memory),
+    Clue.OOM_KILLED: _from(_number, _oom_killed),
+    Clue.WORKER_KILLED: _from(_word, _worker_killed),
+    Clue.FATAL_SIGNAL: _from(_word, _fatal_signal),
+    Clue.EXITED_CLEANLY: _from(_number, _exited_cleanly),
+    Clue.FINISHED_EARLY: _from(_count, _finished_early),
+    Clue.STUCK_OUTSIDE: _from(_a(RankEnd), _stuck_outside),
+    Clue.IN_SPAN: _from(_a(InSpan), _in_span),
+    Clue.OUT_OF_DATA: _plain(_out_of_data),
+    Clue.KILLED: _plain(_killed),
+    Clue.WAITED_FOR: _from(_ranks, _waited_for),
+    Clue.NO_TRACE: _from(_ranks, _no_trace),
+    Clue.NO_DUMP: _from(_ranks, _no_dump),
+    Clue.CYCLE: _plain(_cycle),
+    Clue.MEMBERSHIP: _from(_word, _membership),
+    Clue.GROUP_CREATE: _plain(_group_create),
+    Clue.CREATION_MAJORITY: _from(_asked, _creation_majority),
+    Clue.GROUP_LABEL: _from(_a(Relabeled), _group_label),
+    Clue.POSITIONAL_PEERS: _from(_a(Positional), _positional_peers),
+    Clue.ENTERED_APART: _from(_a(Entered), _entered_apart),
+    Clue.SAME_MODULE: _from(_word, _same_module),
+    Clue.RECOMPUTE: _plain(_recompute),
+    Clue.DDP_UNREDUCED: _from(_word, _ddp_unreduced),
+    Clue.GRAD_REDUCTION: _plain(_grad_reduction),
+    Clue.GRAD_RESIZED: _from(_two, _grad_resized),
+    Clue.DATA_RESIZED: _from(_two, _data_resized),
+    Clue.SKIPPED_BATCH: _from(_number, _skipped_batch),
+    Clue.GRAD_SKIPPED: _from(_number, _grad_skipped),
+    Clue.EVAL_FORWARD: _from(_word, _eval_forward),
+    Clue.REPEATED_MODULE: _from(_word, _repeated_module),
+    Clue.JOINED: _from(_number, _joined),
+    Clue.LEFT_LOOP: _plain(_left_loop),
+    Clue.TIMED_OUT: _plain(_timed_out),
+    Clue.LAST_ARRIVER: _from(_a(Lateness), _last_arriver),
+    Clue.SLOW_IN: _from(_a(SlowIn), _slow_in),
+    Clue.TURNED_SLOW: _from(_number, _turned_slow),
+    Clue.STEP_BOUNDARY: _plain(_step_boundary),
+    Clue.STEP_SKEW: _from(_a(StepSkew), _step_skew),
+    Clue.SKEW_BEFORE: _from(_a(StepSkew), _skew_before),
+    Clue.COUNT_CHANGED: _plain(_count_changed),
+    Clue.SPLITS: _from(_gaps, _splits),
+    Clue.FIRST_FAILED: _from(_word, _first_failed),
+    Clue.REFUSED_CALL: _from(_word, _refused_call),
+    Clue.NAMED_BY_ERROR: _from(_word, _named_by_error),
+    Clue.MISSED_BARRIER: _from(_ranks, _missed_barrier),
+    Clue.FAILED_IN_IT: _from(_word, _failed_in_it),
+    Clue.MISDIRECTED: _from(_a(PeersApart), _misdirected),
+    Clue.WRONG_SOURCE: _from(_a(PeersApart), _wrong_source),
+    Clue.ARRIVED_AFTER: _from(_ranks, _arrived_after),
+    Clue.ROOT_APART: _from(_two, _root_apart),
+    Clue.HANDLING: _from(_a(Handling), _handling),
+    Clue.SIGNALLED: _from(_a(SignalCaught), _signalled),
+    Clue.STORE_WAIT: _from(_a(InSpan), _store_wait),
+    Clue.GROUP_APART: _from(_a(GroupApart), _group_apart),
+    Clue.EXITED: _from(_a(Exit), _exited),
+    Clue.KILLED_WAITING: _from(_ranks, _killed_waiting),
+    Clue.DIED_FIRST: _from(_ranks, _died_first),
+    Clue.WORKER_SYNC: _from(_word, _worker_sync),
+    Clue.THREAD_DIED: _from(_a(ThreadError), _thread_died),
+    Clue.OUTLIVED: _from(_ranks, _outlived),
+    Clue.LATE_IN: _from(_a(InSpan), _late_in),
+    Clue.WENT_PAST: _from(_word, _went_past),
+    Clue.SAME_LINE: _from(_word, _same_line),
+    Clue.SAME_ORDER: _from(_word, _same_order),
+    Clue.SAVED_APART: _from(_word, _saved_apart),
+    Clue.OTHER_CALL: _from(_word, _other_call),
+    Clue.SCHEDULE: _from(_a(SchedulesApart), _schedule),
+    Clue.EVERY_PAIR: _from(_rank_pairs, _every_pair),
+    Clue.NEW_SIZE: _from(_ranks, _new_size),
+    Clue.DTYPE_CHANGED: _from(_a(DtypeChange), _dtype_changed),
+    Clue.PAIRED_APART: _from(_a(StepSkew), _paired_apart),
+    Clue.NEW_LINE: _plain(_new_line),
+    Clue.REPEATS_STEP: _from(_number, _repeats_step),
+    Clue.UNDECIDED: _plain(_undecided),
+}
 
 
 def unseen_text(u: Unseen) -> str:
@@ -374,63 +964,15 @@ def problem_text(p: Problem) -> str:
     return unseen_text(Unseen.of_problem(p))
 
 
-def _named(d: Detail) -> str:
-    """A name or number from the trace (a module, an error type, a step), as it is; "" for other details."""
-    return str(d) if isinstance(d, (str, int)) else ""
-
-
 def _rank_list(d: Detail) -> tuple[int, ...]:
     """The ranks a clue names (who were blocked, the peers); () for other details."""
     return tuple(r for r in d if isinstance(r, int)) if isinstance(d, tuple) else ()
-
-
-def _were(ranks: tuple[int, ...]) -> str:
-    """(0, 1) -> 'ranks 0-1 were'; (3,) -> 'rank 3 was'."""
-    return ranks_text(ranks) + (" was" if len(ranks) == 1 else " were")
 
 
 def asked_text(d: Detail) -> str:
     """The rank list a group creation asked for: '1,3'; split_group's lists of lists as Python writes them."""
     flat = _rank_list(d)
     return ",".join(map(str, flat)) if flat and flat == d else str(d)
-
-
-def _pairs(d: Detail) -> str:
-    """((1, 2), (2, 1)) as 'rank 1 → rank 2, rank 2 → rank 1'."""
-    pairs = [p for p in d if isinstance(p, tuple)] if isinstance(d, tuple) else []
-    return ", ".join(" → ".join(f"rank {r}" for r in p) for p in pairs)
-
-
-def _store_wait(who: str, d: Detail, one: bool) -> str:
-    """Clue STORE_WAIT: the ranks waited in the c10d store for a key, from before the culprits went on."""
-    call = f" (`{d.flavour}`)" if isinstance(d, InSpan) and d.flavour else ""
-    took = f" for {d.for_s:.1f} s" if isinstance(d, InSpan) and d.for_s is not None else ""
-    it = "it" if one else "they"
-    return (f"{who} {'was' if one else 'were'} waiting on the c10d store{call}{took} when {it} stopped, from before the "
-            f"culprit went on without setting what {it} waited for: a wait for the culprit, outside any collective")  # fmt: skip
-
-
-def _in_span(who: str, d: Detail) -> str:
-    if not isinstance(d, InSpan):
-        return f"{who} was in a compute span when it stopped, in no collective"
-    took = f" for {d.for_s:.1f} s" if d.for_s is not None else ""
-    what = span_text(d.kind, d.module, d.flavour if d.kind == SpanKind.STORE else "")  # the key it waited for
-    return f"{who} was in {what}{took} when it stopped, in no collective"
-
-
-def _dtype_changed(who: str, d: Detail, one: bool) -> str:
-    it, its = ("it", "its") if one else ("they", "their")
-    if not isinstance(d, DtypeChange):
-        return f"{who} issued another dtype than {it} issued at this point of {its} earlier steps"
-    return (f"{who} issued {d.now} where {it} issued {d.was} at this point of {its} earlier steps, while "
-            f"{ranks_text(d.kept)} kept to {d.was}: the side that changed its dtype")  # fmt: skip
-
-
-def _late_in(who: str, d: Detail) -> str:
-    if not isinstance(d, InSpan):
-        return f"{who} was in a compute span for most of the time the others waited"
-    took = f" for {d.for_s:.1f} s" if d.for_s is not None else ""
-    return f"{who} was in {span_text(d.kind, d.module, d.flavour)}{took} while the others waited: where their wait went"
 
 
 SPAN_WORDS: dict[str, str] = {  # a compute span's kind (every SpanKind: a test checks), as a report says it
@@ -512,88 +1054,6 @@ CATEGORY_SHORT = {  # column headers where space is short (the TUI's stats table
 }  # fmt: skip
 
 
-def _schedule(who: str, d: Detail) -> str:
-    """ "rank 1's Schedule1F1B over 3 stages runs 3 micro-batches a step; the other stages' ... 4" (who is empty
-    when no majority says which is wrong)."""
-    if not isinstance(d, SchedulesApart):
-        return "the pipeline's stages built their schedules differently"
-    theirs = f"{d.theirs.name} over {d.theirs.stages} stages runs {d.theirs.microbatches} micro-batches a step"
-    others = f"{d.usual.name} over {d.usual.stages} stages runs {d.usual.microbatches}"
-    if not who:
-        return f"the pipeline's stages built their schedules differently: one {theirs}, another {others}"
-    return f"{who}'s {theirs}; the other stages' {others}: every stage must run the same schedule"
-
-
-def _splits(who: str, d: Detail) -> str:
-    """'rank 2 sent rank 1 20 rows where rank 1 expected 25', pair by pair."""
-    gaps = [g for g in d if isinstance(g, SplitGap)] if isinstance(d, tuple) else []
-    said = [f"rank {g.sender} sent rank {g.receiver} {g.sent} {'rows' if g.rows else 'elements'} where rank "
-            f"{g.receiver} expected {g.expected}" for g in gaps]  # fmt: skip
-    text = "; ".join(said) or "its pairs' sizes disagree"
-    return f"{who}'s all-to-all split sizes disagree with its peers': {text}"
-
-
-def _step_skew(who: str, d: Detail) -> str:
-    if not isinstance(d, StepSkew):
-        return f"{who} issued the same collective in another step or micro-step than the others"
-    return (f"{who} issued it in step {d.step}, micro-step {d.micro}, where the others were in step {d.other_step}, "
-            f"micro-step {d.other_micro}: {who} issued one collective more or fewer before it, and the backend "
-            "paired the rest silently")  # fmt: skip
-
-
-def _grad_resized(who: str, d: Detail, its: str) -> str:
-    sizes = f" ({d[0]} elements before, {d[1]} now)" if isinstance(d, tuple) and len(d) == 2 else ""
-    return (
-        f"{who} all-reduced gradients of another size than at this point of {its} earlier steps{sizes}, and "
-        "never reduce-scattered: a fixed buffer (DDP's bucket) keeps its size when parameters get no gradient, "
-        "so the reduction itself changed (a comm hook that starts compressing at a step of its own)"
-    )
-
-
-def _data_resized(who: str, d: Detail, its: str) -> str:
-    sizes = f" ({d[0]} elements then, {d[1]} now)" if isinstance(d, tuple) and len(d) == 2 else ""
-    return (
-        f"{who}'s previous call from the same line had the size the others still have{sizes}, with a data load in "
-        f"between: the size follows {its} data (a short last batch, an uneven split), not a setting"
-    )
-
-
-def _paired_apart(who: str, d: Detail) -> str:
-    where = ""
-    if isinstance(d, StepSkew):
-        where = (f" (seq {d.seq}: step {d.step}, micro-step {d.micro}, against step {d.other_step}, micro-step "
-                 f"{d.other_micro})")  # fmt: skip
-    return (f"{who} had issued every earlier collective of the group they wait in at another point of the step than "
-            f"the ranks they paired with, from the first on{where}: each side kept a schedule of its own (a "
-            "gradient sync every few micro-batches, another count on each side), paired silently until one side "
-            "had issued all of its; neither side's own history says whose schedule is wrong")  # fmt: skip
-
-
-def _skew_before(who: str, d: Detail) -> str:
-    if not isinstance(d, StepSkew) or d.seq is None:
-        return f"{who} issued an earlier collective in another step or micro-step than the others"
-    return (f"before that, {who} issued seq {d.seq} in step {d.step}, micro-step {d.micro}, where the others were "
-            f"in step {d.other_step}, micro-step {d.other_micro}: it ran a forward or a step the others did not (or "
-            "skipped one they ran) on a branch of its own, not out of data")  # fmt: skip
-
-
-def _last_arriver(who: str, d: Detail) -> str:
-    if not isinstance(d, Lateness):
-        return f"{who} arrived last; the others waited for it alone"
-    # in µs, as the JSON report's detail has it
-    wait = duration(round(d.waited_s, 6) * 1e9)
-    return (
-        f"{who} arrived last at {d.last_arrivals} of {d.collectives} collectives; the others waited {wait} for it alone"
-    )
-
-
-def _slow_in(who: str, d: Detail) -> str:
-    if not isinstance(d, SlowIn):
-        return f"{who} spends more per step than the median rank"
-    extra = duration(round(d.extra_ns / 1e6) * 1e6)  # in whole ms, as the JSON report's detail has it
-    return f"{who} spends {extra} more per step in {CATEGORY.get(d.category, d.category)} than the median rank"
-
-
 def size(n: int) -> str:
     """Bytes for people: 850 KB, 16 MB, 1.2 GB, 79.1 GB (powers of 1024, as the allocators say them)."""
     for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
@@ -623,9 +1083,7 @@ def bound_text(m: RankMemory) -> str:
             f"{b.share:.0%}){rising} at its last sample")  # fmt: skip
 
 
-def memory_text(who: str, d: Detail) -> str:
-    if not isinstance(d, RankMemory):
-        return f"{who}'s memory was sampled"
+def memory_text(who: str, d: RankMemory) -> str:
     parts = [p for p in (growth_text(d), f"peaked at {size(d.peak.bytes)} resident in step {d.peak.step}") if p]
     if d.growth is None:
         parts[0:0] = [f"did not grow steadily ({size(d.first_rss)} resident at its first sample, {size(d.last_rss)} "
@@ -739,111 +1197,3 @@ _CHECK_UNDECIDED = ("where each rank issued its record (Issued at, above) and th
 # a transfer's two ends each choose their tensor: no policy makes them agree
 _CHECK_TRANSFER_DTYPE = ("the dtype of the tensor the sender passes against the buffer the receiver posts (a "
                          "numpy round trip, torch.from_numpy, .double() or .half() on one side only)")  # fmt: skip
-
-
-def _pair(d: Detail) -> tuple[str, str]:
-    """A detail of two ranks (its root, theirs) as words."""
-    if isinstance(d, tuple) and len(d) == 2:
-        return str(d[0]), str(d[1])
-    return "?", "?"
-
-
-def _handling(who: str, d: Detail) -> str:
-    """Clue HANDLING: the exception of its own a culprit was handling when it issued the divergent collective."""
-    if not isinstance(d, Handling):
-        return f"{who} issued it while handling an exception of its own"
-    return (
-        f"{who} issued it while handling an exception of its own, {_raised(d)}: a save, a barrier or a "
-        "cleanup in an `except` or `finally` block that the other ranks, which raised nothing, never enter"
-    )
-
-
-def _thread_died(who: str, d: Detail) -> str:
-    """Clue THREAD_DIED: a thread of the rank's own died of an exception."""
-    if not isinstance(d, ThreadError):
-        return f"a thread of {who}'s own died of an exception"
-    name = f" {d.thread!r}" if d.thread else ""
-    return (
-        f"{who}'s thread{name} died of {_raised(d)}: its main thread may be waiting for what that thread "
-        "was to hand it (a batch, an upload's end, a lock it held)"
-    )
-
-
-def _group_label(who: str, d: Detail) -> str:
-    """Clue GROUP_LABEL: the rank named a group otherwise than every other rank's same creation call."""
-    if not isinstance(d, Relabeled):
-        return f"{who} named a group otherwise than the other ranks did in the same new_group/split_group call"
-    return (
-        f"{who} created the group as `{d.theirs}` where every other rank's same new_group/split_group call named it "
-        f"`{d.usual}`: {who} uses it as another dimension of the mesh than its members do (a DeviceMesh built with "
-        "its mesh_dim_names in another order)"
-    )
-
-
-def _positional(who: str, d: Detail) -> str:
-    """Clue POSITIONAL_PEERS: the rank's peers at its place in the mesh's other replicas issued otherwise."""
-    if not isinstance(d, Positional):
-        return f"{who} issued what none of the ranks at the same place in the mesh's other replicas issued"
-    return (
-        f"{ranks_text(d.against)}, at {who}'s place of {group_text(d.label)} in the other replicas, issued "
-        f"something else than {who} at this seq, and {ranks_text(d.backing)}, at the other members' place, issued "
-        f"what those members did: {who} left the schedule of {'its' if len(d.against) == 1 else 'their'} place in "
-        "the mesh"
-    )
-
-
-def _group_apart(who: str, d: Detail) -> str:
-    """Clue GROUP_APART: the call the others wait for in a group of the culprit's, issued in another group."""
-    if not isinstance(d, GroupApart):
-        return f"{who} issued from the same line as the others, in another group"
-    return (
-        f"{who} issued from `{d.line}` the collective that {_were(d.waiting)} blocked in on "
-        f"{group_text(d.group)} from that same line, a group {who} is in, but issued it in this group: the "
-        "group argument is worked out otherwise on it (a device mesh's other dimension, a leftover group)"
-    )
-
-
-def _killed_waiting(who: str, peers: tuple[int, ...], one: bool) -> str:
-    """Clue KILLED_WAITING: killed from outside first while it waited for ranks that had not failed."""
-    them = ranks_text(peers) if peers else "the others"
-    return (
-        f"{who} {'was' if one else 'were'} killed (SIGKILL, the first of the run to end) while waiting in the "
-        f"collective for {them}; torchrun stopped {them} after it, before {'it' if len(peers) == 1 else 'any'} had "
-        "failed or timed out: "
-        "the run ended with that death, not with a hang"
-    )
-
-
-def _exited(who: str, d: Detail) -> str:
-    """Clue EXITED: the launcher (torchrun, or the process that called mp.spawn) found the rank dead first, and how."""
-    if not isinstance(d, Exit):
-        return f"the launcher found {who} dead first"
-    if d.signal == "SIGKILL":
-        return (
-            f"the launcher found {who} killed by SIGKILL (exit code {d.code}) first, before it stopped the others, and "
-            f"{who} wrote nothing of its own: a SIGKILL to one rank while the job goes on is most often the kernel's "
-            "OOM killer (`dmesg` on its host says so), else a scheduler or a person"
-        )
-    how = f"killed by {d.signal}" if d.signal else f"exited with code {d.code}"
-    if d.first is False:
-        return f"the launcher saw {who} {how}, after another rank had ended"
-    return f"the launcher found {who} {how} first, before it stopped the others"
-
-
-def _signalled(who: str, d: Detail) -> str:
-    """Clue SIGNALLED: the culprit caught a signal its script handles, which the others did not."""
-    what = (
-        f"{d.name}" + (f" at step {d.step}" if d.step is not None else "")
-        if isinstance(d, SignalCaught)
-        else "a signal"
-    )
-    return (
-        f"{who} caught {what}, a signal the script handles itself (a preemption notice, a timer), and none of "
-        "the others did: leaving was its answer to it, which the others were never told of"
-    )
-
-
-def _raised(e: Handling | ThreadError) -> str:
-    """An exception as the evidence names it: "ValueError: bad label (raised at train.py:33 in main)"."""
-    what = f"{e.type}: {e.message}" if e.message else e.type
-    return what + (f" (raised at {e.where})" if e.where else "")
