@@ -153,3 +153,29 @@ def test_a_rank_killed_in_its_first_second_says_nothing_by_its_memory(tmp_path: 
     dx = _killed_waiting(tmp_path, rs, 2)
     assert dx.culprits == (2,)
     assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.OOM, Confidence.LOW)
+
+
+def test_a_rank_rising_fast_is_near_its_limit_by_the_time_the_others_lost_it(tmp_path: Path) -> None:
+    """Rank 1's cgroup usage rises 80 MB a half-second step; its last sample is at 80 % of its limit, and the
+    others lose it 1.5 s later: at that pace it was at its limit by then (a fast grower dies between samples)."""
+    from handmade import WALL
+
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.limits(cgroup=1000 * MB if r.rank == 1 else -1, path=f"/job/rank{r.rank}")
+    for i in range(10):
+        for r in rs:
+            r.t += 500_000_000
+            r.coll("all_reduce", 756, "", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+            r.memory(300 * MB, cgroup=(80 + 80 * i) * MB if r.rank == 1 else 100 * MB)
+    lost = WALL + rs[1].t + 1_500_000_000
+    for r in (rs[0], rs[2]):
+        r.coll("all_reduce", 756, "", "backward", redop="SUM", done=False, error=True)
+        r.error("RuntimeError", "[gloo] Connection closed by peer", t_ns=lost, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (1,)
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.OOM, Confidence.MEDIUM)
+    m = dx.memory[1]
+    assert m.bound is not None and m.bound.share == 0.8 and m.bound.projected >= m.bound.limit

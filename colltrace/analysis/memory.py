@@ -26,6 +26,7 @@ GROWS_SHARE = 2 / 3  # ... rising from at least this share of one sampled step t
 NEAR = 0.9  # "near its limit": at least this share of it used at the last sample (or one more rise: Bound.near)
 RISING = 4 * MIB  # "rising": the last sample this much above the one three before
 FLAT_SAMPLES, FLAT_S = 4, 2.0  # "flat" memory needs this many samples over this many seconds at least
+PROJECT_S = 2.0  # a rising rank's memory is carried on at its pace at most this far past its last sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,9 @@ class Bound:
     used: int  # what that limit bounds, at the last sample
     rising: bool  # it rose over the last samples
     last_rise: int = 0  # ... by this much since the sample before the last
+    # what it would have used when the others lost it (their first error after its last sample, at most
+    # PROJECT_S later), rising on at the pace of its last samples; 0: not known (no such error, not rising)
+    projected: int = 0
 
     @property
     def share(self) -> float:
@@ -58,9 +62,11 @@ class Bound:
 
     @property
     def near(self) -> bool:
-        """At NEAR of the limit or more, or one more rise like its last from it: a rank that grows fast dies
-        between two samples, its last well below the limit."""
-        return self.share >= NEAR or (self.last_rise > 0 and self.used + self.last_rise >= self.limit)
+        """At NEAR of the limit or more, or as far as one more rise like its last, or at the limit by the time the
+        others lost it at the pace it rose: a rank that grows fast dies between two samples, its last well below
+        the limit (the kernel's reclaim slows a process, its watchdog too, as it nears its cgroup's limit)."""
+        return (self.share >= NEAR or (self.last_rise > 0 and self.used + self.last_rise >= self.limit)
+                or self.projected >= self.limit)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +104,13 @@ def _growth(samples: tuple[Sample, ...]) -> Growth | None:
     return Growth(round(slope), steps[-1] - steps[0], steps[0])
 
 
-def _bound(samples: tuple[Sample, ...], limits: Limits | None) -> Bound | None:
+def _bound(samples: tuple[Sample, ...], limits: Limits | None, lost_ns: int = 0) -> Bound | None:
+    """The limit nearest at the last sample; `lost_ns`: when the others lost the rank (0: not known)."""
     if limits is None or not samples:
         return None
     last, prev = samples[-1], samples[max(0, len(samples) - 2)]
     before = samples[max(0, len(samples) - 4)]
+    ahead = min(PROJECT_S * 1e9, lost_ns - last.t_ns) if lost_ns > last.t_ns else 0
     options = []
     for kind, used, limit, then, just in (
         ("cgroup", last.cgroup, limits.cgroup, before.cgroup, prev.cgroup),
@@ -110,7 +118,10 @@ def _bound(samples: tuple[Sample, ...], limits: Limits | None) -> Bound | None:
         ("machine", last.rss, limits.machine, before.rss, prev.rss),
     ):
         if used >= 0 and limit > 0:
-            options.append(Bound(kind, limit, used, used - then >= RISING, used - just))
+            rising = used - then >= RISING
+            pace = (used - then) / max(1, last.t_ns - before.t_ns)  # bytes a ns over its last samples
+            projected = int(used + pace * ahead) if rising and ahead else 0
+            options.append(Bound(kind, limit, used, rising, used - just, projected))
     return max(options, key=lambda b: b.share, default=None)
 
 
@@ -151,6 +162,14 @@ def _oom_kills(run: Run) -> dict[tuple[str, str], int]:
     return {key: hi - lo for key, (lo, hi) in seen.items()}
 
 
+def _lost_at(run: Run, rank: int, after_ns: int) -> int:
+    """When the others lost the rank: the first error of another rank after its last sample (a peer that closed
+    its connection, a collective that failed), 0: none."""
+    times = [rt.error.t_ns for r, rt in run.ranks.items() if r != rank and rt.error is not None]
+    later = [t for t in times if t > after_ns]
+    return min(later, default=0)
+
+
 def summarize(run: Run) -> dict[int, RankMemory]:
     """Each rank's memory, where its trace holds samples."""
     kills = _oom_kills(run)
@@ -166,12 +185,18 @@ def summarize(run: Run) -> dict[int, RankMemory]:
         out[r] = RankMemory(
             rank=r, samples=len(mem.samples), first_t_ns=mem.samples[0].t_ns, last_t_ns=last.t_ns,
             first_rss=mem.samples[0].rss, last_rss=last.rss, last_step=last.step,
-            peak=_peak(rt), growth=_growth(mem.samples), bound=_bound(mem.samples, limits),
+            peak=_peak(rt), growth=_growth(mem.samples),
+            bound=_bound(mem.samples, limits, _lost_at(run, r, last.t_ns) if _unended(rt) else 0),
             oom_killed=kills.get((rt.host, limits.cgroup_path), 0) if limits is not None else 0,
             cuda_peak=top.peak if top else None, cuda_total=top.total if top else None,
             cuda_peak_at=f"{top.peak_at}, step {top.step}" if top and top.peak_at else "",
         )  # fmt: skip
     return out
+
+
+def _unended(rt: RankTrace) -> bool:
+    """No end of its own written: killed (SIGKILL, the OOM killer) or still running."""
+    return rt.error is None and rt.footer is None and rt.signal is None and rt.destroyed is None
 
 
 def ran_out(m: RankMemory) -> bool:

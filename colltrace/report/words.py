@@ -1079,8 +1079,11 @@ def bound_text(m: RankMemory) -> str:
     if b is None:
         return ""
     rising = " and rising" if b.rising else ""
-    return (f"its {_USED_NAMES[b.kind]} was {size(b.used)} of {size(b.limit)} ({LIMIT_NAMES[b.kind]}, "
+    text = (f"its {_USED_NAMES[b.kind]} was {size(b.used)} of {size(b.limit)} ({LIMIT_NAMES[b.kind]}, "
             f"{b.share:.0%}){rising} at its last sample")  # fmt: skip
+    if b.projected >= b.limit and b.share < 0.9:
+        text += ", at its limit by the time the others lost it at that pace"
+    return text
 
 
 def memory_text(who: str, d: RankMemory) -> str:
