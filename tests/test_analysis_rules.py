@@ -6,8 +6,10 @@ who waits for whom, how far each rank got, who failed first; then the rule that 
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -504,6 +506,20 @@ def test_the_cause_rules_are_listed_in_the_docs_in_their_order() -> None:
     block = text[text.index("<!-- rules -->") : text.index("<!-- /rules -->")]
     listed = re.findall(r"^\d+\. `(\w+)`", block, flags=re.M)
     assert listed == [rule.__name__ for rule in causes.RULES]
+
+
+def test_the_cause_rules_are_defined_in_their_order() -> None:
+    """Read top to bottom, the modules of causes/ define their rules in the order causes.RULES tries them (a
+    module's rules one after another, the modules in turn), and every rule they define is tried."""
+    at = [(rule.__module__, inspect.getsourcelines(rule)[1]) for rule in causes.RULES]
+    modules = list(dict.fromkeys(module for module, _ in at))
+    assert [m.rsplit(".", 1)[1] for m in modules] == ["structure", "deaths", "steps", "calls"]
+    assert at == sorted(at, key=lambda a: (modules.index(a[0]), a[1]))
+    for name in modules:
+        defined = {n for n, fn in inspect.getmembers(sys.modules[name], inspect.isfunction)
+                   if fn.__module__ == name and not n.startswith("_")
+                   and fn.__annotations__.get("return") == "Finding | None"}  # fmt: skip
+        assert defined <= {rule.__name__ for rule in causes.RULES}, name
 
 
 def test_the_blame_rules_are_listed_in_the_docs() -> None:

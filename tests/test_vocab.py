@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from colltrace.analysis import causes, streams, timing
+from colltrace.analysis import streams, timing
+from colltrace.analysis.causes import deaths
 from colltrace.report import words
 from colltrace.trace.vocab import OpFamily, Phase, SpanKind, op_family
 
@@ -10,7 +11,7 @@ from colltrace.trace.vocab import OpFamily, Phase, SpanKind, op_family
 def test_every_span_kind_has_its_words_and_what_stopping_in_it_means() -> None:
     assert list(words.SPAN_WORDS) == list(SpanKind)
     # a colltrace.phase block says what the job calls it, not what it computed: no cause of its own
-    assert set(causes._STUCK_IN) == set(SpanKind) - {SpanKind.PHASE}
+    assert set(deaths._STUCK_IN) == set(SpanKind) - {SpanKind.PHASE}
     # ... nor a category of the breakdown of its own: its time is `other`; nor a wait on the store (for peers,
     # outside any collective: no compute)
     assert set(timing._SPAN_CATEGORY) == set(SpanKind) - {SpanKind.PHASE, SpanKind.STORE}

@@ -176,8 +176,9 @@ def diagnose(run: Run) -> Diagnosis:
     if verdict is not Verdict.HEALTHY or slow is not None:
         deviates = any(e.clue is Clue.HISTORY_DEVIATES for e in blame.evidence)
         sites = call_sites(run, d)
-        facts = causes.Facts(run, d, culprits, victims, ends, streams, table, cycle, slow, deviates, sites,
-                             blame.evidence, used)  # fmt: skip
+        facts = causes.Facts(run=run, d=d, culprits=culprits, victims=victims, ends=ends, streams=streams,
+                             table=table, cycle=cycle, slow=slow, deviates=deviates, sites=sites,
+                             found=blame.evidence, memory=used)  # fmt: skip
         f = causes.find(facts)
         spanned = {r for e in f.evidence if e.clue is Clue.IN_SPAN for r in e.ranks}
         said = tuple(e for e in blame.evidence if not (e.clue is Clue.STUCK_OUTSIDE and set(e.ranks) <= spanned))
