@@ -28,7 +28,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.streams import TRAINING, GroupStream, RankStreams, SigTable, p2p_ends
 from colltrace.analysis.vocab import Kind
 from colltrace.analysis.waitfor import WaitFor, waiting_on
-from colltrace.trace.records import RankState, RankTrace, Run
+from colltrace.trace.records import Collective, RankState, RankTrace, Run
 from colltrace.trace.schema import row_of
 from colltrace.trace.vocab import OpFamily, Phase, SpanKind, op_family
 
@@ -113,9 +113,18 @@ def state_clues(ranks: tuple[int, ...], ends: dict[int, RankEnd]) -> list[Eviden
     return out
 
 
-def _in_store(e: RankEnd | None) -> bool:
-    """Stopped waiting on the c10d store (a store span open at its stop), in no collective."""
-    return e is not None and e.blocked is None and e.open_span is not None and e.open_span.op == SpanKind.STORE
+def _store_wait(e: RankEnd | None, rt: RankTrace | None) -> Collective | None:
+    """The wait on the c10d store the rank stopped in, in no collective: a store span open at its stop, or one that
+    failed (the store's own timeout, DistStoreError) with nothing after it but the rank's end; None: not so."""
+    if e is None or e.blocked is not None:
+        return None
+    if e.open_span is not None:
+        return e.open_span if e.open_span.op == SpanKind.STORE else None
+    if rt is None or e.state is not RankState.CRASHED or not len(rt.spans):
+        return None
+    last = rt.spans[-1]
+    issued = e.last.t_issue_ns if e.last is not None else 0
+    return last if last.op == SpanKind.STORE and last.error and last.t_issue_ns > issued else None
 
 
 @blame_rule
@@ -127,11 +136,12 @@ def store_waiters(waiting: tuple[int, ...], ends: dict[int, RankEnd], run: Run) 
     waiters then left the schedule the others keep); or where another rank got through a wait on the store of
     its own since the waiters' last collectives (the store served the others: the waiters wait for a key no one
     sets, a name of their own)."""
-    if not waiting or not all(_in_store(ends.get(r)) for r in waiting):
+    waits = {r: _store_wait(ends.get(r), run.ranks.get(r)) for r in sorted(waiting)}
+    spans = {r: span for r, span in waits.items() if span is not None}
+    if not waiting or len(spans) != len(waiting):
         return None
-    spans = {r: span for r in sorted(waiting) if (span := ends[r].open_span) is not None}
     since = max(span.t_issue_ns for span in spans.values())  # the last of them to begin its wait
-    others = tuple(r for r in sorted(ends) if r not in waiting and not _in_store(ends[r]))
+    others = tuple(r for r in sorted(ends) if r not in waiting and _store_wait(ends[r], run.ranks.get(r)) is None)
     went_on = [ends[r].state is RankState.FINISHED or (b := ends[r].blocked) is not None and b.t_issue_ns > since
                for r in others]  # fmt: skip
     if not others or not all(went_on):
@@ -142,9 +152,16 @@ def store_waiters(waiting: tuple[int, ...], ends: dict[int, RankEnd], run: Run) 
     calls: dict[tuple[str, str], list[int]] = {}  # the waiters by what each waited for
     for r, span in spans.items():
         calls.setdefault((span.flavour, span.module), []).append(r)
-    ev = tuple(Evidence(Clue.STORE_WAIT, tuple(rs), InSpan(SpanKind.STORE.value, ends[rs[0]].open_for_s, module,
-                                                            flavour)) for (flavour, module), rs in calls.items())  # fmt: skip
+    ev = tuple(Evidence(Clue.STORE_WAIT, tuple(rs), InSpan(SpanKind.STORE.value, _waited_s(ends[rs[0]], spans[rs[0]]),
+                                                            module, flavour)) for (flavour, module), rs in calls.items())  # fmt: skip
     return Blame(others, tuple(spans), Kind.MISSING, Confidence.MEDIUM, ev)
+
+
+def _waited_s(e: RankEnd, span: Collective) -> float | None:
+    """How long it waited on the store: open at its stop, as long as it was open then; else until it failed."""
+    if span.t_done_ns is None:
+        return e.open_for_s
+    return float(span.t_done_ns - span.t_issue_ns) / 1e9
 
 
 def _waited_on_store(rt: RankTrace, after_ns: int) -> bool:
