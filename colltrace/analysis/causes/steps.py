@@ -195,6 +195,10 @@ def uneven_data(f: Facts) -> Finding | None:
         # nothing says its data ran out, and it is no replica of theirs reading its own share (the stages of
         # one pipeline step through the same batches): it left on a decision of its own (exited_early)
         return None
+    if not exhausted and any(_loader_fed(f, r) for r in f.culprits):
+        # its batches came from a DataLoader, which never ran out (it would have said so, data_exhausted): it
+        # left with data to spare, on a decision of its own (an early stop on a rank-local metric: exited_early)
+        return None
     starting = tuple(v for v in f.victims if starts_step(f.stream(v), d.seq) or _first_training(f, v, d.seq))
     if starting and all(_ran_out(f, r) for r in f.culprits):
         # it exited cleanly, or went on to collectives outside training, at a step the others were starting
@@ -227,6 +231,15 @@ def _left_loop(f: Facts, rank: int) -> bool:
         blocked = f.ends[rank].blocked
         return blocked is not None and blocked.phase not in TRAINING
     return not any(s is not None and s.phase in TRAINING for s in after)
+
+
+def _loader_fed(f: Facts, rank: int) -> bool:
+    """The rank took its batches from a DataLoader (data spans: the recorder's DataLoader iterator hook)."""
+    rt = f.run.ranks.get(rank)
+    return rt is not None and any(s.op == SpanKind.DATA for s in rt.spans.tail(_SPANS_SEEN))
+
+
+_SPANS_SEEN = 2048  # a rank's last spans looked at for its batches
 
 
 def _first_training(f: Facts, rank: int, seq: int) -> bool:
