@@ -35,7 +35,7 @@ from colltrace.report.build import run_report
 from colltrace.trace.events import Exit, GroupCreation, Handling, SignalCaught, ThreadError
 from colltrace.trace.reader import read_run
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "report.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "internals.md"
 TIMEOUT = "[gloo] Timed out waiting 6000ms for recv operation to complete"
 
 
@@ -501,7 +501,7 @@ def test_the_rank_whose_collective_failed_first_with_its_own_error_is_the_suspec
 
 
 def test_the_cause_rules_are_listed_in_the_docs_in_their_order() -> None:
-    """docs/report.md's list of rules and causes.RULES are one order."""
+    """docs/internals.md's list of rules and causes.RULES are one order."""
     text = DOCS.read_text()
     block = text[text.index("<!-- rules -->") : text.index("<!-- /rules -->")]
     listed = re.findall(r"^\d+\. `(\w+)`", block, flags=re.M)
@@ -523,7 +523,7 @@ def test_the_cause_rules_are_defined_in_their_order() -> None:
 
 
 def test_the_blame_rules_are_listed_in_the_docs() -> None:
-    """docs/report.md's list of blame rules names every function that may decide the culprits, and the rules
+    """docs/internals.md's list of blame rules names every function that may decide the culprits, and the rules
     diagnose() decides itself."""
     from colltrace.analysis import culprit
     from colltrace.analysis.diagnose import INLINE_RULES

@@ -42,10 +42,10 @@ class Blame(NamedTuple):
     kind: Kind  # the divergence kind, MISSING turned into EXTRA when the issuers are the culprits
     confidence: Confidence
     evidence: tuple[Evidence, ...]
-    rule: str = ""  # the blame rule that decided it (BLAME_RULES; docs/report.md lists them)
+    rule: str = ""  # the blame rule that decided it (BLAME_RULES; docs/internals.md lists them)
 
 
-BLAME_RULES: list[str] = []  # every blame rule's name, in the order defined (a test holds docs/report.md to it)
+BLAME_RULES: list[str] = []  # every blame rule's name, in the order defined (a test holds docs/internals.md to it)
 _B = TypeVar("_B", bound=Callable[..., "Blame | None"])
 
 

@@ -399,7 +399,7 @@ def _head(report: dict[str, Any], dx: Diagnosis) -> list[str]:
     rules = report["rules"]
     named = [f"{what} rule `{rules[key]}`" for key, what in (("blame", "culprit"), ("cause", "cause")) if rules[key]]
     if named:
-        out += [f"Decided by: {', '.join(named)} (docs/report.md).", ""]
+        out += [f"Decided by: {', '.join(named)} (docs/internals.md).", ""]
     return out
 
 

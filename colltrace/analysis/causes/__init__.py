@@ -100,7 +100,7 @@ class Facts:
         return self.streams[rank].groups.get(self.d.group)
 
 
-# the order docs/report.md states ("Cause, first rule that matches"); a test holds the two together
+# the order docs/internals.md states ("The cause rules"); a test holds the two together
 RULES = (
     schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, worker_sync, membership, groups_created_apart,
     labels_apart, split_sizes,  # structure.py
