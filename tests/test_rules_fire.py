@@ -14,10 +14,7 @@ from colltrace.trace.reader import read_run
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 # rules that decide no recorded job yet (only hand-made traces in tests/test_analysis_rules.py reach them)
-NOT_YET_RECORDED = {
-    "p2p_order", "store_wait", "worker_sync", "groups_created_apart", "joined", "skew_before", "saved_apart",
-    "exited_early", "unattributed", "gradient_reduction",
-}  # fmt: skip
+NOT_YET_RECORDED = {"unattributed", "gradient_reduction"}
 
 
 def _runs() -> list[Path]:

@@ -25,7 +25,7 @@ GROWS_IN_ALL = 32 * MIB  # ... this much over the steps fitted ...
 GROWS_SHARE = 2 / 3  # ... rising from at least this share of one sampled step to the next
 NEAR = 0.9  # "near its limit": at least this share of it used at the last sample (or one more rise: Bound.near)
 RISING = 4 * MIB  # "rising": the last sample this much above the one three before
-FLAT_SAMPLES, FLAT_S = 4, 2.0  # "flat" memory needs this many samples over this many seconds at least
+FLAT_SAMPLES, FLAT_S = 3, 1.0  # "flat" memory needs this many looks (twice a second) over this long at least
 PROJECT_S = 2.0  # a rising rank's memory is carried on at its pace at most this far past its last sample
 
 
