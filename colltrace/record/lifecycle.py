@@ -67,7 +67,7 @@ class Lifecycle:
     ) -> None:  # fmt: skip
         self.recorder = recorder
         self.hang_s = hang_s
-        if memory:
+        if memory and os.path.exists("/proc/self/statm"):  # Linux: elsewhere no memory samples, and nothing said
             try:
                 self.memory = MemorySampler(recorder.writer)
                 self.memory.sample(recorder.ctx.step)
