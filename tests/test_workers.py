@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from colltrace.analysis import streams, workers
+from colltrace import workers
+from colltrace.analysis import streams
 from colltrace.analysis.diagnose import diagnose
 from colltrace.report import jsonreport
 from colltrace.trace.reader import read_run

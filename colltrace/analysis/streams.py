@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from colltrace.analysis import workers
+from colltrace import workers
 from colltrace.trace import schema
 from colltrace.trace.records import RankTrace, Run
 from colltrace.trace.vocab import OpFamily, Phase, op_family
