@@ -1,29 +1,41 @@
-"""Work split over forked copies of this process, one part each, for the analysis's per-rank passes.
+"""Work split over processes, for the per-rank passes of big runs: the reader's, the analysis's streams.
 
-fork, not spawn: a child starts with everything already read and imported, so it costs milliseconds, and
-it returns its result as one pickle through a pipe. Only from a process with a single thread (forking a
-threaded one can leave a child on a lock another thread held: the TUI's loader runs in a thread, and so
-works alone). A child that fails is not an error: its part is done again here, so the result is always
-the one a single process would give.
+concurrent.futures' ProcessPoolExecutor, from the standard library: nothing to install, a worker that dies is an
+error its caller can answer (the part is done again here), and the way workers start is ours to choose. They are
+forked: a worker starts with everything already read and imported (milliseconds, where a fresh interpreter
+importing numpy takes a second) and takes its part's inputs from its copy of this process's memory, so only its
+result travels, as one pickle. A fresh interpreter (spawn, forkserver) would also import the job's own __main__
+again: a training script, where the live report is made. So only from a process with a single thread (forking a
+threaded one can leave a child on a lock another thread held: the TUI's loader and a job's watchdog run in
+threads, and there one process does all). A part that fails is no error: it is done again here, so the result
+is the one a single process gives. COLLTRACE_WORKERS sets how many processes (1: this one alone).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import pickle
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import TypeVar, cast
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
+WORKERS_ENV = "COLLTRACE_WORKERS"
+_TASK: Any = None  # (fn, parts) of the map under way: what a forked worker finds in its copy of this process
+
 
 def available() -> int:
-    """How many processes may run at once: the CPUs this process may use, one if it cannot fork safely."""
+    """How many processes may run at once: COLLTRACE_WORKERS where set, else the CPUs this process may use; one
+    where it cannot fork safely (threads running, no fork)."""
     if sys.platform == "win32" or not hasattr(os, "fork") or threading.active_count() > 1:
         return 1
+    asked = os.environ.get(WORKERS_ENV, "")
+    if asked.isdigit() and int(asked) > 0:
+        return int(asked)
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -43,48 +55,26 @@ def split(items: Sequence[T], parts: int) -> list[Sequence[T]]:
 
 
 def map_parts(fn: Callable[[Sequence[T]], R], parts: list[Sequence[T]]) -> list[R]:
-    """[fn(p) for p in parts], the first part here while each other runs in a forked child."""
-    children: list[tuple[int, int] | None] = []
-    for part in parts[1:]:
-        children.append(_fork(fn, part))
-    results = [fn(parts[0])] if parts else []
-    for part, child in zip(parts[1:], children):
-        got = _collect(child) if child is not None else None
-        results.append(cast(R, got[0]) if got is not None else fn(part))  # a child that failed: done here
+    """[fn(p) for p in parts], the first part here while each other runs in a worker process of its own."""
+    global _TASK
+    if len(parts) < 2 or available() < 2:
+        return [fn(p) for p in parts]
+    _TASK = (fn, parts)  # set before the workers are forked: each reads its part from here, nothing is sent
+    try:
+        with ProcessPoolExecutor(len(parts) - 1, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(_part, i) for i in range(1, len(parts))]
+            results = [fn(parts[0])]
+            for part, future in zip(parts[1:], futures):
+                try:
+                    results.append(future.result())
+                except Exception:  # noqa: BLE001 - a worker that failed or died: its part is done here
+                    results.append(fn(part))
+    finally:
+        _TASK = None
     return results
 
 
-def _fork(fn: Callable[[Sequence[T]], R], part: Sequence[T]) -> tuple[int, int] | None:
-    try:
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-    except OSError:
-        return None
-    if pid == 0:  # the child: compute, write, leave without running the parent's exit handlers
-        code = 1
-        try:
-            os.close(read_end)
-            data = pickle.dumps(fn(part), protocol=pickle.HIGHEST_PROTOCOL)
-            with os.fdopen(write_end, "wb") as f:
-                f.write(data)
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    return pid, read_end
-
-
-def _collect(child: tuple[int, int]) -> tuple[object] | None:
-    """The child's result (in a 1-tuple), or None when it failed."""
-    pid, read_end = child
-    try:
-        with os.fdopen(read_end, "rb") as f:
-            data = f.read()
-    finally:
-        _, status = os.waitpid(pid, 0)
-    if status != 0 or not data:
-        return None
-    try:
-        return (pickle.loads(data),)
-    except Exception:  # noqa: BLE001 - a damaged result is a failed child: the part is done again here
-        return None
+def _part(i: int) -> Any:
+    """In a worker: part i of the map under way."""
+    fn, parts = _TASK
+    return fn(parts[i])

@@ -77,15 +77,18 @@ def membership(run: Run, streams: dict[int, RankStreams]) -> list[Divergence]:
     out: list[Divergence] = []
     names = sorted({name for rt in run.ranks.values() for name in rt.groups})
     for name in names:
-        views: dict[tuple[int, ...], list[int]] = {}
-        ordered: dict[int, tuple[int, ...]] = {}  # each distinct member list sorted once (the reader shares them)
+        # the ranks by the member list they hold: first by the list object (the reader shares one per distinct
+        # list: a tuple's hash is not kept, and 131,072 members hashed per rank is ranks x ranks), then by content
+        by_list: dict[int, tuple[tuple[int, ...], list[int]]] = {}
         for rank, rt in sorted(run.ranks.items()):
             g = rt.groups.get(name)
             if g is not None and g.ranks:
-                view = ordered.get(id(g.ranks))
-                if view is None:
-                    view = ordered[id(g.ranks)] = tuple(sorted(g.ranks))
-                views.setdefault(view, []).append(rank)
+                by_list.setdefault(id(g.ranks), (g.ranks, []))[1].append(rank)
+        views: dict[tuple[int, ...], list[int]] = {}
+        for members_, ranks in by_list.values():
+            views.setdefault(tuple(sorted(members_)), []).extend(ranks)
+        for ranks in views.values():
+            ranks.sort()
         if len(views) < 2:
             continue
         seqs = [s.groups[name].seq0 for s in streams.values() if name in s.groups]

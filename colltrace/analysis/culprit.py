@@ -78,9 +78,9 @@ def habits(d: Divergence, streams: dict[int, RankStreams], table: SigTable, run:
         found = precedent(st, d.seq, st.sig_at(d.seq))
         habit = found.habit
         if habit is Habit.CONSISTENT and run is not None and a.rank in run.ranks and found.at >= 0:
-            now = states.record(run.ranks[a.rank], st.idx_at(d.seq))
-            then = states.record(run.ranks[a.rank], st.idxs[found.at])
-            if now is not None and then is not None and now.site and then.site and now.site != then.site:
+            sites = run.ranks[a.rank].records.sites  # the call sites of the two records, from the stream
+            now, then = sites.get(st.site_at(d.seq), ""), sites.get(st.sites[found.at], "")
+            if now and then and now != then:
                 habit = Habit.DEVIATES
         out[a.rank] = habit
     return out

@@ -26,8 +26,10 @@ _WAITED_FOR_PEERS = re.compile(r"timed? ?out waiting|timeout|connection (closed|
 _MAX_FRAMES = 6
 
 
-def record(rt: RankTrace, idx: int) -> Collective | None:
-    return rt.records.by_idx(idx)
+def record(rt: RankTrace, idx: int, rs: RankStreams | None = None) -> Collective | None:
+    """The rank's record `idx`: decoded with its streams (RankStreams.held) where it was, else read."""
+    found = rs.held.get(idx) if rs is not None else None
+    return found if found is not None else rt.records.by_idx(idx)
 
 
 def blocked_idx(rs: RankStreams) -> int:
@@ -58,10 +60,10 @@ def waited_on(rt: RankTrace, rs: RankStreams, b: int) -> int:
     waiting = said.waiting
     if waiting in opened or waiting in {idx for _, _, idx in rs.failed}:  # failed since: the timeout it hit
         return waiting
-    guess = record(rt, b)
+    guess = record(rt, b, rs)
     if guess is None or not guess.async_op or not guess.in_flight:
         return b
-    blocking = [c for idx in sorted(opened) if (c := record(rt, idx)) is not None and not c.async_op]
+    blocking = [c for idx in sorted(opened) if (c := record(rt, idx, rs)) is not None and not c.async_op]
     if blocking:
         return blocking[-1].idx
     if waiting < 0 and said.t_ns is not None and said.t_ns > guess.t_issue_ns:
@@ -184,7 +186,7 @@ def worker_sync(frames_text: list[str]) -> str:
 
 
 def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
-    last = record(rt, rs.last_idx) if rs.last_idx >= 0 else None
+    last = record(rt, rs.last_idx, rs) if rs.last_idx >= 0 else None
     state, err = rt.state, rt.error or _NO_ERROR
     died = loop_died(rt, rs.loop_threads) if rt.error is None and rt.fault is None else None
     if died is not None and died.error is not None and not rt.after_signal(died.t_ns):
@@ -197,7 +199,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     blocked = None
     if state is not RankState.FINISHED:
         b = waited_on(rt, rs, blocked_idx(rs))
-        blocked = record(rt, b) if b >= 0 else None
+        blocked = record(rt, b, rs) if b >= 0 else None
     etype = err.type
     message = err.message.strip()
     fault = rt.fault.text if rt.fault is not None else ""

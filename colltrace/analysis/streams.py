@@ -7,17 +7,14 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from colltrace import workers
 from colltrace.trace import schema
-from colltrace.trace.records import RankTrace, Run
+from colltrace.trace.records import Collective, RankTrace, Run
 from colltrace.trace.vocab import OpFamily, Phase, op_family
-
-if TYPE_CHECKING:
-    from colltrace.trace.store import Slots
 
 # ops whose receive-side count is the one all ranks agree on (non-root ranks pass no scatter list)
 _OUT_COUNTED = frozenset({"scatter", "scatter_object_list"})
@@ -48,14 +45,31 @@ class SigTable:
         self._ids: dict[Signature, int] = {}
         # the ranks of one job intern the same strings alike: a slot key decoded once for all of them
         self._tables: dict[tuple[tuple[int, str], ...], int] = {}
+        self._table_of: dict[int, tuple[dict[int, str], int]] = {}  # id(table) -> (the table, its number)
+        self._training: dict[int, list[int]] = {}
         self.decoded: dict[tuple[int, bytes, bytes], tuple[str, int]] = {}  # (table, key) -> (stream, sig id)
         self.blocks: dict[tuple[int, int, bytes, bytes], _Split] = {}  # a block of slots' keys, split by stream
+        self.alike: dict[tuple[int, int, bytes, bytes], _Alike] = {}  # ... and the streams a class of ranks shares
         self.block_reads = 0
         self.block_hits = 0  # blocks that were another rank's (ranks of one class)
 
     def table_id(self, strings: dict[int, str]) -> int:
-        """One number per distinct string table: ranks whose tables are equal share decoded keys."""
-        return self._tables.setdefault(tuple(sorted(strings.items())), len(self._tables))
+        """One number per distinct string table: ranks whose tables are equal share decoded keys (the reader
+        shares one table among ranks that read alike: looked up by the object first)."""
+        known = self._table_of.get(id(strings))
+        if known is not None and known[0] is strings:
+            return known[1]
+        tid = self._tables.setdefault(tuple(sorted(strings.items())), len(self._tables))
+        self._table_of[id(strings)] = (strings, tid)
+        return tid
+
+    def training(self, strings: dict[int, str]) -> list[int]:
+        """The ids of a string table that name a training step's phase (TRAINING), once per distinct table."""
+        tid = self.table_id(strings)
+        ids = self._training.get(tid)
+        if ids is None:
+            ids = self._training[tid] = [i for i, text in strings.items() if text in _TRAINING_WORK]
+        return ids
 
     def intern(self, sig: Signature) -> int:
         sid = self._ids.get(sig)
@@ -91,6 +105,7 @@ class GroupStream:
     sigs: array[int] = field(default_factory=lambda: array("I"))
     idxs: array[int] = field(default_factory=lambda: array("q"))
     t_issue: array[int] = field(default_factory=lambda: array("q"))
+    sites: array[int] = field(default_factory=lambda: array("H"))  # each record's call-site id (Slots.sites)
     step_starts: list[tuple[int, int]] = field(default_factory=list)  # (offset, step) where the step changes
     last_step: int = -(2**31)
     # (offset, step, micro-step) where either changes: how far the rank had got when it issued each record (a
@@ -98,6 +113,12 @@ class GroupStream:
     progress: list[tuple[int, int, int]] = field(default_factory=list)
     last_progress: tuple[int, int] = (-(2**31), -(2**31))
     threads: set[int] = field(default_factory=set)  # the rank's threads (a slot's tid) that issued its records
+
+    def alike(self) -> GroupStream:
+        """The same stream without its issue times, for another rank of a class (_Alike): what it shares is
+        never changed once built."""
+        return GroupStream(self.key, self.seq0, self.sigs, self.idxs, array("q"), self.sites, self.step_starts,
+                           self.last_step, self.progress, self.last_progress, self.threads)  # fmt: skip
 
     def progress_at(self, seq: int) -> tuple[int, int] | None:
         """(step, micro-step) the rank was in when it issued `seq`; None outside the stream."""
@@ -120,6 +141,10 @@ class GroupStream:
         off = seq - self.seq0
         return self.idxs[off] if 0 <= off < len(self.idxs) else -1
 
+    def site_at(self, seq: int) -> int:
+        off = seq - self.seq0
+        return self.sites[off] if 0 <= off < len(self.sites) else 0
+
 
 @dataclass(slots=True)
 class RankStreams:
@@ -134,8 +159,11 @@ class RankStreams:
     last_idx: int
     last_t_ns: int
     tail_lost: bool = False  # the ring file was cut short: what the rank issued after its last record is unknown
-    # the threads that ran its training loop (loop_threads); None: no thread did training work it recorded
+    # the threads that ran its training loop (_loop_in); None: no thread did training work it recorded
     loop_threads: frozenset[int] | None = None
+    # records decoded as the streams were built, by idx: the newest and the newest HELD_OPEN still open, what the
+    # rank's end is made of (read again from its ring they would cost a read each: states.record)
+    held: dict[int, Collective] = field(default_factory=dict)
 
 
 def p2p_key(group: str, src: int, dst: int) -> str:
@@ -184,18 +212,18 @@ _WORDS_A, _WORDS_B = schema.words_dtype(*_KEY_A), schema.words_dtype(*_KEY_B)
 BLOCK_ROWS = 32768  # rows taken at a time: what ranks of one class share (SigTable.blocks)
 
 
-def _blocks(records: Slots) -> Iterator[tuple[Any, Any, Any]]:
-    """(idxs, columns, keys) of a rank's rows, a block at a time."""
-    cols = records.cols  # (once: each look at `cols` finds what the ring holds)
+def _blocks(cols: Any) -> Iterator[tuple[Any, Any, Any]]:
+    """(idxs, columns, keys) of a rank's rows (Slots.cols), a block at a time."""
     idxs = cols["marker"].astype(np.int64) - 1
     keys = np.concatenate((cols.view(_WORDS_A)["w"], cols.view(_WORDS_B)["w"]), axis=1)
     for lo in range(0, len(cols), BLOCK_ROWS):
         yield idxs[lo : lo + BLOCK_ROWS], cols[lo : lo + BLOCK_ROWS], keys[lo : lo + BLOCK_ROWS]
 
 
-def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
-    """One pass over a rank's columns, a block of rows at a time (the analyzer's hot loop)."""
-    records = rt.records
+def build_streams(rt: RankTrace, table: SigTable, window: int | None = None) -> RankStreams:
+    """One pass over a rank's columns (its last `window` records: None, all), a block of rows at a time (the
+    analyzer's hot loop)."""
+    records = rt.records if window is None or held(rt) <= window else rt.records.tail(window)
     strings, offset = records.strings, records.offset
     rank = rt.rank
     groups: dict[str, GroupStream] = {}
@@ -242,7 +270,10 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         decoded[(tid, a, b)] = (g, sid)
         return g, sid
 
-    for idxs, cols, rows in _blocks(records):
+    loop: set[int] | frozenset[int] = frozenset()  # the threads that did training work (_loop_in)
+    every = records.cols  # (held through this pass: each look at `cols` finds what the ring holds)
+    whole = len(every) <= BLOCK_ROWS  # its window is one block: its streams may be a class's (SigTable.alike)
+    for idxs, cols, rows in _blocks(every):
         kinds = cols["kind"]
         # ranks of one class: the same block of keys (a block found by its ends, then compared whole)
         shared = (tid, len(rows), rows[0].tobytes(), rows[-1].tobytes())
@@ -255,18 +286,38 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
             if (len(rows) <= _BLOCK_ROWS and len(table.blocks) < _BLOCKS
                     and not any(name.startswith("p2p:") for name, _, _ in split.streams)):  # fmt: skip
                 table.blocks[shared] = split  # (a p2p stream's name is the rank's own)
-        known = {name: i for i, name in enumerate(groups)}  # streams in the order they began on this rank
-        ordered = sorted(range(len(split.streams)), key=lambda i: known.get(split.streams[i][0], len(known) + i))
-        for name, sel, sids in (split.streams[i] for i in ordered):
-            st = groups.get(name)
-            if st is None:
-                st = groups[name] = GroupStream(name)
-            _extend(st, sids, cols if sel is None else cols[sel], idxs if sel is None else idxs[sel],
-                    offset=offset, open_=open_, failed=failed)  # fmt: skip
+        alike = table.alike.get(shared) if whole else None
+        if alike is not None and split is alike.split and alike.fits(cols):  # a rank of a known class
+            loop = alike.loop
+            for (name, sel, _), template in zip(split.streams, alike.streams):
+                st = groups[name] = template.alike()
+                _own(st, cols if sel is None else cols[sel], idxs if sel is None else idxs[sel], offset, open_,
+                     failed)  # fmt: skip
+        else:
+            known = {name: i for i, name in enumerate(groups)}  # streams in the order they began on this rank
+            ordered = sorted(range(len(split.streams)),
+                             key=lambda i: known.get(split.streams[i][0], len(known) + i))  # fmt: skip
+            bulk = True
+            for name, sel, sids in (split.streams[i] for i in ordered):
+                stream = groups.get(name)
+                if stream is None:
+                    stream = groups[name] = GroupStream(name)
+                bulk &= _extend(stream, sids, cols if sel is None else cols[sel], idxs if sel is None else idxs[sel],
+                                offset=offset, open_=open_, failed=failed)  # fmt: skip
+            loop = _loop_in(records, "phase", table)
+            if whole and bulk and table.blocks.get(shared) is split and shared not in table.alike:
+                streams = [groups[name].alike() for name, _, _ in split.streams]
+                table.alike[shared] = _Alike(split, cols.view(_ALIKE_DTYPE).copy(), streams, loop)
         if first_idx < 0:
             first_idx = int(idxs[0])
         last_idx = int(idxs[-1])
         last_t = int(cols["t_done_ns"][-1]) or int(cols["t_issue_ns"][-1])
+    held_records: dict[int, Collective] = {}
+    if last_idx >= 0:  # the newest record, and the newest open ones: one decode
+        wanted = sorted({idx for _, _, idx in open_})[-HELD_OPEN:]
+        at = np.searchsorted(every["marker"], np.array(wanted, dtype=np.uint64) + 1).tolist()
+        rows = sorted(set(at) | {len(every) - 1})
+        held_records = {c.idx: c for c in records.decode(every[rows])}
     return RankStreams(
         rank=rank,
         groups=groups,
@@ -277,7 +328,8 @@ def build_streams(rt: RankTrace, table: SigTable) -> RankStreams:
         last_idx=last_idx,
         last_t_ns=(last_t + offset) if last_t else 0,
         tail_lost=rt.ring_cut > 0,
-        loop_threads=loop_threads(rt),
+        loop_threads=frozenset(loop | _loop_in(rt.spans, "op", table)) or None,
+        held=held_records,
     )
 
 
@@ -285,21 +337,16 @@ TRAINING = frozenset({Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE, Phase.OPTI
 _TRAINING_WORK = frozenset(p.value for p in TRAINING)  # as a slot's strings: a span's kind is its phase's word
 
 
-def loop_threads(rt: RankTrace) -> frozenset[int] | None:
-    """The threads (a slot's tid) that ran the rank's training loop: those that did training work, a forward,
-    backward, recompute or optimizer span or a collective in one of those phases (autograd's device threads
-    run backward for the loop, and are among them). A record's step is where the loop had got when it was
-    issued; another thread's (an asynchronous checkpoint's, a metrics thread's) lands in whatever step that is.
-    None where no thread did training work the trace shows (phases unknown, spans off)."""
-    found: set[int] = set()
-    for slots, field_ in ((rt.records, "phase"), (rt.spans, "op")):
-        cols = slots.cols
-        if not len(cols):
-            continue
-        ids = [i for i, text in slots.strings.items() if text in _TRAINING_WORK]
-        if ids:
-            found.update(threads(cols["tid"], one_of(cols[field_], ids)))
-    return frozenset(found) or None
+def _loop_in(slots: Any, field_: str, table: SigTable) -> set[int]:
+    """The threads (a slot's tid) that ran the rank's training loop, among one Slots' rows (`field_`: where a
+    row's phase is, a string id): those that did training work, a forward, backward, recompute or optimizer span
+    or a collective in one of those phases (autograd's device threads run backward for the loop, and are among
+    them). A record's step is where the loop had got when it was issued; another thread's (an asynchronous
+    checkpoint's, a metrics thread's) lands in whatever step that is. RankStreams.loop_threads: those of its
+    records and spans, None where no thread did training work the trace shows (phases unknown, spans off)."""
+    cols = slots.cols
+    ids = table.training(slots.strings) if len(cols) else []
+    return set(threads(cols["tid"], one_of(cols[field_], ids))) if ids else set()
 
 
 def one_of(column: Any, values: list[int]) -> Any:
@@ -376,8 +423,9 @@ def _distinct(rows: Any) -> tuple[Any, Any]:
 def _extend(
     st: GroupStream, sids: Any, cols: Any, idxs: Any, *, offset: int, open_: list[tuple[str, int, int]],
     failed: list[tuple[str, int, int]],
-) -> None:  # fmt: skip
-    """Append one block of one stream's records (numpy columns): in bulk when its seqs run on consecutively."""
+) -> bool:  # fmt: skip
+    """Append one block of one stream's records (numpy columns): in bulk when its seqs run on consecutively
+    (then True)."""
     seqs = cols["seq"]
     steps = cols["step"]
     micros = cols["micro_step"]
@@ -391,7 +439,7 @@ def _extend(
     if int(seqs[0]) == expected and int(seqs[-1]) == expected + n - 1:
         st.sigs.frombytes(sids.astype("=u4", copy=False).tobytes())
         st.idxs.frombytes(idxs.astype("=i8", copy=False).tobytes())
-        st.t_issue.frombytes((cols["t_issue_ns"] + offset).astype("=i8").tobytes())
+        st.sites.frombytes(cols["site"].astype("=u2", copy=False).tobytes())
         changes = np.flatnonzero(np.diff(steps)) + 1
         for pos in ([0] if int(steps[0]) != st.last_step else []) + changes.tolist():
             st.step_starts.append((base + pos, int(steps[pos])))
@@ -402,67 +450,110 @@ def _extend(
             for pos in ([0] if (int(steps[0]), int(micros[0])) != st.last_progress else []) + moved.tolist():
                 st.progress.append((base + pos, int(steps[pos]), int(micros[pos])))
             st.last_progress = (int(steps[-1]), int(micros[-1]))
-        t_done, flags = cols["t_done_ns"], cols["flags"]
-        opened, errs = np.flatnonzero(t_done == 0), np.flatnonzero(flags & schema.FLAG_ERROR)
-    else:  # holes (torn slots) or a repeated seq: one record at a time
-        kept = []
-        seq_l, step_l, t_l, sid_l, idx_l = (seqs.tolist(), steps.tolist(), cols["t_issue_ns"].tolist(), sids.tolist(),
-                                            idxs.tolist())  # fmt: skip
-        micro_l = micros.tolist()
-        for i in range(n):
-            gap = seq_l[i] - st.seq0 - len(st.sigs)
-            if gap < 0:
-                continue
-            for _ in range(gap):
-                st.sigs.append(0)
-                st.idxs.append(-1)
-                st.t_issue.append(0)
-            if step_l[i] != st.last_step:
-                st.step_starts.append((len(st.sigs), step_l[i]))
-                st.last_step = step_l[i]
-            if not p2p and (step_l[i], micro_l[i]) != st.last_progress:
-                st.progress.append((len(st.sigs), step_l[i], micro_l[i]))
-                st.last_progress = (step_l[i], micro_l[i])
-            st.sigs.append(sid_l[i])
-            st.idxs.append(idx_l[i])
-            st.t_issue.append(t_l[i] + offset)
-            kept.append(i)
-        where = np.array(kept, dtype=np.int64)
-        t_done, flags = cols["t_done_ns"][where], cols["flags"][where]
-        opened, errs = where[t_done == 0], where[(flags & schema.FLAG_ERROR) != 0]
-    open_.extend((st.key, int(seqs[i]), int(idxs[i])) for i in opened.tolist())
-    failed.extend((st.key, int(seqs[i]), int(idxs[i])) for i in errs.tolist())
+        _own(st, cols, idxs, offset, open_, failed)
+        return True
+    # holes (torn slots) or a repeated seq: one record at a time
+    kept = []
+    seq_l, step_l, t_l, sid_l, idx_l = (seqs.tolist(), steps.tolist(), cols["t_issue_ns"].tolist(), sids.tolist(),
+                                        idxs.tolist())  # fmt: skip
+    micro_l, site_l = micros.tolist(), cols["site"].tolist()
+    for i in range(n):
+        gap = seq_l[i] - st.seq0 - len(st.sigs)
+        if gap < 0:
+            continue
+        for _ in range(gap):
+            st.sigs.append(0)
+            st.idxs.append(-1)
+            st.t_issue.append(0)
+            st.sites.append(0)
+        if step_l[i] != st.last_step:
+            st.step_starts.append((len(st.sigs), step_l[i]))
+            st.last_step = step_l[i]
+        if not p2p and (step_l[i], micro_l[i]) != st.last_progress:
+            st.progress.append((len(st.sigs), step_l[i], micro_l[i]))
+            st.last_progress = (step_l[i], micro_l[i])
+        st.sigs.append(sid_l[i])
+        st.idxs.append(idx_l[i])
+        st.t_issue.append(t_l[i] + offset)
+        st.sites.append(site_l[i])
+        kept.append(i)
+    where = np.array(kept, dtype=np.int64)
+    t_done, flags = cols["t_done_ns"][where], cols["flags"][where]
+    _ends(st, where[t_done == 0], where[(flags & schema.FLAG_ERROR) != 0], seqs, idxs, open_, failed)
+    return False
 
+
+def _own(
+    st: GroupStream, cols: Any, idxs: Any, offset: int, open_: list[tuple[str, int, int]],
+    failed: list[tuple[str, int, int]],
+) -> None:  # fmt: skip
+    """A rank's own part of a stream whose seqs run on (_extend's bulk path, and a rank of a class): its issue
+    times, and its records still open or failed."""
+    st.t_issue.frombytes((cols["t_issue_ns"] + offset).astype("=i8").tobytes())
+    opened, errs = np.flatnonzero(cols["t_done_ns"] == 0), np.flatnonzero(cols["flags"] & schema.FLAG_ERROR)
+    _ends(st, opened, errs, cols["seq"], idxs, open_, failed)
+
+
+def _ends(
+    st: GroupStream, opened: Any, errs: Any, seqs: Any, idxs: Any, open_: list[tuple[str, int, int]],
+    failed: list[tuple[str, int, int]],
+) -> None:  # fmt: skip
+    if len(opened):
+        open_.extend((st.key, int(seqs[i]), int(idxs[i])) for i in opened.tolist())
+    if len(errs):
+        failed.extend((st.key, int(seqs[i]), int(idxs[i])) for i in errs.tolist())
+
+
+_ALIKE = ("marker", "seq", "step", "micro_step", "tid", "site")  # what the ranks of a class share, besides keys
+_ALIKE_DTYPE = np.dtype({"names": list(_ALIKE), "formats": [schema.SLOT.format[0] + c for c in
+                         (dict(schema.SLOT_FIELDS)[n] for n in _ALIKE)],
+                         "offsets": [schema.field_offset(n) for n in _ALIKE], "itemsize": schema.SLOT_SIZE})  # fmt: skip
+
+
+class _Alike(NamedTuple):
+    """The streams of the first rank of a class whose window is one block, as the next ranks of it take them:
+    the same keys, and the same idxs, seqs, steps, threads and call sites (compared column by column), so the
+    same signatures, step starts and progress. Only its times and its open and failed records are a rank's own."""
+
+    split: _Split  # its block's keys split by stream (SigTable.blocks)
+    columns: Any  # _ALIKE's columns, to compare (a copy of the slots as _ALIKE_DTYPE)
+    streams: list[GroupStream]  # in split order, without their times (their arrays shared: never changed)
+    loop: set[int]  # the threads that did training work in these records (_loop_in)
+
+    def fits(self, cols: Any) -> bool:
+        return len(cols) == len(self.columns) and bool((cols.view(_ALIKE_DTYPE) == self.columns).all())
+
+
+HELD_OPEN = 16  # open records decoded with the streams (RankStreams.held): a rank waits in its newest few
 
 PARALLEL_RECORDS = 1_000_000  # from this many records to read, build_all may split the ranks over the CPUs
-FIRST_RANKS = 256  # ... after reading this many alone, if most of their blocks were not shared
+FIRST_RANKS = 256  # ... after reading this many alone
 
 
 def build_all(run: Run, table: SigTable, window: int | None = None) -> dict[int, RankStreams]:
     """Every rank's streams, from its last `window` records (None: all it holds). A rank read from a window
     shows its earlier seqs as not visible, as a ring that dropped them does.
 
-    Ranks of a class (the same keys: an SPMD job's) share their decoding, cheaper in one process than
-    anything sent between processes. So with many records the first FIRST_RANKS are read here; when
-    most of their blocks were their own (ranks unalike), the rest are split into consecutive parts read
-    by forked processes at once (workers.py). The result is the same either way."""
+    Ranks of a class (the same keys: an SPMD job's) share their decoding and their streams' arrays
+    (SigTable.alike). With many records the first FIRST_RANKS are read here, so that the signatures and
+    classes they hold are every worker's; the rest are split into consecutive parts read by worker
+    processes at once (colltrace.workers: a class's arrays travel back once per part). The result is the
+    same either way."""
     items = sorted(run.ranks.items())
     records = sum(held(rt) if window is None else min(window, held(rt)) for _, rt in items)
 
     def build(part: Sequence[tuple[int, RankTrace]]) -> tuple[list[RankStreams], list[Signature | None]]:
-        got = [build_streams(rt if window is None else tail(rt, window), table) for _, rt in part]
+        got = [build_streams(rt, table, window) for _, rt in part]
         return got, table.sigs[base:]  # in a child: the signatures it interned beyond the shared ones
 
     base = len(table.sigs)
     procs = workers.available() if records >= PARALLEL_RECORDS and len(items) > FIRST_RANKS else 1
     if procs == 1:
         return {rs.rank: rs for rs in build(items)[0]}
-    reads, hits = table.block_reads, table.block_hits
     first, rest = items[:FIRST_RANKS], items[FIRST_RANKS:]
     out = {rs.rank: rs for rs in build(first)[0]}
-    alike = 2 * (table.block_hits - hits) >= table.block_reads - reads
     base = len(table.sigs)
-    for i, (got, new) in enumerate(workers.map_parts(build, workers.split(rest, 1 if alike else procs))):
+    for i, (got, new) in enumerate(workers.map_parts(build, workers.split(rest, procs))):
         if i:  # a child's own signature ids, beyond the shared ones, renumbered into this table in order
             _renumber(got, base, [table.intern(sig) for sig in new if sig is not None])
         out.update((rs.rank, rs) for rs in got)

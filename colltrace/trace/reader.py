@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -10,9 +11,10 @@ import stat
 import struct
 import sys
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
+from colltrace import workers
 from colltrace.trace import flight, live, schema
 from colltrace.trace import memory as memory_mod
 from colltrace.trace.events import (
@@ -339,6 +341,10 @@ def _members(value: Any) -> tuple[int, ...]:
     return t
 
 
+# one string table per distinct one, shared by the ranks that read alike (an SPMD job's)
+_TABLES: dict[tuple[tuple[int, str], ...], dict[int, str]] = {}
+
+
 def read_rank(rank: int, events_path: str) -> RankTrace:
     return _read_rank(rank, events_path)[0]
 
@@ -447,6 +453,7 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
     rt.thread_errors, rt.caught = tuple(thread_errors), tuple(caught)
     rt.memory = memory_mod.of(samples, memory_events)
 
+    strings = _TABLES.setdefault(tuple(strings.items()), strings)  # (never changed once read)
     ring_path = events_path[: -len(".jsonl")] + ".ring"
     offset = _clock_offset(header)
     there, info = _ring_file(ring_path)
@@ -648,11 +655,26 @@ def _after_signal(rt: RankTrace, error: Error | None) -> bool:
     return error is None or rt.after_signal(error.t_ns)
 
 
+PARALLEL_RANKS = 2048  # from this many rank files, they are read in parts by worker processes (colltrace.workers)
+
+
+def _read_ranks(part: Sequence[tuple[int, str]]) -> list[tuple[int, tuple[RankTrace, dict[str, Any]] | Problem]]:
+    """Each rank of a part read (what _read_rank gives), or why it could not be."""
+    out: list[tuple[int, tuple[RankTrace, dict[str, Any]] | Problem]] = []
+    for rank, path in part:
+        try:
+            out.append((rank, _read_rank(rank, path)))
+        except (OSError, TraceError, struct.error) as e:
+            out.append((rank, Problem(rank, Unread.TRACE, str(e))))
+    return out
+
+
 def read_run(run_dir: str) -> Run:
     """Read every rank of a run directory. Raises TraceError when nothing usable is there."""
     files = find_rank_files(run_dir)
     _MEMBERS.clear()
     _PACKED.clear()
+    _TABLES.clear()
     if not files:
         try:
             dumps = flight.find(run_dir)
@@ -664,11 +686,20 @@ def read_run(run_dir: str) -> Run:
     ranks: dict[int, RankTrace] = {}
     headers: dict[int, dict[str, Any]] = {}
     problems: list[Problem] = []
-    for rank, path in sorted(files.items()):
-        try:
-            ranks[rank], headers[rank] = _read_rank(rank, path)
-        except (OSError, TraceError, struct.error) as e:
-            problems.append(Problem(rank, Unread.TRACE, str(e)))
+    items = sorted(files.items())
+    procs = workers.available() if len(items) >= PARALLEL_RANKS else 1
+    for part in workers.map_parts(_read_ranks, workers.split(items, procs)):
+        shared: dict[int, tuple[int, ...]] = {}  # a part's member lists, one tuple each for the whole run
+        for rank, got in part:
+            if isinstance(got, Problem):
+                problems.append(got)
+                continue
+            ranks[rank], headers[rank] = got
+            for name, g in got[0].groups.items():
+                if id(g.ranks) not in shared:
+                    shared[id(g.ranks)] = _MEMBERS.setdefault(g.ranks, g.ranks)
+                if shared[id(g.ranks)] is not g.ranks:
+                    got[0].groups[name] = dataclasses.replace(g, ranks=shared[id(g.ranks)])
     if not ranks:
         p = problems[0] if problems else None
         raise TraceError(f"rank {p.rank}: {p.reason}" if p else f"{run_dir}: no readable rank")

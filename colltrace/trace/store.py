@@ -77,6 +77,10 @@ class _Ring:
     def _open(self) -> BinaryIO:
         return open(self.path, "rb")  # noqa: SIM115
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (from a reader's worker process) without the slots it holds now: read again where used."""
+        return {**self.__dict__, "_weak": None, "_lo": self.info.last + 1}
+
     def held(self) -> tuple[Any, int]:
         """(the slots held now, sorted by marker; the oldest idx they cover)."""
         if self._kept is not None:
