@@ -36,3 +36,16 @@ def test_packed_records_read_back_as_they_went_in_with_flags_beyond_a_slots_byte
 def test_no_records_is_an_empty_view() -> None:
     view = of_records(0, ())
     assert list(view) == [] and view.held == 0 and view.last() is None and view.undone() == []
+
+
+def test_a_record_decoded_alone_waits_as_it_does_among_many() -> None:
+    """A call that blocked until done leaves wait_ns 0 for its whole duration (schema.blocked_throughout): the same
+    whether its slot is decoded alone (the rule per slot) or among many (the rule per column)."""
+    t = 1_700_000_000_000_000_000
+    kinds = [("collective", 0), ("p2p", schema.FLAG_ASYNC), ("collective", schema.FLAG_DONE), ("span", 0)]
+    recs = [_rec(i, kind=kind, flags=flags, wait_ns=(i % 3) * 1000, t_done_ns=None if i % 5 == 4 else t + i + 500)
+            for i, (kind, flags) in enumerate(kinds * 5)]  # fmt: skip
+    view = of_records(1, recs)
+    together = list(view)
+    assert [view.by_idx(c.idx) for c in recs] == together
+    assert [c.wait_ns for c in together[:3]] == [500, 1000, 2000]  # blocked throughout; async; done flag: as written

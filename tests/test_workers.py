@@ -66,15 +66,14 @@ def test_streams_read_in_parallel_give_the_same_diagnosis(fixture: str, monkeypa
 
 @pytest.mark.parametrize("fixture", ["cross_group_deadlock", "straggler_noisy", "rank_exception", "pp_wrong_peer"])
 def test_a_report_read_by_several_workers_is_the_one_read_alone(fixture: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ranks read by worker processes (reader.PARALLEL_RANKS), their streams built so too: the same report, byte
-    for byte, Markdown and JSON."""
+    """Ranks read by worker processes (workers.MANY_RANKS), their streams built so too, the clock fit's ranks
+    read so: the same report, byte for byte, Markdown and JSON."""
     from colltrace.report.build import run_report
-    from colltrace.trace import reader
 
     path = str(FIXTURES / fixture)
     monkeypatch.setenv(workers.WORKERS_ENV, "1")
     alone = [run_report(path, fmt) for fmt in ("md", "json")]
-    monkeypatch.setattr(reader, "PARALLEL_RANKS", 1)
+    monkeypatch.setattr(workers, "MANY_RANKS", 1)
     monkeypatch.setattr(streams, "PARALLEL_RECORDS", 0)
     monkeypatch.setattr(streams, "FIRST_RANKS", 1)
     monkeypatch.setattr(workers, "available", lambda: 3)  # (as many as asked, even beside pytest's threads)

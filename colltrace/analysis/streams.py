@@ -307,7 +307,7 @@ def build_streams(rt: RankTrace, table: SigTable, window: int | None = None) -> 
             loop = _loop_in(records, "phase", table)
             if whole and bulk and table.blocks.get(shared) is split and shared not in table.alike:
                 streams = [groups[name].alike() for name, _, _ in split.streams]
-                table.alike[shared] = _Alike(split, cols.view(_ALIKE_DTYPE).copy(), streams, loop)
+                table.alike[shared] = _Alike(split, _alike_bytes(cols), streams, loop)
         if first_idx < 0:
             first_idx = int(idxs[0])
         last_idx = int(idxs[-1])
@@ -505,9 +505,14 @@ def _ends(
 
 
 _ALIKE = ("marker", "seq", "step", "micro_step", "tid", "site")  # what the ranks of a class share, besides keys
-_ALIKE_DTYPE = np.dtype({"names": list(_ALIKE), "formats": [schema.SLOT.format[0] + c for c in
-                         (dict(schema.SLOT_FIELDS)[n] for n in _ALIKE)],
-                         "offsets": [schema.field_offset(n) for n in _ALIKE], "itemsize": schema.SLOT_SIZE})  # fmt: skip
+# ... their bytes in a slot
+_ALIKE_BYTES = np.concatenate([np.arange(schema.field_offset(n), schema.field_offset(n) + schema.run_struct(n, n).size)
+                               for n in _ALIKE])  # fmt: skip
+
+
+def _alike_bytes(cols: Any) -> Any:
+    """The bytes of _ALIKE's fields of each slot (an n x 30 array): one gather, compared at once."""
+    return np.ascontiguousarray(cols).view(np.uint8).reshape(len(cols), schema.SLOT_SIZE)[:, _ALIKE_BYTES]
 
 
 class _Alike(NamedTuple):
@@ -516,12 +521,12 @@ class _Alike(NamedTuple):
     same signatures, step starts and progress. Only its times and its open and failed records are a rank's own."""
 
     split: _Split  # its block's keys split by stream (SigTable.blocks)
-    columns: Any  # _ALIKE's columns, to compare (a copy of the slots as _ALIKE_DTYPE)
+    columns: Any  # _ALIKE's columns, to compare (_alike_bytes)
     streams: list[GroupStream]  # in split order, without their times (their arrays shared: never changed)
     loop: set[int]  # the threads that did training work in these records (_loop_in)
 
     def fits(self, cols: Any) -> bool:
-        return len(cols) == len(self.columns) and bool((cols.view(_ALIKE_DTYPE) == self.columns).all())
+        return len(cols) == len(self.columns) and bool((_alike_bytes(cols) == self.columns).all())
 
 
 HELD_OPEN = 16  # open records decoded with the streams (RankStreams.held): a rank waits in its newest few
@@ -539,6 +544,11 @@ def build_all(run: Run, table: SigTable, window: int | None = None) -> dict[int,
     classes they hold are every worker's; the rest are split into consecutive parts read by worker
     processes at once (colltrace.workers: a class's arrays travel back once per part). The result is the
     same either way."""
+    with workers.bulk():
+        return _build_all(run, table, window)
+
+
+def _build_all(run: Run, table: SigTable, window: int | None = None) -> dict[int, RankStreams]:
     items = sorted(run.ranks.items())
     records = sum(held(rt) if window is None else min(window, held(rt)) for _, rt in items)
 

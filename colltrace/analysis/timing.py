@@ -11,15 +11,16 @@ import dataclasses
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from colltrace import workers
 from colltrace.analysis import clock, intervals
-from colltrace.analysis.streams import RankStreams, SigTable
-from colltrace.analysis.timeline import Call, Timeline, columns, timeline
+from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
+from colltrace.analysis.timeline import Call, Columns, Timeline, columns, timeline
 from colltrace.trace.records import Run
 from colltrace.trace.vocab import OpFamily, Phase, SpanKind, op_family
 
@@ -453,6 +454,9 @@ def issued_in(streams: dict[int, RankStreams], shifts: dict[int, int], table: Si
     decoded); torn slots left out."""
     setup = np.array([i for i, sig in enumerate(table.sigs) if sig is not None and sig.phase == SETUP], np.uint32)
     out: dict[int, dict[str, Issued]] = {}
+    # a class of ranks shares its streams' signatures and step starts (streams.SigTable.alike): their steps and
+    # setup flags worked out once, by those objects
+    shared: dict[tuple[int, int, int], tuple[Any, Any]] = {}
     for r, rs in streams.items():
         if r not in shifts:
             continue
@@ -461,18 +465,29 @@ def issued_in(streams: dict[int, RankStreams], shifts: dict[int, int], table: Si
             if g.startswith("p2p:"):
                 continue
             raw = np.frombuffer(st.t_issue, dtype=np.int64)
-            offsets = np.array([o for o, _ in st.step_starts] + [len(raw)], dtype=np.int64)
-            steps = np.repeat(np.array([s for _, s in st.step_starts], dtype=np.int64), np.diff(offsets))
-            sigs = np.frombuffer(st.sigs, dtype=np.uint32)
-            seqs = None
             times = raw - shifts[r] if shifts[r] else raw
             issued = raw != 0
-            if not issued.all():
+            if issued.all():
+                key = (id(st.step_starts), id(st.sigs), len(raw))
+                got = shared.get(key)
+                if got is None:
+                    got = shared[key] = _steps_and_setup(st, len(raw), setup, None)
+                out[r][g] = Issued(None, times, *got, st.seq0)
+            else:
                 seqs = np.arange(st.seq0, st.seq0 + len(raw), dtype=np.int64)[issued]
-                times, steps, sigs = times[issued], steps[issued], sigs[issued]
-            init = np.isin(sigs, setup) if len(setup) else np.zeros(len(sigs), dtype=bool)
-            out[r][g] = Issued(seqs, times, steps, init, st.seq0)
+                out[r][g] = Issued(seqs, times[issued], *_steps_and_setup(st, len(raw), setup, issued), st.seq0)
     return out
+
+
+def _steps_and_setup(st: GroupStream, n: int, setup: Any, issued: Any) -> tuple[Any, Any]:
+    """A stream's step at each of its first n records, and whether it was the job's setup (of those `issued`)."""
+    offsets = np.array([o for o, _ in st.step_starts] + [n], dtype=np.int64)
+    steps = np.repeat(np.array([s for _, s in st.step_starts], dtype=np.int64), np.diff(offsets))
+    sigs = np.frombuffer(st.sigs, dtype=np.uint32)
+    if issued is not None:
+        steps, sigs = steps[issued], sigs[issued]
+    init = np.isin(sigs, setup) if len(setup) else np.zeros(len(sigs), dtype=bool)
+    return steps, init
 
 
 def arrivals(issued: dict[int, dict[str, Issued]], group_sizes: dict[str, int] | None = None) -> Arrivals:
@@ -769,7 +784,14 @@ def analyze(
         for r in ranks:
             one_per_host.setdefault(hosts[r], r)
         tail = CLOCK_TAIL if len(one_per_host) <= 256 else CLOCK_TAIL // 4  # thousands of hosts: fewer each
-        fit = clock.fit({r: columns(run.ranks[r], tail) for r in one_per_host.values()}, hosts)
+        firsts = list(one_per_host.values())
+
+        def read(part: Sequence[int]) -> list[Columns]:
+            return [columns(run.ranks[r], tail) for r in part]
+
+        procs = workers.available() if len(firsts) >= workers.MANY_RANKS else 1
+        read_in_parts = [c for part in workers.map_parts(read, workers.split(firsts, procs)) for c in part]
+        fit = clock.fit(dict(zip(firsts, read_in_parts)), hosts)
         shifts = fit.shifts()
         arr = arrivals(issued_in(streams, shifts, table or SigTable()), sizes)
         ranked, skew = stragglers(arr)

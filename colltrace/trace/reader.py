@@ -655,9 +655,6 @@ def _after_signal(rt: RankTrace, error: Error | None) -> bool:
     return error is None or rt.after_signal(error.t_ns)
 
 
-PARALLEL_RANKS = 2048  # from this many rank files, they are read in parts by worker processes (colltrace.workers)
-
-
 def _read_ranks(part: Sequence[tuple[int, str]]) -> list[tuple[int, tuple[RankTrace, dict[str, Any]] | Problem]]:
     """Each rank of a part read (what _read_rank gives), or why it could not be."""
     out: list[tuple[int, tuple[RankTrace, dict[str, Any]] | Problem]] = []
@@ -687,8 +684,10 @@ def read_run(run_dir: str) -> Run:
     headers: dict[int, dict[str, Any]] = {}
     problems: list[Problem] = []
     items = sorted(files.items())
-    procs = workers.available() if len(items) >= PARALLEL_RANKS else 1
-    for part in workers.map_parts(_read_ranks, workers.split(items, procs)):
+    procs = workers.available() if len(items) >= workers.MANY_RANKS else 1
+    with workers.bulk():
+        parts = workers.map_parts(_read_ranks, workers.split(items, procs))
+    for part in parts:
         shared: dict[int, tuple[int, ...]] = {}  # a part's member lists, one tuple each for the whole run
         for rank, got in part:
             if isinstance(got, Problem):

@@ -200,10 +200,16 @@ def wait_column(cols: Any) -> Any:
     import numpy as np
 
     wait = cols["wait_ns"].astype(np.int64)
-    t0, t1, kind = cols["t_issue_ns"], cols["t_done_ns"], cols["kind"]
-    whole = (wait == 0) & (t1 != 0) & (cols["flags"] & (FLAG_ASYNC | FLAG_DEVICE | FLAG_DONE) == 0)
-    whole &= (kind == KIND_COLLECTIVE) | (kind == KIND_P2P)
+    t0, t1 = cols["t_issue_ns"], cols["t_done_ns"]
+    whole = blocked_throughout(cols["kind"], cols["flags"], wait, t1)
     return np.where(whole, t1 - t0, wait) if whole.any() else wait
+
+
+def blocked_throughout(kind: Any, flags: Any, wait_ns: Any, t_done_ns: Any) -> Any:
+    """wait_column's rule, of one slot's fields (ints) or of columns (numpy arrays) alike: the call blocked on the
+    host until it was done, and its slot's wait_ns (0) stands for its whole duration."""
+    done_blocking = (wait_ns == 0) & (t_done_ns != 0) & (flags & (FLAG_ASYNC | FLAG_DEVICE | FLAG_DONE) == 0)
+    return done_blocking & ((kind == KIND_COLLECTIVE) | (kind == KIND_P2P))
 
 
 def row_of(cols: Any, idx: int) -> int:

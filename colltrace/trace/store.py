@@ -28,6 +28,7 @@ class RingInfo(NamedTuple):
 
 
 CHUNK_SLOTS = 32768  # 4 MiB reads
+_FEW = 8  # rows decoded one by one
 
 
 def iter_chunks(source: Opener, info: RingInfo) -> Iterator[tuple[int, bytes]]:
@@ -185,6 +186,12 @@ class Slots(Sequence[Collective]):
         """Rows of `cols` as Collectives (each row a tuple of its fields in schema order: one call for all)."""
         s, sites, off, high, rank = self.strings.get, self.sites.get, self.offset, self._high, self.rank
         kinds = schema.KIND_NAMES.get
+        listed = rows.tolist()
+        if len(listed) <= _FEW:  # a record or two (a rank's last): the rule per slot, not numpy's set-up per column
+            whole = schema.blocked_throughout
+            waits = [t1 - t0 if whole(k, f, w, t1) else w for (_, k, f, *_, t0, t1, w) in listed]
+        else:
+            waits = schema.wait_column(rows).tolist()
         return [
             Collective(
                 rank, m - 1, kinds(k, str(k)), s(g, "?"), seq, bseq, s(op, "?"), nin, nout, s(shape, ""), s(dt, ""),
@@ -192,11 +199,13 @@ class Slots(Sequence[Collective]):
                 wait, f | high.get(m - 1, 0) if high else f, tid, sites(site, "") if site else "",
             )
             for (m, k, f, site, tid, g, op, dt, red, mod, ph, fl, shape, seq, bseq, nin, nout, peer, step, micro, t0,
-                 t1, _), wait in zip(rows.tolist(), schema.wait_column(rows).tolist())
+                 t1, _), wait in zip(listed, waits)
         ]  # fmt: skip
 
     def undone(self) -> list[Collective]:
         """The records never completed (t_done_ns 0)."""
+        if self.held <= 0:
+            return []
         cols = self.cols
         return self.decode(cols[cols["t_done_ns"] == 0])
 
