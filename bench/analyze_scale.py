@@ -13,7 +13,7 @@ culprit; the other ranks' rings are hard links of the first (so the 16,384-rank 
 the page cache, not the disk: 210 GB of rings would not fit here), each rank its own sidecar (its header names
 its rank; a step event per optimizer step). In the distinct runs every rank writes its own files: a host's 8
 ranks share a clock (its own monotonic origin, a wall-clock error of a few ms), each rank's compute before
-each collective is jittered, a straggler computes 1.5 times as long (the others wait for it), and the culprit
+each collective is jittered, a straggler computes twice as long (the others wait for it), and the culprit
 skips an all-gather 1.5 steps before the end (its later records pair with the others' next ones, and the
 others' last collective never completes). Their slots are packed at once into each writer's own map; three
 ranks are written again with one append() per record and compared byte for byte.
@@ -127,7 +127,7 @@ def make_run(
 
 HOST_RANKS = 8  # ranks per host: one clock each (its own monotonic origin and wall-clock error)
 GAP_NS = 1_000_000  # compute before each collective, +-10 % per rank and record
-SLOW = 1.5  # the straggler's compute, times the others'
+SLOW = 2.0  # the straggler's compute, times the others'
 OPTIMIZER_NS = 5_000_000  # at each step boundary
 XFER_NS = 200_000  # from the last arrival to completion
 WALL0 = 1_700_000_000_000_000_000
