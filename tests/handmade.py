@@ -142,10 +142,13 @@ class FakeRank:
         self.w.event({"ev": schema.EV_MEMORY_LIMITS, "t_ns": WALL + self.t, "machine": machine, "rlimit_as": rlimit_as,
                       "cgroup": cg})  # fmt: skip
 
-    def memory(self, rss: int, vms: int = 0, cgroup: int = -1, oom_kills: int = 0, step: int | None = None) -> None:
+    def memory(
+        self, rss: int, vms: int = 0, cgroup: int = -1, oom_kills: int = 0, step: int | None = None, limit_hits: int = 0
+    ) -> None:
         """One memory sample of its watchdog, now (vms: rss + 1 GB unless said)."""
         step = self.step if step is None else step
-        self.w.write_line(schema.MEMORY_LINE % (WALL + self.t, step, rss, vms or rss + (1 << 30), cgroup, oom_kills))
+        line = schema.MEMORY_LINE % (WALL + self.t, step, rss, vms or rss + (1 << 30), cgroup, oom_kills, limit_hits)
+        self.w.write_line(line)
 
     def footer(self) -> None:
         self.w.event({"ev": schema.EV_FOOTER, "t_ns": 0, "step": self.step, "in_flight": 0})

@@ -179,3 +179,24 @@ def test_a_rank_rising_fast_is_near_its_limit_by_the_time_the_others_lost_it(tmp
     assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.OOM, Confidence.MEDIUM)
     m = dx.memory[1]
     assert m.bound is not None and m.bound.share == 0.8 and m.bound.projected >= m.bound.limit
+
+
+def test_a_rank_whose_cgroup_reached_its_limit_before_it_was_killed_ran_out(tmp_path: Path) -> None:
+    """Its samples read 60 % of its cgroup's limit (taken between steps), but the cgroup's count of reaches of the
+    limit rose (a step's peak, the kernel reclaiming): near, medium. An older line without the count reads -1."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.limits(cgroup=1000 * MB if r.rank == 1 else -1, path=f"/job/rank{r.rank}")
+    for i in range(8):
+        for r in rs:
+            r.t += 500_000_000
+            r.coll("all_reduce", 756, "", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+            r.memory(300 * MB, cgroup=600 * MB if r.rank == 1 else 100 * MB, limit_hits=max(0, i - 5) * (r.rank == 1))
+    rs[2].w.write_line(b'{"ev":"memory","t_ns":1,"step":8,"rss":1,"vms":1,"cgroup":-1,"oom_kills":-1}\n')
+    dx = _killed_waiting(tmp_path, rs, 1)
+    assert dx.finding is not None and (dx.finding.cause, dx.finding.confidence) == (Cause.OOM, Confidence.MEDIUM)
+    b = dx.memory[1].bound
+    assert b is not None and (b.share, b.hits) == (0.6, 2)
+    assert read_run(str(tmp_path)).ranks[2].memory.samples[-1].limit_hits == -1

@@ -55,6 +55,7 @@ class Bound:
     # what it would have used when the others lost it (their first error after its last sample, at most
     # PROJECT_S later), rising on at the pace of its last samples; 0: not known (no such error, not rising)
     projected: int = 0
+    hits: int = 0  # cgroup: the times its usage reached the limit since it was in force (the kernel reclaiming)
 
     @property
     def share(self) -> float:
@@ -64,9 +65,10 @@ class Bound:
     def near(self) -> bool:
         """At NEAR of the limit or more, or as far as one more rise like its last, or at the limit by the time the
         others lost it at the pace it rose: a rank that grows fast dies between two samples, its last well below
-        the limit (the kernel's reclaim slows a process, its watchdog too, as it nears its cgroup's limit)."""
+        the limit (the kernel's reclaim slows a process, its watchdog too, as it nears its cgroup's limit); or its
+        cgroup's usage reached the limit already (a step's peak, between two samples)."""
         return (self.share >= NEAR or (self.last_rise > 0 and self.used + self.last_rise >= self.limit)
-                or self.projected >= self.limit)  # fmt: skip
+                or self.projected >= self.limit or self.hits > 0)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +123,15 @@ def _bound(samples: tuple[Sample, ...], limits: Limits | None, lost_ns: int = 0)
             rising = used - then >= RISING
             pace = (used - then) / max(1, last.t_ns - before.t_ns)  # bytes a ns over its last samples
             projected = int(used + pace * ahead) if rising and ahead else 0
-            options.append(Bound(kind, limit, used, rising, used - just, projected))
+            hits = _hits(samples, limits) if kind == "cgroup" else 0
+            options.append(Bound(kind, limit, used, rising, used - just, projected, hits))
     return max(options, key=lambda b: b.share, default=None)
+
+
+def _hits(samples: tuple[Sample, ...], limits: Limits) -> int:
+    """How often the cgroup's usage reached its limit while these limits were in force, by the last sample."""
+    counts = [s.limit_hits for s in samples if s.t_ns >= limits.t_ns and s.limit_hits >= 0]
+    return counts[-1] - min(counts) if len(counts) > 1 else max(0, counts[-1]) if counts else 0
 
 
 def _peak(rt: RankTrace) -> Peak:
@@ -200,8 +209,9 @@ def _unended(rt: RankTrace) -> bool:
 
 
 def ran_out(m: RankMemory) -> bool:
-    """Its memory ended near its limit and rising: what the kernel's OOM killer acts on."""
-    return m.bound is not None and m.bound.near and m.bound.rising
+    """Its memory ended near its limit and rising, or its cgroup's usage had reached the limit: what the kernel's
+    OOM killer acts on."""
+    return m.bound is not None and (m.bound.near and m.bound.rising or m.bound.hits > 0)
 
 
 def flat_and_far(m: RankMemory) -> bool:

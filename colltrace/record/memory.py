@@ -89,8 +89,10 @@ class Cgroup:
                             return cls(2, d)
         return None
 
-    def read(self) -> tuple[int, int, int]:
-        """(usage less inactive file cache, limit (-1: none), OOM kills (-1: not readable))."""
+    def read(self) -> tuple[int, int, int, int]:
+        """(usage less inactive file cache, limit (-1: none), OOM kills, the times its usage reached its limit (-1:
+        not readable)): the kernel reclaims, then OOM-kills, at the limit; a usage sampled between two reaches reads
+        below it."""
         p = self.path
         if self.version == 1:
             usage = int(_read(os.path.join(p, "memory.usage_in_bytes")))
@@ -101,16 +103,21 @@ class Cgroup:
                 kills = _field(_read(os.path.join(p, "memory.oom_control")), "oom_kill")
             except OSError:
                 kills = -1
+            try:
+                hits = int(_read(os.path.join(p, "memory.failcnt")))
+            except (OSError, ValueError):
+                hits = -1
         else:
             usage = int(_read(os.path.join(p, "memory.current")))
             inactive = _field(_read(os.path.join(p, "memory.stat")), "inactive_file")
             limit = self._v2_limit()
             try:
-                kills = _field(_read(os.path.join(p, "memory.events")), "oom_kill")
+                events = _read(os.path.join(p, "memory.events"))
+                kills, hits = _field(events, "oom_kill"), _field(events, "max")
             except OSError:
-                kills = -1
+                kills = hits = -1
         limit = limit if 0 < limit < _NO_LIMIT else -1
-        return max(0, usage - max(0, inactive)), limit, kills
+        return max(0, usage - max(0, inactive)), limit, kills, hits
 
     def _v2_limit(self) -> int:
         """The tightest memory.max of the cgroup and its ancestors (-1: none)."""
@@ -139,7 +146,8 @@ class MemorySampler:
         self.cgroup: Cgroup | None = None
         self.found_at = -FIND_EVERY_S
         self.limits: tuple[Any, ...] = ()
-        self.last: tuple[int, int, int, int] | None = None  # (rss, vms, cgroup, oom kills) of the last line
+        # (rss, vms, cgroup, oom kills, limit hits) of the last line
+        self.last: tuple[int, int, int, int, int] | None = None
         self.last_at = 0.0
         self.last_step = 0
         # the job uses CUDA: the watchdog saw it initialized (the step hook reads the counters from then on; the
@@ -160,7 +168,7 @@ class MemorySampler:
         with open("/proc/self/statm", "rb") as f:
             vms_pages, rss_pages = f.read().split()[:2]
         rss, vms = int(rss_pages) * self.page, int(vms_pages) * self.page
-        used, limit, kills = self.cgroup.read() if self.cgroup is not None else (-1, -1, -1)
+        used, limit, kills, hits = self.cgroup.read() if self.cgroup is not None else (-1, -1, -1, -1)
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         rlimit = soft if soft != resource.RLIM_INFINITY else -1
         limits = (rlimit, limit, self.cgroup.path if self.cgroup else None)
@@ -170,7 +178,7 @@ class MemorySampler:
             self.writer.event({"ev": schema.EV_MEMORY_LIMITS, "t_ns": time.time_ns(), "machine": self.machine,
                                "rlimit_as": rlimit, "cgroup": cg})  # fmt: skip
             force = True
-        now_values = (rss, vms, used, kills)
+        now_values = (rss, vms, used, kills, hits)
         if (
             force
             or self._moved(now_values)
@@ -178,11 +186,11 @@ class MemorySampler:
             or (step != self.last_step and now - self.last_at >= STEP_EVERY_S)
         ):
             self.last, self.last_at, self.last_step = now_values, now, step
-            self.writer.write_line(schema.MEMORY_LINE % (time.time_ns(), step, rss, vms, used, kills))
+            self.writer.write_line(schema.MEMORY_LINE % (time.time_ns(), step, rss, vms, used, kills, hits))
 
-    def _moved(self, values: tuple[int, int, int, int]) -> bool:
+    def _moved(self, values: tuple[int, int, int, int, int]) -> bool:
         last = self.last
-        if last is None or values[3] != last[3]:
+        if last is None or values[3:] != last[3:]:  # an OOM kill, the cgroup at its limit again
             return True
         return any(abs(new - old) >= max(MOVED_BYTES, MOVED_SHARE * old) for new, old in zip(values[:3], last[:3]))
 

@@ -1081,7 +1081,9 @@ def bound_text(m: RankMemory) -> str:
     rising = " and rising" if b.rising else ""
     text = (f"its {_USED_NAMES[b.kind]} was {size(b.used)} of {size(b.limit)} ({LIMIT_NAMES[b.kind]}, "
             f"{b.share:.0%}){rising} at its last sample")  # fmt: skip
-    if b.projected >= b.limit and b.share < 0.9:
+    if b.hits:
+        text += f"; its cgroup's usage had reached the limit {b.hits} time{'s' if b.hits > 1 else ''} (memory.failcnt)"
+    elif b.projected >= b.limit and b.share < 0.9:
         text += ", at its limit by the time the others lost it at that pace"
     return text
 

@@ -11,10 +11,11 @@ from colltrace.trace import schema
 
 KEPT = 2048  # samples kept per rank, the newest: a long run's memory lines are read at C speed, then cut to these
 
-# schema.MEMORY_LINE, read back: t_ns, step, rss, vms, cgroup, oom_kills
+# schema.MEMORY_LINE, read back: t_ns, step, rss, vms, cgroup, oom_kills, limit_hits (absent from the lines of
+# colltrace before it: -1)
 _LINE = re.compile(
-    rb'\{"ev":"%s","t_ns":(-?\d+),"step":(-?\d+),"rss":(-?\d+),"vms":(-?\d+),"cgroup":(-?\d+),"oom_kills":(-?\d+)\}\n'
-    % schema.EV_MEMORY.encode()
+    rb'\{"ev":"%s","t_ns":(-?\d+),"step":(-?\d+),"rss":(-?\d+),"vms":(-?\d+),"cgroup":(-?\d+),"oom_kills":(-?\d+)'
+    rb'(?:,"limit_hits":(-?\d+))?\}\n' % schema.EV_MEMORY.encode()
 )
 
 
@@ -28,6 +29,7 @@ class Sample:
     vms: int  # virtual (what RLIMIT_AS bounds)
     cgroup: int  # its memory cgroup's usage less the inactive file cache (what the cgroup's limit bounds)
     oom_kills: int  # the cgroup's OOM-kill count
+    limit_hits: int = -1  # the times the cgroup's usage reached its limit (v1 memory.failcnt, v2 events' max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,7 @@ def take(data: bytes, into: list[Sample]) -> bytes:
     """The sidecar's bytes without its memory lines, which go into `into` as samples (one regex pass at C speed)."""
     if b'"ev":"memory",' not in data:
         return data
-    into.extend(Sample(*map(int, m)) for m in _LINE.findall(data))
+    into.extend(Sample(*(int(v) if v else -1 for v in m)) for m in _LINE.findall(data))
     return _LINE.sub(b"", data)
 
 

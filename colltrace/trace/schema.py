@@ -167,11 +167,12 @@ EV_ADAPTERS = "adapters"  # the framework adapters installed (fsdp2, fsdp1, ddp,
 EV_MEMORY = "memory"
 EV_MEMORY_LIMITS = "memory_limits"  # what bounds the process's memory: the machine's, RLIMIT_AS, its memory cgroup's
 EV_CUDA_MEMORY = "cuda_memory"  # the CUDA caching allocator's counters at a step's end, or at an out-of-memory error
-# a memory line, formatted without orjson (written up to twice a second) and read back by one regex (trace.reader):
+# a memory line, formatted without orjson (written up to twice a second) and read back by one regex (trace.memory):
 # wall-clock ns, the step, resident and virtual size, the memory cgroup's usage less its inactive file cache (-1:
-# none) and its OOM-kill count (-1: not readable)
-MEMORY_LINE = b'{"ev":"%s","t_ns":%%d,"step":%%d,"rss":%%d,"vms":%%d,"cgroup":%%d,"oom_kills":%%d}\n' % (
-    EV_MEMORY.encode()
+# none), its OOM-kill count and the times its usage reached its limit (-1: not readable)
+MEMORY_LINE = (
+    b'{"ev":"%s","t_ns":%%d,"step":%%d,"rss":%%d,"vms":%%d,"cgroup":%%d,"oom_kills":%%d,"limit_hits":%%d}\n'
+    % EV_MEMORY.encode()
 )
 
 
