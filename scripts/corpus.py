@@ -5,9 +5,9 @@
 
 CASE_DIR holds the job as it was written (job.py, run.sh) and truth.json, written before any report:
 {"launcher", "verdict", "culprit_ranks", "cause", "notes"}, where "cause" is one of colltrace's cause ids (null
-for healthy). RUN_DIR is the run directory it traced. `add` copies the trace (rank files, launcher exit lines,
-Flight Recorder dumps; not live/) into run/, or, given a root of several run directories one job wrote,
-each into runs/<name>/; and answer.json: what colltrace says of it now, and, where that is not the
+for healthy). RUN_DIR is the run directory it traced, or the folder of its Flight Recorder dumps (a job run
+without colltrace). `add` copies the trace (rank files, launcher exit lines, Flight Recorder dumps; not live/)
+into run/, or, given a root of several run directories one job wrote, each into runs/<name>/; and answer.json: what colltrace says of it now, and, where that is not the
 truth, "wrong": why, to fill in by hand. tests/test_corpus.py holds every case to its answer.json."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def add(set_name: str, case_dir: Path, run_dir: Path) -> None:
     for name in JOB_FILES:
         if (case_dir / name).exists():
             shutil.copy(case_dir / name, out / name)
-    if list(run_dir.glob("rank*.jsonl")):
+    if list(run_dir.glob("rank*.jsonl")) or list(run_dir.glob("rank_*")):  # a trace, or Flight Recorder dumps alone
         _copy_trace(run_dir, out / "run")
     else:  # a runs root: the job wrote several run directories (ranks each started through a wrapper)
         for sub in sorted(p for p in run_dir.iterdir() if list(p.glob("rank*.jsonl"))):
