@@ -32,7 +32,7 @@ _TASK: Any = None  # (fn, parts) of the map under way: what a forked worker find
 
 
 @contextlib.contextmanager
-def bulk() -> Iterator[None]:
+def paused_gc() -> Iterator[None]:
     """No cyclic garbage collection while a per-rank pass makes its millions of small objects: they are freed
     by reference counting, and each collection would walk all of them again (6 of the 17 CPU seconds this
     process spent reading 131,072 ranks). A worker forked meanwhile inherits the pause."""

@@ -285,16 +285,18 @@ def progress_skew(
         if loop is not None and not st.threads <= loop:
             return None
     ref = lists[ranks[0]]
+    # the ranks of a class share one progress list (streams.SigTable.alike): each distinct one looked at once
+    distinct = list({(id(st.progress), st.seq0, len(st.sigs)): st for st in lists.values()}.values())
 
     def changes(st: GroupStream) -> list[int]:
         return [st.seq0 + o for o, _, _ in st.progress if lo < st.seq0 + o <= hi]
 
-    if all(st.seq0 == ref.seq0 and st.progress == ref.progress for st in lists.values()):
+    if all(st.seq0 == ref.seq0 and st.progress == ref.progress for st in distinct):
         return None  # the ranks of a class: the same steps at the same seqs
-    points = sorted({lo, *(q for st in lists.values() for q in changes(st))})
+    points = sorted({lo, *(q for st in distinct for q in changes(st))})
     first: int | None = None
     for q in points:
-        values = {st.progress_at(q) for st in lists.values()}
+        values = {st.progress_at(q) for st in distinct}
         if len(values) == 1:
             if first is not None:
                 first = None  # they agree again: it did not last

@@ -544,7 +544,7 @@ def build_all(run: Run, table: SigTable, window: int | None = None) -> dict[int,
     classes they hold are every worker's; the rest are split into consecutive parts read by worker
     processes at once (colltrace.workers: a class's arrays travel back once per part). The result is the
     same either way."""
-    with workers.bulk():
+    with workers.paused_gc():
         return _build_all(run, table, window)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from colltrace import workers
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import Diagnosis
 from colltrace.analysis.vocab import Verdict
@@ -27,10 +28,12 @@ except ImportError:  # pragma: no cover
 
 def _built(run_dir: str, silent: tuple[int, ...]) -> tuple[Run, Diagnosis, dict[str, Any]]:
     """The run read, its diagnosis and the JSON report's dict; `silent`: see run_report."""
-    run = read_run(run_dir)
-    run.problems += [Problem(r, Unread.STACKS) for r in silent if r in run.ranks and run.ranks[r].state in NOT_ENDED]
-    dx = diagnose(run)
-    return run, dx, jsonreport.build(run, dx)
+    with workers.paused_gc():  # (a big run's millions of small objects, held to the end: see paused_gc)
+        run = read_run(run_dir)
+        run.problems += [Problem(r, Unread.STACKS) for r in silent
+                         if r in run.ranks and run.ranks[r].state in NOT_ENDED]  # fmt: skip
+        dx = diagnose(run)
+        return run, dx, jsonreport.build(run, dx)
 
 
 def both_reports(run_dir: str, silent: tuple[int, ...] = ()) -> tuple[str, str, dict[str, Any] | None]:

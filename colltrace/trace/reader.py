@@ -668,6 +668,11 @@ def _read_ranks(part: Sequence[tuple[int, str]]) -> list[tuple[int, tuple[RankTr
 
 def read_run(run_dir: str) -> Run:
     """Read every rank of a run directory. Raises TraceError when nothing usable is there."""
+    with workers.paused_gc():  # (a big run's millions of small objects: see paused_gc)
+        return _read_run(run_dir)
+
+
+def _read_run(run_dir: str) -> Run:
     files = find_rank_files(run_dir)
     _MEMBERS.clear()
     _PACKED.clear()
@@ -685,9 +690,7 @@ def read_run(run_dir: str) -> Run:
     problems: list[Problem] = []
     items = sorted(files.items())
     procs = workers.available() if len(items) >= workers.MANY_RANKS else 1
-    with workers.bulk():
-        parts = workers.map_parts(_read_ranks, workers.split(items, procs))
-    for part in parts:
+    for part in workers.map_parts(_read_ranks, workers.split(items, procs)):
         shared: dict[int, tuple[int, ...]] = {}  # a part's member lists, one tuple each for the whole run
         for rank, got in part:
             if isinstance(got, Problem):

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from colltrace import workers
 from colltrace.analysis.causes import straggler_evidence
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.memory import RankMemory
@@ -365,9 +366,10 @@ def load(run_dir: str, ask: bool = False) -> Model:
     if ask:
         live.ask(run_dir)
     stamp = fingerprint(run_dir)
-    run = read_run(run_dir)
-    dx = diagnose(run)
-    report = jsonreport.build(run, dx)
+    with workers.paused_gc():  # (a big run's millions of small objects, held to the end: see paused_gc)
+        run = read_run(run_dir)
+        dx = diagnose(run)
+        report = jsonreport.build(run, dx)
     lines = dx.timing.lines if dx.timing is not None else {}  # read only: with_layout copies before adding
     times = [c.t0 for tl in lines.values() for c in tl.calls[:1]] + [
         s.t0 for tl in lines.values() for s in tl.spans[:1]
