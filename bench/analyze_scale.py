@@ -18,7 +18,9 @@ skips an all-gather 1.5 steps before the end (its later records pair with the ot
 others' last collective never completes). Their slots are packed at once into each writer's own map; three
 ranks are written again with one append() per record and compared byte for byte.
 
-Each run's report is timed in a fresh subprocess with its peak RSS. `--keep --dir DIR` keeps each run in
+Each run's report is timed in a fresh subprocess with its peak RSS (and its largest worker process's) and the CPU
+seconds it and its workers used (on a machine shared with other jobs, wall time says how busy it was too; the
+1-minute load average before it started is printed). `--keep --dir DIR` keeps each run in
 DIR/<name> with an expected.json ({"culprit_ranks": [...]}, and "straggler"), and a kept run is not written
 again. The last line is one JSON object: seconds, peak MB, the live path's seconds, and whether every culprit
 (and straggler) was right.
@@ -275,13 +277,16 @@ def make_distinct(run_dir: str, world: int, records: int, culprit: int, slow: in
 
 
 _CHILD = """
-import json, resource, sys, time
+import json, os, resource, sys, time
+load = os.getloadavg()[0]
 t = time.perf_counter()
 from colltrace.report.build import run_report
 text, problem = run_report(sys.argv[1], "json")
 wall = time.perf_counter() - t
 rep = json.loads(text)
-print(json.dumps({"s": wall, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+print(json.dumps({"s": wall, "rss_mb": used[0].ru_maxrss / 1024, "workers_mb": used[1].ru_maxrss / 1024, "load": load,
+                  "cpu_s": sum(u.ru_utime + u.ru_stime for u in used),
                   "read": rep["read"], "straggler": rep["straggler"],
                   "verdict": rep["verdict"], "culprits": rep["culprit_ranks"],
                   "seq": (rep["first_divergence"] or {}).get("seq"), "kind": (rep["first_divergence"] or {}).get("kind")}))
@@ -352,7 +357,8 @@ def main() -> None:
                       flush=True)  # fmt: skip
             r = time_report(run_dir)
             r["right"] = r["culprits"] == [run.culprit] and (run.slow is None or r["straggler"] == run.slow)
-            print(f"{name}: report {r['s']:.2f} s, peak {r['rss_mb']:.0f} MB, verdict {r['verdict']}, "
+            print(f"{name}: report {r['s']:.2f} s ({r['cpu_s']:.2f} CPU s in all, load {r['load']:.1f} before), "
+                  f"peak {r['rss_mb']:.0f} MB (a worker's {r['workers_mb']:.0f} MB), verdict {r['verdict']}, "
                   f"culprits {r['culprits']}, straggler {r['straggler']} ({'right' if r['right'] else 'WRONG'}), "
                   f"seq {r['seq']} ({r['kind']}), read {r['read']}", flush=True)  # fmt: skip
             if run.live:
@@ -368,6 +374,7 @@ def main() -> None:
             shutil.rmtree(base, ignore_errors=True)
     out: dict[str, object] = {f"{n}_s": round(r["s"], 2) for n, r in results.items()}
     out.update({f"{n}_mb": round(r["rss_mb"]) for n, r in results.items()})
+    out.update({f"{n}_cpu_s": round(r["cpu_s"], 2) for n, r in results.items()})
     out.update({f"{n}_live_s": round(r["live_s"], 2) for n, r in results.items() if "live_s" in r})
     out["culprits_right"] = all(r["right"] for r in results.values())
     print(json.dumps(out))
