@@ -523,15 +523,16 @@ def test_the_cause_rules_are_defined_in_their_order() -> None:
 
 
 def test_the_blame_rules_are_listed_in_the_docs() -> None:
-    """docs/internals.md's list of blame rules names every function that may decide the culprits, and the rules
-    diagnose() decides itself."""
-    from colltrace.analysis import culprit
-    from colltrace.analysis.diagnose import INLINE_RULES
+    """docs/internals.md lists the steps of the blame chain in the order diagnose() runs them, one line each, then
+    the straggler step after the cause; and names every rule that may decide the culprits (`rules.blame`)."""
+    from colltrace.analysis import blame, culprit
 
     text = DOCS.read_text()
     block = text[text.index("<!-- blame rules -->") : text.index("<!-- /blame rules -->")]
     listed = re.findall(r"^ *- `(\w+)`", block, flags=re.M)
-    assert sorted(listed) == sorted([*culprit.BLAME_RULES, *INLINE_RULES])
+    assert listed == [*(step.__name__ for step in blame.CHAIN), blame.straggler.__name__]
+    named = set(re.findall(r"`(\w+)`", block))
+    assert set(culprit.BLAME_RULES) | set(blame.INLINE_RULES) <= named
 
 
 def _short_run(tmp_path: Path, late_ns: int, every: int) -> list:  # type: ignore[type-arg]

@@ -1,0 +1,210 @@
+"""Who is to blame is decided by an ordered chain of steps (analysis/blame.py): each hand-made bug below is
+decided by the steps it names, in the chain's order, a later step overriding an earlier one."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+from handmade import FakeRank, ranks
+
+from colltrace.analysis import blame, culprit
+from colltrace.analysis.diagnose import diagnose
+from colltrace.analysis.results import Clue, Diagnosis
+from colltrace.analysis.vocab import Cause, Kind, Verdict
+from colltrace.trace.reader import read_run
+
+TIMEOUT = "[gloo] Timed out waiting 6000ms for recv operation to complete"
+
+
+def _decided(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Diagnosis, blame.Facts]:
+    """The diagnosis, the steps of the chain that applied to it (returned a state) in the order they ran, and the
+    facts they read."""
+    applied: list[str] = []
+    read: list[blame.Facts] = []
+
+    def traced(step: blame.Step) -> blame.Step:
+        def run(f: blame.Facts, s: blame.State) -> blame.State | None:
+            read.append(f)
+            got = step(f, s)
+            if got is not None:
+                applied.append(step.__name__)
+            return got
+
+        return run
+
+    monkeypatch.setattr(blame, "CHAIN", tuple(traced(step) for step in blame.CHAIN))
+    dx = diagnose(read_run(str(run_dir)))
+    return applied, dx, read[0]
+
+
+def test_every_step_is_a_function_of_the_facts_and_the_state_that_says_when_it_applies() -> None:
+    """A step reads the facts and the state so far, and nothing else; its docstring says when it applies."""
+    assert len({step.__name__ for step in blame.CHAIN}) == len(blame.CHAIN)
+    for step in blame.CHAIN:
+        assert list(inspect.signature(step).parameters) == ["f", "s"], step.__name__
+        assert step.__doc__ and len(step.__doc__.split()) >= 6, step.__name__
+    assert {f.name for f in dataclasses.fields(blame.State)} == {"blame", "divergence", "cycle", "culprits", "victims"}
+
+
+def test_a_healthy_run_is_decided_by_the_first_step_alone_and_names_no_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every collective matched, every rank finished: no_divergence names no one, and no step after it applies."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(3):
+            r.fsdp_step()
+        r.footer()
+    applied, dx, _ = _decided(tmp_path, monkeypatch)
+    assert applied == ["no_divergence"]
+    assert dx.verdict is Verdict.HEALTHY and dx.culprits == () and dx.blame_rule == ""
+
+
+def test_a_rank_that_swapped_its_neighbours_is_decided_after_for_content_left_the_pair_undecided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ring halo exchange where rank 2 flipped left and right: each pair has two ends and no majority, so
+    for_content names no one; in_every_pair, next in the chain, names rank 2 and the undecided steps after it
+    (dtype_changed, new_size) no longer apply."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        left, right = (r.rank - 1) % 4, (r.rank + 1) % 4
+        if r.rank == 2:
+            left, right = right, left
+        r.p2p("isend", right, 6)
+        r.p2p("isend", left, 4)
+        r.p2p("irecv", left, 6)
+        r.p2p("irecv", right, 4)
+        r.coll("all_reduce", 1, "", "other", redop="SUM", done=r.rank != 2, error=r.rank != 2)
+    applied, dx, _ = _decided(tmp_path, monkeypatch)
+    assert applied == ["for_content", "in_every_pair", "lost_peers"]
+    assert dx.culprits == (2,) and dx.blame_rule == "in_every_pair"
+
+
+def test_a_cycle_of_blocking_sends_is_blamed_whole_then_every_rank_of_it_by_sending_cycle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both stages send first with gloo's blocking send: the wait-for cycle overrides the missing collective's
+    blame (cycle), then sending_cycle names its every rank; the steps that single out a part of a cycle after
+    it (in_cycle, entered_apart) no longer apply."""
+    s0, s1 = ranks(str(tmp_path), 2)
+    s0.p2p("send", 1, 16, done=False)
+    s1.p2p("send", 0, 16, done=False)
+    for s in (s0, s1):
+        s.error("RuntimeError", "[gloo] Timed out waiting 6000ms for send operation to complete", in_collective=True)
+    applied, dx, _ = _decided(tmp_path, monkeypatch)
+    assert applied == ["for_missing", "cycle", "sending_cycle", "lost_peers"]
+    assert dx.verdict is Verdict.DEADLOCK and dx.cycle == (0, 1) and dx.culprits == (0, 1)
+    assert dx.blame_rule == "sending_cycle"
+
+
+def _one_f_one_b(s0: FakeRank, s1: FakeRank, steps: int) -> None:
+    for _ in range(steps):
+        s0.p2p("send", 1, 64)
+        s1.p2p("recv", 0, 64)
+        s1.p2p("send", 0, 64)
+        s0.p2p("recv", 1, 64)
+        for s in (s0, s1):
+            s.step += 1
+            s.w.event({"ev": "step", "step": s.step})
+
+
+def test_a_stage_that_skipped_a_micro_batch_is_the_part_of_the_cycle_in_cycle_singles_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle of receives: stage 0 left a micro-batch's send out. No transfer went to a wrong peer and not
+    every rank sends, so misdirected and sending_cycle pass; in_cycle names stage 0, which broke its pattern."""
+    s0, s1 = ranks(str(tmp_path), 2)
+    _one_f_one_b(s0, s1, 2)
+    s0.p2p("recv", 1, 64, done=False)
+    s1.p2p("recv", 0, 64, done=False)
+    for s in (s0, s1):
+        s.error("RuntimeError", TIMEOUT, in_collective=True)
+    applied, dx, _ = _decided(tmp_path, monkeypatch)
+    assert applied == ["for_missing", "cycle", "in_cycle", "lost_peers"]
+    assert dx.cycle == (0, 1) and dx.culprits == (0,) and dx.victims == (1,) and dx.blame_rule == "in_cycle"
+    assert dx.finding is not None and dx.finding.cause is Cause.CONTROL_FLOW
+
+
+def test_ranks_sigkilled_together_are_added_to_the_blame_of_the_missing_collective(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent and its two workers SIGKILLed while ranks 0-1 ran on: for_missing names rank 2, which never
+    came; killed_together adds rank 3, killed with it on its host, and takes it from the victims."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        for _ in range(4):
+            r.coll("all_reduce", 64, "", "backward", redop="SUM")
+        if r.rank != 2:
+            r.coll("all_reduce", 64, "", "backward", redop="SUM", done=False)
+    for r in (0, 1):
+        rs[r].signal("SIGTERM")
+    applied, dx, _ = _decided(tmp_path, monkeypatch)
+    assert applied == ["for_missing", "killed_together", "lost_peers"]
+    assert dx.culprits == (2, 3) and dx.victims == (0, 1) and dx.blame_rule == "killed_together"
+
+
+def test_split_sizes_override_the_missing_collective_and_show_the_all_to_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MoE dispatch: rank 2 sends 5 rows where rank 0 expects 10; the all-to-all completes and the next
+    collective hangs. split_sizes overrides the missing collective's blame and the divergence shown becomes
+    the all-to-all's (numel)."""
+    rs = ranks(str(tmp_path), 3)
+    ok = {0: "4,4,4 -> 4,4,4", 1: "4,4,4 -> 4,4,4", 2: "4,4,4 -> 4,4,4"}
+    bad = {0: "4,4,4 -> 4,4,10", 1: "4,4,4 -> 4,4,1", 2: "5,1,1 -> 4,4,1"}
+    back = {0: "4,4,10 -> 4,4,4", 1: "4,4,1 -> 4,4,4", 2: "4,4,1 -> 5,1,1"}
+    for r in rs:
+        r.coll("all_to_all_single", 48, "", "forward", shape=f"[12,4] -> [12,4] split {ok[r.rank]}")
+        r.coll("all_to_all_single", 48, "", "forward", shape=f"[12,4] -> [12,4] split {bad[r.rank]}")
+    rs[2].coll("all_to_all_single", 48, "", "forward", shape=f"[9,4] -> [7,4] split {back[2]}", done=False)
+    for r in rs[:2]:
+        r.coll("all_to_all_single", 48, "", "forward", shape=f"[12,4] -> [12,4] split {back[r.rank]}")
+        r.coll("all_reduce", 1, "", "other", done=False, error=True)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    applied, dx, _ = _decided(tmp_path, monkeypatch)
+    assert applied == ["for_missing", "split_sizes", "lost_peers"]
+    assert dx.culprits == (2,) and dx.blame_rule == "split_sizes"
+    assert dx.divergence is not None and (dx.divergence.seq, dx.divergence.kind) == (2, Kind.NUMEL)
+    assert dx.finding is not None and [e.ranks for e in dx.finding.evidence if e.clue is Clue.SPLITS] == [(2,)]
+
+
+def test_groups_built_apart_keep_the_cycle_they_make_from_overriding_for_membership(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 3 made its dp groups before its tp groups, so its groups' members differ from the other ranks' and
+    the ranks wait on each other across them: for_membership names rank 3 by the majority of the group
+    creation calls, and the cycle step, which would override it, does not apply to groups built apart."""
+    layout = {r: [[0, 1], [2, 3], [0, 2], [1, 3]] for r in range(3)} | {3: [[0, 2], [1, 3], [0, 1], [2, 3]]}
+    rs = []
+    for r in range(4):
+        mine = {str(i + 1): (f"g{i + 1}", tuple(m)) for i, m in enumerate(layout[r]) if r in m}
+        rs.append(FakeRank(str(tmp_path), r, 4, groups={"0": ("default_pg", (0, 1, 2, 3))} | mine))
+        for i, m in enumerate(layout[r]):
+            name = str(i + 1) if r in m else None
+            rs[r].w.event({"ev": "group_create", "fn": "new_group", "ranks": m, "desc": "", "name": name})
+    tp = {0: "1", 1: "1", 2: "2", 3: "4"}
+    dp = {0: "3", 1: "4", 2: "3", 3: "2"}
+    for r in rs[:2]:
+        r.coll("all_reduce", 64, "", "forward", group=tp[r.rank], redop="SUM")
+    rs[0].coll("all_reduce", 272, "", "forward", group=dp[0], redop="SUM", done=False)
+    rs[1].coll("all_reduce", 272, "", "forward", group=dp[1], redop="SUM", done=False, error=True)
+    rs[2].coll("all_reduce", 64, "", "forward", group=tp[2], redop="SUM", done=False, error=True)
+    rs[3].coll("all_reduce", 64, "", "forward", group=tp[3], redop="SUM", done=False)
+    for r in rs[1:3]:
+        r.error("RuntimeError", "Connection closed by peer", in_collective=True)
+    (tmp_path / "rank00003.fault").write_text("Fatal Python error: Aborted\n")
+    applied, dx, facts = _decided(tmp_path, monkeypatch)
+    assert facts.wf.cycle == (1, 2, 3)
+    assert applied == ["for_membership", "lost_peers"]
+    assert dx.culprits == (3,) and dx.cycle is None and dx.blame_rule == "for_membership"
+    assert dx.divergence is not None and dx.divergence.kind is Kind.MEMBERSHIP
+
+
+def test_every_rule_that_may_decide_is_a_blame_rule_or_named_by_a_step() -> None:
+    """rules.blame is a @blame_rule's name (culprit.BLAME_RULES) or one a step of the chain gives itself."""
+    assert {"no_divergence", "created_apart", "relabeled", "killed_together"} <= set(culprit.BLAME_RULES)
+    assert not set(blame.INLINE_RULES) & set(culprit.BLAME_RULES)
