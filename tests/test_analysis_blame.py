@@ -208,3 +208,39 @@ def test_every_rule_that_may_decide_is_a_blame_rule_or_named_by_a_step() -> None
     """rules.blame is a @blame_rule's name (culprit.BLAME_RULES) or one a step of the chain gives itself."""
     assert {"no_divergence", "created_apart", "relabeled", "killed_together"} <= set(culprit.BLAME_RULES)
     assert not set(blame.INLINE_RULES) & set(culprit.BLAME_RULES)
+
+
+def test_ranks_torchrun_stopped_after_the_one_that_ended_first_are_its_victims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 is SIGKILLed (the OOM killer) after step 3's reduction; rank 2, a fraction of a step behind, is still
+    in its backward when torchrun stops it and rank 0 (SIGTERM, recorded), rank 0 waiting in step 4's reduction.
+    Ranks 1 and 2 both miss it, but torchrun says rank 1 ended first and it stopped rank 2 after: an outside job
+    (set24 ddp_leak_cgroup, rerun) read ranks 1-2 as stuck in compute."""
+    import json
+
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        for _ in range(3):
+            r.coll("all_reduce", 756, "", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    rs[0].coll("all_reduce", 756, "", "backward", redop="SUM", done=False)
+    rs[2].w.spans.append(*_open_span(rs[2], "backward"))
+    for r in (rs[0], rs[2]):
+        r.signal("SIGTERM")
+    lines = [{"ev": "exit", "rank": r, "exitcode": code, "signal": sig, "first": first, "t_ns": 0, "pid": 10 + r}
+             for r, code, sig, first in ((0, -15, "SIGTERM", False), (1, -9, "SIGKILL", True),
+                                         (2, -15, "SIGTERM", False))]  # fmt: skip
+    (tmp_path / "launcher-host-10.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    applied, dx, _ = _decided(tmp_path, monkeypatch)
+    assert "failed_first" in applied and dx.blame_rule == "failed_first"
+    assert (dx.culprits, dx.victims) == ((1,), (0, 2))
+
+
+def _open_span(r: FakeRank, kind: str) -> tuple[object, ...]:
+    """The fields of a span of `kind` begun now and still open."""
+    from colltrace.trace import schema
+
+    s = r.w.intern
+    return (schema.KIND_SPAN, 0, 0, 0, 0, s(kind), 0, 0, 0, 0, s(""), 0, 0, -1, 0, 0, -1, r.step, 0, r.t, 0, 0)

@@ -187,6 +187,15 @@ def killed_together(f: Facts, s: State) -> State | None:
     return s.blamed(got) if got is not None else None
 
 
+def failed_first(f: Facts, s: State) -> State | None:
+    """Culprits some of which the launcher found ended first (torchrun's exit lines, `first`) and the rest of which
+    it stopped after them, with the signal each recorded (its SIGTERM): those it stopped were still going, not
+    stuck or gone (a replica a fraction of a step behind when torchrun stopped the job reads as missing the
+    collective the others waited in); the ones that ended first are the culprits, the rest their victims."""
+    got = _failed_first(s.blame, f.ends)
+    return s.blamed(got) if got is not None else None
+
+
 def split_sizes(f: Facts, s: State) -> State | None:
     """No divergence, or a missing collective: the ranks whose all-to-all splits disagree with their peers'
     (`split_sizes`), overriding every step before; the divergence shown becomes that all-to-all's (`numel`)."""
@@ -324,7 +333,7 @@ def culprits_stream(f: Facts, s: State) -> State | None:
 CHAIN: tuple[Step, ...] = (
     no_divergence, for_missing, store_waiters, for_step, for_membership, for_content,  # the first blame, by kind
     in_every_pair, dtype_changed, new_size,  # a content divergence left undecided
-    created_apart, relabeled, killed_together, split_sizes, divergence_kind,  # how the job was built, who died
+    created_apart, relabeled, killed_together, failed_first, split_sizes, divergence_kind,  # how built, who died
     cycle, misdirected, sending_cycle, in_cycle, entered_apart,  # a wait-for cycle
     schedules_apart, lost_peers, culprits_stream,  # a pipeline's schedules; the victims and the stream shown
 )  # fmt: skip
@@ -563,6 +572,16 @@ def _relabeled(run: Run, d: Divergence | None, blame: Blame) -> Blame | None:
     victims = tuple(r for r in d.group_ranks if r not in odd)
     ev = tuple(Evidence(Clue.GROUP_LABEL, (r,), odd[r]) for r in culprits)
     return Blame(culprits, victims, blame.kind, Confidence.HIGH, ev)
+
+
+@blame_rule
+def _failed_first(blame: Blame, ends: dict[int, RankEnd]) -> Blame | None:
+    first = [r for r in blame.culprits if (x := ends[r].exit) is not None and x.first]
+    stopped = [r for r in blame.culprits
+               if (x := ends[r].exit) is not None and not x.first and ends[r].signal and x.signal == ends[r].signal]  # fmt: skip
+    if not first or not stopped or len(first) + len(stopped) != len(blame.culprits):
+        return None
+    return blame._replace(culprits=tuple(first), victims=tuple(sorted({*blame.victims, *stopped})), rule="")
 
 
 @blame_rule
