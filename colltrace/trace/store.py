@@ -266,12 +266,16 @@ def of_ring(rank: int, path: str, info: RingInfo, strings: dict[int, str], offse
     return Slots(rank, _Ring(path, info), strings, offset, sites)
 
 
+_EMPTY = _Ring(MEMORY, RingInfo(1, 0, -1, 0), _NONE)  # no records: nothing in it ever changes
+_NO_STRINGS: dict[int, str] = {0: ""}
+
+
 def of_records(rank: int, records: Iterable[Collective]) -> Slots:
     """Records made elsewhere as the same columns as a ring's (times already wall clock: offset 0). Flags beyond
     the slot's byte (FLAG_FLIGHT) are kept beside them."""
     ordered = sorted(records, key=lambda c: c.idx)
-    if not ordered:
-        return Slots(rank, _Ring(MEMORY, RingInfo(1, 0, -1, 0), np.zeros(0, dtype=SLOT_DTYPE)), {0: ""}, 0)
+    if not ordered:  # (every rank's until its ring is read, and most ranks' spans: one empty ring for all)
+        return Slots(rank, _EMPTY, _NO_STRINGS, 0)
     strings: dict[str, int] = {"": 0}
     sites: dict[str, int] = {"": 0}
     high: dict[int, int] = {}
