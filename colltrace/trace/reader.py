@@ -353,6 +353,22 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
     """One rank's trace, and its header's fields that say which run it belongs to (_belong_together's)."""
     samples: list[memory_mod.Sample] = []
     events, torn = read_events(events_path, samples)
+    header = _checked_header(events, events_path)
+    rt = RankTrace(rank=rank, header=Header.of(header), records=of_records(rank, ()), groups={},
+                   state=RankState.KILLED, torn=torn)  # fmt: skip
+    strings, sites = _take_events(rt, events, samples)
+    strings = _TABLES.setdefault(tuple(strings.items()), strings)  # (never changed once read)
+    _read_files(rt, events_path[: -len(".jsonl")], strings, sites, _clock_offset(header))
+    left = _left_cleanly(rt)
+    rt.alive = (rt.footer is None and not left and rt.error is None and rt.signal is None and not rt.fault
+                and _alive(header))  # fmt: skip
+    rt.state = _state(rt, left)
+    return rt, {k: header[k] for k in _WHOSE if k in header}  # the rest of the header line is let go
+
+
+def _checked_header(events: list[dict[str, Any]], events_path: str) -> dict[str, Any]:
+    """The sidecar's header line, refused (TraceError) where it is missing, newer than this colltrace, or holds a
+    field of another type than colltrace writes."""
     if not events or events[0].get("ev") != schema.EV_HEADER:
         raise TraceError(f"{events_path}: no header line (not a colltrace trace, or written by another tool)")
     header = events[0]
@@ -368,9 +384,16 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
         if key in header and not _is(header[key], want):
             raise TraceError(f"{events_path}: header field {key!r} is {type(header[key]).__name__}, not "
                              f"{_names(want)} (not a trace this colltrace wrote)")  # fmt: skip
+    return header
+
+
+def _take_events(
+    rt: RankTrace, events: list[dict[str, Any]], samples: list[memory_mod.Sample]
+) -> tuple[dict[int, str], dict[int, str]]:
+    """The events after the header into the rank's trace; returns its string and call-site tables."""
     strings: dict[int, str] = {0: ""}
     sites: dict[int, str] = {0: ""}
-    groups: dict[str, GroupInfo] = {}
+    groups = rt.groups
     called: dict[int, dict[str, Any]] = {}  # a group creation's call id -> its event, completed at its return
     creations: list[dict[str, Any]] = []
     stacks: list[Stacks] = []
@@ -379,8 +402,6 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
     caught: list[SignalCaught] = []
     pipelines: list[Pipeline] = []
     memory_events: list[dict[str, Any]] = []
-    rt = RankTrace(rank=rank, header=Header.of(header), records=of_records(rank, ()), groups=groups,
-                   state=RankState.KILLED, torn=torn)  # fmt: skip
     for ev in events[1:]:
         kind = ev.get("ev")
         if kind == schema.EV_STR and type(ev.get("id")) is int and type(ev.get("s")) is str and "ranks" not in ev:
@@ -396,22 +417,10 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
             sites[int(ev["id"])] = str(ev["s"])
         elif kind == schema.EV_GROUP:
             name = str(ev.get("name", ""))
-            groups[name] = GroupInfo(
-                name=name,
-                desc=str(ev.get("desc") or ""),
-                ranks=_members(ev.get("ranks")),
-                backend=str(ev.get("backend") or ""),
-            )
+            groups[name] = GroupInfo(name=name, desc=str(ev.get("desc") or ""), ranks=_members(ev.get("ranks")),
+                                     backend=str(ev.get("backend") or ""))  # fmt: skip
         elif kind == schema.EV_GROUP_CREATE:
-            call = ev.get("call")  # an int or absent (_EVENTS checked it)
-            begun = called.get(call) if isinstance(call, int) else None
-            if begun is not None and ev.get("done") is True:
-                begun.update(ev)  # the call's return completes it
-            else:  # a call (an older trace's, written at its return only, counts as returned)
-                ev.setdefault("done", True)
-                creations.append(ev)
-                if isinstance(call, int):
-                    called[call] = ev
+            _group_creation(ev, called, creations)
         elif kind == schema.EV_STEP:
             rt.steps = max(rt.steps, int(ev.get("step", 0)))
         elif kind == schema.EV_STACKS:
@@ -423,13 +432,7 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
         elif kind == schema.EV_FOOTER:
             rt.footer = Footer(ev.get("t_ns", 0))
         elif kind == schema.EV_DESTROYED:
-            busy = tuple(t for t in ev.get("busy", ()) if type(t) is int)
-            rt.destroyed = Destroyed(ev.get("t_ns", 0), ev.get("in_flight", 0), busy)
-            if busy and type(ev.get("threads")) is list and _valid(ev, _EVENTS[schema.EV_STACKS]):
-                # torn down from a thread of its own while its loop ran: stopped from outside, and where its loop
-                # was then is its last stack (reason teardown)
-                stacks.append(Stacks.of({**ev, "reason": TEARDOWN}))
-                rt.signal = rt.signal or Signal(TEARDOWN, ev.get("t_ns", 0))
+            _destroyed(rt, ev, stacks)
         elif kind == schema.EV_RECORDING_FAILED:
             if rt.recording_failed is None:
                 rt.recording_failed = ev.get("reason", "")
@@ -452,32 +455,53 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
     rt.group_creations = tuple(GroupCreation.of(ev) for ev in creations)
     rt.thread_errors, rt.caught = tuple(thread_errors), tuple(caught)
     rt.memory = memory_mod.of(samples, memory_events)
+    return strings, sites
 
-    strings = _TABLES.setdefault(tuple(strings.items()), strings)  # (never changed once read)
-    ring_path = events_path[: -len(".jsonl")] + ".ring"
-    offset = _clock_offset(header)
+
+def _group_creation(ev: dict[str, Any], called: dict[int, dict[str, Any]], creations: list[dict[str, Any]]) -> None:
+    """A group_create event: a call begun (its return completes it, joined by `call`), or one written at its
+    return only (an older trace's), which counts as returned."""
+    call = ev.get("call")  # an int or absent (_EVENTS checked it)
+    begun = called.get(call) if isinstance(call, int) else None
+    if begun is not None and ev.get("done") is True:
+        begun.update(ev)
+    else:
+        ev.setdefault("done", True)
+        creations.append(ev)
+        if isinstance(call, int):
+            called[call] = ev
+
+
+def _destroyed(rt: RankTrace, ev: dict[str, Any], stacks: list[Stacks]) -> None:
+    """destroy_process_group() returned; torn down from a thread of its own while its loop ran (busy threads):
+    stopped from outside, and where its loop was then is its last stack (reason teardown)."""
+    busy = tuple(t for t in ev.get("busy", ()) if type(t) is int)
+    rt.destroyed = Destroyed(ev.get("t_ns", 0), ev.get("in_flight", 0), busy)
+    if busy and type(ev.get("threads")) is list and _valid(ev, _EVENTS[schema.EV_STACKS]):
+        stacks.append(Stacks.of({**ev, "reason": TEARDOWN}))
+        rt.signal = rt.signal or Signal(TEARDOWN, ev.get("t_ns", 0))
+
+
+def _read_files(rt: RankTrace, stem: str, strings: dict[int, str], sites: dict[int, str], offset: int) -> None:
+    """The rank's ring (`stem`.ring), its spans (`.spans`) and what faulthandler wrote (`.fault`)."""
+    ring_path = stem + ".ring"
     there, info = _ring_file(ring_path)
     if info is not None:
-        rt.records = of_ring(rank, ring_path, info, strings, offset, sites)
+        rt.records = of_ring(rt.rank, ring_path, info, strings, offset, sites)
         rt.dropped = info.first  # overwritten by the ring before the end
         rt.ring_cut = info.cut_to
     elif there:
         rt.ring_cut = -1  # the file is there, too short for its header: none of its records can be read
-    spans_path = events_path[: -len(".jsonl")] + ".spans"
+    spans_path = stem + ".spans"
     _, spans_info = _ring_file(spans_path)
     if spans_info is not None:
-        rt.spans = of_ring(rank, spans_path, spans_info, strings, offset)
-    fault_path = events_path[: -len(".jsonl")] + ".fault"
+        rt.spans = of_ring(rt.rank, spans_path, spans_info, strings, offset)
+    fault_path = stem + ".fault"
     if os.path.exists(fault_path):
         _regular(fault_path)
         with open(fault_path, "rb") as f:
             text = f.read().decode("utf-8", "replace").strip()
         rt.fault = Fault.of(text) if text else None
-    left = _left_cleanly(rt)
-    rt.alive = (rt.footer is None and not left and rt.error is None and rt.signal is None and not rt.fault
-                and _alive(header))  # fmt: skip
-    rt.state = _state(rt, left)
-    return rt, {k: header[k] for k in _WHOSE if k in header}  # the rest of the header line is let go
 
 
 def _ring_file(path: str) -> tuple[bool, RingInfo | None]:
