@@ -222,21 +222,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
             others = _other_threads(rt.stacks, thread)
     full = [frame_text(f) for f in frames]
     stack = excerpt(full)
-    collective_failure = bool(
-        (etype or fault)
-        and not oom
-        and in_collective
-        and (_COMM_FAILURE.search(text) or fault or blocked and blocked.error)
-    )
-    if err.in_collective is not None and not oom:
-        # the recorder saw this exception come out of a collective: a victim's error, whatever it says
-        collective_failure = True
-    if failed_exit and blocked is not None and blocked.error:
-        collective_failure = True  # a collective failed on it first (a timeout it caught): a victim's exit
-    if etype and not oom and not in_collective and _WAITED_FOR_PEERS.search(text):
-        # timed out waiting for its peers in a collective the trace did not see (one torch issues from C++,
-        # such as DDP's bucket rebuild at its second step): a victim too
-        collective_failure = True
+    collective_failure = _victims_error(err, etype, text, fault, oom, bool(in_collective), blocked, failed_exit)
     open_spans = _open_at_stop(rt) if state is not RankState.FINISHED else []
     span = max(open_spans, key=lambda s: s.t_issue_ns) if open_spans else None
     open_for = max(0.0, (end_ns - span.t_issue_ns) / 1e9) if span is not None and end_ns else None
@@ -268,6 +254,27 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
         alive=rt.alive,
         error_t_ns=err.t_ns,
         lost_peer=bool(etype and _WAITED_FOR_PEERS.search(text)),
+    )
+
+
+def _victims_error(
+    err: Error, etype: str, text: str, fault: str, oom: bool, in_collective: bool, blocked: Collective | None,
+    failed_exit: bool,
+) -> bool:  # fmt: skip
+    """The rank's error is a collective's failure (a timeout, a peer gone): a victim's, not its own."""
+    if etype and not oom and not in_collective and _WAITED_FOR_PEERS.search(text):
+        # timed out waiting for its peers in a collective the trace did not see (one torch issues from C++,
+        # such as DDP's bucket rebuild at its second step): a victim too
+        return True
+    if err.in_collective is not None and not oom:
+        return True  # the recorder saw this exception come out of a collective: a victim's error, whatever it says
+    if failed_exit and blocked is not None and blocked.error:
+        return True  # a collective failed on it first (a timeout it caught): a victim's exit
+    return bool(
+        (etype or fault)
+        and not oom
+        and in_collective
+        and (_COMM_FAILURE.search(text) or fault or blocked and blocked.error)
     )
 
 
