@@ -220,38 +220,29 @@ def _blocks(cols: Any) -> Iterator[tuple[Any, Any, Any]]:
         yield idxs[lo : lo + BLOCK_ROWS], cols[lo : lo + BLOCK_ROWS], keys[lo : lo + BLOCK_ROWS]
 
 
-def build_streams(rt: RankTrace, table: SigTable, window: int | None = None) -> RankStreams:
-    """One pass over a rank's columns (its last `window` records: None, all), a block of rows at a time (the
-    analyzer's hot loop)."""
-    records = rt.records if window is None or held(rt) <= window else rt.records.tail(window)
-    strings, offset = records.strings, records.offset
-    rank = rt.rank
-    groups: dict[str, GroupStream] = {}
-    resolved: dict[tuple[bytes, bytes], tuple[str | None, int]] = {}  # key -> (stream or None: not aligned, sig)
-    open_: list[tuple[str, int, int]] = []
-    failed: list[tuple[str, int, int]] = []
-    first_idx = -1
-    last_idx = -1
-    last_t = 0
+class _Resolver:
+    """A slot key's stream and signature id, decoded once per rank (a transfer's), once per run (a collective's:
+    table.decoded, by the rank's string table)."""
 
-    tid = table.table_id(strings)
-    decoded = table.decoded
+    def __init__(self, rank: int, strings: dict[int, str], table: SigTable, tid: int) -> None:
+        self.rank, self.strings, self.table, self.tid = rank, strings, table, tid
+        self.resolved: dict[tuple[bytes, bytes], tuple[str | None, int]] = {}  # key -> (stream or None, sig)
 
-    def lookup(key: tuple[bytes, bytes], kind: int) -> tuple[str | None, int]:
-        """The stream and signature id of a slot key (decoded once per rank, once per run for collectives)."""
-        got = resolved.get(key)
+    def lookup(self, key: tuple[bytes, bytes], kind: int) -> tuple[str | None, int]:
+        got = self.resolved.get(key)
         if got is None:
-            got = resolved[key] = resolve(key, kind)
+            got = self.resolved[key] = self.resolve(key, kind)
         return got
 
-    def resolve(key: tuple[bytes, bytes], kind: int) -> tuple[str | None, int]:
+    def resolve(self, key: tuple[bytes, bytes], kind: int) -> tuple[str | None, int]:
         a, b = key
         if kind not in (schema.KIND_COLLECTIVE, schema.KIND_P2P):  # compute spans are not aligned
             return None, 0
-        known = decoded.get((tid, a, b)) if kind == schema.KIND_COLLECTIVE else None
+        table, rank = self.table, self.rank
+        known = table.decoded.get((self.tid, a, b)) if kind == schema.KIND_COLLECTIVE else None
         if known is not None:
             return known
-        text = {name: strings.get(x, "?") for name, x in zip(_NAMES_A, _STRUCT_A.unpack(a))}
+        text = {name: self.strings.get(x, "?") for name, x in zip(_NAMES_A, _STRUCT_A.unpack(a))}
         g, op, dtype, redop, module, phase = (text[f] for f in ("group", "op", "dtype", "reduce_op", "module", "phase"))
         num = dict(zip(_NAMES_B, _STRUCT_B.unpack(b)))
         nin, nout, peer = num["numel_in"], num["numel_out"], num["peer"]
@@ -267,8 +258,33 @@ def build_streams(rt: RankTrace, table: SigTable, window: int | None = None) -> 
             )
         numel = 0 if op in _OWN_SIZES else nout if op in _OUT_COUNTED else nin
         sid = table.intern(Signature("collective", op, numel, dtype, redop, peer, module, phase))
-        decoded[(tid, a, b)] = (g, sid)
+        table.decoded[(self.tid, a, b)] = (g, sid)
         return g, sid
+
+
+def _held(records: Any, every: Any, open_: list[tuple[str, int, int]]) -> dict[int, Collective]:
+    """The newest record and the newest open ones (HELD_OPEN), decoded at once."""
+    wanted = sorted({idx for _, _, idx in open_})[-HELD_OPEN:]
+    at = np.searchsorted(every["marker"], np.array(wanted, dtype=np.uint64) + 1).tolist()
+    rows = sorted(set(at) | {len(every) - 1})
+    return {c.idx: c for c in records.decode(every[rows])}
+
+
+def build_streams(rt: RankTrace, table: SigTable, window: int | None = None) -> RankStreams:
+    """One pass over a rank's columns (its last `window` records: None, all), a block of rows at a time (the
+    analyzer's hot loop)."""
+    records = rt.records if window is None or held(rt) <= window else rt.records.tail(window)
+    strings, offset = records.strings, records.offset
+    rank = rt.rank
+    groups: dict[str, GroupStream] = {}
+    open_: list[tuple[str, int, int]] = []
+    failed: list[tuple[str, int, int]] = []
+    first_idx = -1
+    last_idx = -1
+    last_t = 0
+
+    tid = table.table_id(strings)
+    lookup = _Resolver(rank, strings, table, tid).lookup
 
     loop: set[int] | frozenset[int] = frozenset()  # the threads that did training work (_loop_in)
     every = records.cols  # (held through this pass: each look at `cols` finds what the ring holds)
@@ -312,12 +328,7 @@ def build_streams(rt: RankTrace, table: SigTable, window: int | None = None) -> 
             first_idx = int(idxs[0])
         last_idx = int(idxs[-1])
         last_t = int(cols["t_done_ns"][-1]) or int(cols["t_issue_ns"][-1])
-    held_records: dict[int, Collective] = {}
-    if last_idx >= 0:  # the newest record, and the newest open ones: one decode
-        wanted = sorted({idx for _, _, idx in open_})[-HELD_OPEN:]
-        at = np.searchsorted(every["marker"], np.array(wanted, dtype=np.uint64) + 1).tolist()
-        rows = sorted(set(at) | {len(every) - 1})
-        held_records = {c.idx: c for c in records.decode(every[rows])}
+    held_records = _held(records, every, open_) if last_idx >= 0 else {}
     return RankStreams(
         rank=rank,
         groups=groups,
