@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from handmade import ranks
 
 from colltrace.analysis.diagnose import diagnose
@@ -15,7 +16,12 @@ from colltrace.trace import schema
 from colltrace.trace.reader import read_run
 
 
-def test_ranks_whose_store_wait_timed_out_first_are_the_victims_of_the_rank_that_went_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("went_on_s", [2.0, 0.999], ids=["a-second-after", "the-same-moment"])
+def test_ranks_whose_store_wait_timed_out_first_are_the_victims_of_the_rank_that_went_on(
+    tmp_path: Path, went_on_s: float
+) -> None:
+    """Rank 0 enters its next collective a second after the waits began, or a millisecond before (the same point
+    of their step, reached together in either order: the same job's rerun)."""
     rs = ranks(str(tmp_path), 3)
     for r in rs:
         for _ in range(2):
@@ -30,7 +36,7 @@ def test_ranks_whose_store_wait_timed_out_first_are_the_victims_of_the_rank_that
                          0)  # fmt: skip
         r.error("DistStoreError", "wait timeout after 15000ms, keys: /ckpt_dir", t_ns=1_700_000_000_000_000_000 + t0
                 + 16_000_000_000)  # fmt: skip
-    rs[0].t = t0 + 2_000_000_000  # it went on to the next gradient all-reduce, and lost its peers there
+    rs[0].t = t0 + int(went_on_s * 1e9)  # it went on to the next gradient all-reduce, and lost its peers there
     rs[0].coll("all_reduce", 756, "", "backward", redop="SUM", done=False, error=True)
     rs[0].error("RuntimeError", "[gloo] Connection closed by peer", in_collective=True)
     dx = diagnose(read_run(str(tmp_path)))

@@ -127,6 +127,9 @@ def _store_wait(e: RankEnd | None, rt: RankTrace | None) -> Collective | None:
     return last if last.op == SpanKind.STORE and last.error and last.t_issue_ns > issued else None
 
 
+STORE_RACE_NS = 500_000_000  # a collective entered this little before a store wait began did not come first
+
+
 @blame_rule
 def store_waiters(waiting: tuple[int, ...], ends: dict[int, RankEnd], run: Run) -> Blame | None:
     """The ranks named for not coming each wait on the c10d store (Store.wait/get) for a key, since before any
@@ -140,7 +143,9 @@ def store_waiters(waiting: tuple[int, ...], ends: dict[int, RankEnd], run: Run) 
     spans = {r: span for r, span in waits.items() if span is not None}
     if not waiting or len(spans) != len(waiting):
         return None
-    since = max(span.t_issue_ns for span in spans.values())  # the last of them to begin its wait
+    # the last of them to begin its wait, less a race's margin: ranks that reach the same point of their step
+    # together (the store wait, the next collective) do so within milliseconds, in either order
+    since = max(span.t_issue_ns for span in spans.values()) - STORE_RACE_NS
     others = tuple(r for r in sorted(ends) if r not in waiting and _store_wait(ends[r], run.ranks.get(r)) is None)
     went_on = [ends[r].state is RankState.FINISHED or (b := ends[r].blocked) is not None and b.t_issue_ns > since
                for r in others]  # fmt: skip
