@@ -127,6 +127,9 @@ class Clue(str, enum.Enum):
     # the rank went past, this step, a collective of the group others of the cycle wait in, which it issued in
     # its step before (detail: the group's label)
     WENT_PAST = "went_past"
+    # the rank went on past the collective the others wait in after going through the groups in the order they did
+    # over its last collectives: it left that order on a branch of its own (detail: the group's label)
+    LEFT_ORDER = "left_order"
     # the rank is blocked in a collective new to it, issued from the line where others of the cycle wait in
     # another group: the same statement reached the groups in another order (detail: the others' group label)
     SAME_LINE = "same_line"

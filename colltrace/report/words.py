@@ -484,6 +484,13 @@ def _went_past(who: Who, label: str | None) -> str:
             "(ranks that enter groups in another order do so from the start)")  # fmt: skip
 
 
+def _left_order(who: Who, label: str | None) -> str:
+    return (f"{who} went on past the collective of {group_text(label) if label else 'the group'} the others wait in, "
+            f"after going through the groups in the very order they did over {who.their} last collectives: "
+            f"{who.they} left that order on a branch of {who.their} own (ranks that enter groups in another order "
+            "do so from the start)")  # fmt: skip
+
+
 def _same_line(who: Who, label: str | None) -> str:
     return (f"{who} {who.are} blocked in a collective new to {who.them}, issued from the very line where the others "
             f"wait in {group_text(label) if label else 'another group'}: the same code reached the groups in another "
@@ -917,6 +924,7 @@ WORDS: dict[Clue, ClueWords] = {  # every Clue (a test checks), in its order
     Clue.OUTLIVED: _from(_ranks, _outlived),
     Clue.LATE_IN: _from(_a(InSpan), _late_in),
     Clue.WENT_PAST: _from(_word, _went_past),
+    Clue.LEFT_ORDER: _from(_word, _left_order),
     Clue.SAME_LINE: _from(_word, _same_line),
     Clue.SAME_ORDER: _from(_word, _same_order),
     Clue.SAVED_APART: _from(_word, _saved_apart),

@@ -99,6 +99,13 @@ def deadlock(f: Facts) -> Finding | None:
         ev = [Evidence(Clue.CYCLE, f.cycle)]
         ev += [Evidence(Clue.WENT_PAST, tuple(rs), label) for label, rs in _by_value(past).items()]
         return Finding(Cause.CONTROL_FLOW, Confidence.MEDIUM, tuple(ev))
+    left = {r: _left_order(f, r) for r in f.culprits}
+    if set(f.culprits) < set(f.cycle) and all(left.values()):
+        # ... or, with no steps to go by (Flight Recorder dumps), it went on past the collective the rest wait in
+        # after going through the groups in the very order they did: it left a shared order, not kept its own
+        ev = [Evidence(Clue.CYCLE, f.cycle)]
+        ev += [Evidence(Clue.LEFT_ORDER, tuple(rs), label) for label, rs in _by_value(left).items()]
+        return Finding(Cause.CONTROL_FLOW, Confidence.LOW, tuple(ev))
     return Finding(Cause.CROSS_GROUP_DEADLOCK, Confidence.HIGH, (Evidence(Clue.CYCLE, f.cycle),))
 
 
@@ -121,6 +128,42 @@ def _went_past(f: Facts, rank: int) -> str:
         if st.last_step == b.step - 1:  # it issued in that group in its step before, and not in this one
             return align.label(f.run, theirs.group)
     return ""
+
+
+_ORDER_SEEN = 8  # a rank's collectives before the one it is blocked in, whose groups' order _left_order compares
+
+
+def _left_order(f: Facts, rank: int) -> str:
+    """The label of a group another rank of the cycle (not a culprit) is blocked in at a collective the rank never
+    reached, where the rank's last _ORDER_SEEN collectives before its own blocked one went through the groups (two
+    at least) in the very order that rank's did before its: "" none."""
+    e = f.ends.get(rank)
+    b = e.blocked if e is not None else None
+    rs = f.streams.get(rank)
+    if b is None or rs is None or f.cycle is None:
+        return ""
+    mine = _groups_before(f, rank, b.idx)
+    if len(mine) < _ORDER_SEEN or len(set(mine)) < 2:
+        return ""
+    for other in f.cycle:
+        theirs = f.ends[other].blocked if other in f.ends and other not in f.culprits else None
+        if theirs is None or theirs.kind == "p2p" or theirs.group == b.group:
+            continue
+        st = rs.groups.get(theirs.group)
+        if st is None or st.last_seq >= theirs.seq:
+            continue  # it reached that collective
+        if _groups_before(f, other, theirs.idx) == mine:
+            return align.label(f.run, theirs.group)
+    return ""
+
+
+def _groups_before(f: Facts, rank: int, idx: int) -> list[str]:
+    """The groups of the rank's last _ORDER_SEEN collectives before record idx, oldest first."""
+    rt = f.run.ranks.get(rank)
+    if rt is None:
+        return []
+    recent = rt.records[-(4 * _ORDER_SEEN) :]
+    return [c.group for c in recent if c.idx < idx and c.kind != "p2p"][-_ORDER_SEEN:]
 
 
 def _same_line(f: Facts, rank: int) -> str:
