@@ -142,7 +142,7 @@ class MemorySampler:
     def __init__(self, writer: Any) -> None:
         self.writer = writer
         self.page = os.sysconf("SC_PAGE_SIZE")
-        self.machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        self.machine = self.page * os.sysconf("SC_PHYS_PAGES")
         self.cgroup: Cgroup | None = None
         self.found_at = -FIND_EVERY_S
         self.limits: tuple[Any, ...] = ()
@@ -169,7 +169,7 @@ class MemorySampler:
             vms_pages, rss_pages = f.read().split()[:2]
         rss, vms = int(rss_pages) * self.page, int(vms_pages) * self.page
         used, limit, kills, hits = self.cgroup.read() if self.cgroup is not None else (-1, -1, -1, -1)
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
         rlimit = soft if soft != resource.RLIM_INFINITY else -1
         limits = (rlimit, limit, self.cgroup.path if self.cgroup else None)
         if limits != self.limits:

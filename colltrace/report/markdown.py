@@ -409,8 +409,7 @@ def _grew(report: dict[str, Any]) -> str:
     said = {r for e in (report["cause"] or {}).get("evidence", ()) if e["clue"] == "memory" for r in e["ranks"]}
     grew = [(int(r), v["memory"]) for r, v in report["ranks"].items()
             if v["memory"] is not None and v["memory"]["growth_per_step"] is not None and int(r) not in said]  # fmt: skip
-    text = "; ".join(f"rank {r} grew {words.size(m['growth_per_step'])} a step over {m['growth_steps']} steps"
-                     for r, m in grew[:3])  # fmt: skip
+    text = "; ".join(f"rank {r} {words.grew_text(m['growth_per_step'], m['growth_steps'])}" for r, m in grew[:3])
     return text + (f"; {len(grew) - 3} more ranks grew (Memory)" if len(grew) > 3 else "")
 
 

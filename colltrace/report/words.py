@@ -1078,7 +1078,12 @@ _USED_NAMES = {"cgroup": "cgroup usage", "rlimit_as": "address space", "machine"
 def growth_text(m: RankMemory) -> str:
     """ "grew 16 MB a step over 27 steps", "" none."""
     g = m.growth
-    return f"grew {size(g.per_step)} a step over {g.steps} steps" if g is not None else ""
+    return grew_text(g.per_step, g.steps) if g is not None else ""
+
+
+def grew_text(per_step: int, steps: int) -> str:
+    """A steady growth in words, as the Memory section and the headline say it: "grew 16 MB a step over 27 steps"."""
+    return f"grew {size(per_step)} a step over {steps} steps"
 
 
 def bound_text(m: RankMemory) -> str:
