@@ -1,5 +1,6 @@
-"""The hot path colltrace generates and runs (the collective wrappers, the recorder's issue, the spans, FSDP2's hook
-wrappers), held to its saved copy, tests/snapshots/generated_hot_path.txt: a reader opens that file to see exactly
+"""The hot path colltrace generates and runs (the collective wrappers and their argument readers, the recorder's
+issue, the spans, FSDP2's hook wrappers; templates in colltrace/record/hot.py and trace/writer.py), held to its
+saved copy, tests/snapshots/generated_hot_path.txt: a reader opens that file to see exactly
 what runs, and a change to a template shows there as a diff. UPDATE_SNAPSHOTS=1 writes it anew."""
 
 from __future__ import annotations
@@ -36,5 +37,6 @@ def test_the_generated_hot_path_is_its_saved_copy(tmp_path: Path) -> None:
     listing = _listing(json.loads(out.read_text()))
     if os.environ.get("UPDATE_SNAPSHOTS") == "1":
         SAVED.write_text(listing)
-    assert "# <colltrace traced all_reduce>" in listing and "# <colltrace FSDP2 pre_forward>" in listing
+    for made in ("traced all_reduce", "FSDP2 pre_forward", "extract all_reduce", "issue", "begin"):
+        assert f"# <colltrace {made}>" in listing, made
     assert listing == SAVED.read_text(), "the generated hot path changed (UPDATE_SNAPSHOTS=1 to accept it)"

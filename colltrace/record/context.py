@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextvars
 import sys
-import textwrap
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, Generic, TypeVar
 
+from colltrace.record import hot
 from colltrace.trace.vocab import Phase
 from colltrace.trace.writer import STEPS, hot_function
 
@@ -26,11 +26,6 @@ PHASE_OPTIMIZER = Phase.OPTIMIZER.value
 PHASE_CHECKPOINT = Phase.CHECKPOINT.value
 PHASE_OTHER = Phase.OTHER.value
 
-# A forward's phase, with {ctx} the Context: a recompute while autograd runs a backward (activation checkpointing),
-# else a forward. The one rule, for every framework's unshard and forward span (Context.forward_phase, and inlined
-# where a generated hook decides: spans.FORWARD_KIND, fsdp's FSDP2 templates).
-FORWARD_PHASE = "PHASE_RECOMPUTE if {ctx}.graph_task_id() != -1 else PHASE_FORWARD"
-
 
 def _no_graph_task() -> int:
     return -1
@@ -40,91 +35,20 @@ def _grad_on() -> bool:
     return True
 
 
-# FRAME_SELF: from frame `f` up, the innermost (or, {keep} without a break, the outermost) frame running `call_code`
-# (nn.Module.__call__, the way into every module's forward, compiled or not) whose `self` is `held`, then {keep}.
-# Only f_back, f_code and f_locals: the frame API every Python that torch supports has (3.10-3.14; f_locals is a
-# proxy from 3.13 on). Inlined where a collective's module is found (ATTRIBUTION), and _frame_self below.
-FRAME_SELF = """\
-while f:
-    if f.f_code is call_code:
-        held = f.f_locals.get("self")
-        if held is not None:
-            {keep}
-    f = f.f_back
-"""
-
-# _frame_self(call_code, start) -> the outermost module whose forward runs, from frame `start` up, or None
+# _frame_self(call_code, f) -> the outermost module whose forward runs, from frame `f` up, or None (hot.FRAME_SELF)
 _frame_self: Callable[[object, FrameType], object] = hot_function(
-    "_frame_self", "call_code, f",
-    "    found = None\n" + textwrap.indent(FRAME_SELF.replace("{keep}", "found = held"), "    ") + "    return found\n",
-    {},
-)  # fmt: skip
+    "_frame_self", "call_code, f", hot.FRAME_SELF_BODY, {}
+)
 
-
-# THREAD_STATE: this thread's ThreadState as `ts`, the hot paths' way (the shim's wrapper, FSDP2's hooks), with
-# `current_ts` the get of the Context's ContextVar and `state` its state(). A thread starts with an empty context,
-# so the variable is this thread's, and an asyncio task's copy of it too (a function run in a copy of another
-# thread's context, as asyncio.to_thread runs it, shares that thread's state). Its get is a cached read where a
-# threading.local's attribute is a lookup in the thread's own dict (callgrind: about 190 instructions against 500),
-# and threads.get(get_ident()) makes a new int of the thread's id every time (800).
-THREAD_STATE = """\
-try:
-    ts = current_ts()
-except LookupError:  # the thread's first call (or a context made empty)
-    ts = state()
-"""
-
-
-# ATTRIBUTION: `attribution`, what a collective issued now on thread state `ts` serves, with {ctx} the Context and
-# {depth} the depth (sys._getframe's) of the frame that called the collective: an adapter's (module, phase,
-# flavour) when one serves it (the site of its first call of that kind), else (module, phase, "", code, at), `code,
-# at` the call instruction of that frame (its code's id and last instruction), which tell two call sites of the same
-# kind of call apart in the recorder's cache, so each is recorded with its own site. The module is the innermost
-# whose forward runs on this thread: from the frames (FRAME_SELF) where `call_code` is nn.Module.__call__'s
-# code object, else from ThreadState.stack, kept by global module hooks. The phase: the user's label; else the one
-# the work the thread is in holds (ThreadState.held: an optimizer step, checkpoint I/O); else backward (recompute
-# inside a module) while autograd runs one; else forward inside a module; else Context.idle_phase. Inlined in the
-# shim's wrapper, and Context.current.
-ATTRIBUTION = """\
-attribution = ts.serve
-if attribution is None:
-    caller = _getframe({depth})
-    call_code = {ctx}.call_code
-    if call_code is not None:
-        f = caller.f_back  # the caller runs the collective, not a module's __call__
-        module = ""
-{walk}    else:
-        stack = ts.stack
-        module = stack[-1] if stack else ""
-    if ts.labels:  # the user's own phase label wins over the inferred one
-        phase = ts.labels[-1]
-    elif ts.held:
-        phase = ts.held
-    elif {ctx}.graph_task_id() != -1:
-        phase = PHASE_RECOMPUTE if module else PHASE_BACKWARD
-    elif module:
-        phase = PHASE_FORWARD
-    else:
-        phase = {ctx}.idle_phase
-    attribution = (module, phase, "", id(caller.f_code), caller.f_lasti)  # by id: a code's hash reads its body
-"""
+# what the code that hot.ATTRIBUTION inlines refers to
 ATTRIBUTION_NAMES: dict[str, Any] = {
     "_getframe": _getframe, "PHASE_RECOMPUTE": PHASE_RECOMPUTE, "PHASE_BACKWARD": PHASE_BACKWARD,
     "PHASE_FORWARD": PHASE_FORWARD,
 }  # fmt: skip
 
 
-def attribution_source(indent: int, ctx: str, depth: int) -> str:
-    """ATTRIBUTION as source for a function that inlines it, {ctx} the Context, the collective's caller `depth`
-    frames up from it."""
-    keep = "module = {ctx}.module_name(held)\n            break"
-    walk = textwrap.indent(FRAME_SELF.replace("{keep}", keep), " " * 8)
-    source = ATTRIBUTION.replace("{walk}", walk).replace("{ctx}", ctx).replace("{depth}", str(depth))
-    return textwrap.indent(source, " " * indent)
-
-
 class ThreadState:
-    """What one thread is doing. Plain slots, read on every collective (THREAD_STATE)."""
+    """What one thread is doing. Plain slots, read on every collective (hot.THREAD_STATE)."""
 
     __slots__ = ("stack", "labels", "serve", "prefetch", "static", "depth", "holding", "held")
 
@@ -178,7 +102,7 @@ class Context:
 
     def __init__(self) -> None:
         self.threads: dict[int, ThreadState] = {}
-        # this thread's entry of `threads` (THREAD_STATE); one variable per Context, as there is one Context per
+        # this thread's entry of `threads` (hot.THREAD_STATE); one variable per Context, as there is one Context per
         # tracer: made once per process
         self.var: contextvars.ContextVar[ThreadState] = contextvars.ContextVar("colltrace_thread_state")
         # the fields `_derive` reads (each set through its _Derived attribute: step, micro_step, ...)
@@ -225,17 +149,14 @@ class Context:
     def in_backward(self) -> bool:
         return self.graph_task_id() != -1
 
-    # current(ts=None) -> (module, phase, flavour, code, at) for a collective issued now on this thread (ATTRIBUTION,
-    # from the frame of the caller of current's caller)
-    current: Callable[..., tuple[Any, ...]] = hot_function(
-        "current", "self, ts=None",
-        "    if ts is None:\n        ts = self.state()\n" + attribution_source(4, "self", 2) + "    return attribution\n",
-        ATTRIBUTION_NAMES,
-    )  # fmt: skip
+    # current(ts=None) -> (module, phase, flavour, code, at) for a collective issued now on this thread
+    # (hot.ATTRIBUTION, from the frame of the caller of current's caller)
+    current: Callable[..., tuple[Any, ...]] = hot_function("current", "self, ts=None", hot.CURRENT_BODY,
+                                                          ATTRIBUTION_NAMES)  # fmt: skip
 
-    # forward_phase() -> a forward's phase now (FORWARD_PHASE)
+    # forward_phase() -> a forward's phase now (hot.FORWARD_PHASE)
     forward_phase: Callable[..., str] = hot_function(
-        "forward_phase", "self", f"    return {FORWARD_PHASE.format(ctx='self')}\n",
+        "forward_phase", "self", hot.FORWARD_PHASE_BODY,
         {"PHASE_RECOMPUTE": PHASE_RECOMPUTE, "PHASE_FORWARD": PHASE_FORWARD},
     )  # fmt: skip
 

@@ -5,22 +5,12 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-import textwrap
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from colltrace.record import ops, spans
+from colltrace.record import hot, ops, spans
 from colltrace.record.adapter import Adapter, Serve, prefetching
-from colltrace.record.context import (
-    FORWARD_PHASE,
-    PHASE_BACKWARD,
-    PHASE_FORWARD,
-    PHASE_RECOMPUTE,
-    THREAD_STATE,
-    Context,
-    ThreadState,
-    clean_fqn,
-)
+from colltrace.record.context import PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, Context, ThreadState, clean_fqn
 from colltrace.record.hooks import spanned
 from colltrace.trace.vocab import Role
 from colltrace.trace.writer import hot_function
@@ -215,53 +205,6 @@ def fsdp2_module(name: str) -> Any:
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 
-# What FSDP2's hooks run as: the method, with what the collectives it issues serve (module, phase, flavour) as the
-# thread's serving scope, read from the unit's own state, and the unit's spans. No wrapper around
-# FSDPParamGroup.unshard itself (a dozen calls a step, most of them FSDP's own no-ops): each of its callers is
-# wrapped instead, FSDPState._pre_forward (the unit's forward unshard, and the recompute's under activation
-# checkpointing), FSDPParamGroup.pre_backward (its backward unshard), _prefetch_unshard (the target's, a
-# prefetch) and FSDPModule.unshard (the user's). One Python frame each, the decision inlined and the method's own
-# parameters taken as they are ({call}, from ops.passthrough): adapter.scoped, the general form, costs three frames
-# and an *args tuple and a **kwargs dict more per call (bench/shim_instructions.py). An error in the decision goes to
-# `failed`, and the method runs unscoped. A compiled unit runs its hooks inside the graph TorchDynamo traces:
-# nothing of ours then. _SERVING: the method run with `serve` as what the thread's collectives serve (how each
-# template that scopes ends).
-_SERVING = """\
-    old = ts.serve
-    ts.serve = serve
-    try:
-        return orig({call})
-    finally:
-        ts.serve = old
-"""
-_PREFETCH = """\
-    try:
-{thread_state}        phase = PHASE_BACKWARD if {arg1} == "backward" else {forward_phase}
-        unit = units.get({arg0})
-        if unit is None or not unit.named:
-            unit = group_unit({arg0})
-        serve = (unit.serves[0][0], phase, PREFETCH)
-    except Exception as e:
-        failed(e)
-        return orig({call})
-{serving}"""
-_POST_BACKWARD = """\
-    try:
-{thread_state}        unit = units.get(self)
-        if unit is None or not unit.named:
-            unit = group_unit(self)
-        old = ts.serve
-        ts.serve = unit.serves[1]
-    except Exception as e:
-        failed(e)
-        ts = unit = None
-    try:
-        return orig({call})
-    finally:
-        if ts is not None:
-            ts.serve = old
-{span_end}"""
-
 
 class Unit:
     """What FSDP2's hooks keep of one unit between calls (of an FSDPState: its forward; of an FSDPParamGroup: its
@@ -286,76 +229,6 @@ class Unit:
         self.sp, self.ts, self.what, self.mode = sp, ts, what, mode
         self.fixed = sp.fixed(what, module, mode)
         return self.fixed
-
-
-# The spans of a unit: its forward (FSDPState's pre- to post-forward hook) and its backward (the param group's
-# pre_backward to post_backward, above), each begun and ended inline (spans.BEGIN, END_AT), its idx and word kept
-# by its Unit, which keeps its fixed part too: a unit's module is named once. _SPAN: `unit` begins a span of kind
-# {what} and mode {mode} of module {name}, its kept fixed part good where {same} (the same recorder and thread;
-# an FSDPState's forwards differ in kind and mode too, a param group's backward spans never do); _SPAN_END: the
-# span `unit` has open ends (then, on CUDA, MemorySampler.unit_end looks at the allocator's peak; it never
-# raises). A compiled module runs its
-# hooks inside the graph TorchDynamo traces: no span then. An error goes to `span_failed`, and the hook runs.
-_SPAN = """\
-    sp = tracer.spans
-    if sp is not None:
-        try:
-            if {same}:
-                fixed = unit.fixed
-            else:
-                fixed = unit.fixed_of(sp, ts, {what}, {mode}, {name})
-{begin}            unit.idx = idx
-            unit.slot_w = slot_w
-        except Exception as e:
-            span_failed(e)
-"""
-_SPAN_END = """\
-        if unit is not None and unit.idx >= 0 and unit.sp is tracer.spans:
-            idx = unit.idx
-            unit.idx = -1
-            slot_w = unit.slot_w
-            ring = unit.sp.ring
-{end}            if tracer.cuda_unit is not None:  # on CUDA: did the allocator's peak rise in this unit (memory.py)
-                tracer.cuda_unit(unit)
-"""
-_PRE_FORWARD = """\
-    if {compiling}:
-        return orig({call})
-    try:
-{thread_state}        if ctx.root is None:  # the model's first forward: learn its root
-            ctx.learn_running()
-        unit = units.get(self)
-        if unit is None or not unit.named:
-            unit = state_unit(self, {module})
-{forward_kind}        # a forward while autograd runs a backward is activation checkpointing's recompute, whatever FSDP's own state
-        # (PRE_BACKWARD where the unit's pre-backward hook ran first: FSDP then unshards only what a reshard undid)
-        serve = unit.serves[0] if what is PHASE_FORWARD else unit.serves[1]
-        if ts.labels:
-            serve = (serve[0], serve[1], UNSHARD + ":" + ts.labels[-1])
-    except Exception as e:
-        failed(e)
-        return orig({call})
-{span_forward}{serving}"""
-_POST_FORWARD = """\
-    try:
-        return orig({call})
-    finally:
-        unit = units.get(self)
-{span_end}"""
-_PRE_BACKWARD = """\
-    if self._training_state is pre_backward:  # FSDP's own no-op
-        return orig({call})
-    try:
-{thread_state}        unit = units.get(self)
-        if unit is None or not unit.named:
-            unit = group_unit(self)
-        serve = unit.serves[0]
-        if ts.labels:
-            serve = (serve[0], serve[1], UNSHARD + ":" + ts.labels[-1])
-    except Exception as e:
-        failed(e)
-        return orig({call})
-{span_backward}{serving}"""
 
 
 class _Units:
@@ -405,33 +278,13 @@ class _Units:
         return unit
 
 
-def _template_parts() -> dict[str, str]:
-    """The shared pieces the hook templates name ({span_forward}, {span_end}, ...), as source."""
-    from colltrace.record.shim import COMPILING  # the shim imports the adapters' helpers
-
-    span = _SPAN.replace("{begin}", spans.span_source(spans.BEGIN, 12, "sp"))
-    same = "unit.sp is sp and unit.ts is ts"
-    return {"span_forward": span.format(what="what", mode="mode", name="ctx.module_name({module})",
-                                        same=same + " and unit.what is what and unit.mode == mode"),
-            "span_backward": span.format(what="BACKWARD", mode='""', name="serve[0]", same=same),
-            "span_end": _SPAN_END.replace("{end}", textwrap.indent(spans.END_AT, " " * 12)),
-            "forward_kind": textwrap.indent(spans.FORWARD_KIND.format(ctx="ctx", module="{module}"), " " * 8),
-            "forward_phase": FORWARD_PHASE.format(ctx="ctx"), "compiling": COMPILING,
-            "thread_state": textwrap.indent(THREAD_STATE, " " * 8), "serving": _SERVING}  # fmt: skip
-
-
-_PLACEHOLDERS = ("{call}", "{module}", "{arg0}", "{arg1}")
-
-
-def _hook_maker(name: str, template: str, parts: dict[str, str], names: dict[str, Any]) -> Wrap:
-    """What makes the wrapper of one FSDP2 method from its template: the method's own parameters where
-    ops.passthrough can take them over, else *args, **kwargs."""
-    body = template
-    for part, source in parts.items():
-        body = body.replace("{" + part + "}", source)
+def _hook_maker(name: str, names: dict[str, Any]) -> Wrap:
+    """What makes the wrapper of one FSDP2 method from its template (hot.FSDP2_HOOKS): the method's own parameters
+    where ops.passthrough can take them over, else *args, **kwargs."""
+    body = hot.fsdp2_body(name)
     # the names the body uses (the placeholders become the function's own parameters)
     used = body
-    for placeholder in _PLACEHOLDERS:
+    for placeholder in hot.PLACEHOLDERS:
         used = used.replace(placeholder, "")
     taken = (set(re.findall(r"[A-Za-z_]\w*", used)) | set(names)) - {"self"}
     method = re.search(r"\bself\b", used) is not None
@@ -447,8 +300,7 @@ def _hook_maker(name: str, template: str, parts: dict[str, str], names: dict[str
             argv = (["self"] if method else []) + [f"args[{i}]" for i in range(2)]
         else:
             argv = call.split(", ") + ["args[0]"] * 2
-        source = body.replace("{call}", call).replace("{module}", argv[1])
-        source = source.replace("{arg0}", argv[0]).replace("{arg1}", argv[1])
+        source = hot.fsdp2_source(body, call, argv)
         return hot_function(name, params, source, {**names, **defaults, "orig": orig}, f"<colltrace FSDP2 {name}>")
 
     return make
@@ -474,9 +326,6 @@ def fsdp2_wrappers(tracer: Tracer, pre_backward: object, failed: Callable[[BaseE
              "PHASE_FORWARD": PHASE_FORWARD, "PREFETCH": PREFETCH, "UNSHARD": UNSHARD,
              "REDUCE_GRAD": REDUCE_GRAD, "BACKWARD": spans.BACKWARD, "span_failed": span_failed,
              **spans.SPAN_NAMES, **spans.KIND_NAMES, **compiling_names()}  # fmt: skip
-    parts = _template_parts()
-    templates = {"prefetch": _PREFETCH, "post_backward": _POST_BACKWARD, "pre_backward": _PRE_BACKWARD,
-                 "pre_forward": _PRE_FORWARD, "post_forward": _POST_FORWARD}  # fmt: skip
-    wraps: dict[str, Any] = {name: _hook_maker(name, template, parts, names) for name, template in templates.items()}
+    wraps: dict[str, Any] = {name: _hook_maker(name, names) for name in hot.FSDP2_HOOKS}
     wraps["unit_name"] = units.unit_name
     return wraps

@@ -7,7 +7,10 @@ import itertools
 from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
+from colltrace.record import hot
+from colltrace.record.hot import EXTRACTED, KEY_DTYPE, KEY_SHAPE, KEY_VALUE
 from colltrace.trace import schema
+from colltrace.trace.writer import hot_function
 
 COLLECTIVE = schema.KIND_COLLECTIVE
 P2P = schema.KIND_P2P
@@ -164,10 +167,10 @@ def build_spec(name: str, fn: Callable[..., Any]) -> OpSpec | None:
     plan = key_plan(next(KEYS), params, fields, name in _OUT_BY_INPUT) if cached else ()
     splits = tuple(p for p in _SPLITS.get(name, ()) if p in params)
     splits = splits if len(splits) == 2 else ()
-    source = _extract_source(params, fields, plan, splits)
+    source = hot.extract_source(params, fields, plan, splits)
     plain = plain_params(fn)  # () for a C binding read through its stand-in
     return OpSpec(name=name, kind=kind, flags=flags, extract=_compile(name, source),
-                  params=plain, key=_key_expr(plan, splits) if plain else "")  # fmt: skip
+                  params=plain, key=hot.key_expr(plan, splits) if plain else "")  # fmt: skip
 
 
 def plain_params(fn: Callable[..., Any]) -> tuple[str, ...]:
@@ -210,9 +213,6 @@ def passthrough(fn: Callable[..., Any], taken: Collection[str]) -> tuple[str, st
     return ", ".join(listed), ", ".join(params), defaults
 
 
-KEY_VALUE, KEY_SHAPE, KEY_DTYPE = 0, 1, 2
-
-
 def key_plan(
     key_id: int, params: list[str], fields: tuple[tuple[str | None, Any], ...], out_by_input: bool = False
 ) -> tuple[Any, ...]:
@@ -232,73 +232,14 @@ def key_plan(
     return key_id, tuple(items)
 
 
-EXTRACTED = ("key", "group", "async_op", "inp", "out", "redop", "root", "groot")
-
-
-def _key_expr(plan: tuple[Any, ...], splits: tuple[str, ...], by_var: bool = False) -> str:
-    """A call's key as an expression: of the parameters' names (the wrapper's), or of extract's variables
-    (by_var). "None" for a spec whose calls are packed afresh each time; a call that passes an all-to-all's
-    split sizes has no key. Its tensors' .shape and .dtype raise AttributeError when they are not tensors."""
-    if not plan:
-        return "None"
-    key_id, items = plan
-    attrs = {KEY_VALUE: "{}", KEY_SHAPE: "{}.shape", KEY_DTYPE: "{}.dtype"}
-    # a reduce op by identity: its pybind __hash__ costs more than the rest of the key (the cached
-    # slot keeps the op alive, so no other object can take its id while the key is in the cache)
-    parts = [str(key_id)]
-    for what, var, _, param, _ in items:
-        by_id = var == "redop" and param == "op"
-        parts.append((attrs[what] if not by_id else "id({})").format(var if by_var else param))
-    key = f"({', '.join(parts)}, attribution)"
-    if splits:
-        key = f"None if {splits[0]} is not None or {splits[1]} is not None else {key}"
-    return key
-
-
 Extract = Callable[[tuple[Any, ...], dict[str, Any], tuple[str, str, str]], tuple[Any, tuple[Any, ...]]]
 
 
 def _compile(name: str, source: str) -> Extract:
-    src = f"def extract_{name}(args, kwargs, attribution):\n{source}    return key, call\n"
-    namespace: dict[str, Any] = {}
-    exec(compile(src, f"<colltrace extract {name}>", "exec"), namespace)  # noqa: S102 - generated from a signature
-    fn: Extract = namespace[f"extract_{name}"]
+    fn: Extract = hot_function(
+        f"extract_{name}", "args, kwargs, attribution", source, {}, f"<colltrace extract {name}>"
+    )
     return fn
-
-
-def _extract_source(
-    params: list[str], fields: tuple[tuple[str | None, Any], ...], plan: tuple[Any, ...], splits: tuple[str, ...] = ()
-) -> str:
-    """The body of `extract(args, kwargs)` for one signature, as source indented by 4, setting
-    `key` and `call` (the EXTRACTED values but key): each value is args[i] when passed by
-    position, else kwargs.get(name, default); a parameter the function lacks is its default. The
-    key holds the tensors' shape and dtype, never the tensors (see OpSpec). With `splits` (an
-    all-to-all's input and output split-size parameters) call has an eighth value, the pair of
-    them or None, and a call that passes them has no key."""
-    names = EXTRACTED[1:]
-    lines = ["    n = len(args)"]
-    for var, (param, default) in zip(names, fields):
-        if var == "out" and param == fields[2][0]:  # one tensor, in and out (all_reduce, broadcast)
-            value = "inp"
-        elif not param or param not in params:
-            value = repr(default)
-        else:
-            i = params.index(param)
-            value = f"args[{i}] if n > {i} else (kwargs.get({param!r}, {default!r}) if kwargs else {default!r})"
-        lines.append(f"    {var} = {value}")
-    if plan:
-        lines += ["    try:", f"        key = {_key_expr(plan, (), by_var=True)}",
-                  "    except AttributeError:  # not a tensor: torch will say so", "        key = None"]  # fmt: skip
-    else:
-        lines.append("    key = None")
-    if splits:
-        got = [f"args[{params.index(p)}] if n > {params.index(p)} else (kwargs.get({p!r}) if kwargs else None)"
-               for p in splits]  # fmt: skip
-        lines += [f"    split_in = {got[0]}", f"    split_out = {got[1]}",
-                  "    splits = None if split_in is None and split_out is None else (split_in, split_out)",
-                  "    if splits is not None:", "        key = None"]  # fmt: skip
-    lines.append(f"    call = ({', '.join((*names, 'splits') if splits else names)})")
-    return "\n".join(lines) + "\n"
 
 
 def traced_names() -> tuple[str, ...]:

@@ -11,19 +11,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from colltrace.record import hot
 from colltrace.record.context import Context, ThreadState
 from colltrace.record.functional import Results
 from colltrace.record.ops import OpSpec
 from colltrace.trace import schema
 from colltrace.trace.frames import is_library
-from colltrace.trace.writer import (
-    APPEND,
-    STATIC_HEAD,
-    STATIC_MID,
-    TraceWriter,
-    hot_function,
-    inline,
-)
+from colltrace.trace.writer import STATIC_HEAD, STATIC_MID, TraceWriter, hot_function
 
 if TYPE_CHECKING:
     from colltrace.record.spans import SpanRecorder
@@ -38,39 +32,13 @@ _OPEN_WINDOW = 256
 _NEVER = 1 << 62  # a seq no group reaches
 _PENDING_MAX = 8192
 
-# ISSUE: the slot of call `spec` with `key`, `attribution`, `t_issue` on thread state `ts` (the shim's wrapper
-# and Recorder.issue inline it; {rec} the recorder, {ctx} its Context, {args} and {kwargs} the call's arguments)
-# is `idx`; a call on a group this rank is not in (torch does nothing) raises NotMember instead, so the common case
-# tests nothing for it. A training loop repeats the same few calls, so everything but seq, step and times is packed
-# once per key and taken from the thread's cache afterwards. A plain call (blocking, on the host, no backend seq to
-# read: `flags` 0 and `anchor` None) is one slot store here and one at its completion (FINISH); the others are
-# completed by returned(idx, flags, anchor, ...).
-ISSUE = """\
-static = ts.static.get(key)  # never a None key: a call without one is packed afresh
-if static is None:
-    static = {rec}.miss(spec, key, attribution, ts, {args}, {kwargs})
-    if static is None:
-        raise NotMember
-head, mid, counter, flags, ring, pg, _ = static
-seq = counter.seq = counter.seq + 1
-anchor = None
-if seq >= counter.anchor_at:
-    anchor = {rec}.anchor(pg, counter, flags, seq)
-{append}"""
-
 
 class NotMember(Exception):
-    """A call on a group this rank is not in: not recorded (ISSUE)."""
+    """A call on a group this rank is not in: not recorded (hot.ISSUE)."""
 
 
+# what the code that hot.ISSUE inlines refers to
 ISSUE_NAMES: dict[str, Any] = {"ANCHOR_FLAGS": ANCHOR_FLAGS, "BSEQ_MASK": BSEQ_MASK, "NotMember": NotMember}
-
-
-def issue_source(indent: int, rec: str, ctx: str, args: str, kwargs: str) -> str:
-    """ISSUE, its slot's store (writer.APPEND) in place, as source for a function that inlines it."""
-    append = inline(APPEND, 0, idx="idx", ring="ring", pack="pack_static",
-                    fields=f"head, seq, mid, {ctx}.steps, t_issue")  # fmt: skip
-    return inline(ISSUE, indent, rec=rec, args=args, kwargs=kwargs, append=append)
 
 
 class _Seq:
@@ -222,15 +190,12 @@ class Recorder:
 
     # -- hot path ----------------------------------------------------------------------------
 
-    # Write the slot of a call about to run (ISSUE, above): (idx, flags), idx -1: not recorded. `args` and `kwargs`
+    # Write the slot of a call about to run (hot.ISSUE): (idx, flags), idx -1: not recorded. `args` and `kwargs`
     # are read (spec.extract) only for a call not seen before. For a call the shim completes itself (one P2POp of
     # batch_isend_irecv), so no backend seq is read after it.
     issue: Callable[..., tuple[int, int]] = hot_function(
-        "issue", "self, spec, key, attribution, t_issue, ts, args, kwargs",
-        "    try:\n" + issue_source(8, rec="self", ctx="self.ctx", args="args", kwargs="kwargs")
-        + "    except NotMember:\n        return -1, 0\n    return idx, flags\n",
-        ISSUE_NAMES,
-    )  # fmt: skip
+        "issue", "self, spec, key, attribution, t_issue, ts, args, kwargs", hot.ISSUE_BODY, ISSUE_NAMES
+    )
 
     def miss(
         self, spec: OpSpec, key: Any, attribution: tuple[str, str, str], ts: ThreadState,

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import functools
-import textwrap
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from colltrace.record import ops, recorder
+from colltrace.record import hot, ops, recorder
 from colltrace.record.adapter import tag_of, tagged
-from colltrace.record.context import ATTRIBUTION_NAMES, THREAD_STATE, attribution_source
+from colltrace.record.context import ATTRIBUTION_NAMES
 from colltrace.record.patches import Patches
 from colltrace.trace import schema
-from colltrace.trace.writer import finish_source, hot_function
+from colltrace.trace.writer import hot_function
 
 if TYPE_CHECKING:
     from colltrace.record.tracer import Tracer
@@ -22,20 +21,12 @@ _now = time.monotonic_ns
 DEVICE = schema.FLAG_DEVICE
 
 
-# Whether torch.compile or export is tracing, as source: torch.compiler.is_compiling() without its two frames.
-# TorchDynamo folds is_dynamo_compiling() to True while it traces (a compiled function then sees the original
-# collective: the same graph as untraced); eagerly it is False, and torch.compiler's flag, set around make_fx
-# and export tracing, says the rest. is_compiling's first test, torch.jit.is_scripting(), is False in any Python
-# call. The shim's wrapper inlines it; compiling_check() is it as a function.
-COMPILING = "dynamo_compiling() or compiler_state._is_compiling_flag"
-
-
 class _NoCompiler:
     _is_compiling_flag = False
 
 
 def compiling_names() -> dict[str, Any]:
-    """What COMPILING refers to, for the installed torch (a torch without is_dynamo_compiling: is_compiling)."""
+    """What hot.COMPILING refers to, for the installed torch (a torch without is_dynamo_compiling: is_compiling)."""
     try:
         import torch.compiler
 
@@ -49,8 +40,8 @@ def compiling_names() -> dict[str, Any]:
 
 
 def compiling_check() -> Callable[[], bool]:
-    """COMPILING as a function (for the hooks and adapters that step aside while torch.compile traces)."""
-    fn: Callable[[], bool] = hot_function("compiling", "", f"    return {COMPILING}\n", compiling_names())
+    """hot.COMPILING as a function (for the hooks and adapters that step aside while torch.compile traces)."""
+    fn: Callable[[], bool] = hot_function("compiling", "", hot.COMPILING_BODY, compiling_names())
     return fn
 
 
@@ -108,13 +99,13 @@ class Shim:
     # -- wrappers ----------------------------------------------------------------------------
 
     def wrap(self, spec: ops.OpSpec, orig: Callable[..., Any]) -> Callable[..., Any]:
-        """The traced version of one torch function (_WRAPPER): the call's key (the spec's, inlined: its cost is
+        """The traced version of one torch function (hot.WRAPPER): the call's key (the spec's, inlined: its cost is
         the product, bench/shim_instructions.py), its slot (ISSUE) and a plain call's completion (FINISH)."""
         made = self._made.get(id(orig))
         if made is not None and made[0] is orig:  # installed again (install.resume): the same wrapper
             return made[1]
         # the function's own parameters where torch's function has the ones the spec was built from
-        own = ops.passthrough(orig, _WRAPPER_NAMES) if ops.plain_params(orig) == spec.params else None
+        own = ops.passthrough(orig, hot.WRAPPER_NAMES) if ops.plain_params(orig) == spec.params else None
         namespace: dict[str, Any] = {}
         if own is not None:
             params, call, namespace = own
@@ -140,7 +131,7 @@ class Shim:
         )
         # its own name in tracebacks and linecache (a functional collective and c10d's may share one)
         where = "functional " if spec.flags & schema.FLAG_FUNCTIONAL else ""
-        fn = hot_function(spec.name, parts["params"], wrapper_body(spec.name, parts), namespace,
+        fn = hot_function(spec.name, parts["params"], hot.wrapper_body(spec.name, parts), namespace,
                           f"<colltrace traced {where}{spec.name}>")  # fmt: skip
         traced: Callable[..., Any] = functools.update_wrapper(fn, orig)
         traced.__colltrace__ = True  # type: ignore[attr-defined]
@@ -257,66 +248,3 @@ class Shim:
             patches.set(work_cls, "wait", wait)
         except (TypeError, AttributeError):
             pass  # a Work class we cannot patch: async Works complete by the watchdog's poll
-
-
-# The traced wrapper of one function, the body of `def {name}({params}):`. Plumbing only: what is recorded, and
-# how, is recorder.ISSUE's (the slot at issue) and writer.FINISH's (a plain call's completion; the others go to
-# Recorder.returned), inlined: each Python frame on this path costs more than the work it would hold
-# (docs/performance.md). {params} is the function's own parameter list where ops.OpSpec has it, with {call}
-# passing them on and {key} the call's key from them; else "*args, **kwargs", and extract finds the key.
-_WRAPPER = """\
-    if {compiling}:  # TorchDynamo is tracing: it sees the original, as without colltrace
-        return orig({call})
-    rec = tracer.recorder
-    if rec is None:
-        return orig({call})
-{thread_state}    if ts.depth:  # inside a traced call that forwards to another: recorded once
-        return orig({call})
-    t_issue = now()
-    try:
-{attribution}        try:
-            key = {key}
-        except AttributeError:  # not a tensor: torch will say so
-            key = None
-{issue}    except NotMember:  # torch does nothing either
-        return orig({call})
-    except Exception as e:  # the shim steps aside, the collective still runs
-        tracer.failed(rec, "recording {name} failed", e)
-        return orig({call})
-    ts.depth = 1
-    try:
-        result = orig({call})
-    except BaseException as e:
-        ts.depth = 0
-        rec.raised(idx, flags, e)
-        raise
-    ts.depth = 0
-    try:  # never raises into the job: a failure is said once
-        if flags or anchor is not None:  # async, on the device, or a backend seq to read
-            rec.returned(idx, flags, anchor, result, t_issue)
-        else:  # a blocking call on the host: blocked for its whole duration (its wait_ns, left 0, says so)
-{finish}    except Exception as e:
-        rec.warn_once("completing a collective failed", e)
-    return result
-"""
-
-
-def wrapper_body(name: str, parts: dict[str, str]) -> str:
-    """_WRAPPER for one function, ISSUE and FINISH in place."""
-    issue = recorder.issue_source(8, rec="rec", ctx="context", args=parts["args"], kwargs=parts["kwargs"])
-    finish = finish_source(12, ring="ring", idx="idx", t_done="now()", wait=None)
-    thread_state = textwrap.indent(THREAD_STATE, "    ")
-    attribution = attribution_source(8, "context", 1)
-    return _WRAPPER.format(
-        name=name, compiling=COMPILING, issue=issue, finish=finish, thread_state=thread_state,
-        attribution=attribution, **parts,
-    )  # fmt: skip
-
-
-# names the wrapper uses itself (found by compiling it): a function with a parameter of one of these names gets
-# *args, **kwargs
-_code = compile("def f():\n" + wrapper_body("f", {"call": "", "key": "None", "args": "()", "kwargs": "{}"}), "", "exec")
-_WRAPPER_NAMES = frozenset(
-    name for c in _code.co_consts if hasattr(c, "co_varnames") for name in (*c.co_varnames, *c.co_names)
-) | {"args", "kwargs", "NO_KWARGS"}
-del _code

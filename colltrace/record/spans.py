@@ -10,23 +10,16 @@ end (0 while open: a set t_done_ns is what says it ended); flags FLAG_DONE | FLA
 
 from __future__ import annotations
 
-import textwrap
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from colltrace.record.context import FORWARD_PHASE, PHASE_FORWARD, PHASE_RECOMPUTE, Context
+from colltrace.record import hot
+from colltrace.record.context import PHASE_FORWARD, PHASE_RECOMPUTE, Context
 from colltrace.trace import schema
 from colltrace.trace.vocab import Mode, SpanKind
-from colltrace.trace.writer import (
-    APPEND,
-    FIXED,
-    TraceWriter,
-    finish_source,
-    hot_function,
-    inline,
-)
+from colltrace.trace.writer import FIXED, TraceWriter, hot_function
 
 # a span's kind (trace.vocab.SpanKind) and a forward's modes (Mode), as the plain strings the hot path stores
 FORWARD = SpanKind.FORWARD.value
@@ -47,21 +40,8 @@ _TID_TO_OP = schema.run_struct("tid", "op")  # a slot's tid, group and op (end_o
 _TID_AT = schema.field_offset("tid")
 
 
-# The hot paths of a span, as source for the generated functions that inline them (SpanRecorder.begin and end
-# below, FSDP2's hooks: fsdp.fsdp2_wrappers), with {sp} the SpanRecorder. BEGIN: the span whose fixed part (FIXED,
-# packed once: SpanRecorder.fixed) is `fixed` begins now, its slot `idx` at word `slot_w` (writer.APPEND). END_AT:
-# span `idx` at word `slot_w` of `ring` ends now (writer.FINISH: its end time, what says it ended; its wait stays 0).
-# A span is known by both (a Token): finding the word from idx costs more than keeping it.
-BEGIN = "ring = {sp}.ring\n" + inline(APPEND, 0, idx="idx", ring="ring", pack="pack_fixed",
-                                     fields="fixed, ctx.steps, now()")  # fmt: skip
-END_AT = finish_source(0, ring="ring", idx="idx", t_done="now()", wait=None)
-Token = tuple[int, int]  # a span begun: its idx and its slot's word
+Token = tuple[int, int]  # a span begun: its idx and its slot's word (hot.BEGIN, END_AT)
 SPAN_NAMES: dict[str, Any] = {"get_ident": _get_ident, "now": _now}
-
-
-def span_source(template: str, indent: int, sp: str) -> str:
-    """BEGIN as source for a function that inlines it, {sp} its SpanRecorder (the variable holding it)."""
-    return textwrap.indent(template.replace("{sp}", sp), " " * indent)
 
 
 class SpanRecorder:
@@ -79,16 +59,9 @@ class SpanRecorder:
         # framework's own code on it takes a slower path
         self.opened: dict[object, Token] = {}
 
-    # begin(what, module="", flavour="") -> Token: the span's slot (BEGIN), its start now; all of it but step,
-    # micro-step and start packed once per kind of span of a thread (fixed)
-    begin: Callable[..., Token] = hot_function(
-        "begin", "self, what, module='', flavour=''",
-        "    fixed = self._static.get((get_ident(), what, module, flavour))\n"
-        "    if fixed is None:\n"
-        "        fixed = self.fixed(what, module, flavour)\n"
-        "    ctx = self.ctx\n" + span_source(BEGIN, 4, "self") + "    return idx, slot_w\n",
-        SPAN_NAMES,
-    )  # fmt: skip
+    # begin(what, module="", flavour="") -> Token: the span's slot, its start now (hot.SPAN_BEGIN_BODY)
+    begin: Callable[..., Token] = hot_function("begin", "self, what, module='', flavour=''", hot.SPAN_BEGIN_BODY,
+                                               SPAN_NAMES)  # fmt: skip
 
     def fixed(self, what: str, module: str, flavour: str) -> bytes:
         """The packed part of a span of this thread that does not change (cached): writer.FIXED."""
@@ -98,16 +71,9 @@ class SpanRecorder:
         )
         return fixed
 
-    # end(token, error=False): the span `begin` returned ends now (END_AT), marked failed when it raised
-    end: Callable[..., None] = hot_function(
-        "end", "self, token, error=False",
-        "    idx, slot_w = token\n"
-        "    ring = self.ring\n"
-        "    if error:\n"
-        "        ring.complete(idx, now(), _ERROR)\n"
-        "        return\n" + textwrap.indent(END_AT, "    "),
-        {**SPAN_NAMES, "_ERROR": _ERROR},
-    )  # fmt: skip
+    # end(token, error=False): the span `begin` returned ends now, marked failed when it raised (hot.SPAN_END_BODY)
+    end: Callable[..., None] = hot_function("end", "self, token, error=False", hot.SPAN_END_BODY,
+                                            {**SPAN_NAMES, "_ERROR": _ERROR})  # fmt: skip
 
     def end_open(self, since: int, what: str) -> None:
         """End now the spans of kind `what` that this thread began from idx `since` on and that are still open: a
@@ -129,19 +95,6 @@ class SpanRecorder:
         self.writer.event({"ev": schema.EV_DATA_EXHAUSTED, "t_ns": time.time_ns(), "step": self.ctx.step})
 
 
-# FORWARD_KIND: a forward span's kind (`what`) and mode (`mode`) for {module} run now, with {ctx} the Context: recompute
-# while autograd runs a backward (activation checkpointing), else forward (context.FORWARD_PHASE); mode `no_grad`
-# (torch.no_grad, inference_mode) and/or `eval` (the module in eval mode), "" for a training forward. The one rule
-# for every framework's forward span: forward_kind below, and inlined in FSDP2's forward hook (fsdp.fsdp2_wrappers).
-FORWARD_KIND = f"""\
-what = {FORWARD_PHASE}
-if {{ctx}}.grad_enabled() and getattr({{module}}, "training", True):
-    mode = ""
-else:
-    mode = forward_mode({{ctx}}.grad_enabled(), {{module}})
-"""
-
-
 def stopped_early(exc: BaseException) -> bool:
     """`exc` is how torch.utils.checkpoint ends a recompute once it has every tensor it needs (non-reentrant,
     early stop): the recomputed forward ended as it should, not with an error. Its class is private: by name."""
@@ -149,7 +102,7 @@ def stopped_early(exc: BaseException) -> bool:
 
 
 def forward_mode(grad: bool, module: Any) -> str:
-    """A forward's mode where it is not a training forward (FORWARD_KIND)."""
+    """A forward's mode where it is not a training forward (hot.FORWARD_KIND)."""
     training = getattr(module, "training", True)
     return ",".join(m for m, on in ((NO_GRAD, not grad), (EVAL, not training)) if on)
 
@@ -157,10 +110,8 @@ def forward_mode(grad: bool, module: Any) -> str:
 KIND_NAMES: dict[str, Any] = {"forward_mode": forward_mode, "PHASE_RECOMPUTE": PHASE_RECOMPUTE,
                               "PHASE_FORWARD": PHASE_FORWARD}  # fmt: skip
 
-# forward_kind(ctx, module) -> (what, mode): FORWARD_KIND as a function
+# forward_kind(ctx, module) -> (what, mode): a forward span's kind and mode (hot.FORWARD_KIND), the one rule for
+# every framework's forward span (inlined in FSDP2's forward hook)
 forward_kind: Callable[[Context, Any], tuple[str, str]] = hot_function(
-    "forward_kind",
-    "ctx, module",
-    textwrap.indent(FORWARD_KIND.format(ctx="ctx", module="module"), "    ") + "    return what, mode\n",
-    KIND_NAMES,
+    "forward_kind", "ctx, module", hot.FORWARD_KIND_BODY, KIND_NAMES
 )
