@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import multiprocessing
 import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -76,6 +74,9 @@ def map_parts(fn: Callable[[Sequence[T]], R], parts: list[Sequence[T]]) -> list[
     global _TASK
     if len(parts) < 2 or available() < 2:
         return [fn(p) for p in parts]
+    import multiprocessing  # (here: a report of fewer ranks never forks, and pays nothing for them)
+    from concurrent.futures import ProcessPoolExecutor
+
     _TASK = (fn, parts)  # set before the workers are forked: each reads its part from here, nothing is sent
     try:
         with ProcessPoolExecutor(len(parts) - 1, mp_context=multiprocessing.get_context("fork")) as pool:

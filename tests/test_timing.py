@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -398,8 +399,7 @@ def test_groups_of_one_name_are_one_in_the_overlap() -> None:
 
     calls = [call("all_reduce", 1, 0, 50, group="?"), call("all_reduce", 1, 100, 160, group="?")]
     cols = Columns.of(calls)
-    cols = Columns(cols.t0, cols.t1, cols.done, cols.wait, cols.sync, cols.polled, cols.device, cols.error, cols.p2p,
-                   cols.seq, np.array([0, 1]), ("?", "?"), cols.op, cols.ops)  # fmt: skip
+    cols = dataclasses.replace(cols, group=np.array([0, 1]), groups=("?", "?"))
     tl = Timeline(0, "n", calls, [], 200 * MS, cols)
     assert rank_timing(tl).groups["?"].comm_ns == 110 * MS
 

@@ -105,7 +105,7 @@ def loop_died(rt: RankTrace, loop: frozenset[int] | None) -> ThreadError | None:
     if not rt.thread_errors:
         return None
     if loop is None:
-        loop = frozenset(np.unique(rt.records.cols["tid"]).tolist()) if len(rt.records.cols) else frozenset()
+        loop = frozenset(rt.records.cols["tid"].tolist())
     return next((e for e in rt.thread_errors if e.tid in loop and e.error is not None), None)
 
 

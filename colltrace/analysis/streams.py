@@ -375,7 +375,7 @@ def threads(tids: Any, where: Any = None) -> list[int]:
     if not len(tids):
         return []
     first = int(tids[0])
-    return [first] if (tids == first).all() else np.unique(tids).tolist()
+    return [first] if (tids == first).all() else sorted(set(tids.tolist()))  # (np.unique: numpy.ma imported)
 
 
 _MIX = np.array([0x9E3779B97F4A7C15 * (2 * i + 1) % 2**64 for i in range(16)], dtype=np.uint64)
@@ -516,14 +516,19 @@ def _ends(
 
 
 _ALIKE = ("marker", "seq", "step", "micro_step", "tid", "site")  # what the ranks of a class share, besides keys
-# ... their bytes in a slot
-_ALIKE_BYTES = np.concatenate([np.arange(schema.field_offset(n), schema.field_offset(n) + schema.run_struct(n, n).size)
-                               for n in _ALIKE])  # fmt: skip
+# ... the 8-byte words of a slot that hold them, and which bits of each
+_ALIKE_MASK = np.zeros(schema.SLOT_SIZE, dtype=np.uint8)
+for _name in _ALIKE:
+    _ALIKE_MASK[schema.field_offset(_name) : schema.field_offset(_name) + schema.run_struct(_name, _name).size] = 0xFF
+_ALIKE_WORDS = np.flatnonzero(_ALIKE_MASK.view(np.uint64))
+_ALIKE_BITS = _ALIKE_MASK.view(np.uint64)[_ALIKE_WORDS]
 
 
 def _alike_bytes(cols: Any) -> Any:
-    """The bytes of _ALIKE's fields of each slot (an n x 30 array): one gather, compared at once."""
-    return np.ascontiguousarray(cols).view(np.uint8).reshape(len(cols), schema.SLOT_SIZE)[:, _ALIKE_BYTES]
+    """_ALIKE's fields of each slot (an n x 5 array of their words, other fields' bits zeroed): one gather,
+    compared at once."""
+    words = np.ascontiguousarray(cols).view(np.uint64).reshape(len(cols), schema.SLOT_SIZE // 8)
+    return words[:, _ALIKE_WORDS] & _ALIKE_BITS
 
 
 class _Alike(NamedTuple):

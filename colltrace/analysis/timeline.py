@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -16,6 +16,7 @@ import numpy as np
 from colltrace.analysis.streams import direction
 from colltrace.trace import schema
 from colltrace.trace.records import Collective, RankTrace
+from colltrace.trace.vocab import Phase
 
 if TYPE_CHECKING:
     from colltrace.trace.store import Slots
@@ -80,6 +81,9 @@ class Columns:
     groups: tuple[str, ...]
     op: Any  # codes into `ops`
     ops: tuple[str, ...]
+    nbytes: Any  # Call.nbytes, -1 where its dtype's size is unknown (None)
+    step: Any
+    setup: Any  # issued in the job's setup (phase init: timing.SETUP)
 
     def __len__(self) -> int:
         return len(self.t0)
@@ -106,6 +110,8 @@ class Columns:
             col((c.device for c in calls), bool), col((c.error for c in calls), bool), col((c.p2p for c in calls), bool),
             col((c.seq for c in calls), np.int64), col((gi[c.group] for c in calls), np.int64), groups,
             col((oi[c.op] for c in calls), np.int64), ops,
+            col((-1 if c.nbytes is None else c.nbytes for c in calls), np.int64), col((c.step for c in calls), np.int64),
+            col((c.phase == Phase.INIT for c in calls), bool),
         )  # fmt: skip
 
     def shifted(self, ns: int) -> Columns:
@@ -126,20 +132,39 @@ class Span(NamedTuple):
 _T = TypeVar("_T", Call, Span)
 
 
-@dataclass(slots=True)
 class Timeline:
-    rank: int
-    host: str
-    calls: list[Call] = field(default_factory=list)  # in issue order
-    spans: list[Span] = field(default_factory=list)  # in start order
-    end_ns: int = 0  # the rank's last sign of life: open calls and spans end here
-    columns: Columns | None = None  # its calls as columns (cols() builds them when not given)
+    """One rank's calls (in issue order) and spans (in start order), and its end: its last sign of life, where
+    open calls and spans end. A trace's calls are decoded from its columns when first asked for (the timing
+    reads the columns alone); `columns` built from the calls when not given."""
+
+    __slots__ = ("rank", "host", "_calls", "spans", "end_ns", "columns", "_rows")
+
+    def __init__(
+        self, rank: int, host: str, calls: list[Call] | None = None, spans: list[Span] | None = None,
+        end_ns: int = 0, columns: Columns | None = None, rows: tuple[Any, dict[int, str]] | None = None,
+    ) -> None:  # fmt: skip
+        self.rank, self.host, self.end_ns = rank, host, end_ns
+        self._calls = calls if calls is not None or rows is not None else []
+        self.spans = spans if spans is not None else []
+        self.columns = columns
+        self._rows = rows  # (the slots, their string table) the calls are decoded from, with `columns`' times
+
+    @property
+    def calls(self) -> list[Call]:
+        if self._calls is None:
+            assert self._rows is not None and self.columns is not None
+            self._calls = _decoded(*self._rows, self.columns)
+        return self._calls
+
+    @calls.setter
+    def calls(self, calls: list[Call]) -> None:
+        self._calls = calls
 
     def end(self, t1: int | None) -> int:
         return self.end_ns if t1 is None else t1
 
     def cols(self) -> Columns:
-        if self.columns is None or len(self.columns) != len(self.calls):
+        if self.columns is None or self._calls is not None and len(self.columns) != len(self._calls):
             self.columns = Columns.of(self.calls)
         return self.columns
 
@@ -148,7 +173,8 @@ class Timeline:
         if not ns:
             return self
         cols = self.columns.shifted(ns) if self.columns is not None else None
-        return Timeline(self.rank, self.host, _shift(self.calls, ns), _shift(self.spans, ns), self.end_ns - ns, cols)
+        calls = None if self._calls is None else _shift(self._calls, ns)  # (not decoded yet: from the columns)
+        return Timeline(self.rank, self.host, calls, _shift(self.spans, ns), self.end_ns - ns, cols, self._rows)
 
 
 def _nbytes(c: Collective) -> int | None:
@@ -187,7 +213,8 @@ def _slots(recs: Slots) -> Any:
     cols = recs.cols
     t0, t1, kind = cols["t_issue_ns"], cols["t_done_ns"], cols["kind"]
     calls = (kind == schema.KIND_COLLECTIVE) | (kind == schema.KIND_P2P)
-    return cols[calls & (t0 >= -recs.offset) & (t0 < top) & ((t1 == 0) | (t1 >= -recs.offset) & (t1 < top))]
+    kept = calls & (t0 >= -recs.offset) & (t0 < top) & ((t1 == 0) | (t1 >= -recs.offset) & (t1 < top))
+    return cols if kept.all() else cols[kept]  # (all of them, as a rule: no copy)
 
 
 def _coded(cols: Any, field: str, strings: dict[int, str], default: str) -> tuple[Any, tuple[str, ...]]:
@@ -201,11 +228,17 @@ def _columns_of(cols: Any, strings: dict[int, str], off: int) -> Columns:
     done = cols["t_done_ns"] != 0
     group, groups = _coded(cols, "group", strings, "?")
     op, ops = _coded(cols, "op", strings, "?")
+    dtypes, inverse = np.unique(cols["dtype"], return_inverse=True)
+    size = np.array([ITEMSIZE.get(strings.get(i, ""), 0) for i in dtypes.tolist()], dtype=np.int64)[inverse.ravel()]
+    nbytes = np.where(size > 0, np.maximum(np.maximum(cols["numel_in"], cols["numel_out"]), 0) * size, -1)
+    setup = np.zeros(len(cols), dtype=bool)
+    for i in (i for i, text in strings.items() if text == Phase.INIT):  # (one id, as a rule: no np.isin)
+        setup |= cols["phase"] == i
     return Columns(
         cols["t_issue_ns"] + off, np.where(done, cols["t_done_ns"] + off, 0), done, schema.wait_column(cols),
         flags & schema.FLAG_ASYNC == 0, flags & schema.FLAG_POLLED != 0, flags & schema.FLAG_DEVICE != 0,
         flags & schema.FLAG_ERROR != 0, cols["kind"] == schema.KIND_P2P, cols["seq"].astype(np.int64), group, groups,
-        op, ops,
+        op, ops, nbytes, cols["step"].astype(np.int64), setup,
     )  # fmt: skip
 
 
@@ -215,28 +248,23 @@ def columns(rt: RankTrace, tail: int | None = None, shift: int = 0) -> Columns:
     return _columns_of(_slots(recs), recs.strings, recs.offset - shift)
 
 
-def _calls(recs: Slots, shift: int = 0) -> tuple[list[Call], Columns | None]:
-    cols = _slots(recs)  # straight from the slots, column by column: the timing's hot path
-    strings, off = recs.strings, recs.offset - shift
-    c = _columns_of(cols, strings, off)
+def _decoded(cols: Any, strings: dict[int, str], c: Columns) -> list[Call]:
+    """The calls of a rank's slots (_slots), times from their columns `c`: column by column, the timing's hot path."""
 
     def text(codes: Any, names: tuple[str, ...]) -> list[str]:
         return np.array(names, dtype=object)[codes].tolist()  # type: ignore[no-any-return]
 
-    dtypes, inverse = np.unique(cols["dtype"], return_inverse=True)
-    size = np.array([ITEMSIZE.get(strings.get(i, ""), 0) for i in dtypes.tolist()], dtype=np.int64)[inverse.ravel()]
-    nbytes = (np.maximum(np.maximum(cols["numel_in"], cols["numel_out"]), 0) * size).astype(object)
-    nbytes[size == 0] = None  # a dtype of unknown size
+    nbytes = c.nbytes.astype(object)
+    nbytes[c.nbytes < 0] = None  # a dtype of unknown size
     t1 = c.t1.astype(object)
     t1[~c.done] = None
     peer = np.where(c.p2p, cols["peer"], -1)
-    calls = list(map(Call._make, zip(
-        text(c.group, c.groups), c.seq.tolist(), text(c.op, c.ops), c.p2p.tolist(), nbytes.tolist(), cols["step"].tolist(),
+    return list(map(Call._make, zip(
+        text(c.group, c.groups), c.seq.tolist(), text(c.op, c.ops), c.p2p.tolist(), nbytes.tolist(), c.step.tolist(),
         text(*_coded(cols, "phase", strings, "")), text(*_coded(cols, "module", strings, "")), c.t0.tolist(),
         t1.tolist(), c.wait.tolist(), c.sync.tolist(), c.polled.tolist(), c.device.tolist(), c.error.tolist(),
         peer.tolist(),
     )))  # fmt: skip
-    return calls, c
 
 
 def _tail(recs: Slots, n: int | None) -> Slots:
@@ -254,8 +282,11 @@ def timeline(rt: RankTrace, end_ns: int = 0, tail: int | None = None, shift: int
     """One rank's timeline, times as recorded less `shift` (its host's clock offset: the same as
     .shifted(shift), without a second copy); open calls and spans end at `end_ns` (the run's end, as
     recorded) or at the rank's own last record. `tail`: its last `tail` collectives and spans only."""
-    calls, cols = _calls(_tail(rt.records, tail), shift)
+    recs = _tail(rt.records, tail)
+    rows = _slots(recs)
+    cols = _columns_of(rows, recs.strings, recs.offset - shift)
     spans_ = _shift([span_of(s) for s in _records(_tail(rt.spans, tail), ("span",))], shift)
     spans_.sort(key=lambda s: s.t0)
-    last = max([c.t1 or c.t0 for c in calls[-64:]] + [s.t1 or s.t0 for s in spans_[-64:]] + [-shift])
-    return Timeline(rt.rank, rt.host, calls, spans_, max(end_ns - shift, last), cols)
+    t0, t1 = cols.t0[-64:], cols.t1[-64:]
+    last = max(np.where(t1 != 0, t1, t0).tolist() + [s.t1 or s.t0 for s in spans_[-64:]] + [-shift])
+    return Timeline(rt.rank, rt.host, None, spans_, max(end_ns - shift, last), cols, (rows, recs.strings))

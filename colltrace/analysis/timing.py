@@ -20,7 +20,7 @@ import numpy as np
 from colltrace import workers
 from colltrace.analysis import clock, intervals
 from colltrace.analysis.streams import GroupStream, RankStreams, SigTable
-from colltrace.analysis.timeline import Call, Columns, Timeline, columns, timeline
+from colltrace.analysis.timeline import Columns, Timeline, columns, timeline
 from colltrace.trace.records import Run
 from colltrace.trace.vocab import OpFamily, Phase, SpanKind, op_family
 
@@ -276,17 +276,24 @@ def _span_ivs(tl: Timeline, kinds: Iterable[str]) -> tuple[intervals.Ivs, Any]:
 
 def step_windows(tl: Timeline) -> list[tuple[int, int, int]]:
     """(step, start, end) of each completed step: a step runs from its first issue or span to the next's."""
-    starts: dict[int, int] = {}
-    setup: dict[int, int] = {}  # the job's setup is no step's time ...
-    items = [(c.step, c.t0, c.phase == SETUP) for c in tl.calls] + [(s.step, s.t0, False) for s in tl.spans]
-    for step, t0, init in items:
-        into = setup if init else starts
-        if step >= 0 and (step not in into or t0 < into[step]):
-            into[step] = t0
+    c = tl.cols()
+    spans = np.array([(s.step, s.t0) for s in tl.spans], dtype=np.int64).reshape(-1, 2)
+    starts = _first_issue(np.concatenate((c.step[~c.setup], spans[:, 0])), np.concatenate((c.t0[~c.setup], spans[:, 1])))
+    setup = _first_issue(c.step[c.setup], c.t0[c.setup])  # the job's setup is no step's time ...
     for step, t0 in setup.items():
         starts.setdefault(step, t0)  # ... unless a step has nothing else (collectives outside any module)
     order = sorted(starts)
     return [(s, starts[s], starts[n]) for s, n in zip(order, order[1:]) if starts[n] > starts[s]]
+
+
+def _first_issue(steps: Any, t0: Any) -> dict[int, int]:
+    """step -> the earliest of its times, for the steps >= 0."""
+    kept = steps >= 0
+    steps, t0 = steps[kept], t0[kept]
+    order = np.lexsort((t0, steps))
+    steps, t0 = steps[order], t0[order]
+    first = np.flatnonzero(np.diff(steps, prepend=steps[:1] - 1))
+    return dict(zip(steps[first].tolist(), t0[first].tolist()))
 
 
 Blocked = tuple[intervals.Ivs, Any]  # when the host was blocked, and each block's category index in _PRIORITY
@@ -636,7 +643,7 @@ def _lateness(arr: Arrivals, medians: dict[int, Any], rank: int) -> tuple[int, s
             continue
         i = ga.ranks.index(rank)
         late += int(np.maximum(0, ga.times[:, i] - medians[n]).sum())
-        seen.update(np.unique(ga.steps[:, i]).tolist())
+        seen.update(ga.steps[:, i].tolist())
     return late, seen
 
 
@@ -689,30 +696,21 @@ def _where(
 def bandwidth(tls: dict[int, Timeline], group_sizes: dict[str, int], arr: Arrivals) -> list[Bandwidth]:
     """algbw and busbw by (group, op, size), over the collectives every rank issued and every rank with a
     timeline saw end exactly: from the last arrival to their median completion."""
-    calls: dict[tuple[str, int], list[Call]] = defaultdict(list)
-    spoilt: set[tuple[str, int]] = set()
-    for tl in tls.values():
-        for c in tl.calls:
-            if not c.p2p:
-                if c.exact_end and c.nbytes:
-                    calls[(c.group, c.seq)].append(c)
-                else:
-                    spoilt.add((c.group, c.seq))
-    times: dict[tuple[str, str, int], list[int]] = defaultdict(list)
-    seen_size: dict[str, int] = {}
+    calls = _exact_calls(tls)
     last_in: dict[tuple[str, int], tuple[int, int]] = {}  # (group, seq) -> (last arrival, ranks)
     for ga in arr:
         for seq, latest in zip(ga.seqs.tolist(), ga.times.max(axis=1).tolist()):
             last_in[(ga.group, seq)] = (latest, len(ga.ranks))
-    for key, cs in calls.items():
+    times: dict[tuple[str, str, int], list[int]] = defaultdict(list)
+    seen_size: dict[str, int] = {}
+    for key, op, nbytes, end in calls:
         came = last_in.get(key)
-        if key in spoilt or not came or came[1] < 2:
+        if not came or came[1] < 2:
             continue
         start = came[0]
-        end = int(statistics.median(c.t1 or 0 for c in cs))
         seen_size[key[0]] = max(seen_size.get(key[0], 0), came[1])
         if end > start:
-            times[(key[0], cs[0].op, cs[0].nbytes or 0)].append(end - start)
+            times[(key[0], op, nbytes)].append(end - start)
     out = []
     for (group, op, nbytes), ts in times.items():
         n = group_sizes.get(group) or seen_size.get(group, 0)
@@ -722,6 +720,46 @@ def bandwidth(tls: dict[int, Timeline], group_sizes: dict[str, int], arr: Arriva
         out.append(Bandwidth(group, op, n, nbytes, len(ts), t, alg, alg * f if f is not None else None))
     out.sort(key=lambda b: -b.time_ns * b.count)
     return out
+
+
+def _exact_calls(tls: dict[int, Timeline]) -> list[tuple[tuple[str, int], str, int, int]]:
+    """The collectives (not p2p) every timeline that issued them saw end exactly and knows the size of, as
+    ((group, seq), op, bytes, median completion), op and bytes as the first timeline issued them, in the order
+    first issued (timelines in order, calls in issue order); column by column, no Call read."""
+    names: dict[str, int] = {}
+    ops: dict[str, int] = {}
+    parts = []
+    for tl in tls.values():
+        c = tl.cols()
+        coll = ~c.p2p
+        gid = np.array([names.setdefault(g, len(names)) for g in c.groups], dtype=np.int64)[c.group[coll]]
+        oid = np.array([ops.setdefault(o, len(ops)) for o in c.ops], dtype=np.int64)[c.op[coll]]
+        good = (c.exact & (c.nbytes > 0))[coll]
+        parts.append((gid, c.seq[coll], good, c.t1[coll], oid, c.nbytes[coll]))
+    if not parts:
+        return []
+    gid, seq, good, t1, oid, nbytes = (np.concatenate(col) for col in zip(*parts))
+    if not len(gid):
+        return []
+    order = np.lexsort((t1, seq, gid))  # by collective, each one's completions in order (for the median)
+    g, q = gid[order], seq[order]
+    at = np.flatnonzero(np.concatenate(([True], (g[1:] != g[:-1]) | (q[1:] != q[:-1]))))  # each one's first row
+    count = np.diff(np.append(at, len(order)))
+    spoilt = np.minimum.reduceat(good[order], at) == 0  # one rank saw it end inexactly, or its size unknown
+    t1s = t1[order]
+    mid = at + count // 2
+    odd = count % 2 == 1
+    lo = t1s[np.where(odd, mid, mid - 1)]
+    # statistics.median's: the middle one, or the mean of the two (a float, truncated as int() does)
+    ends = np.where(odd, t1s[mid], ((lo + t1s[mid]).astype(np.float64) / 2).astype(np.int64))
+    rows = np.where(good, np.arange(len(good)), len(good))  # the first good row of each collective, in order
+    firsts = np.minimum.reduceat(rows[order], at)
+    keep = np.flatnonzero(~spoilt)
+    keep = keep[np.argsort(firsts[keep], kind="stable")]
+    group_names, op_names = list(names), list(ops)
+    return [((group_names[g], s), op_names[o], b, e) for g, s, o, b, e in zip(
+        gid[firsts[keep]].tolist(), seq[firsts[keep]].tolist(), oid[firsts[keep]].tolist(),
+        nbytes[firsts[keep]].tolist(), ends[keep].tolist())]  # fmt: skip
 
 
 FULL_RANKS = 64  # up to this many ranks every rank's timeline is read; beyond, a sample (analyze)
@@ -804,7 +842,7 @@ def analyze(
         ranked = [located(st, timings) for st in ranked]
     else:
         ranked, skew = stragglers(arr, timings)
-    first = min((tl.calls[0].t0 for tl in tls.values() if tl.calls), default=0)
+    first = min((int(tl.cols().t0[0]) for tl in tls.values() if len(tl.cols())), default=0)
     last = max((tl.end_ns for tl in tls.values()), default=0)
     bw = tuple(bandwidth(tls, sizes, arr))
     return Timing(fit, timings, tuple(ranked), skew, bw, max(0, last - first), tls)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -54,7 +53,7 @@ def make_dir(path: str, run_dir: str) -> None:
 def write_file(path: str, text: str, run_dir: str) -> None:
     """Write a file of the run directory whole (through a temporary file: a reader never sees half of it), with
     the run directory's privacy whatever the process's umask."""
-    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    tmp = f"{path}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, modes(run_dir)[0])
     with os.fdopen(fd, "w") as f:
         f.write(text)
@@ -158,7 +157,7 @@ def live_ranks(run_dir: str, now: float | None = None, beats: dict[int, float] |
 
 def request(run_dir: str) -> str | None:
     """Ask every live rank for its stacks now; the request id, or None where the directory cannot be written."""
-    rid = secrets.token_hex(8)
+    rid = os.urandom(8).hex()
     path = request_path(run_dir)
     try:
         make_dir(live_dir(run_dir), run_dir)
