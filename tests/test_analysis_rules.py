@@ -1920,6 +1920,35 @@ def test_a_hand_written_all_reduce_per_parameter_one_call_short_is_unused_params
     assert not [e for e in dx.finding.evidence if e.clue is Clue.GRAD_RESIZED]
 
 
+def test_a_step_one_rank_ended_with_fewer_per_parameter_all_reduces_is_unused_params(tmp_path: Path) -> None:
+    """No DDP: a post-accumulate-grad hook all-reduces each parameter's gradient from the job's own line. In step 2
+    rank 0 freezes its last two parameters (no gradient, no hook), ends the step two all-reduces early and runs
+    its optimizer step, so its step 3's first all-reduce (4 elements) pairs with the others' step-2 one of 16:
+    the sizes differ at once, on the same line and module. Not a setting (numel_mismatch): it ended the
+    others' step short (clue grad_short, step 2), unused_params, medium, decided by grad_skipped."""
+    rs = ranks(str(tmp_path), 3)
+    hook = "train.py:33 in launch"
+    for step in range(3):
+        for r in rs:
+            short = step == 2 and r.rank == 0
+            for i, n in enumerate(_PARAMS[:10] if short else _PARAMS):
+                blocked = step == 2 and i >= 10  # the others' last two: the first pairs with rank 0's next step
+                r.coll("all_reduce", n, "", "backward", redop="SUM", done=not blocked, error=blocked, site=hook)
+            if step < 2 or short:
+                r.step += 1
+                r.w.event({"ev": "step", "step": r.step})
+    rs[0].coll("all_reduce", _PARAMS[0], "", "backward", redop="SUM", done=False, error=True, site=hook)
+    for r in rs:
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.NUMEL
+    assert dx.divergence.seq == 3 * len(_PARAMS) - 1
+    assert dx.culprits == (0,) and dx.victims == (1, 2)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNUSED_PARAMS and dx.finding.rule == "grad_skipped"
+    assert dx.finding.confidence is Confidence.MEDIUM
+    assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.GRAD_SHORT] == [((0,), 2)]
+
+
 def test_a_reduce_scatter_that_shrank_against_its_own_steps_is_still_unused_params(tmp_path: Path) -> None:
     """FSDP reduce-scatters only the parameters that got a gradient: rank 2's reduce-scatter of layers.1
     shrinks in step 2 (a branch left a parameter unused). unused_params, as before; no grad_resized."""

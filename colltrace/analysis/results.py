@@ -74,6 +74,9 @@ class Clue(str, enum.Enum):
     # (detail: that step)
     SKIPPED_BATCH = "skipped_batch"
     GRAD_SKIPPED = "grad_skipped"  # the culprit completed the step the others wait in, without that reduction
+    # the culprit ended the others' step with fewer gradient reductions: its next step's paired with the rest of
+    # theirs (detail: that step)
+    GRAD_SHORT = "grad_short"
     EVAL_FORWARD = "eval_forward"  # the culprit ran a forward without gradients / in eval mode (detail: mode)
     REPEATED_MODULE = "repeated_module"  # the culprit gathered a module more often than in its earlier steps
     # the culprit issued records inside torch's Join (it ran out of inputs, shadowing the others' collectives)

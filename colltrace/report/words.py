@@ -430,6 +430,12 @@ def _grad_skipped(who: Who, step: int | None) -> str:
             "others wait for in that step: it did not run out of data")  # fmt: skip
 
 
+def _grad_short(who: Who, step: int | None) -> str:
+    which = f"step {step}" if step is not None else "the step the others are in"
+    return (f"{who} ended {which} with fewer gradient reductions than the others issue in it (its backward and "
+            "optimizer step ran): its next step's reductions paired with the rest of theirs")  # fmt: skip
+
+
 def _eval_forward(who: Who, mode: str | None) -> str:
     how = f"{mode}: " if mode is not None else ""
     return f"{who} ran a forward without gradients ({how}an evaluation pass) in this step, which the others did not"
@@ -890,6 +896,7 @@ WORDS: dict[Clue, ClueWords] = {  # every Clue (a test checks), in its order
     Clue.DATA_RESIZED: _from(_two, _data_resized),
     Clue.SKIPPED_BATCH: _from(_number, _skipped_batch),
     Clue.GRAD_SKIPPED: _from(_number, _grad_skipped),
+    Clue.GRAD_SHORT: _from(_number, _grad_short),
     Clue.EVAL_FORWARD: _from(_word, _eval_forward),
     Clue.REPEATED_MODULE: _from(_word, _repeated_module),
     Clue.JOINED: _from(_number, _joined),

@@ -122,14 +122,35 @@ def _saved(f: Facts, rank: int, before_seq: bool) -> str:
 
 
 def grad_skipped(f: Facts) -> Finding | None:
-    """The culprit ran the backward of the step the others wait in, and its optimizer step, without their
-    reduction: parameters that got no gradient there (not data that ran out)."""
-    if f.d is None or f.d.kind is not Kind.MISSING or not f.culprits or not _grad(f):
+    """The culprit ran the backward of the step the others are in, and its optimizer step, without (all of) their
+    gradient reductions: parameters that got no gradient there (not data that ran out). Either the reduction the
+    others wait for is missing on it, or the divergent records are gradient reductions of another size or dtype
+    and each culprit's is of its next step, its record before it of the others' step: it ended that step with
+    fewer reductions than they, and its next step's paired with the rest of theirs (a hand-rolled per-parameter
+    all-reduce that skips a frozen layer's gradients)."""
+    if f.d is None or not f.culprits or not _grad(f):
         return None
-    if not all(_past(f, r) for r in f.culprits):
+    step = _victim_step(f)
+    if f.d.kind is Kind.MISSING and all(_past(f, r) for r in f.culprits):
+        skipped = Evidence(Clue.GRAD_SKIPPED, f.culprits, step)
+    elif (
+        f.d.kind in (Kind.NUMEL, Kind.DTYPE) and step is not None and all(_ended_short(f, r, step) for r in f.culprits)
+    ):
+        skipped = Evidence(Clue.GRAD_SHORT, f.culprits, step)
+    else:
         return None
-    skipped = Evidence(Clue.GRAD_SKIPPED, f.culprits, _victim_step(f))
     return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (skipped, Evidence(Clue.GRAD_REDUCTION, f.culprits)))
+
+
+def _ended_short(f: Facts, rank: int, step: int) -> bool:
+    """The rank's record at the divergent seq is of a later step than `step` (the others'), and its record
+    before it of `step` itself: it ended `step` there, where the others went on reducing."""
+    st = f.stream(rank)
+    mine = [a.step for a in f.d.at if a.rank == rank] if f.d is not None else []
+    if st is None or f.d is None or f.d.seq is None or not mine or mine[0] is None or mine[0] <= step:
+        return False
+    before = st.progress_at(f.d.seq - 1)
+    return before is not None and before[0] == step
 
 
 def batch_skipped(f: Facts) -> Finding | None:
