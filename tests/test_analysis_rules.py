@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from handmade import FSDP_STEP, FakeRank, ranks
 
 from colltrace.analysis import causes
@@ -1947,6 +1948,32 @@ def test_a_step_one_rank_ended_with_fewer_per_parameter_all_reduces_is_unused_pa
     assert dx.finding is not None and dx.finding.cause is Cause.UNUSED_PARAMS and dx.finding.rule == "grad_skipped"
     assert dx.finding.confidence is Confidence.MEDIUM
     assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.GRAD_SHORT] == [((0,), 2)]
+
+
+@pytest.mark.parametrize("unit", ["layers.0", "layers.9"])
+def test_a_unit_gathered_again_in_backward_on_one_side_only_needs_gradients_there(tmp_path: Path, unit: str) -> None:
+    """FSDP, step 0: rank 2 alone keeps layers.0 trainable, so in backward it gathers layers.0 again where ranks 0
+    and 1 go on to reduce-scatter layers.1's gradients. Every rank gathered layers.0 for its forward: it needs
+    gradients on rank 2 only, unused_params, medium (grads_apart, naming rank 2 and the unit). A unit no rank
+    gathered for its forward in that step (layers.9) is no such fact: not grads_apart."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        if r.rank == 2:
+            for i, (op, numel, module, phase) in enumerate(FSDP_STEP[:8]):
+                r.coll(op, numel, unit if i == 7 else module, phase, done=i < 7, error=i == 7)
+        else:
+            for i, (op, numel, module, phase) in enumerate(FSDP_STEP[:7] + FSDP_STEP[8:9]):
+                r.coll(op, numel, module, phase, done=i < 7, error=i == 7)
+        r.error("RuntimeError", TIMEOUT, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.OP and dx.culprits == (2,)
+    assert dx.finding is not None
+    if unit == "layers.0":
+        assert (dx.finding.cause, dx.finding.confidence, dx.finding.rule) == (
+            Cause.UNUSED_PARAMS, Confidence.MEDIUM, "grads_apart")  # fmt: skip
+        assert [(e.ranks, e.detail) for e in dx.finding.evidence if e.clue is Clue.GRADS_APART] == [((2,), unit)]
+    else:
+        assert dx.finding.rule != "grads_apart" and dx.finding.cause is not Cause.UNUSED_PARAMS
 
 
 def test_a_reduce_scatter_that_shrank_against_its_own_steps_is_still_unused_params(tmp_path: Path) -> None:

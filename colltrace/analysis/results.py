@@ -77,6 +77,9 @@ class Clue(str, enum.Enum):
     # the culprit ended the others' step with fewer gradient reductions: its next step's paired with the rest of
     # theirs (detail: that step)
     GRAD_SHORT = "grad_short"
+    # the ranks gathered a unit again in backward where the others reduced gradients, every rank having gathered it
+    # for its forward: it needs gradients on their side only (detail: the unit)
+    GRADS_APART = "grads_apart"
     EVAL_FORWARD = "eval_forward"  # the culprit ran a forward without gradients / in eval mode (detail: mode)
     REPEATED_MODULE = "repeated_module"  # the culprit gathered a module more often than in its earlier steps
     # the culprit issued records inside torch's Join (it ran out of inputs, shadowing the others' collectives)

@@ -436,6 +436,12 @@ def _grad_short(who: Who, step: int | None) -> str:
             "optimizer step ran): its next step's reductions paired with the rest of theirs")  # fmt: skip
 
 
+def _grads_apart(who: Who, unit: str | None) -> str:
+    which = f"`{unit}`" if unit else "a unit"
+    return (f"{who} gathered {which} again in backward where the others went on to reduce gradients, every rank "
+            "having gathered it for its forward: its parameters needed gradients on one side only")  # fmt: skip
+
+
 def _eval_forward(who: Who, mode: str | None) -> str:
     how = f"{mode}: " if mode is not None else ""
     return f"{who} ran a forward without gradients ({how}an evaluation pass) in this step, which the others did not"
@@ -897,6 +903,7 @@ WORDS: dict[Clue, ClueWords] = {  # every Clue (a test checks), in its order
     Clue.SKIPPED_BATCH: _from(_number, _skipped_batch),
     Clue.GRAD_SKIPPED: _from(_number, _grad_skipped),
     Clue.GRAD_SHORT: _from(_number, _grad_short),
+    Clue.GRADS_APART: _from(_word, _grads_apart),
     Clue.EVAL_FORWARD: _from(_word, _eval_forward),
     Clue.REPEATED_MODULE: _from(_word, _repeated_module),
     Clue.JOINED: _from(_number, _joined),
@@ -1143,8 +1150,8 @@ CHECK: dict[Cause, str] = {
     Cause.OOM: "memory on the culprit's device: batch size, activation memory, a leak across steps",
     Cause.RECOMPUTE_MISMATCH: "activation checkpointing: the checkpointed region must run the same modules in "
     "forward and in recompute on every rank (no data-dependent branches, same RNG/state)",
-    Cause.UNUSED_PARAMS: "parameters that get no gradient on some ranks (a branch not taken); use every parameter "
-    "on every rank, or find_unused_parameters / an explicit zero contribution",
+    Cause.UNUSED_PARAMS: "parameters that get no gradient on some ranks (a branch not taken, a frozen layer); use "
+    "every parameter on every rank, or find_unused_parameters / a zero contribution",
     Cause.SHARED_MODULE_CALLS: "a module called more than once per forward (weight tying, a loop over a shared block) "
     "a different number of times across ranks",
     Cause.GROUP_MISCONFIG: "new_group / split_group / DeviceMesh construction: every rank must create the same groups "

@@ -22,6 +22,7 @@ from colltrace.analysis.causes.calls import (
     eval_forward,
     grad_changed,
     gradient_reduction,
+    grads_apart,
     other_call,
     same_collective,
     shared_module,
@@ -107,7 +108,7 @@ RULES = (
     out_of_memory, failed, died_unseen, stuck_in_span, no_divergence, stopped_outside,  # deaths.py
     joined, step_skew, skew_before, saved_apart, grad_skipped, batch_skipped, recompute, uneven_data,
     exited_early,  # steps.py
-    unattributed, other_call, grad_changed, same_collective, eval_forward, shared_module, gradient_reduction,
+    unattributed, grads_apart, other_call, grad_changed, same_collective, eval_forward, shared_module, gradient_reduction,
     control_flow,  # calls.py
 )  # fmt: skip
 

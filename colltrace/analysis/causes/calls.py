@@ -17,7 +17,8 @@ from colltrace.analysis.results import (
     Finding,
     GroupApart,
 )
-from colltrace.analysis.streams import GroupStream
+from colltrace.analysis.streams import GroupStream, Signature
+from colltrace.analysis.timing import reduces
 from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.records import Collective, RankTrace
 from colltrace.trace.schema import row_of
@@ -42,6 +43,50 @@ def _attributed(f: Facts) -> bool:
     """The records say what they served (module, phase); Flight Recorder's do not. A fact of the run, not of
     the divergent records: a transfer issued between two forwards is in no phase, and says so all the same."""
     return f.d is not None and f.run.source != "flight_recorder"
+
+
+def grads_apart(f: Facts) -> Finding | None:
+    """In backward, one side gathers a unit's parameters again where the other goes on to reduce gradients, and
+    every rank gathered that unit for its forward earlier in the step: FSDP gathers a unit in backward only to
+    compute gradients through it, so the unit needs gradients on one side only (its parameters trainable, or
+    used by the loss, on some ranks only). unused_params, medium; the evidence names the ranks that gathered."""
+    d = f.d
+    if d is None or d.kind is not Kind.OP or d.seq is None or not f.culprits or not f.victims:
+        return None
+    gathered = [a for a in d.at if a.sig is not None and _backward_gather(a.sig)]
+    reduced = [a for a in d.at if a.sig is not None and a.sig.phase == Phase.BACKWARD and reduces(a.sig.op)]
+    if not gathered or not reduced or len(gathered) + len(reduced) != len(d.at):
+        return None
+    units = {a.sig.module for a in gathered if a.sig is not None}
+    if len(units) != 1:
+        return None
+    unit = units.pop()
+    if not all(_gathered_in_forward(f, r, unit) for r in (gathered[0].rank, reduced[0].rank)):
+        return None
+    ranks = tuple(sorted(a.rank for a in gathered))
+    return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRADS_APART, ranks, unit),))
+
+
+def _backward_gather(sig: Signature) -> bool:
+    return op_family(sig.op) is OpFamily.ALL_GATHER and sig.phase == Phase.BACKWARD and bool(sig.module)
+
+
+_STEP_BACK = 4096  # records of its step looked back at for a unit's forward gather
+
+
+def _gathered_in_forward(f: Facts, rank: int, unit: str) -> bool:
+    """The rank all-gathered `unit` in a forward earlier in the step of its record at the divergent seq."""
+    st = f.stream(rank)
+    if st is None or f.d is None or f.d.seq is None:
+        return False
+    now = st.progress_at(f.d.seq)
+    for seq in range(f.d.seq - 1, max(st.seq0, f.d.seq - _STEP_BACK) - 1, -1):
+        if st.progress_at(seq) != now:
+            return False
+        sig = f.table[st.sig_at(seq)]
+        if sig is not None and sig.module == unit and sig.phase == Phase.FORWARD:
+            return op_family(sig.op) is OpFamily.ALL_GATHER
+    return False
 
 
 def other_call(f: Facts) -> Finding | None:
