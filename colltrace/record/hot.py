@@ -26,13 +26,13 @@ from colltrace.trace.writer import APPEND, finish_source, inline
 
 # A forward's phase, with {ctx} the Context: a recompute while autograd runs a backward (activation checkpointing),
 # else a forward. The one rule, for every framework's unshard and forward span (Context.forward_phase, and inlined
-# where a generated hook decides: spans.FORWARD_KIND, fsdp's FSDP2 templates).
+# where a generated hook decides: FORWARD_KIND, the FSDP2 hooks' templates).
 FORWARD_PHASE = "PHASE_RECOMPUTE if {ctx}.graph_task_id() != -1 else PHASE_FORWARD"
 
 # FRAME_SELF: from frame `f` up, the innermost (or, {keep} without a break, the outermost) frame running `call_code`
 # (nn.Module.__call__, the way into every module's forward, compiled or not) whose `self` is `held`, then {keep}.
 # Only f_back, f_code and f_locals: the frame API every Python that torch supports has (3.10-3.14; f_locals is a
-# proxy from 3.13 on). Inlined where a collective's module is found (ATTRIBUTION), and _frame_self below.
+# proxy from 3.13 on). Inlined where a collective's module is found (ATTRIBUTION), and in context._frame_self.
 FRAME_SELF = """\
 while f:
     if f.f_code is call_code:
@@ -165,7 +165,7 @@ COMPILING_BODY = f"    return {COMPILING}\n"
 
 
 # The traced wrapper of one function, the body of `def {name}({params}):`. Plumbing only: what is recorded, and
-# how, is recorder.ISSUE's (the slot at issue) and writer.FINISH's (a plain call's completion; the others go to
+# how, is ISSUE's (the slot at issue) and writer.FINISH's (a plain call's completion; the others go to
 # Recorder.returned), inlined: each Python frame on this path costs more than the work it would hold
 # (docs/performance.md). {params} is the function's own parameter list where ops.OpSpec has it, with {call}
 # passing them on and {key} the call's key from them; else "*args, **kwargs", and extract finds the key.
@@ -262,9 +262,9 @@ SPAN_END_BODY = (
 )
 
 # FORWARD_KIND: a forward span's kind (`what`) and mode (`mode`) for {module} run now, with {ctx} the Context: recompute
-# while autograd runs a backward (activation checkpointing), else forward (context.FORWARD_PHASE); mode `no_grad`
+# while autograd runs a backward (activation checkpointing), else forward (FORWARD_PHASE); mode `no_grad`
 # (torch.no_grad, inference_mode) and/or `eval` (the module in eval mode), "" for a training forward. The one rule
-# for every framework's forward span: forward_kind below, and inlined in FSDP2's forward hook (fsdp.fsdp2_wrappers).
+# for every framework's forward span: spans.forward_kind, and inlined in FSDP2's forward hook (PRE_FORWARD).
 FORWARD_KIND = f"""\
 what = {FORWARD_PHASE}
 if {{ctx}}.grad_enabled() and getattr({{module}}, "training", True):
