@@ -227,10 +227,10 @@ def cmd_stacks(args: argparse.Namespace) -> int:
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
-    from colltrace.trace.reader import read_run
+    from colltrace.trace.reader import check_run
 
     run_dir = _run_dir(args.run_dir)
-    read_run(run_dir)  # bad input: the same one-line error as report, before the screen opens
+    check_run(run_dir)  # bad input: the same one-line error as report, before the screen opens
     try:
         from colltrace.tui.app import run
     except ImportError as e:

@@ -29,7 +29,7 @@ def drive(run_dir: Path | str, script: Callable[[tui.CollTraceApp, Any], Awaitab
     async def main() -> None:
         app = tui.CollTraceApp(str(run_dir), live=live)
         async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: app.model is not None)
+            await until(pilot, lambda: app.model is not None and not app.model.preview)
             await script(app, pilot)
 
     asyncio.run(main())
@@ -304,6 +304,49 @@ def test_a_big_world_is_drawn_one_lane_per_class(tmp_path: Path) -> None:
     assert wider.rows == layout.rows and set(wider.lines) == sample | set(range(32)) and wider.row_of(40) == 33
     assert wider.run is got.run and wider.dx is got.dx  # the same read, in other lanes
     assert wider.with_layout(m.toggled(wider, wider.expanded, wider.rows[5]) or layout).rows == got.rows  # folded
+
+
+def test_a_big_run_shows_a_sample_of_its_lanes_until_its_diagnosis_is_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big run (here 80 ranks, its preview lowered to 64) opens at once on evenly spaced ranks' lanes, one
+    each, with no diagnosis claimed (no culprit marked, `d` says it is still reading); the diagnosis then
+    replaces it, in its classes' lanes."""
+    import threading
+
+    from colltrace.tui import model as m
+
+    _big_world(tmp_path)
+    monkeypatch.setattr(m, "PREVIEW_FROM", 64)
+    ahead = m.preview(str(tmp_path))
+    assert ahead is not None and ahead.preview == 80
+    assert [row.ranks for row in ahead.rows] == [(r,) for r in range(0, 64, 2)]  # 32 ranks, evenly spaced
+    assert set(ahead.run.ranks) == set(ahead.lines) == set(range(0, 64, 2))
+    assert ahead.dx.culprits == () and ahead.dx.divergence is None and ahead.divergence_ns is None
+    go, load = threading.Event(), m.load
+
+    def held_load(run_dir: str, ask: bool = False) -> m.Model:
+        go.wait(20)
+        return load(run_dir, ask)
+
+    monkeypatch.setattr(m, "load", held_load)
+
+    async def main() -> None:
+        app = tui.CollTraceApp(str(tmp_path), live=False)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.model is not None)
+            assert app.model is not None and app.model.preview == 80
+            assert app.title == "colltrace: reading and diagnosing 80 ranks…"
+            await pilot.press("2")
+            text = "\n".join(lines(app, 12))
+            assert "▶r0 " in text and " r2 " in text and "!" not in text  # its own lanes, no culprit marked
+            await pilot.press("d")
+            assert app.view == "timeline" and app.model.preview  # nothing to jump to yet, and it says so
+            go.set()
+            await until(pilot, lambda: app.model is not None and not app.model.preview)
+            assert app.model.dx.culprits == (79,) and [row.label for row in app.model.rows] == ["r79", "79×r0"]
+
+    asyncio.run(main())
 
 
 def test_a_class_lane_expands_rank_by_rank_and_folds_back(tmp_path: Path) -> None:

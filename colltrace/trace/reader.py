@@ -690,6 +690,14 @@ def _read_ranks(part: Sequence[tuple[int, str]]) -> list[tuple[int, tuple[RankTr
     return out
 
 
+def check_run(run_dir: str) -> None:
+    """Raise the TraceError read_run would, reading what a screen can open on at once: a run of up to
+    workers.MANY_RANKS rank files whole; of a bigger one, that it has rank files (what else read_run finds
+    is said once the screen is open)."""
+    if len(find_rank_files(run_dir)) <= workers.MANY_RANKS:
+        read_run(run_dir)
+
+
 def read_run(run_dir: str) -> Run:
     """Read every rank of a run directory. Raises TraceError when nothing usable is there."""
     with workers.paused_gc():  # (a big run's millions of small objects: see paused_gc)

@@ -132,7 +132,7 @@ class CollTraceApp(App[None]):
 
     def on_mount(self) -> None:
         self.sub_title = self.run_dir
-        self.load(ask=True)
+        self.load(ask=True, first=True)
         if self.live:
             self.set_interval(REFRESH_S, self.check_changed)
             self.set_interval(1.0, self.tick)
@@ -140,10 +140,15 @@ class CollTraceApp(App[None]):
     # -- loading, in a worker: the UI never waits for the analysis --------------------------------------
 
     @work(thread=True, exclusive=True, group="load")
-    def load(self, ask: bool = False) -> None:
+    def load(self, ask: bool = False, first: bool = False) -> None:
         """Read the run; `ask`: first ask a live run's ranks for their stacks (where each one is now). Not
-        on a re-read because files changed: the answers change them."""
+        on a re-read because files changed: the answers change them. `first`: a big run's first read shows a
+        sample of its lanes while the rest is read (m.preview)."""
         try:
+            if first:
+                ahead = m.preview(self.run_dir)
+                if ahead is not None:
+                    self.post_message(Loaded(ahead))
             model = m.load(self.run_dir, ask=ask)
         except Exception as e:  # a run torn mid-write: keep what is shown, say so
             self.post_message(LoadFailed(str(e)))
@@ -158,7 +163,7 @@ class CollTraceApp(App[None]):
         """Re-read when a file changed, and every LIVE_REREAD_S while a rank's process still runs (a hang
         writes nothing, but how long it has been stuck grows)."""
         model = self.model
-        if model is None:
+        if model is None or model.preview:
             return
         stale = model.live and time.time() - model.loaded_at >= LIVE_REREAD_S
         if stale or m.fingerprint(self.run_dir) != model.fingerprint:
@@ -171,15 +176,19 @@ class CollTraceApp(App[None]):
     @on(Loaded)
     def show(self, message: Loaded) -> None:
         model = message.model
-        first = self.model is None
+        first = self.model is None or bool(self.model.preview)
         gc.unfreeze()
         self.model = model
         gc.collect()  # the run shown before, once, now
         gc.freeze()  # and never again the million objects of this one: no full collection under a key press
-        self.title = f"colltrace: {model.report['headline']}"
-        self.query_one("#report", Static).update(RichMarkdown(model.markdown))  # one widget, not one per block
         self.timeline.show(model, keep_window=not first)
         self.query_one("#legend", Static).update(legend("question_mark"))
+        if model.preview:
+            self.title = f"colltrace: reading and diagnosing {model.preview:,} ranks…"
+            self.query_one("#report", Static).update(_preview_text(model))
+            return
+        self.title = f"colltrace: {model.report['headline']}"
+        self.query_one("#report", Static).update(RichMarkdown(model.markdown))  # one widget, not one per block
         self._aligned(model)
         self._stats(model)
         if not first and model.fingerprint != getattr(self, "_shown_stamp", model.fingerprint):
@@ -253,9 +262,16 @@ class CollTraceApp(App[None]):
         w = self._scroller()
         w.scroll_to(y=w.scroll_offset.y + direction * max(1, w.size.height - 2), animate=False)
 
+    def _diagnosed(self) -> bool:
+        """The run shown is diagnosed (not a preview: m.preview); says so where it is not yet."""
+        if self.model is not None and self.model.preview:
+            self.notify("still reading the run: no diagnosis yet", timeout=2)
+        return self.model is not None and not self.model.preview
+
     def action_divergence(self) -> None:
-        if self.model is None:
+        if not self._diagnosed():
             return
+        assert self.model is not None
         self.action_view("timeline")
         t = self.model.divergence_ns
         if t is None:
@@ -288,7 +304,7 @@ class CollTraceApp(App[None]):
 
     def action_expand(self) -> None:
         """Show the selected lane's class of ranks rank by rank, or fold it back (beyond 64 ranks)."""
-        if self.model is None or not self._on_timeline() or not self.model.rows:
+        if not self._diagnosed() or self.model is None or not self._on_timeline() or not self.model.rows:
             return
         if all(len(row.ranks) == 1 and not row.of for row in self.model.rows):
             self.notify("every rank has its own lane already")
@@ -357,7 +373,7 @@ class CollTraceApp(App[None]):
 
     def action_write(self) -> None:
         """Write the diagnosis as the Markdown report, next to where colltrace was started."""
-        if self.model is None:
+        if not self._diagnosed() or self.model is None:
             return
         name = f"colltrace-report-{os.path.basename(os.path.normpath(self.run_dir)) or 'run'}.md"
         path = os.path.abspath(name)
@@ -403,6 +419,12 @@ class CollTraceApp(App[None]):
                         "`e` on the timeline shows a class rank by rank)")  # fmt: skip
         legend = "! culprit   ≠ issued something else at this seq than most ranks of the group"
         return head + "\n\n" + "\n".join(rows) + "\n\n" + legend
+
+
+def _preview_text(model: m.Model) -> str:
+    return (f"Reading and diagnosing {model.preview:,} ranks…\n\nUntil the diagnosis is in, the timeline (2) shows "
+            f"{len(model.rows)} of them, evenly spaced, each on its own host's clock (not yet aligned across "
+            "hosts): no culprit, divergence or straggler is marked yet.")  # fmt: skip
 
 
 def _memory_cells(st: m.StepRow) -> tuple[str, str, str]:

@@ -9,6 +9,7 @@ import dataclasses
 import glob
 import math
 import os
+import struct
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,13 +21,14 @@ from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.memory import RankMemory
 from colltrace.analysis.results import Diagnosis, Evidence
 from colltrace.analysis.streams import Signature, p2p_ends
-from colltrace.analysis.timeline import Call, Span, Timeline, stream_of
+from colltrace.analysis.timeline import Call, Span, Timeline, stream_of, timeline
 from colltrace.analysis.timing import TAIL, Straggler, read_line
+from colltrace.analysis.vocab import Verdict
 from colltrace.report import jsonreport, markdown
 from colltrace.report.words import group_text, ranks_text
 from colltrace.trace import live
-from colltrace.trace.reader import read_run
-from colltrace.trace.records import RankState, Run
+from colltrace.trace.reader import TraceError, find_rank_files, read_rank, read_run
+from colltrace.trace.records import RankState, RankTrace, Run
 from colltrace.trace.vocab import OpFamily, SpanKind, op_family
 
 
@@ -133,15 +135,26 @@ class Model:
     rows: tuple[Row, ...] = ()  # the timeline's lanes, top to bottom
     live: bool = False  # a rank's process still runs: the run can change without its files changing
     expanded: frozenset[tuple[int, ...]] = frozenset()  # classes shown rank by rank (layout())
+    # > 0: a preview of a big run while it is read and diagnosed (preview()): its rank files, of which `lines`
+    # holds a sample; its diagnosis is empty, and nothing drawn from it may be taken as one
+    preview: int = 0
     # call_at's index, by rank: filled on first use, by the loader and then by the UI thread only (a worker
     # computing lanes never asks); shared by the Models of one read, whose timelines are the same objects
     _calls: dict[int, dict[tuple[str, int], Call]] = field(default_factory=dict, repr=False)
+    # group name -> its label (Run.group_labels: a look at every rank), filled on first use like _calls
+    _labels: dict[str, str] = field(default_factory=dict, repr=False)
 
     def with_layout(self, layout: Layout) -> Model:
         """This run in these lanes (a new Model: this one is not changed)."""
         lines = {**self.lines, **layout.read} if layout.read else self.lines
         return dataclasses.replace(self, lines=lines, rows=layout.rows, expanded=layout.expanded,
-                                   _calls=self._calls)  # fmt: skip
+                                   _calls=self._calls, _labels=self._labels)  # fmt: skip
+
+    def group_labels(self) -> dict[str, str]:
+        """The run's group labels (Run.group_labels), worked out once."""
+        if not self._labels:
+            self._labels.update(self.run.group_labels())
+        return self._labels
 
     def call_at(self, rank: int, group: str, seq: int) -> Call | None:
         """The rank's (first) call at (group, seq), by an index built on first use; `group` a p2p
@@ -228,7 +241,7 @@ def detail(model: Model, c: Call, rank: int | None = None) -> Detail:
     run = model.run
     info = next((rt.groups[c.group] for rt in run.ranks.values() if c.group in rt.groups), None)
     members = tuple(info.ranks) if info is not None and info.ranks else tuple(model.ranks)
-    labels = run.group_labels()
+    labels = model.group_labels()
     label = labels.get(c.group, c.group)
     if sum(v == label for v in labels.values()) > 1:
         label += f" (group {c.group}, {ranks_text(members)})"
@@ -360,6 +373,36 @@ def fingerprint(run_dir: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
+PREVIEW_FROM = 512  # from this many rank files (a second or more to read and diagnose), a preview first ...
+PREVIEW_RANKS = 32  # ... of this many ranks' lanes, drawn while the run is read and diagnosed
+
+
+def preview(run_dir: str) -> Model | None:
+    """What a big run's lanes show before its diagnosis (a few seconds at 16,384 ranks): PREVIEW_RANKS ranks
+    evenly spaced, each read alone and drawn on its own host's clock (aligned once the diagnosis is in), one lane
+    each; no culprit, no divergence. None where the run has fewer than PREVIEW_FROM rank files (read whole
+    at once) or none of the sample can be read."""
+    files = find_rank_files(run_dir)
+    if len(files) < PREVIEW_FROM:
+        return None
+    ranks = sorted(files)
+    read: dict[int, RankTrace] = {}
+    for r in ranks[:: max(1, len(ranks) // PREVIEW_RANKS)][:PREVIEW_RANKS]:
+        try:
+            read[r] = read_rank(r, files[r])
+        except (OSError, TraceError, struct.error):
+            continue  # (the diagnosis says why)
+    if not read:
+        return None
+    lines = {r: timeline(rt, 0, TAIL) for r, rt in read.items()}
+    t_min = min((int(tl.cols().t0[0]) for tl in lines.values() if len(tl.cols())), default=0)
+    t_max = max((tl.end_ns for tl in lines.values()), default=t_min + 1)
+    run = Run(run_dir, read, max(ranks) + 1, [])
+    nothing = Diagnosis(Verdict.UNKNOWN, (), (), None, None, None, {}, ())
+    return Model(run_dir, run, nothing, {}, "", lines, t_min, max(t_max, t_min + 1), None,
+                 rows=tuple(Row(r, (r,)) for r in lines), preview=len(files))  # fmt: skip
+
+
 def load(run_dir: str, ask: bool = False) -> Model:
     """Read and diagnose a run (raises TraceError on unusable input); `ask`: first ask a live run's ranks for
     their stacks and wait up to 2 s (trace.live), so a rank stuck outside collectives shows where it is."""
@@ -383,6 +426,7 @@ def load(run_dir: str, ask: bool = False) -> Model:
     if d is not None and d.seq is not None:  # (this builds call_at's index here, in the loader, not under a key)
         at = [c.t0 for c in (model.call_at(r, d.group, d.seq) for r in lines) if c is not None]
         model = dataclasses.replace(model, divergence_ns=min(at, default=None), _calls=model._calls)
+    model.group_labels()  # (here, in the loader, not under the first `n`)
     return model.with_layout(layout(model, frozenset()))
 
 
