@@ -120,9 +120,9 @@ def _store_wait(e: RankEnd | None, rt: RankTrace | None) -> Collective | None:
         return None
     if e.open_span is not None:
         return e.open_span if e.open_span.op == SpanKind.STORE else None
-    if rt is None or e.state is not RankState.CRASHED or not len(rt.spans):
+    last = rt.spans.newest() if rt is not None and e.state is RankState.CRASHED else None  # (its last slot alone)
+    if last is None:
         return None
-    last = rt.spans[-1]
     issued = e.last.t_issue_ns if e.last is not None else 0
     return last if last.op == SpanKind.STORE and last.error and last.t_issue_ns > issued else None
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import re
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from colltrace.analysis.results import RankEnd
 from colltrace.analysis.streams import RankStreams
-from colltrace.trace import frames
+from colltrace.trace import frames, schema
 from colltrace.trace.events import DataExhausted, Error, Frame, Stacks, Thread, ThreadError
-from colltrace.trace.records import Collective, RankState, RankTrace, Run
+from colltrace.trace.records import SIGNAL_LAG_NS, Collective, RankState, RankTrace, Run
+
+if TYPE_CHECKING:
+    from colltrace.trace.store import Slots
 
 _OOM = re.compile(r"out of memory|OutOfMemory|MemoryError|can't allocate memory|std::bad_alloc|not enough memory", re.I)
 # what a victim's error says when its collective failed because of another rank
@@ -223,7 +227,7 @@ def rank_end(rt: RankTrace, rs: RankStreams, end_ns: int = 0) -> RankEnd:
     full = [frame_text(f) for f in frames]
     stack = excerpt(full)
     collective_failure = _victims_error(err, etype, text, fault, oom, bool(in_collective), blocked, failed_exit)
-    open_spans = _open_at_stop(rt) if state is not RankState.FINISHED else []
+    open_spans = _open_at_stop(rt, rs.spans(rt)) if state is not RankState.FINISHED else []
     span = max(open_spans, key=lambda s: s.t_issue_ns) if open_spans else None
     open_for = max(0.0, (end_ns - span.t_issue_ns) / 1e9) if span is not None and end_ns else None
     latest = rt.stacks[-1] if rt.stacks and state is not RankState.FINISHED else None
@@ -286,13 +290,20 @@ def _last_step(events: tuple[DataExhausted, ...]) -> int | None:
     return max(steps) if steps else (0 if events else None)
 
 
-def _open_at_stop(rt: RankTrace) -> list[Collective]:
-    """The spans the rank was in when it stopped: still open, or, when it was sent a signal, open at that
-    moment (a span the signal's aftermath ended, a DataLoader raising because its worker was killed too)."""
-    spans = rt.open_spans
-    if rt.signal is not None:
-        spans += [s for s in rt.spans if s.t_done_ns is not None and s.error and rt.after_signal(s.t_done_ns)]
-    return spans
+def _open_at_stop(rt: RankTrace, spans: Slots) -> list[Collective]:
+    """The spans (of `spans`: the rank's, or its last as far back as its streams read) the rank was in when it
+    stopped: still open, or, when it was sent a signal, open at that moment (a span the signal's aftermath
+    ended, a DataLoader raising because its worker was killed too). Column by column: only those are decoded."""
+    cols = spans.cols
+    if not len(cols):
+        return []
+    done = cols["t_done_ns"]
+    found = spans.decode(cols[done == 0])
+    if rt.signal is not None and rt.signal.t_ns > 0:  # (rt.after_signal's rule, on the columns)
+        failed = (done != 0) & (cols["flags"] & schema.FLAG_ERROR != 0)
+        failed &= done.astype(np.int64) + spans.offset >= rt.signal.t_ns - SIGNAL_LAG_NS
+        found += spans.decode(cols[failed])
+    return found
 
 
 def missing_end(rank: int) -> RankEnd:

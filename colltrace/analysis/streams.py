@@ -7,7 +7,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from colltrace import workers
 from colltrace.trace import schema
 from colltrace.trace.records import Collective, RankTrace, Run
 from colltrace.trace.vocab import OpFamily, Phase, op_family
+
+if TYPE_CHECKING:
+    from colltrace.trace.store import Slots
 
 # ops whose receive-side count is the one all ranks agree on (non-root ranks pass no scatter list)
 _OUT_COUNTED = frozenset({"scatter", "scatter_object_list"})
@@ -164,6 +167,14 @@ class RankStreams:
     # records decoded as the streams were built, by idx: the newest and the newest HELD_OPEN still open, what the
     # rank's end is made of (read again from its ring they would cost a read each: states.record)
     held: dict[int, Collective] = field(default_factory=dict)
+    # the last records per rank its streams were built from, where fewer than it holds (None: all); its spans are
+    # read as far back (spans())
+    window: int | None = None
+
+    def spans(self, rt: RankTrace) -> Slots:
+        """The rank's spans its streams' window covers: its last `window` (all, where the streams hold all): a
+        ring of 100,000 spans per rank is not read whole for the few at its end."""
+        return rt.spans if self.window is None else rt.spans.tail(self.window)
 
 
 def p2p_key(group: str, src: int, dst: int) -> str:
@@ -273,7 +284,8 @@ def _held(records: Any, every: Any, open_: list[tuple[str, int, int]]) -> dict[i
 def build_streams(rt: RankTrace, table: SigTable, window: int | None = None) -> RankStreams:
     """One pass over a rank's columns (its last `window` records: None, all), a block of rows at a time (the
     analyzer's hot loop)."""
-    records = rt.records if window is None or held(rt) <= window else rt.records.tail(window)
+    shown = None if window is None or held(rt) <= window else window  # the window, where it leaves records out
+    records = rt.records if shown is None else rt.records.tail(shown)
     strings, offset = records.strings, records.offset
     rank = rt.rank
     groups: dict[str, GroupStream] = {}
@@ -339,8 +351,10 @@ def build_streams(rt: RankTrace, table: SigTable, window: int | None = None) -> 
         last_idx=last_idx,
         last_t_ns=(last_t + offset) if last_t else 0,
         tail_lost=rt.ring_cut > 0,
-        loop_threads=frozenset(loop | _loop_in(rt.spans, "op", table)) or None,
+        loop_threads=frozenset(loop | _loop_in(rt.spans if shown is None else rt.spans.tail(shown), "op", table))
+        or None,
         held=held_records,
+        window=shown,
     )
 
 
@@ -579,7 +593,9 @@ def _build_all(run: Run, table: SigTable, window: int | None = None) -> dict[int
     first, rest = items[:FIRST_RANKS], items[FIRST_RANKS:]
     out = {rs.rank: rs for rs in build(first)[0]}
     base = len(table.sigs)
-    for i, (got, new) in enumerate(workers.map_parts(build, workers.split(rest, procs))):
+    here = max(0, len(items) // procs - FIRST_RANKS)  # this process's part: its first ranks count in its share
+    parts = [rest[:here], *workers.split(rest[here:], procs - 1)]
+    for i, (got, new) in enumerate(workers.map_parts(build, parts)):
         if i:  # a child's own signature ids, beyond the shared ones, renumbered into this table in order
             _renumber(got, base, [table.intern(sig) for sig in new if sig is not None])
         out.update((rs.rank, rs) for rs in got)

@@ -278,7 +278,9 @@ def step_windows(tl: Timeline) -> list[tuple[int, int, int]]:
     """(step, start, end) of each completed step: a step runs from its first issue or span to the next's."""
     c = tl.cols()
     spans = np.array([(s.step, s.t0) for s in tl.spans], dtype=np.int64).reshape(-1, 2)
-    starts = _first_issue(np.concatenate((c.step[~c.setup], spans[:, 0])), np.concatenate((c.t0[~c.setup], spans[:, 1])))
+    starts = _first_issue(
+        np.concatenate((c.step[~c.setup], spans[:, 0])), np.concatenate((c.t0[~c.setup], spans[:, 1]))
+    )
     setup = _first_issue(c.step[c.setup], c.t0[c.setup])  # the job's setup is no step's time ...
     for step, t0 in setup.items():
         starts.setdefault(step, t0)  # ... unless a step has nothing else (collectives outside any module)
