@@ -32,6 +32,7 @@ from analyze_scale import RUNS, make_distinct, make_run  # noqa: E402
 
 from colltrace.trace.reader import check_run  # noqa: E402
 from colltrace.tui.app import CollTraceApp  # noqa: E402
+from colltrace.tui.loader import Loading  # noqa: E402
 
 FLOOR: list[float] = []  # per run: median ms of an unbound key press until idle (Pilot's own cost)
 IDLE: list[float] = []  # per run: p95 ms of a key press until idle
@@ -43,8 +44,8 @@ LOADING_KEYS = ["right", "left", "plus", "minus", "down", "up", "n", "p"] * 20  
 async def measure(run_dir: str) -> tuple[float, float, list[float], list[float]]:
     """(first paint, diagnosis shown, ms per key while the run is read, ms per key after)."""
     t = time.perf_counter()
-    check_run(run_dir)  # what `colltrace tui` does before the screen opens
-    app = CollTraceApp(run_dir, live=False)
+    check_run(run_dir)  # what `colltrace tui` does before the screen opens (tui.app.run)
+    app = CollTraceApp(run_dir, live=False, loading=Loading.start(run_dir))
     painted: list[float] = []  # when each repaint was handed to the display
     display = app._display
 

@@ -349,6 +349,41 @@ def test_a_big_run_shows_a_sample_of_its_lanes_until_its_diagnosis_is_in(
     asyncio.run(main())
 
 
+def test_a_big_runs_model_comes_from_a_process_of_its_own_as_the_one_read_here(tmp_path: Path) -> None:
+    """`colltrace tui` forks, before its screen starts, a process that reads and diagnoses a big run and sends the
+    model back in parts: the UI's process gets the model it would have read itself (here from a fresh
+    interpreter, one thread, as the command's; the preview lowered to 64 ranks, the parts to 16 ranks)."""
+    _big_world(tmp_path)
+    script = (
+        "import sys, pickle\n"
+        "from colltrace.tui import loader, model as m\n"
+        "m.PREVIEW_FROM, loader.PART_RANKS = 64, 16\n"
+        "loading = loader.Loading.start(sys.argv[1])\n"
+        "assert loading is not None and loading.pid\n"
+        "got, here = loading.model(), m.load(sys.argv[1])\n"
+        "assert got is not None and not loading.pid\n"
+        "print(got.report == here.report, got.markdown == here.markdown, got.rows == here.rows,\n"
+        "      list(got.run.ranks) == list(here.run.ranks), list(got.dx.ranks) == list(here.dx.ranks),\n"
+        "      got.dx.culprits, sorted(got.lines) == sorted(here.lines))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "True", "True", "True", "(79,)", "True"]
+
+
+def test_a_run_the_loading_process_cannot_read_is_said_as_the_reader_says_it(tmp_path: Path) -> None:
+    """Its TraceError travels as words; the app shows them as it would its own (LoadFailed)."""
+    import io
+
+    from colltrace.tui import loader
+
+    out = io.BytesIO()
+    loader._send(out, str(tmp_path / "nope"))
+    out.seek(0)
+    with pytest.raises(loader.LoadError, match="no such directory"):
+        loader._received(loader._frames(out))
+
+
 def test_a_class_lane_expands_rank_by_rank_and_folds_back(tmp_path: Path) -> None:
     """`e` on the 79 ranks' lane: their first 32 get lanes of their own (their timelines read then), the
     other 47 one lane; `e` on any of those lanes folds the class back into one."""

@@ -23,6 +23,7 @@ from textual.worker import get_current_worker
 from colltrace.report import words
 from colltrace.tui import model as m
 from colltrace.tui.help import Help, legend
+from colltrace.tui.loader import Loading
 from colltrace.tui.messages import Expanded, Loaded, LoadFailed
 from colltrace.tui.palette import PALETTE, Jump
 from colltrace.tui.timeline import Timeline
@@ -96,11 +97,13 @@ class CollTraceApp(App[None]):
         ),
     ]
 
-    def __init__(self, run_dir: str, live: bool = True) -> None:
+    def __init__(self, run_dir: str, live: bool = True, loading: Loading | None = None) -> None:
+        """`loading`: the run's first read, already under way in a process of its own (Loading.start)."""
         super().__init__()
         self.animation_level = "none"  # over SSH, on a hung job: no tweens (tab underline, scrolling)
         self.run_dir = run_dir
         self.live = live
+        self.loading = loading
         self.model: m.Model | None = None
         self.timeline = Timeline()
         self.written: str | None = None
@@ -145,11 +148,15 @@ class CollTraceApp(App[None]):
         on a re-read because files changed: the answers change them. `first`: a big run's first read shows a
         sample of its lanes while the rest is read (m.preview)."""
         try:
+            got = None
             if first:
                 ahead = m.preview(self.run_dir)
                 if ahead is not None:
                     self.post_message(Loaded(ahead))
-            model = m.load(self.run_dir, ask=ask)
+                got = self.loading.model() if self.loading is not None else None  # None: it failed, read here
+            if got is None and get_current_worker().is_cancelled:
+                return  # (the screen is closing)
+            model = got or m.load(self.run_dir, ask=ask)
         except Exception as e:  # a run torn mid-write: keep what is shown, say so
             self.post_message(LoadFailed(str(e)))
             return
@@ -453,4 +460,9 @@ def _table(id_: str, fixed_columns: int = 0) -> DataTable[str]:
 
 
 def run(run_dir: str) -> None:
-    CollTraceApp(run_dir).run()
+    loading = Loading.start(run_dir)  # (before the screen starts its threads: a process with one thread forks)
+    try:
+        CollTraceApp(run_dir, loading=loading).run()
+    finally:
+        if loading is not None:
+            loading.cancel()

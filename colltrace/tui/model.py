@@ -395,6 +395,8 @@ def preview(run_dir: str) -> Model | None:
     if not read:
         return None
     lines = {r: timeline(rt, 0, TAIL) for r, rt in read.items()}
+    for tl in lines.values():
+        tl.calls  # noqa: B018 - decoded here, in the loader, not by the UI thread drawing them
     t_min = min((int(tl.cols().t0[0]) for tl in lines.values() if len(tl.cols())), default=0)
     t_max = max((tl.end_ns for tl in lines.values()), default=t_min + 1)
     run = Run(run_dir, read, max(ranks) + 1, [])
@@ -414,6 +416,8 @@ def load(run_dir: str, ask: bool = False) -> Model:
         dx = diagnose(run)
         report = jsonreport.build(run, dx)
     lines = dx.timing.lines if dx.timing is not None else {}  # read only: with_layout copies before adding
+    for tl in lines.values():
+        tl.calls  # noqa: B018 - decoded here, in the loader, not by the UI thread drawing them
     times = [c.t0 for tl in lines.values() for c in tl.calls[:1]] + [
         s.t0 for tl in lines.values() for s in tl.spans[:1]
     ]
@@ -477,6 +481,8 @@ def layout(model: Model, expanded: frozenset[tuple[int, ...]]) -> Layout:
     shown = next((r for r in left if held(r)), None)
     if left and shown is not None:
         out.append(Row(shown, left))
+    for tl in read.values():
+        tl.calls  # noqa: B018 - decoded here, off the UI thread, not by it drawing them
     return Layout(tuple(out), expanded, read)
 
 

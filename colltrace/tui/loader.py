@@ -1,0 +1,152 @@
+"""A big run's first read and diagnosis in a process of its own, so that the screen answers keys meanwhile.
+
+In the UI's process the loader thread and the UI thread share one interpreter: while a 16,384-rank run is
+read (seconds of Python), a key waited for the loader's turns (60-110 ms to its repaint). Here a process forked
+before the screen starts (it has one thread, so it may fork worker processes of its own: colltrace.workers)
+reads and diagnoses the run as `colltrace report` does, and sends the model back as a shell and its per-rank
+tables in parts of PART_RANKS ranks; the UI's loader thread takes them one at a time (a few ms each), and the
+UI thread runs between them. Where the process fails or dies, the loader reads the run itself (model.load).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import signal
+import struct
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+from colltrace import workers
+from colltrace.tui import model as m
+
+PART_RANKS = 64  # ranks per part sent: a part's unpickling holds the interpreter for a few ms
+NICE = 10  # the loading process's niceness, added to the UI's
+_LENGTH = struct.Struct("<Q")
+
+
+class LoadError(Exception):
+    """The run could not be read (the loading process's TraceError, in its words)."""
+
+
+class Loading:
+    """The first read of `run_dir` under way in a forked process (start() where that is possible)."""
+
+    def __init__(self, pid: int, fd: int) -> None:
+        self.pid = pid
+        self._fd = fd
+        self._lock = threading.Lock()  # (the loader thread and the UI's exit may both wait for the process)
+
+    @classmethod
+    def start(cls, run_dir: str) -> Loading | None:
+        """Fork the process that reads and diagnoses the run, where it is big (model.PREVIEW_FROM rank files:
+        a smaller one is read at once) and this process may fork (one thread: before the screen starts)."""
+        if sys.platform == "win32" or not hasattr(os, "fork") or threading.active_count() > 1:
+            return None
+        try:
+            if len(m.find_rank_files(run_dir)) < m.PREVIEW_FROM:
+                return None
+        except m.TraceError:
+            return None  # (the loader says why)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the loading process: never back into the caller's code
+            os.close(r)
+            signal.signal(signal.SIGTERM, _stop)  # (cancel(): its worker processes are let finish, then it ends)
+            os.nice(NICE)  # the screen's process first, where they share the CPUs (its workers inherit it)
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            for fd in (1, 2):  # the terminal is the screen's: a warning written there would tear it
+                os.dup2(quiet, fd)
+            code = 0
+            try:
+                with os.fdopen(w, "wb") as out:
+                    _send(out, run_dir)
+            except BaseException:  # noqa: BLE001 - whatever it was, the UI reads the run itself
+                code = 1
+            os._exit(code)
+        os.close(w)
+        return cls(pid, r)
+
+    def model(self) -> m.Model | None:
+        """The model the process made (call it from the loader thread: it waits for it); None where the process
+        failed or died. Raises LoadError where it could not read the run."""
+        try:
+            with os.fdopen(self._fd, "rb") as f, workers.paused_gc():  # (its millions of objects: see paused_gc)
+                return _received(_frames(f))
+        except (EOFError, OSError, pickle.UnpicklingError):
+            return None
+        finally:
+            self._reap()
+
+    def cancel(self) -> None:
+        """Stop the process where it still runs (the screen was closed before its model came)."""
+        with self._lock:
+            if self.pid:
+                os.kill(self.pid, signal.SIGTERM)
+        self._reap()
+
+    def _reap(self) -> None:
+        with self._lock:
+            pid, self.pid = self.pid, 0  # (waited for once: its pid may be another process's after)
+            if pid:
+                os.waitpid(pid, 0)
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise SystemExit(1)
+
+
+def _tables(model: m.Model) -> tuple[dict[int, Any], ...]:
+    """The model's per-rank tables (sent in parts): the run's traces, the ranks' ends, the report's ranks."""
+    return model.run.ranks, model.dx.ranks, model.report.get("ranks", {})
+
+
+def _send(out: BinaryIO, run_dir: str) -> None:
+    try:
+        model = m.load(run_dir, ask=True)
+    except m.TraceError as e:
+        _frame(out, ("error", str(e)))
+        return
+    tables = _tables(model)
+    report = {k: ({} if k == "ranks" else v) for k, v in model.report.items()}
+    shell = dataclasses.replace(model, run=dataclasses.replace(model.run, ranks={}),
+                                dx=dataclasses.replace(model.dx, ranks={}), report=report,
+                                _calls=model._calls, _labels=model._labels)  # fmt: skip
+    _frame(out, ("shell", shell))
+    for which, table in enumerate(tables):
+        items = list(table.items())
+        for at in range(0, len(items), PART_RANKS):
+            _frame(out, ("part", which, items[at : at + PART_RANKS]))
+    _frame(out, ("done", None))
+
+
+def _frame(out: BinaryIO, value: Any) -> None:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    out.write(_LENGTH.pack(len(data)) + data)
+
+
+def _frames(f: BinaryIO) -> Iterator[Any]:
+    while True:
+        head = f.read(_LENGTH.size)
+        if len(head) < _LENGTH.size:
+            raise EOFError("the loading process ended before its model was sent")
+        data = f.read(_LENGTH.unpack(head)[0])
+        yield pickle.loads(data)  # (one part: a few ms of the interpreter, then the UI thread's turn)
+
+
+def _received(frames: Iterator[Any]) -> m.Model:
+    shell: m.Model | None = None
+    for kind, *rest in frames:
+        if kind == "error":
+            raise LoadError(rest[0])
+        if kind == "shell":
+            shell = rest[0]
+        elif kind == "part" and shell is not None:
+            which, items = rest
+            _tables(shell)[which].update(items)
+        elif kind == "done" and shell is not None:
+            return shell
+    raise EOFError("no model")
