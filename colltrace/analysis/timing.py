@@ -347,34 +347,43 @@ def breakdown(
     if not windows:
         return out
     bounds = np.array([(lo, hi) for _, lo, hi in windows], dtype=np.int64)
-    n_cat = _OTHER_INDEX + 1
     if not len(ivs):  # nothing under way at any moment: each window is all `other`
         for (_, lo, hi), row in zip(windows, out):
             row[OTHER] += hi - lo
         return out
+    # a row per category that occurs (and `other`), in priority order: numpy runs along rows, not down columns
+    present = np.bincount(cats, minlength=_OTHER_INDEX + 1) > 0
+    present[_OTHER_INDEX] = True
+    rows = np.flatnonzero(present)
+    other = len(rows) - 1  # (the last: the lowest priority)
+    n_cat = len(rows)
+    cats = np.searchsorted(rows, cats)
     u, inv = np.unique(np.concatenate((ivs[:, 0], ivs[:, 1])), return_inverse=True)
     delta = np.concatenate((np.ones(len(ivs)), -np.ones(len(ivs))))
-    changes = np.bincount(inv * n_cat + np.concatenate((cats, cats)), delta, len(u) * n_cat)
-    active = np.cumsum(changes.reshape(len(u), n_cat), axis=0) > 0.5  # from u[i] on: which categories run
-    top = np.where(active.any(axis=1), active.argmax(axis=1), _OTHER_INDEX)  # the first in priority order
-    # cum[j]: each category's time in [u[0], u[j]); then any window is a difference of two such sums
-    cum = np.zeros((len(u), n_cat), dtype=np.int64)
-    cum[np.arange(1, len(u)), top[:-1]] = np.diff(u)
-    cum = np.cumsum(cum, axis=0)
+    changes = np.bincount(np.concatenate((cats, cats)) * len(u) + inv, delta, len(u) * n_cat)
+    active = np.cumsum(changes.reshape(n_cat, len(u)), axis=1) > 0.5  # from u[i] on: which categories run
+    top = np.full(len(u), other)
+    for k in range(n_cat - 1, -1, -1):
+        top[active[k]] = k  # the first in priority order
+    # cum[:, j]: each category's time in [u[0], u[j]); then any window is a difference of two such sums
+    cum = np.zeros((n_cat, len(u)), dtype=np.int64)
+    cum[top[:-1], np.arange(1, len(u))] = np.diff(u)
+    cum = np.cumsum(cum, axis=1)
 
     def before(t: Any) -> Any:
         """Each category's time in [u[0], t) (t before u[0]: minus the `other` time from t to u[0])."""
         j = np.searchsorted(u, t, "right") - 1
         jc = np.maximum(j, 0)
-        got = cum[jc].copy()
-        got[np.arange(len(t)), np.where(j >= 0, top[jc], _OTHER_INDEX)] += t - u[jc]
+        got = cum[:, jc].T.copy()
+        got[np.arange(len(t)), np.where(j >= 0, top[jc], other)] += t - u[jc]
         return got
 
     sums = before(bounds[:, 1]) - before(bounds[:, 0])
+    names = [_NAMES[k] for k in rows.tolist()]
     for i, row in enumerate(sums.tolist()):
-        for k, ns in enumerate(row):
+        for name, ns in zip(names, row):
             if ns:
-                out[i][_NAMES[k]] += ns
+                out[i][name] += ns
     return out
 
 
@@ -401,7 +410,10 @@ def rank_timing(tl: Timeline) -> RankTiming:
     ]  # fmt: skip
     whole = Overlap(intervals.total(comm), intervals.total(both), spans)
     groups = {}
-    for g in sorted(set(calls.groups)):  # (two ids of one name, "?" for ids the string table lacks, are one)
+    names = sorted(set(calls.groups))  # (two ids of one name, "?" for ids the string table lacks, are one)
+    if len(names) == 1:  # every call in one group: its overlap is the whole's
+        names, groups = [], {names[0]: whole}
+    for g in names:
         codes = [i for i, name in enumerate(calls.groups) if name == g]
         gc = intervals.merge(calls.ivs(np.isin(calls.group, codes) & ended))
         groups[g] = Overlap(intervals.total(gc), intervals.total(intervals.intersect(gc, compute)), spans)
