@@ -373,7 +373,7 @@ def fingerprint(run_dir: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-PREVIEW_FROM = 512  # from this many rank files (a second or more to read and diagnose), a preview first ...
+PREVIEW_FROM = 2048  # from this many rank files (seconds to read and diagnose), a preview first ...
 PREVIEW_RANKS = 32  # ... of this many ranks' lanes, drawn while the run is read and diagnosed
 
 
