@@ -28,7 +28,7 @@ def _said(out: str) -> dict[int, dict[str, Any]]:
     return found
 
 
-@pytest.fixture(scope="module", params=["fn", "fsdp"])
+@pytest.fixture(scope="module", params=["fn", "fsdp", "ddp"])
 def both(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Any, Path]:
     """The same job untraced and traced: what TorchDynamo built in each, and the traced run's trace."""
     part = request.param
@@ -47,10 +47,15 @@ def test_the_compiler_builds_the_same_graphs_with_tracing_on(both: tuple[str, An
     assert sorted(plain) == sorted(traced) == [0, 1]
     for rank in (0, 1):
         assert traced[rank]["graphs"] == plain[rank]["graphs"] and traced[rank]["graphs"]
-        assert traced[rank]["breaks"] == plain[rank]["breaks"] == 0
+        assert traced[rank]["breaks"] == plain[rank]["breaks"]
+        assert part == "ddp" or plain[rank]["breaks"] == 0
     if part == "fn":  # fullgraph=True compiled the all_reduce into the graph, as a functional collective
         assert plain[0]["graphs"] == ["mul all_reduce wait_tensor add"]
         assert traced[0]["out"] == plain[0]["out"] == [7.0] * 4
+    elif part == "ddp":  # DDP's forward breaks the graph; the Sequential of torch's modules is left eager, as
+        # untraced (colltrace's wrappers and hooks once made TorchDynamo compile it), the job's own Block compiled
+        assert plain[0]["graphs"] == ["linear relu"] and plain[0]["breaks"] > 0
+        assert traced[0]["losses"] == plain[0]["losses"]
     else:  # one graph per distinct block, the same training either way
         assert traced[0]["losses"] == plain[0]["losses"]
 
@@ -67,6 +72,10 @@ def test_eager_collectives_are_recorded_and_compiled_ones_are_said_to_be_unseen(
         if part == "fn":  # the compiled all_reduce runs from C++: only the eager one is in the trace
             ours = [r for r in rt.records if not r.flags & schema.FLAG_FLIGHT]  # (FR's dump adds the compiled ones)
             assert [(r.op, r.numel_in) for r in ours] == [("all_reduce", 3)]
+        elif part == "ddp":  # DDP's reducer runs eagerly: its bucket all-reduces recorded, each DDP forward a span
+            grads = [(r.op, r.module) for r in rt.records if r.phase == "backward" and r.flavour == "reduce_grad"]
+            assert grads == [("all_reduce", "0..2")] * 2 + [("all_reduce", "lin")] * 2
+            assert [(s.op, s.module) for s in rt.spans if s.op == "forward"] == [("forward", "<root>")] * 4
         else:  # FSDP2's own collectives run eagerly around the compiled blocks: all recorded, by unit
             gathers = [(r.module, r.phase) for r in rt.records if r.op == "all_gather_single" and r.step == 0]
             assert [m for m, p in gathers if p == "forward"] == ["0", "1", "2"]
@@ -94,5 +103,7 @@ def test_flight_recorder_dumps_steered_beside_the_trace_show_the_compiled_collec
                            (4, "all_reduce", 3, False)]  # fmt: skip
             assert rt.flight[rt.records[-1].idx].seq == 4
         assert report["verdict"] == "healthy" and "1-3" in run_report(str(run_dir), "md")[0]
+    elif part == "ddp":  # a healthy run either way (FR also saw the broadcasts DDP's bucket rebuild issues from C++)
+        assert report["verdict"] == "healthy" and fr["joined"]
     else:  # FSDP2 runs eagerly around compiled blocks: every collective passed through Python
         assert fr["not_in_trace"] == {} and all(n == len(run.ranks[int(r)].records) for r, n in fr["joined"].items())

@@ -24,6 +24,7 @@ colltrace and its collectives are recorded too. COLLTRACE_DDP=off leaves DDP alo
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import weakref
@@ -168,13 +169,16 @@ class DdpAdapter(Adapter):
         """The wrapped module called directly (`model.module(x)`, as evaluation loops do to skip DDP's own work)
         is a forward span too: DDP's forward has its span (hooks), a direct call had none, and a rank stopped inside
         one read as stopped in no span. Forward hooks on that one module, which step aside inside DDP's forward
-        (_run_ddp_forward among the hook's callers) and while torch.compile traces."""
+        (_run_ddp_forward among the hook's callers) and while torch.compile traces. Not on a module of torch's own
+        class (an nn.Sequential): with hooks on it, torch.compile(ddp_model) compiles its frames, which it runs as
+        they are without them."""
         from colltrace.record import spans
         from colltrace.record.shim import compiling_check
 
         inner, tracer, ctx = getattr(ddp, "module", None), self.tracer, self.ctx
-        run_ddp = getattr(getattr(ddp_cls, "_run_ddp_forward", None), "__code__", None)
-        if inner is None or run_ddp is None or not hasattr(inner, "register_forward_pre_hook"):
+        run = getattr(ddp_cls, "_run_ddp_forward", None)
+        run_ddp = getattr(inspect.unwrap(run), "__code__", None) if run is not None else None  # torch's, not ours
+        if inner is None or run_ddp is None or not hasattr(inner, "register_forward_pre_hook") or _torchs(inner):
             return
         compiling = compiling_check()
 
@@ -344,3 +348,9 @@ def _completed(rec: Any, work: Any, failed: bool) -> None:
 
 def _comm_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects hooks with annotations other than its own
     return state.adapter.reduce(state, bucket)
+
+
+def _torchs(module: Any) -> bool:
+    """The module's forward is torch's own (an nn.Sequential's), not a class of the job's."""
+    forward = getattr(type(module), "forward", None)
+    return (getattr(forward, "__module__", None) or "").startswith("torch.")

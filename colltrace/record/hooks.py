@@ -43,10 +43,8 @@ class Hooks:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
-        from colltrace.record.shim import compiling_check
-
         ctx, patches = self.ctx, self.patches
-        self._compiling = compiling_check()
+        self._compiling = self.tracer.compiling
         patches.set(ctx, "grad_enabled", torch.is_grad_enabled)
         graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
         if graph_task_id is not None:
@@ -105,22 +103,22 @@ class Hooks:
             ctx.root_forward()
 
     def _learn_wrapper_roots(self) -> None:
-        """DistributedDataParallel issues its collectives from C++, so no frame walk ever sees its
-        forward: learn it as the root at its first forward."""
+        """DistributedDataParallel issues its collectives from C++, so no frame walk ever sees its forward: the
+        module is learnt as the root at its first forward, and what it runs of the module it wraps is a forward
+        span, by a wrapper of DDP._run_ddp_forward. Not of DDP.forward: torch.compile(ddp_model) compiles by what
+        DDP.forward is (a function of torch's, which it runs as it is), and a wrapper of ours there made it compile
+        the model; nor hooks on the module, with which torch compiles other frames too."""
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
         except Exception:
             return
-        self._learn_at_forward(DDP)
-
-    def _learn_at_forward(self, cls: Any) -> None:
-        """Learn an instance of `cls` (a wrapper every step runs through) as the root at its first
-        forward, when no root is known yet."""
         ctx, tracer = self.ctx, self.tracer
 
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(orig)
-            def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
+            def _run_ddp_forward(module: Any, *args: Any, **kwargs: Any) -> Any:
+                if tracer.compiling():  # TorchDynamo traces it: the original, as without colltrace
+                    return orig(module, *args, **kwargs)
                 if ctx.root is None:
                     ctx.learn_root(module, module.named_modules, running=True)
                 if tracer.spans is None:
@@ -128,9 +126,9 @@ class Hooks:
                 what, mode = spans.forward_kind(ctx, module)
                 return spanned(tracer, what, "<root>", mode, orig, (module, *args), kwargs)
 
-            return forward
+            return _run_ddp_forward
 
-        self.patches.wrap(cls, "forward", make)
+        self.patches.wrap(DDP, "_run_ddp_forward", make)
 
     # -- global module hooks (COLLTRACE_MODULES=hooks): module stack, root forwards ---------
 
@@ -366,10 +364,10 @@ def spanned(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    """fn(*args, **kwargs) as a span (when tracer records): begun before, ended after, marked when it
-    raised. The call's own arguments stay apart from the span's, whatever their names."""
+    """fn(*args, **kwargs) as a span (when tracer records, and TorchDynamo is not tracing it): begun before,
+    ended after, marked when it raised. The call's own arguments stay apart from the span's, whatever their names."""
     sp = tracer.spans
-    if sp is None:
+    if sp is None or tracer.compiling():
         return fn(*args, **kwargs)
     try:
         span = sp.begin(what, module, flavour)

@@ -7,10 +7,11 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from colltrace import config as config_mod
-from colltrace.record import groups, launcher
+from colltrace.record import dynamo, groups, launcher
 from colltrace.record.context import Context
 from colltrace.record.ddp import DdpAdapter
 from colltrace.record.deepspeed import DeepSpeedAdapter
@@ -21,7 +22,7 @@ from colltrace.record.lifecycle import Lifecycle
 from colltrace.record.patches import Patches
 from colltrace.record.pipelining import PipeliningAdapter
 from colltrace.record.recorder import Recorder
-from colltrace.record.shim import Shim
+from colltrace.record.shim import Shim, compiling_check
 from colltrace.trace import live, schema
 from colltrace.trace.flight import SUBDIR
 from colltrace.trace.writer import TraceWriter
@@ -42,6 +43,7 @@ class Tracer:
         self.recorder: Recorder | None = None
         self.spans: SpanRecorder | None = None  # the recorder's spans while it records (read by hooks)
         self.cuda_unit: Any = None  # on CUDA, MemorySampler.unit_end: FSDP2's unit ends call it (record/memory.py)
+        self.compiling: Callable[[], bool] = bool  # TorchDynamo is tracing now (shim.compiling_check, at install)
         self.cfg: config_mod.Config | None = None
         self.ctx = Context()
         self.patches = Patches()  # everything install() changed: pause() and uninstall() undo exactly this
@@ -89,12 +91,14 @@ class Tracer:
     def _patch_torch(self, cfg: config_mod.Config) -> None:
         """Everything install() changes in torch, into self.patches (pause and resume redo exactly this)."""
         patches = self.patches
+        self.compiling = compiling_check()
         self.shim.install(patches)
         groups.wrap_creation(self)
         self.hooks.install(modules=cfg.modules)
         self.lifecycle.patch_spawn_wrap(patches)
         self.lifecycle.patch_process_bootstrap(patches)
         _rebind_stale_references(patches)
+        dynamo.skip_ours()  # TorchDynamo starts no graph at our wrappers' frames
         if config_mod.is_launcher():  # torchrun itself: which workers fail first, and how
             try:
                 launcher.install(patches, cfg.run_dir)
@@ -116,6 +120,7 @@ class Tracer:
             adapters.append("pipelining")
         if cfg.ddp and self.ddp.install():
             adapters.append("ddp")
+        dynamo.skip_ours()  # the adapters' generated wrappers too
         return adapters
 
     def open(self) -> None:

@@ -11,8 +11,10 @@ import linecache
 import mmap
 import os
 import struct
+import sys
 import textwrap
 import threading
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -121,6 +123,19 @@ def finish_source(indent: int, ring: str, idx: str, t_done: str, wait: str | Non
     return source if wait is not None else "".join(source.splitlines(True)[:-1])
 
 
+def no_graph_at(code: types.CodeType) -> None:
+    """TorchDynamo starts no graph at a frame of `code`: the frame runs as it is and the frames it calls are
+    dynamo's as usual, as for torch's own skipped frames (torch._dynamo.eval_frame.skip_code); where dynamo traces
+    a region that calls it, it still inlines it. Nothing where torch is not loaded (nothing is imported here), or
+    its dynamo has no per-code strategy. Why: record/dynamo.py."""
+    frames = sys.modules.get("torch._C._dynamo.eval_frame")
+    setter = getattr(frames, "set_code_exec_strategy", None)
+    action = getattr(frames, "_FrameAction", None)
+    strategy = getattr(frames, "_FrameExecStrategy", None)
+    if setter is not None and action is not None and strategy is not None:
+        setter(code, strategy(action.SKIP, action.DEFAULT))
+
+
 def hot_function(
     name: str, params: str, body: str, namespace: dict[str, Any], filename: str = ""
 ) -> Callable[..., Any]:
@@ -134,6 +149,7 @@ def hot_function(
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     GENERATED[filename] = source
     fn: Callable[..., Any] = ns[name]
+    no_graph_at(fn.__code__)
     return fn
 
 

@@ -4,6 +4,8 @@ Two parts, each rank printing one JSON line (`{"rank": r, ...}`) of what the com
   fn:   a function that all-reduces, compiled with fullgraph=True (an error if anything breaks
         the graph), called 3 times; then one eager all_reduce, which the trace must hold.
   fsdp: FSDP2 over blocks compiled one by one (the torchtitan recipe), 2 optimizer steps.
+  ddp:  torch.compile(DDP(model)), 2 steps each, over an nn.Sequential of torch's own modules (which TorchDynamo
+        runs as they are: no graph) and over a module of the job's own class (compiled).
 A backend that only records the FX graphs it is given (no Inductor: no C++ compile here) stands in
 for the real one: the graphs, their count and the graph breaks are what tracing must leave alone.
 """
@@ -70,10 +72,24 @@ def part_fsdp() -> dict[str, object]:
     return {"losses": losses}
 
 
+def part_ddp() -> dict[str, object]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    losses = []
+    for net in (nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)), Block()):
+        model = torch.compile(DDP(net), backend=recording_backend)
+        for _ in range(2):
+            loss = model(torch.randn(8, 16)).sum()
+            loss.backward()
+            losses.append(round(loss.item(), 5))
+    return {"losses": losses}
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     torch._dynamo.utils.counters.clear()
-    said = part_fn() if os.environ.get("PART", "fn") == "fn" else part_fsdp()
+    said = {"fn": part_fn, "fsdp": part_fsdp, "ddp": part_ddp}[os.environ.get("PART", "fn")]()
     breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     print(json.dumps({"rank": dist.get_rank(), "graphs": graphs, "breaks": breaks, **said}), flush=True)
     prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")  # colltrace steers it into the run directory
