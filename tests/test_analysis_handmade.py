@@ -460,3 +460,43 @@ def test_two_ranks_that_crashed_on_their_own_are_said_once_each(tmp_path: Path) 
     assert dx.finding is not None
     crashed = [e.ranks for e in dx.finding.evidence if e.clue is Clue.CRASHED]
     assert sorted(r for ranks_ in crashed for r in ranks_) == [0, 1]  # each once
+
+
+def _powersgd_steps(tmp_path: Path, off_loop: set[int], module_on_thread: str = "") -> Verdict:
+    """DDP with a PowerSGD-like comm hook, 3 ranks, 4 steps: each step's bucket all-reduce, then a P all-reduce
+    from the hook's future callback. On the ranks in `off_loop` that callback ran on a thread of the backend's
+    (tid 1: no module, phase other); on the others inline on the training thread (DDP's attribution)."""
+    rs = ranks(str(tmp_path), 3)
+    for step in range(4):
+        for r in rs:
+            r.coll("all_reduce", 6020, "0..2", "backward", redop="SUM", flavour="reduce_grad")
+            if r.rank in off_loop and step >= 2:
+                r.coll("all_reduce", 396, module_on_thread, "other", redop="SUM", tid=1)
+            else:
+                r.coll("all_reduce", 396, "0..2", "backward", redop="SUM", flavour="reduce_grad")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    for r in rs:
+        r.footer()
+    return diagnose(read_run(str(tmp_path))).verdict
+
+
+def test_a_record_from_a_callback_thread_attributed_apart_is_no_divergence(tmp_path: Path) -> None:
+    """Same op, size, dtype and reduce op at every seq; only module and phase differ, where ranks 0 and 2 ran the
+    hook's callback on another thread, which serves nothing they know of: healthy, not a `module` divergence."""
+    assert _powersgd_steps(tmp_path, {0, 2}) is Verdict.HEALTHY
+
+
+def test_records_attributed_apart_on_the_training_thread_are_still_a_divergence(tmp_path: Path) -> None:
+    """The same difference with every record issued on the training thread (tid 0) is one: a module apart."""
+    rs = ranks(str(tmp_path), 3)
+    for step in range(4):
+        for r in rs:
+            odd = r.rank == 2 and step >= 2
+            r.coll("all_reduce", 396, "head" if odd else "0..2", "backward", redop="SUM")
+            r.step += 1
+            r.w.event({"ev": "step", "step": r.step})
+    for r in rs:
+        r.footer()
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.MODULE and dx.culprits == (2,)

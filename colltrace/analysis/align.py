@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from array import array
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Sequence
 
 from colltrace.analysis.results import AtSeq, Divergence
@@ -175,6 +176,29 @@ def _shadows(windows: list[Sequence[int]], i: int, table: SigTable) -> bool:
     return len({(s.kind, s.op, s.numel, s.dtype, s.reduce_op, s.peer) for s in sigs}) == 1
 
 
+_THREADS_READ = 64  # ranks whose record is decoded to learn its thread (_told_apart_by_thread)
+
+
+def _told_apart_by_thread(
+    run: Run, streams: dict[int, RankStreams], key: str, ranks: list[int], seq: int, table: SigTable
+) -> bool:
+    """Whether the records at `seq` differ only in module or phase, and one of them was issued off its rank's
+    training-loop threads (RankStreams.loop_threads: a comm hook's future callback that ran on a thread of the
+    backend's, as PowerSGD's do on some ranks and steps). What a record serves is read from its own thread, so
+    one issued from another thread cannot disagree in it: the same collective, attributed apart."""
+    sigs = {r: table[streams[r].groups[key].sig_at(seq)] for r in ranks}
+    if any(s is None for s in sigs.values()) or len({s[:6] for s in sigs.values() if s is not None}) != 1:
+        return False
+    count = Counter(sigs.values())
+    for r in sorted(ranks, key=lambda r: count[sigs[r]])[:_THREADS_READ]:  # the odd ones first
+        rs, rt = streams[r], run.ranks.get(r)
+        idx = rs.groups[key].idx_at(seq)
+        rec = rt.records.by_idx(idx) if rt is not None and idx >= 0 and rs.loop_threads is not None else None
+        if rec is not None and rs.loop_threads is not None and rec.tid not in rs.loop_threads:
+            return True
+    return False
+
+
 def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTable) -> Divergence | None:
     """The first seq of one group where its members disagree or some stop while others go on."""
     group_ranks = members(run, key, streams)
@@ -206,13 +230,17 @@ def in_group(run: Run, key: str, streams: dict[int, RankStreams], table: SigTabl
         if first < size:  # compared again with no phase known read alike (SigTable.loose): rare, so done lazily
             ws = _loose_windows(ws, table)
             first, size = _first_difference(ws)
-        shadowed = first
-        while first < size and _shadows(ws, first, table):  # a rank inside Join pairs with what it shadows
+        shadowed = None
+        while first < size:
+            if _shadows(ws, first, table):  # a rank inside Join pairs with what it shadows
+                shadowed = first if shadowed is None else shadowed
+            elif not _told_apart_by_thread(run, streams, key, list(windows), lo + first, table):
+                break
             nxt, _ = _first_difference([w[first + 1 :] for w in ws])
             first += 1 + nxt
         if first < size:
             seq = lo + first
-        if shadowed < first:  # a rank that joined completes no more steps: its progress is compared up to there
+        if shadowed is not None:  # a rank that joined completes no more steps: its progress is compared up to there
             steps_to = lo + shadowed - 1
     if seq is None and top > hi:
         seq = hi + 1
