@@ -387,8 +387,10 @@ def _module(f: Facts, sid: int) -> str:
 
 
 def gradient_reduction(f: Facts) -> Finding | None:
-    """The divergent records are all gradient reductions in backward."""
-    if f.d is None or not _grad(f):
+    """The divergent records are all gradient reductions in backward. Not one the culprits issued more than the
+    others (kind extra): parameters without gradient make fewer reductions, never more (a gradient sync more
+    often than the others', as an accumulation count of its own makes, is a branch)."""
+    if f.d is None or not _grad(f) or f.d.kind is Kind.EXTRA:
         return None
     return Finding(Cause.UNUSED_PARAMS, Confidence.MEDIUM, (Evidence(Clue.GRAD_REDUCTION, f.culprits),))
 

@@ -86,10 +86,11 @@ def failed(f: Facts) -> Finding | None:
     # broadcast_object_list sized from a peer's other length allocates garbage), not why: the rules below say why
     dead = [ends[r] for r in f.culprits if r in ends and states.self_failed(ends[r]) and not _died_of_it(f, r)]
     own = [ends[r] for r in f.culprits if r in ends and states.own_error(ends[r])]
-    if not dead and own and len(own) == len(f.culprits) and f.d is None:
+    if not dead and own and len(own) == len(f.culprits) and (f.d is None or _refused_first(f, own)):
         # every collective matched, and every culprit's raised an error of its own (the backend refused its
         # arguments, or a check in Python did: the blame says so); where the ranks disagreed, that error is the
-        # disagreement's, said by the rules below
+        # disagreement's, said by the rules below, unless a check in Python refused each culprit's call before any
+        # other rank failed (before it sent anything: what the others did next is what its refusal left them)
         refused = tuple(e for e in f.found if e.clue is Clue.REFUSED_CALL)
         return Finding(Cause.RANK_EXCEPTION, Confidence.MEDIUM,
                        refused or (Evidence(Clue.CRASHED, tuple(e.rank for e in own), own[0].error_type),))  # fmt: skip
@@ -107,6 +108,15 @@ def failed(f: Facts) -> Finding | None:
     if not dead:
         return None
     return _died_of(dead, Confidence.HIGH)
+
+
+def _refused_first(f: Facts, own: list[RankEnd]) -> bool:
+    """Each of these culprits' calls was refused by a check in Python (states.refused_own_call), and each failed
+    before any victim did."""
+    if not all(states.refused_own_call(e) and e.error_t_ns for e in own):
+        return False
+    last = max(e.error_t_ns for e in own)
+    return all(f.ends[v].error_t_ns > last for v in f.victims if v in f.ends and f.ends[v].error_t_ns)
 
 
 def _handled(f: Facts, rank: int) -> Handling | None:
@@ -224,6 +234,9 @@ _STUCK_IN: dict[
 }
 
 
+_STUCK = frozenset({Cause.STUCK_DATA_LOADING, Cause.STUCK_CHECKPOINT_IO, Cause.STUCK_COMPUTE})
+
+
 def stuck_in_span(f: Facts) -> Finding | None:
     """Every culprit stopped outside any collective (hung, killed) inside a compute span that says where:
     the innermost span open at the stop names the cause. None when a culprit is in no such span."""
@@ -260,10 +273,20 @@ def _threads_died(f: Facts, ranks: Iterable[int]) -> tuple[Evidence, ...]:
 
 
 def no_divergence(f: Facts) -> Finding | None:
-    """Every collective matched: a straggler, or nothing to say (a culprit that never reached the exchange
-    its peers timed out in: stopped_outside says where it was)."""
+    """Every collective matched: a culprit that came only after the others had given up on it (clue
+    arrived_after: still in its own work when their timeout ran out, a stuck_* cause by the span it was late in,
+    stuck_compute outside any), a straggler, or nothing to say (a culprit that never reached the exchange its
+    peers timed out in: stopped_outside says where it was)."""
     if f.d is not None or any(e.clue is Clue.OUTLIVED for e in f.found):
         return None
+    if any(e.clue is Clue.ARRIVED_AFTER for e in f.found):
+        # not a straggler, which the others wait for at every collective of a run that goes on: the job's
+        # timeout ran out while it was still in its own work, and the job ended there
+        late = {
+            _STUCK_IN.get(e.detail.kind) for e in f.found if e.clue is Clue.LATE_IN and isinstance(e.detail, InSpan)
+        }
+        cause = late.pop() if len(late) == 1 else None
+        return Finding(cause if cause in _STUCK else Cause.STUCK_COMPUTE, Confidence.MEDIUM, ())
     if f.slow is not None:
         return Finding(Cause.STRAGGLER, Confidence.MEDIUM, straggler_evidence(f.slow))
     unseen = [r for r in f.culprits if r in f.ends and states.died_unseen(f.ends[r])]
