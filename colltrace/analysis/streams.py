@@ -24,7 +24,7 @@ _OUT_COUNTED = frozenset({"scatter", "scatter_object_list"})
 # ops whose sizes differ from rank to rank in a healthy run: an all-to-all (each rank sends and receives its
 # own counts: its split sizes are checked pair by pair instead, splits.py), and the object collectives that
 # gather each rank's own object (a list of 8 predictions here, 7 there; a checkpoint's per-rank write plan)
-_OWN_SIZES = frozenset({"all_to_all_single", "all_to_all", "all_gather_object", "gather_object"})
+OWN_SIZES = frozenset({"all_to_all_single", "all_to_all", "all_gather_object", "gather_object"})
 
 
 class Signature(NamedTuple):
@@ -267,7 +267,7 @@ class _Resolver:
             return direction(g, rank, peer, op), table.intern(
                 Signature("p2p", f"{src}->{dst}", size, dtype, redop, -1, "", "")
             )
-        numel = 0 if op in _OWN_SIZES else nout if op in _OUT_COUNTED else nin
+        numel = 0 if op in OWN_SIZES else nout if op in _OUT_COUNTED else nin
         sid = table.intern(Signature("collective", op, numel, dtype, redop, peer, module, phase))
         table.decoded[(self.tid, a, b)] = (g, sid)
         return g, sid

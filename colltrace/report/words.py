@@ -30,7 +30,7 @@ from colltrace.analysis.results import (
     StepSkew,
     Unseen,
 )
-from colltrace.analysis.streams import Signature, numbered, p2p_ends
+from colltrace.analysis.streams import OWN_SIZES, Signature, numbered, p2p_ends
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace import frames
 from colltrace.trace.events import Exit, Handling, SignalCaught, ThreadError
@@ -79,7 +79,8 @@ def position(group: str, seq: int | None) -> str:
 def sig_text(sig: Signature | None) -> str:
     if sig is None:
         return "—"
-    bits = [sig.op, f"numel={sig.numel}", sig.dtype]
+    # an all-to-all's or an object gather's sizes are each rank's own: not compared, so not in its signature
+    bits = [sig.op, "sizes per rank" if sig.op in OWN_SIZES else f"numel={sig.numel}", sig.dtype]
     if sig.reduce_op:
         bits.append(sig.reduce_op)
     if sig.peer >= 0:

@@ -186,7 +186,8 @@ class CollTraceApp(App[None]):
         first = self.model is None or bool(self.model.preview)
         gc.unfreeze()
         self.model = model
-        gc.collect()  # the run shown before, once, now
+        if not first:  # (the first: nothing shown before but a preview's few objects; its walk took 0.1-0.2 s)
+            gc.collect()  # the run shown before, once, now
         gc.freeze()  # and never again the million objects of this one: no full collection under a key press
         self.timeline.show(model, keep_window=not first)
         self.query_one("#legend", Static).update(legend("question_mark"))

@@ -11,6 +11,7 @@ UI thread runs between them. Where the process fails or dies, the loader reads t
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import pickle
 import signal
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from colltrace import workers
+from colltrace.analysis.timeline import Timeline
 from colltrace.tui import model as m
 
 PART_RANKS = 64  # ranks per part sent: a part's unpickling holds the interpreter for a few ms
@@ -105,48 +107,90 @@ def _tables(model: m.Model) -> tuple[dict[int, Any], ...]:
 
 
 def _send(out: BinaryIO, run_dir: str) -> None:
+    """The model in frames: its timelines one by one, its report, its shell (the rest: the timelines and the
+    per-rank tables left out), its per-rank tables in parts, then "done"; or its TraceError's words."""
     try:
         model = m.load(run_dir, ask=True)
     except m.TraceError as e:
         _frame(out, ("error", str(e)))
         return
-    tables = _tables(model)
-    report = {k: ({} if k == "ranks" else v) for k, v in model.report.items()}
+    for rank, tl in model.lines.items():  # (the timing's are among them)
+        _frame(out, ("line", rank, tl))
+    _frame(out, ("report", {k: ({} if k == "ranks" else v) for k, v in model.report.items()}))
+    # the rest, the timelines named (sent above) and call_at's index left to be made again where it is used
     shell = dataclasses.replace(model, run=dataclasses.replace(model.run, ranks={}),
-                                dx=dataclasses.replace(model.dx, ranks={}), report=report,
-                                _calls=model._calls, _labels=model._labels)  # fmt: skip
-    _frame(out, ("shell", shell))
-    for which, table in enumerate(tables):
+                                dx=dataclasses.replace(model.dx, ranks={}), report={}, _calls={},
+                                _labels=model._labels)  # fmt: skip
+    _frame(out, ("shell", shell), {id(tl): rank for rank, tl in model.lines.items()})
+    for which, table in enumerate(_tables(model)):
         items = list(table.items())
         for at in range(0, len(items), PART_RANKS):
             _frame(out, ("part", which, items[at : at + PART_RANKS]))
     _frame(out, ("done", None))
 
 
-def _frame(out: BinaryIO, value: Any) -> None:
-    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+class _Pickler(pickle.Pickler):
+    """The shell's: a timeline sent before it is named by its rank (`sent`: id -> rank), not sent again."""
+
+    def __init__(self, out: BinaryIO, sent: dict[int, int]) -> None:
+        super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
+        self.sent = sent
+
+    def persistent_id(self, obj: Any) -> Any:
+        rank = self.sent.get(id(obj)) if isinstance(obj, Timeline) else None
+        return None if rank is None else ("line", rank)
+
+
+class _Unpickler(pickle.Unpickler):
+    """The shell's: its timelines are those received before it (`lines`)."""
+
+    def __init__(self, data: bytes, lines: dict[int, Timeline]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.lines = lines
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self.lines[pid[1]]
+
+
+def _frame(out: BinaryIO, value: Any, sent: dict[int, int] | None = None) -> None:
+    if sent:
+        buf = io.BytesIO()
+        _Pickler(buf, sent).dump(value)
+        data = buf.getvalue()
+    else:  # (no persistent_id asked of each object)
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     out.write(_LENGTH.pack(len(data)) + data)
 
 
-def _frames(f: BinaryIO) -> Iterator[Any]:
+def _frames(f: BinaryIO) -> Iterator[bytes]:
     while True:
         head = f.read(_LENGTH.size)
         if len(head) < _LENGTH.size:
             raise EOFError("the loading process ended before its model was sent")
-        data = f.read(_LENGTH.unpack(head)[0])
-        yield pickle.loads(data)  # (one part: a few ms of the interpreter, then the UI thread's turn)
+        yield f.read(_LENGTH.unpack(head)[0])
 
 
-def _received(frames: Iterator[Any]) -> m.Model:
+def _received(frames: Iterator[bytes]) -> m.Model:
+    """The model from its frames (_send's), each unpickled in turn: a few ms of the interpreter, then the UI
+    thread's turn."""
+    lines: dict[int, Timeline] = {}
+    report: dict[str, Any] = {}
     shell: m.Model | None = None
-    for kind, *rest in frames:
+    for data in frames:
+        kind, *rest = _Unpickler(data, lines).load()
         if kind == "error":
             raise LoadError(rest[0])
-        if kind == "shell":
+        if kind == "line":
+            lines[rest[0]] = rest[1]
+        elif kind == "report":
+            report = rest[0]
+        elif kind == "shell":
             shell = rest[0]
+            shell.report.update(report)  # (its dict, left empty in the shell)
         elif kind == "part" and shell is not None:
             which, items = rest
             _tables(shell)[which].update(items)
         elif kind == "done" and shell is not None:
+            shell.index_calls()  # (call_at's index, left out of the shell)
             return shell
     raise EOFError("no model")

@@ -170,6 +170,11 @@ class Model:
             self._calls[rank] = index
         return index.get((group, seq))
 
+    def index_calls(self) -> None:
+        """Build call_at's index of every timeline held now (in a loader, not under a key)."""
+        for r in self.lines:
+            self.call_at(r, "", -1)
+
     @property
     def divergence(self) -> tuple[str, int] | None:
         """The divergent collective's (group, seq), if the run has one."""
