@@ -187,7 +187,9 @@ def suspects(
                 break
             seq, pairs = earlier, got
         every = set.intersection(*({a, b} for a, b, _, _ in pairs))
-        narrowed = every & set(among) if len(every) > 1 and set(among) & every else every
+        # one pair: how the ranks stopped says nothing of which side is wrong (the receiver aborts on what the
+        # sender sent, or times out waiting for rows it never sent): the convention below decides, not `among`
+        narrowed = every & set(among) if len(every) > 1 and set(among) & every and len(pairs) > 1 else every
         certain = len(narrowed) == 1 and len(pairs) > 1
         senders = {a for a, _, _, _ in pairs}
         if len(narrowed) != 1:
