@@ -366,10 +366,18 @@ def test_a_big_runs_model_comes_from_a_process_of_its_own_as_the_one_read_here(t
         "      list(got.run.ranks) == list(here.run.ranks), list(got.dx.ranks) == list(here.dx.ranks),\n"
         "      got.dx.culprits, sorted(got.lines) == sorted(here.lines),\n"
         "      all(got.lines[r] is tl for r, tl in got.dx.timing.lines.items()))\n"
+        "import os\n"
+        "closed = loader.Loading.start(sys.argv[1])\n"  # the screen closed before the model came: all of it ends
+        "pid = closed.pid\n"
+        "closed.cancel()\n"
+        "try:\n"
+        "    os.killpg(pid, 0)\n"
+        "except ProcessLookupError:\n"
+        "    print('gone', closed.pid)\n"
     )
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "True", "True", "True", "True", "(79,)", "True", "True"]
+    assert out.stdout.split() == ["True", "True", "True", "True", "True", "(79,)", "True", "True", "gone", "0"]
 
 
 def test_a_run_the_loading_process_cannot_read_is_said_as_the_reader_says_it(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import gc
 import os
 import time
 
+from rich.console import RenderableType
 from rich.markdown import Markdown as RichMarkdown
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -107,6 +108,11 @@ class CollTraceApp(App[None]):
         self.model: m.Model | None = None
         self.timeline = Timeline()
         self.written: str | None = None
+
+    def exit(self, result: None = None, return_code: int = 0, message: RenderableType | None = None) -> None:
+        if self.loading is not None:
+            self.loading.cancel()  # (its process ended: the loader thread no longer waits for it, nor does exit)
+        super().exit(result, return_code, message)
 
     def compose(self) -> ComposeResult:
         yield Header()

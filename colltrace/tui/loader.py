@@ -10,6 +10,7 @@ UI thread runs between them. Where the process fails or dies, the loader reads t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -57,7 +58,7 @@ class Loading:
         pid = os.fork()
         if pid == 0:  # the loading process: never back into the caller's code
             os.close(r)
-            signal.signal(signal.SIGTERM, _stop)  # (cancel(): its worker processes are let finish, then it ends)
+            os.setpgid(0, 0)  # a group of its own, its workers' too: cancel() stops them all at once
             os.nice(NICE)  # the screen's process first, where they share the CPUs (its workers inherit it)
             quiet = os.open(os.devnull, os.O_WRONLY)
             for fd in (1, 2):  # the terminal is the screen's: a warning written there would tear it
@@ -69,6 +70,7 @@ class Loading:
             except BaseException:  # noqa: BLE001 - whatever it was, the UI reads the run itself
                 code = 1
             os._exit(code)
+        os.setpgid(pid, pid)  # (here too: so that it is so before cancel() might ask, whichever runs first)
         os.close(w)
         return cls(pid, r)
 
@@ -87,7 +89,8 @@ class Loading:
         """Stop the process where it still runs (the screen was closed before its model came)."""
         with self._lock:
             if self.pid:
-                os.kill(self.pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):  # (its group ended already)
+                    os.killpg(self.pid, signal.SIGKILL)  # (nothing of it is kept: no need to let it end its work)
         self._reap()
 
     def _reap(self) -> None:
@@ -95,10 +98,6 @@ class Loading:
             pid, self.pid = self.pid, 0  # (waited for once: its pid may be another process's after)
             if pid:
                 os.waitpid(pid, 0)
-
-
-def _stop(signum: int, frame: Any) -> None:
-    raise SystemExit(1)
 
 
 def _tables(model: m.Model) -> tuple[dict[int, Any], ...]:
