@@ -53,15 +53,37 @@ def by_period(st: GroupStream, seq: int, sid: int) -> Precedent:
 
 def periodic(sigs: Sequence[Any], off: int, sid: Any, repeats: int = 2) -> Precedent:
     """What came before `off` in `sigs` repeats with a shortest period (seen `repeats` + 1 times at least): is
-    `sid` what came one period back?"""
+    `sid` what came one period back? A short history (Flight Recorder's dumps of a short job: no step numbers to
+    go by) is read from its end back to its set-up (records at its start that never recur: broadcasts before the
+    loop), where one and a half periods seen again one period back will do."""
+    set_up = -1  # worked out when first needed
     for p in range(1, min(_MAX_PERIOD, off // 2) + 1):
         window = min(off - p, max(3 * p, 64))
-        if window < repeats * p:
-            continue
-        if sigs[off - window : off] == sigs[off - window - p : off - p]:
-            prev = sigs[off - p]
-            return Precedent(Habit.CONSISTENT if prev == sid else Habit.DEVIATES, prev, None, off - p)
+        if window < repeats * p or sigs[off - window : off] != sigs[off - window - p : off - p]:
+            if repeats < 2:
+                continue
+            set_up = _set_up(sigs, off) if set_up < 0 else set_up
+            window = min(off - p - set_up, max(3 * p, 64))
+            if 2 * window < 3 * p or sigs[off - window : off] != sigs[off - window - p : off - p]:
+                continue
+        prev = sigs[off - p]
+        return Precedent(Habit.CONSISTENT if prev == sid else Habit.DEVIATES, prev, None, off - p)
     return Precedent(Habit.UNKNOWN, 0, None)
+
+
+_SET_UP_MAX = 16  # records of a set-up looked at
+
+
+def _set_up(sigs: Sequence[Any], off: int) -> int:
+    """How many records before `off` begin it that never recur before `off`: the job's set-up."""
+    head = list(sigs[: min(off, _SET_UP_MAX)])
+    rest = set(sigs[len(head) : off])
+    n = 0
+    for i, s in enumerate(head):
+        if s in rest or s in head[i + 1 :]:
+            break
+        n += 1
+    return n
 
 
 def precedent(st: GroupStream, seq: int, sid: int) -> Precedent:
