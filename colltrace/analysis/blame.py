@@ -354,6 +354,9 @@ def straggler(f: Facts, s: State, verdict: Verdict, cause: Cause) -> State:
 @blame_rule
 def _no_divergence(ends: dict[int, RankEnd], slow: Straggler | None, run: Run) -> Blame:
     """Every collective matched: a rank that died or stopped on its own is still to blame."""
+    thread = _thread_died_first(ends, run)
+    if thread is not None:  # the same error on every rank, what each was left with after a thread of one died
+        return thread
     dead = tuple(r for r, e in ends.items() if states.self_failed(e) or states.died_unseen(e))
     everyone = tuple(sorted(ends))
     if dead and len(dead) == len(ends) and len({(ends[r].error_type, ends[r].error_message) for r in dead}) == 1:
@@ -410,6 +413,28 @@ def _no_divergence(ends: dict[int, RankEnd], slow: Straggler | None, run: Run) -
         ev = tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r]) for r in stuck)
         return Blame(stuck, tuple(r for r in everyone if r not in stuck), Kind.MISSING, Confidence.LOW, ev)
     return Blame((), (), Kind.MISSING, Confidence.HIGH, ())
+
+
+def _thread_died_first(ends: dict[int, RankEnd], run: Run) -> Blame | None:
+    """Every rank died of the same error (a main thread that gave up waiting for what a thread of its own was to
+    give it): the rank one of whose threads died first, of an error of its own (not a timeout nor a lost peer),
+    before any other rank's thread or main thread failed. The others' threads died of what it left them. None:
+    no such thread."""
+    said = {(e.state, e.error_type, e.error_message) for e in ends.values()}
+    if len(said) != 1 or next(iter(said))[0] is not RankState.CRASHED:
+        return None
+    deaths = sorted((te.t_ns, r, i) for r, rt in run.ranks.items() for i, te in enumerate(rt.thread_errors) if te.t_ns)
+    if not deaths:
+        return None
+    t, rank, i = deaths[0]
+    te = run.ranks[rank].thread_errors[i]
+    later = [x for x, r, _ in deaths if r != rank] + [
+        e.error_t_ns for r, e in ends.items() if r != rank and e.error_t_ns
+    ]
+    if states.waited_for_peers(te.message) or any(x <= t for x in later):
+        return None
+    others = tuple(r for r in sorted(ends) if r != rank)
+    return Blame((rank,), others, Kind.MISSING, Confidence.MEDIUM, (Evidence(Clue.THREAD_DIED, (rank,), te),))
 
 
 # torch.distributed.checkpoint gathers each rank's failure and raises one CheckpointException on every rank,

@@ -318,6 +318,11 @@ def rank_ends(run: Run, streams: dict[int, RankStreams]) -> dict[int, RankEnd]:
     return dict(sorted(out.items()))
 
 
+def waited_for_peers(message: str) -> bool:
+    """An error that says its call waited for peers and gave up (a timeout, a closed connection)."""
+    return _WAITED_FOR_PEERS.search(message) is not None
+
+
 def self_failed(end: RankEnd) -> bool:
     """Died of its own error (exception, OOM, fatal signal outside a collective), not of a peer's absence."""
     return end.state is RankState.CRASHED and (end.oom or not end.collective_failure)
