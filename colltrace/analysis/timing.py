@@ -435,6 +435,9 @@ class GroupArrivals:
     seqs: Any = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (n,)
     times: Any = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))  # (n, ranks), in `ranks` order
     steps: Any = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))  # (n, ranks)
+    # a member's records before its first were not read (a window, a ring that dropped them): the first seq's step
+    # may have begun before it, and holds only part of that step
+    cut: bool = False
 
 
 Arrivals = list[GroupArrivals]
@@ -517,15 +520,18 @@ def arrivals(issued: dict[int, dict[str, Issued]], group_sizes: dict[str, int] |
     The members: the group's size (`group_sizes`), else the most ranks seen at one seq. A rank's collectives
     of the job's setup are left out where it issued others in the group later (its setup is no arrival)."""
     by_group: dict[str, list[tuple[int, Issued]]] = defaultdict(list)
+    cut: set[str] = set()
     for r in sorted(issued):
         for g, got in issued[r].items():
+            if len(got.times) and (got.first if got.seqs is None else int(got.seqs.min())) > FIRST_SEQ:
+                cut.add(g)
             if 0 < np.count_nonzero(got.setup) < len(got.setup):
                 keep = ~got.setup
                 got = Issued(got.seq_array()[keep], got.times[keep], got.steps[keep], got.setup[keep])
             if len(got.times):
                 by_group[g].append((r, got))
     sizes = group_sizes or {}
-    return [ga for g in sorted(by_group) for ga in _complete(g, by_group[g], sizes.get(g, 0))]
+    return [ga for g in sorted(by_group) for ga in _complete(g, by_group[g], sizes.get(g, 0), g in cut)]
 
 
 def _run_of(got: Issued) -> tuple[int, int, bool]:
@@ -539,10 +545,11 @@ def _run_of(got: Issued) -> tuple[int, int, bool]:
     return int(seqs.min()), int(seqs.max()), False
 
 
+FIRST_SEQ = 1  # a group's first collective's seq, on every member (record/recorder.py counts from it)
 _BLOCK = 16  # ranks written at a time (a rank's column alone would be written across every row)
 
 
-def _complete(g: str, per_rank: list[tuple[int, Issued]], size: int) -> Arrivals:
+def _complete(g: str, per_rank: list[tuple[int, Issued]], size: int, cut: bool = False) -> Arrivals:
     """A group's seqs issued by `size` ranks (0: the most at one seq), by the set of ranks that issued them."""
     runs = [_run_of(got) for _, got in per_rank]
     lo, hi = min(r[0] for r in runs), max(r[1] for r in runs)
@@ -592,7 +599,8 @@ def _complete(g: str, per_rank: list[tuple[int, Issued]], size: int) -> Arrivals
             pick: Any = slice(int(rows[0]), int(rows[-1]) + 1)  # every rank, seqs one after another: a view
         else:
             pick = np.ix_(rows, cols)
-        out.append(GroupArrivals(g, tuple(per_rank[j][0] for j in cols.tolist()), seqs[rows], times[pick], steps[pick]))
+        out.append(GroupArrivals(g, tuple(per_rank[j][0] for j in cols.tolist()), seqs[rows], times[pick], steps[pick],
+                                 cut))  # fmt: skip
     return out
 
 
@@ -615,9 +623,13 @@ def stragglers(arr: Arrivals, timings: dict[int, RankTiming] | None = None) -> t
     per_step: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     skews: list[int] = []
     medians: dict[int, Any] = {}  # by position in arr
+    whole_from: dict[int, int] = {}  # rank -> its first step wholly inside what was read (every group's)
     for n, ga in enumerate(arr):
         if len(ga.ranks) < 2 or not len(ga.seqs):
             continue
+        if ga.cut:
+            for r, first in zip(ga.ranks, ga.steps[0].tolist()):
+                whole_from[r] = max(whole_from.get(r, first + 1), first + 1)
         for r in ga.ranks:
             count[r] += len(ga.seqs)
         ordered = np.sort(ga.times, axis=1)
@@ -636,9 +648,11 @@ def stragglers(arr: Arrivals, timings: dict[int, RankTiming] | None = None) -> t
     for r in sorted(lead_ns, key=lambda r: (-lead_ns[r], r))[:_STRAGGLERS]:
         late, seen = _lateness(arr, medians, r)
         series = {s: per_step[r].get(s, 0) for s in sorted(seen)}
+        # a step only partly read holds only part of its lateness: no step to compare (it would look on time)
+        whole = {s: ns for s, ns in series.items() if s >= whole_from.get(r, s)}
         out.append(Straggler(
             r, last[r], count[r], lead_ns[r] / 1e9, lead_ns[r] / total if total else 0.0,
-            late / count[r] / 1e6 if count[r] else 0.0, series, turned_slow(series), None, 0.0, False,
+            late / count[r] / 1e6 if count[r] else 0.0, series, turned_slow(whole), None, 0.0, False,
         ))  # fmt: skip
     if timings is not None:
         out = [located(st, timings) for st in out]
