@@ -132,6 +132,17 @@ class GroupStream:
         _, step, micro = self.progress[max(k, 0)]
         return step, micro
 
+    def progress_from(self, seq: int) -> int:
+        """The first seq of the run of seqs up to `seq` at which progress_at answers as it does at `seq` (a
+        search back seq by seq can skip to it)."""
+        off = seq - self.seq0
+        if off < 0 or not self.progress:
+            return -(2**62)  # None all the way back
+        if off >= len(self.sigs):
+            return self.seq0 + len(self.sigs)  # None back to the stream's end
+        k = bisect_right(self.progress, (off, 2**31, 2**31)) - 1
+        return self.seq0 + (self.progress[k][0] if k > 0 else 0)  # before the first change: as at it
+
     @property
     def last_seq(self) -> int:
         return self.seq0 + len(self.sigs) - 1

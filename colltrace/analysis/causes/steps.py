@@ -14,7 +14,7 @@ from colltrace.analysis.results import (
     Finding,
     StepSkew,
 )
-from colltrace.analysis.streams import TRAINING
+from colltrace.analysis.streams import TRAINING, GroupStream
 from colltrace.analysis.vocab import Cause, Kind
 from colltrace.trace.events import SignalCaught
 from colltrace.trace.records import RankState, RankTrace
@@ -78,7 +78,10 @@ def _skewed_before(f: Facts) -> StepSkew | None:
     theirs = [st for r in f.victims[:8] if (st := f.stream(r)) is not None]
     if len(mine) != len(f.culprits) or not theirs or not all(st.progress for st in (*mine, *theirs)):
         return None
-    for seq in range(f.d.seq - 1, max(0, f.d.seq - _SKEW_LOOKBACK), -1):
+    # ranks of a class share their progress: each asked once
+    mine, theirs = _distinct(mine), _distinct(theirs)
+    seq, stop = f.d.seq - 1, max(0, f.d.seq - _SKEW_LOOKBACK)
+    while seq > stop:
         others = {st.progress_at(seq) for st in theirs}
         if len(others) != 1 or None in others:
             return None  # the victims disagree, or the stream starts here: nothing to go by
@@ -88,7 +91,14 @@ def _skewed_before(f: Facts) -> StepSkew | None:
             (own,) = at
             assert own is not None and other is not None
             return StepSkew(own[0], own[1], other[0], other[1], seq)
+        # every stream answers the same back to where the latest of them changes step: skip to before it
+        seq = max(st.progress_from(seq) for st in (*mine, *theirs)) - 1
     return None
+
+
+def _distinct(streams: list[GroupStream]) -> list[GroupStream]:
+    """One stream per progress list, start and length (a class's ranks share one list: the same answers)."""
+    return list({(id(st.progress), st.seq0, len(st.sigs)): st for st in streams}.values())
 
 
 def saved_apart(f: Facts) -> Finding | None:
