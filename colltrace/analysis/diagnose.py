@@ -133,7 +133,7 @@ def _finding(f: blame.Facts, s: blame.State, used: dict[int, RankMemory]) -> Fin
 
 WINDOW = 4096  # records per rank read first: a hang's divergence is almost always in its last steps
 MIN_WINDOW = 512  # ... fewer on big worlds, to read about RECORD_BUDGET records in all, but never fewer than this
-RECORD_BUDGET = 4_000_000
+RECORD_BUDGET = 1_000_000
 
 
 def _tail_first(run: Run, table: SigTable) -> tuple[dict[int, RankStreams], list[Divergence], int | None]:
