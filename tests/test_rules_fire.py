@@ -17,11 +17,10 @@ from colltrace.trace.reader import read_run
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 # rules that decide no recorded job yet (only hand-made traces in tests/test_analysis_rules.py reach them)
-NOT_YET_RECORDED = {"unattributed", "gradient_reduction"}
+NOT_YET_RECORDED = {"gradient_reduction"}
 # blame rules that decide no recorded job yet (hand-made traces reach them: tests/test_analysis_*.py)
 BLAME_NOT_YET_RECORDED = {
-    "new_call", "in_every_pair", "dtype_changed", "new_size", "missed_barrier", "refused_calls", "arrived_after",
-    "created_apart", "failed_first", "killed_together",
+    "new_call", "dtype_changed", "new_size", "missed_barrier", "refused_calls", "created_apart", "killed_together",
 }  # fmt: skip
 
 
