@@ -30,3 +30,11 @@ def test_a_run_of_equal_records_after_a_set_up_is_not_taken_for_the_loop() -> No
     """The last records all equal (period 1 over a short stretch) do not stand for a loop whose period is 6."""
     sigs = ["b512", "b32", *LOOP, *LOOP, *LOOP[:4]]
     assert periodic(sigs, len(sigs), "gather").habit is Habit.CONSISTENT
+
+
+def test_a_set_up_that_repeats_a_record_of_its_own_is_still_the_set_up() -> None:
+    """Two broadcasts of one size among the set-up's (two models' parameters), then two optimizers' all-reduces
+    in turn, one of each a step: the period is two records, the set-up read past."""
+    sigs = ["b512", "b32", "b32", "b1", "ar577", "ar99", "ar577", "ar99", "ar577", "ar99", "ar577"]
+    assert periodic(sigs, len(sigs), "ar99").habit is Habit.CONSISTENT
+    assert periodic(sigs, len(sigs), "ar577").habit is Habit.DEVIATES

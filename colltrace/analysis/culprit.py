@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from colltrace.analysis import groups, mesh, states, waitfor
-from colltrace.analysis.history import Habit, by_period, periodic, precedent, starts_step
+from colltrace.analysis.history import Habit, by_period, periodic, precedent, set_up, starts_step
 from colltrace.analysis.results import (
     Clue,
     Confidence,
@@ -342,7 +342,8 @@ def _repeats_step(run: Run, streams: dict[int, RankStreams], group: str, seq: in
 
 def _first_of_kind(d: Divergence, streams: dict[int, RankStreams], hab: dict[int, Habit]) -> tuple[int, ...]:
     """The ranks of the largest class when each of them issued, at the divergent seq, a record it never
-    issued before in that group, and every other rank that issued one there kept its own pattern; () else."""
+    issued before in that group (since its set-up), and every other rank that issued one there kept its own
+    pattern; () else."""
     if d.seq is None:
         return ()
     largest = max(d.classes, key=len)
@@ -357,7 +358,8 @@ def _first_of_kind(d: Divergence, streams: dict[int, RankStreams], hab: dict[int
         if st is None or hab.get(a.rank) is not Habit.DEVIATES:
             return ()
         off = d.seq - st.seq0
-        if not 0 < off < len(st.sigs) or st.sigs[off] in st.sigs[:off]:
+        # (a set-up's records do not count: a one-element broadcast there is not the loop's)
+        if not 0 < off < len(st.sigs) or st.sigs[off] in st.sigs[set_up(st.sigs, off) : off]:
             return ()
     return tuple(sorted(largest))
 

@@ -56,14 +56,14 @@ def periodic(sigs: Sequence[Any], off: int, sid: Any, repeats: int = 2) -> Prece
     `sid` what came one period back? A short history (Flight Recorder's dumps of a short job: no step numbers to
     go by) is read from its end back to its set-up (records at its start that never recur: broadcasts before the
     loop), where one and a half periods seen again one period back will do."""
-    set_up = -1  # worked out when first needed
+    start = -1  # the set-up's length, worked out when first needed
     for p in range(1, min(_MAX_PERIOD, off // 2) + 1):
         window = min(off - p, max(3 * p, 64))
         if window < repeats * p or sigs[off - window : off] != sigs[off - window - p : off - p]:
             if repeats < 2:
                 continue
-            set_up = _set_up(sigs, off) if set_up < 0 else set_up
-            window = min(off - p - set_up, max(3 * p, 64))
+            start = set_up(sigs, off) if start < 0 else start
+            window = min(off - p - start, max(3 * p, 64))
             if 2 * window < 3 * p or sigs[off - window : off] != sigs[off - window - p : off - p]:
                 continue
         prev = sigs[off - p]
@@ -74,22 +74,26 @@ def periodic(sigs: Sequence[Any], off: int, sid: Any, repeats: int = 2) -> Prece
 _SET_UP_MAX = 16  # records of a set-up looked at
 
 
-def _set_up(sigs: Sequence[Any], off: int) -> int:
-    """How many records before `off` begin it that never recur before `off`: the job's set-up."""
-    head = list(sigs[: min(off, _SET_UP_MAX)])
-    rest = set(sigs[len(head) : off])
-    n = 0
-    for i, s in enumerate(head):
-        if s in rest or s in head[i + 1 :]:
-            break
-        n += 1
-    return n
+def set_up(sigs: Sequence[Any], off: int) -> int:
+    """The job's set-up: the longest start of the records before `off` (up to _SET_UP_MAX, and half of them) none
+    of whose records recur after it (two broadcasts of one size among the set-up's are still the set-up)."""
+    head = list(sigs[: min(off // 2, _SET_UP_MAX)])
+    later = set(sigs[len(head) : off])
+    best = 0
+    for n in range(1, len(head) + 1):
+        if not set(head[:n]) & (later | set(head[n:])):
+            best = n
+    return best
 
 
 def precedent(st: GroupStream, seq: int, sid: int) -> Precedent:
+    """By step number; by period where the steps say nothing, or where the records repeat with a period that
+    says otherwise than the step before (a job whose loop counts several steps, one optimizer's each: the step
+    before is another kind of step, one period back the same)."""
     found = by_step(st, seq, sid)
-    if found.habit is Habit.UNKNOWN:
-        found = by_period(st, seq, sid)
+    periodic_ = by_period(st, seq, sid)
+    if found.habit is Habit.UNKNOWN or periodic_.habit not in (Habit.UNKNOWN, found.habit):
+        return periodic_
     return found
 
 

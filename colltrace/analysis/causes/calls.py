@@ -226,12 +226,38 @@ def same_collective(f: Facts) -> Finding | None:
         # the culprit's previous call of this very line had the size the others still have, and it loaded data
         # between the two: its size follows its data (a short last batch), not a setting of its model
         return Finding(Cause.UNEVEN_DATA, Confidence.MEDIUM, (Evidence(Clue.DATA_RESIZED, f.culprits, resized),))
+    if f.deviates and _shifted(f):
+        # each culprit issued here another record of its own routine, one the others issue too: a branch shifted
+        # its collectives (a skipped backward of one of two optimizers), not a size set apart (control_flow)
+        return None
     cause = Cause.DTYPE_MISMATCH if d.kind is Kind.DTYPE else Cause.NUMEL_MISMATCH
     module = sigs[0].module if sigs else ""
     if not module or not any(s.phase for s in sigs):  # Flight Recorder's or unattributed: a shift looks the same
         return Finding(cause, Confidence.MEDIUM, ())
     sure = Confidence.MEDIUM if f.deviates else Confidence.HIGH
     return Finding(cause, sure, (Evidence(Clue.SAME_MODULE, f.culprits, module),))
+
+
+_SHIFT_BACK = 256  # records of a culprit's own looked back at for the one it issued at the divergence
+
+
+def _shifted(f: Facts) -> bool:
+    """Each culprit's record at the divergence, and a victim's there, are both among the culprit's own last
+    records: it issued the others' record before, and its own is one of its routine, not a new size."""
+    d = f.d
+    if d is None or d.seq is None or not f.victims:
+        return False
+    first = f.stream(f.victims[0])
+    theirs = first.sig_at(d.seq) if first is not None else 0
+    for r in f.culprits:
+        st = f.stream(r)
+        if st is None or not theirs:
+            return False
+        off = d.seq - st.seq0
+        before = set(st.sigs[max(0, off - _SHIFT_BACK) : max(0, off)])
+        if st.sig_at(d.seq) not in before or theirs not in before:
+            return False
+    return True
 
 
 def _resized_with_data(f: Facts) -> tuple[int, int] | None:
