@@ -107,7 +107,10 @@ def failed(f: Facts) -> Finding | None:
                        tuple(Evidence(Clue.HANDLING, (r,), h) for r, h in handled.items()))  # fmt: skip
     if not dead:
         return None
-    return _died_of(dead, Confidence.HIGH)
+    found = _died_of(dead, Confidence.HIGH)
+    threads = _threads_died(f, (e.rank for e in dead)) if found.cause is Cause.RANK_EXCEPTION else ()
+    # a thread of its own that died first may be why its main thread raised (what it waited for never came)
+    return dataclasses.replace(found, evidence=(*found.evidence, *threads)) if threads else found
 
 
 def _refused_first(f: Facts, own: list[RankEnd]) -> bool:
