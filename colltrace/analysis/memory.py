@@ -90,11 +90,14 @@ class RankMemory:
 
 
 def _growth(samples: tuple[Sample, ...]) -> Growth | None:
-    """A steady rise of the resident size per step over the last steps sampled (the last sample of each step)."""
+    """A steady rise of the resident size per step over the last steps sampled (the last sample of each step). The
+    first step sampled is left out where more were: the job's warm-up (the optimizer's state, the allocator's
+    first blocks, the backend's buffers), not a rise that goes on (a healthy rank's 30 MB over its first steps)."""
     per_step: dict[int, int] = {}
     for s in samples:
         per_step[s.step] = s.rss
-    steps = sorted(per_step)[-GROWTH_STEPS:]
+    steps = sorted(per_step)
+    steps = steps[1:][-GROWTH_STEPS:] if len(steps) > MIN_STEPS else steps
     if len(steps) < MIN_STEPS or steps[-1] == steps[0]:
         return None
     x = np.array(steps, dtype=np.float64)
