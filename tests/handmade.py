@@ -191,3 +191,28 @@ class FakeRank:
 def ranks(run_dir: str, world: int, **kw: Any) -> list[FakeRank]:
     os.makedirs(run_dir, exist_ok=True)
     return [FakeRank(run_dir, r, world, **kw) for r in range(world)]
+
+
+def groups_built_apart(tmp_path: str) -> list[FakeRank]:
+    """A 2x2 layout: tp {0,1},{2,3} then dp {0,2},{1,3} by new_group; rank 3 makes dp before tp, so its group
+    "2" is dp {1,3} where rank 2's is tp {2,3}, and its "4" is tp {2,3} where rank 1's is dp {1,3}. Its tp
+    all-reduce pairs with rank 1's dp one (a size mismatch: it aborts); rank 2 waits in "2", rank 0 in "3"."""
+    layout = {r: [[0, 1], [2, 3], [0, 2], [1, 3]] for r in range(3)} | {3: [[0, 2], [1, 3], [0, 1], [2, 3]]}
+    rs = []
+    for r in range(4):
+        mine = {str(i + 1): (f"g{i + 1}", tuple(m)) for i, m in enumerate(layout[r]) if r in m}
+        rs.append(FakeRank(tmp_path, r, 4, groups={"0": ("default_pg", (0, 1, 2, 3))} | mine))
+        for i, m in enumerate(layout[r]):
+            name = str(i + 1) if r in m else None
+            rs[r].w.event({"ev": "group_create", "fn": "new_group", "ranks": m, "desc": "", "name": name})
+    tp = {0: "1", 1: "1", 2: "2", 3: "4"}
+    dp = {0: "3", 1: "4", 2: "3", 3: "2"}
+    for r in rs[:2]:
+        r.coll("all_reduce", 64, "", "forward", group=tp[r.rank], redop="SUM")
+    rs[0].coll("all_reduce", 272, "", "forward", group=dp[0], redop="SUM", done=False)
+    rs[1].coll("all_reduce", 272, "", "forward", group=dp[1], redop="SUM", done=False, error=True)
+    rs[2].coll("all_reduce", 64, "", "forward", group=tp[2], redop="SUM", done=False, error=True)
+    rs[3].coll("all_reduce", 64, "", "forward", group=tp[3], redop="SUM", done=False)
+    for r in rs[1:3]:
+        r.error("RuntimeError", "Connection closed by peer", in_collective=True)
+    return rs

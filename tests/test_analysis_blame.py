@@ -8,7 +8,7 @@ import inspect
 from pathlib import Path
 
 import pytest
-from handmade import FakeRank, ranks
+from handmade import FakeRank, groups_built_apart, ranks
 
 from colltrace.analysis import blame, culprit
 from colltrace.analysis.diagnose import diagnose
@@ -178,24 +178,7 @@ def test_groups_built_apart_keep_the_cycle_they_make_from_overriding_for_members
     """Rank 3 made its dp groups before its tp groups, so its groups' members differ from the other ranks' and
     the ranks wait on each other across them: for_membership names rank 3 by the majority of the group
     creation calls, and the cycle step, which would override it, does not apply to groups built apart."""
-    layout = {r: [[0, 1], [2, 3], [0, 2], [1, 3]] for r in range(3)} | {3: [[0, 2], [1, 3], [0, 1], [2, 3]]}
-    rs = []
-    for r in range(4):
-        mine = {str(i + 1): (f"g{i + 1}", tuple(m)) for i, m in enumerate(layout[r]) if r in m}
-        rs.append(FakeRank(str(tmp_path), r, 4, groups={"0": ("default_pg", (0, 1, 2, 3))} | mine))
-        for i, m in enumerate(layout[r]):
-            name = str(i + 1) if r in m else None
-            rs[r].w.event({"ev": "group_create", "fn": "new_group", "ranks": m, "desc": "", "name": name})
-    tp = {0: "1", 1: "1", 2: "2", 3: "4"}
-    dp = {0: "3", 1: "4", 2: "3", 3: "2"}
-    for r in rs[:2]:
-        r.coll("all_reduce", 64, "", "forward", group=tp[r.rank], redop="SUM")
-    rs[0].coll("all_reduce", 272, "", "forward", group=dp[0], redop="SUM", done=False)
-    rs[1].coll("all_reduce", 272, "", "forward", group=dp[1], redop="SUM", done=False, error=True)
-    rs[2].coll("all_reduce", 64, "", "forward", group=tp[2], redop="SUM", done=False, error=True)
-    rs[3].coll("all_reduce", 64, "", "forward", group=tp[3], redop="SUM", done=False)
-    for r in rs[1:3]:
-        r.error("RuntimeError", "Connection closed by peer", in_collective=True)
+    groups_built_apart(str(tmp_path))
     (tmp_path / "rank00003.fault").write_text("Fatal Python error: Aborted\n")
     applied, dx, facts = _decided(tmp_path, monkeypatch)
     assert facts.wf.cycle == (1, 2, 3)

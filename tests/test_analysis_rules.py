@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from handmade import FSDP_STEP, FakeRank, ranks
+from handmade import FSDP_STEP, FakeRank, groups_built_apart, ranks
 
 from colltrace.analysis import causes
 from colltrace.analysis.diagnose import diagnose
@@ -1057,24 +1057,7 @@ def test_groups_created_in_another_order_on_one_rank_name_it_over_the_cycle_they
     all-reduce pairs with rank 1's dp one (a size mismatch: it aborts); rank 2 waits in "2", rank 0 in "3".
     The wait-for graph has a cycle over groups whose members the ranks disagree on: the majority of the
     group creations names rank 3 (group_misconfig), not the cycle (cross_group_deadlock)."""
-    layout = {r: [[0, 1], [2, 3], [0, 2], [1, 3]] for r in range(3)} | {3: [[0, 2], [1, 3], [0, 1], [2, 3]]}
-    rs = []
-    for r in range(4):
-        mine = {str(i + 1): (f"g{i + 1}", tuple(m)) for i, m in enumerate(layout[r]) if r in m}
-        rs.append(FakeRank(str(tmp_path), r, 4, groups={"0": ("default_pg", (0, 1, 2, 3))} | mine))
-        for i, m in enumerate(layout[r]):
-            name = str(i + 1) if r in m else None
-            rs[r].w.event({"ev": "group_create", "fn": "new_group", "ranks": m, "desc": "", "name": name})
-    tp = {0: "1", 1: "1", 2: "2", 3: "4"}
-    dp = {0: "3", 1: "4", 2: "3", 3: "2"}
-    for r in rs[:2]:
-        r.coll("all_reduce", 64, "", "forward", group=tp[r.rank], redop="SUM")
-    rs[0].coll("all_reduce", 272, "", "forward", group=dp[0], redop="SUM", done=False)
-    rs[1].coll("all_reduce", 272, "", "forward", group=dp[1], redop="SUM", done=False, error=True)
-    rs[2].coll("all_reduce", 64, "", "forward", group=tp[2], redop="SUM", done=False, error=True)
-    rs[3].coll("all_reduce", 64, "", "forward", group=tp[3], redop="SUM", done=False)
-    for r in rs[1:3]:
-        r.error("RuntimeError", "Connection closed by peer", in_collective=True)
+    groups_built_apart(str(tmp_path))
     with open(tmp_path / "rank00003.fault", "w") as f:
         f.write("Fatal Python error: Aborted\n")
     dx = diagnose(read_run(str(tmp_path)))

@@ -481,11 +481,8 @@ def _refused_calls(ends: dict[int, RankEnd]) -> Blame | None:
     are. An error that names other ranks as where it failed (a checkpoint's gathered failures) is not one's
     own. None when no rank's call was refused so."""
     refused = [r for r, e in ends.items() if states.refused_own_call(e) and not _named_ranks(e, set(ends) - {r})]
-    if not refused:
-        return None
-    others = [e.error_t_ns for r, e in ends.items() if r not in refused and e.error_t_ns]
-    if others and any(not ends[r].error_t_ns or ends[r].error_t_ns > min(others) for r in refused):
-        return None  # another rank failed first: theirs may have followed from it
+    if not refused or not states.failed_before(ends, refused):
+        return None  # (another rank failed first: theirs may have followed from it)
     types = tuple(dict.fromkeys(ends[r].error_type for r in refused))
     ev = tuple(Evidence(Clue.REFUSED_CALL, tuple(r for r in refused if ends[r].error_type == t), t) for t in types)
     victims = tuple(r for r in sorted(ends) if r not in refused)

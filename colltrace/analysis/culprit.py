@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from colltrace.analysis import groups, mesh, states, waitfor
-from colltrace.analysis.history import Habit, by_period, periodic, precedent, set_up, starts_step
+from colltrace.analysis.history import Habit, periodic, precedent, set_up, starts_step
 from colltrace.analysis.results import (
     Clue,
     Confidence,
@@ -83,22 +83,6 @@ def habits(d: Divergence, streams: dict[int, RankStreams], table: SigTable, run:
             if now and then and now != then:
                 habit = Habit.DEVIATES
         out[a.rank] = habit
-    if len(out) > 1 and Habit.DEVIATES not in out.values() and len({a.sig for a in d.at if a.rank in out}) > 1:
-        # each kept to what it issued at this point of its step before, yet they disagree: the steps do not
-        # follow the job's period (two optimizers each counting a step, one of them skipped on one rank). One
-        # period back by the records themselves may tell them apart
-        by_period = _by_period(d, streams)
-        if {Habit.DEVIATES, Habit.CONSISTENT} <= set(by_period.values()):
-            return by_period
-    return out
-
-
-def _by_period(d: Divergence, streams: dict[int, RankStreams]) -> dict[int, Habit]:
-    out: dict[int, Habit] = {}
-    for a in d.at:
-        st = streams[a.rank].groups.get(d.group) if a.rank in streams else None
-        if st is not None and a.sig is not None and d.seq is not None:
-            out[a.rank] = by_period(st, d.seq, st.sig_at(d.seq)).habit
     return out
 
 

@@ -59,16 +59,21 @@ def periodic(sigs: Sequence[Any], off: int, sid: Any, repeats: int = 2) -> Prece
     start = -1  # the set-up's length, worked out when first needed
     for p in range(1, min(_MAX_PERIOD, off // 2) + 1):
         window = min(off - p, max(3 * p, 64))
-        if window < repeats * p or sigs[off - window : off] != sigs[off - window - p : off - p]:
+        if window < repeats * p or not _repeats(sigs, off, window, p):
             if repeats < 2:
                 continue
             start = set_up(sigs, off) if start < 0 else start
             window = min(off - p - start, max(3 * p, 64))
-            if 2 * window < 3 * p or sigs[off - window : off] != sigs[off - window - p : off - p]:
+            if 2 * window < 3 * p or not _repeats(sigs, off, window, p):
                 continue
         prev = sigs[off - p]
         return Precedent(Habit.CONSISTENT if prev == sid else Habit.DEVIATES, prev, None, off - p)
     return Precedent(Habit.UNKNOWN, 0, None)
+
+
+def _repeats(sigs: Sequence[Any], off: int, window: int, p: int) -> bool:
+    """The `window` records before `off` are those one period `p` before them."""
+    return sigs[off - window : off] == sigs[off - window - p : off - p]
 
 
 _SET_UP_MAX = 16  # records of a set-up looked at

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -316,6 +317,14 @@ def rank_ends(run: Run, streams: dict[int, RankStreams]) -> dict[int, RankEnd]:
     for r in run.missing:
         out[r] = missing_end(r)
     return dict(sorted(out.items()))
+
+
+def failed_before(ends: dict[int, RankEnd], ranks: Iterable[int]) -> bool:
+    """No other rank failed before any of `ranks` (each with its error's time known, where another failed)."""
+    mine = set(ranks)
+    others = [e.error_t_ns for r, e in ends.items() if r not in mine and e.error_t_ns]
+    times = [ends[r].error_t_ns for r in mine]
+    return not others or bool(times) and all(times) and max(times) <= min(others)
 
 
 def waited_for_peers(message: str) -> bool:

@@ -173,14 +173,13 @@ class DdpAdapter(Adapter):
         class (an nn.Sequential): with hooks on it, torch.compile(ddp_model) compiles its frames, which it runs as
         they are without them."""
         from colltrace.record import spans
-        from colltrace.record.shim import compiling_check
 
         inner, tracer, ctx = getattr(ddp, "module", None), self.tracer, self.ctx
         run = getattr(ddp_cls, "_run_ddp_forward", None)
         run_ddp = getattr(inspect.unwrap(run), "__code__", None) if run is not None else None  # torch's, not ours
         if inner is None or run_ddp is None or not hasattr(inner, "register_forward_pre_hook") or _torchs(inner):
             return
-        compiling = compiling_check()
+        compiling = tracer.compiling
 
         def direct(module: Any, args: Any) -> None:
             sp = tracer.spans

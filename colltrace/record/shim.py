@@ -143,7 +143,7 @@ class Shim:
         tracer = self.tracer
         state = tracer.ctx.state
         specs: dict[str, ops.OpSpec] = {}
-        compiling = compiling_check()
+        compiling = tracer.compiling  # (made at install, before the shim)
 
         def spec_for(fn_name: str) -> ops.OpSpec:
             spec = specs.get(fn_name)

@@ -115,11 +115,10 @@ def failed(f: Facts) -> Finding | None:
 
 def _refused_first(f: Facts, own: list[RankEnd]) -> bool:
     """Each of these culprits' calls was refused by a check in Python (states.refused_own_call), and each failed
-    before any victim did."""
-    if not all(states.refused_own_call(e) and e.error_t_ns for e in own):
-        return False
-    last = max(e.error_t_ns for e in own)
-    return all(f.ends[v].error_t_ns > last for v in f.victims if v in f.ends and f.ends[v].error_t_ns)
+    before any other rank did."""
+    return all(states.refused_own_call(e) and e.error_t_ns for e in own) and states.failed_before(
+        f.ends, (e.rank for e in own)
+    )
 
 
 def _handled(f: Facts, rank: int) -> Handling | None:
