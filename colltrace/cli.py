@@ -331,6 +331,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_blas_thread() -> None:
+    """numpy's BLAS (OpenBLAS) starts a thread per core at import, which spins after each call it shares: the
+    analysis does no linear algebra worth a second thread, and the spinning takes a core from the report on
+    a busy machine (a sixth of its CPU time on 1,024 ranks) and makes a threaded process of one that forks
+    workers (colltrace.workers). Unless the user chose otherwise, before numpy is imported."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -338,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     if fn is None:
         parser.print_help()
         return EXIT_BAD_INPUT
+    if fn is not cmd_demo:  # (the demo starts a training job: its environment is the job's own)
+        _one_blas_thread()
     from colltrace.trace.reader import TraceError
 
     try:

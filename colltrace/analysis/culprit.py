@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from colltrace.analysis import groups, mesh, states, waitfor
-from colltrace.analysis.history import Habit, periodic, precedent, set_up, starts_step
+from colltrace.analysis.history import Habit, Precedent, periodic, precedent, set_up, starts_step
 from colltrace.analysis.results import (
     Clue,
     Confidence,
@@ -70,12 +70,16 @@ def habits(d: Divergence, streams: dict[int, RankStreams], table: SigTable, run:
     out: dict[int, Habit] = {}
     if d.seq is None:
         return out
+    shared: dict[tuple[int, int, int], Precedent] = {}  # the ranks of a class share their streams' arrays
     for a in d.at:
         rs = streams.get(a.rank)
         st = rs.groups.get(d.group) if rs else None
         if st is None or a.sig is None:
             continue
-        found = precedent(st, d.seq, st.sig_at(d.seq))
+        key = (id(st.sigs), id(st.step_starts), st.seq0)
+        found = shared.get(key)
+        if found is None:
+            found = shared[key] = precedent(st, d.seq, st.sig_at(d.seq))
         habit = found.habit
         if habit is Habit.CONSISTENT and run is not None and a.rank in run.ranks and found.at >= 0:
             sites = run.ranks[a.rank].records.sites  # the call sites of the two records, from the stream
