@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from colltrace import workers
 from colltrace.analysis.causes import straggler_evidence
 from colltrace.analysis.diagnose import diagnose
@@ -95,6 +97,15 @@ class Row:
     rank: int
     ranks: tuple[int, ...]
     of: tuple[int, ...] = ()  # the expanded class this lane is part of (every rank of it), if any
+    # its hash, worked out once: a lane is a key of the drawn lines' cache, looked up for every line drawn, and
+    # hashing a class of 16,383 ranks is 0.1 ms
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.rank, self.ranks, self.of)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def label(self) -> str:
@@ -256,7 +267,8 @@ def detail(model: Model, c: Call, rank: int | None = None) -> Detail:
         ends = p2p_ends(key)
         members = ends if ends is not None else members
         label = f"{group_text(key)} on {label}"
-    calls = {r: model.call_at(r, key, c.seq) for r in members if r in model.lines}
+    held = [r for r in members if r in model.lines]  # (one look at each of 16,384 members, not two)
+    calls = {r: model.call_at(r, key, c.seq) for r in held}
 
     def what(x: Call) -> tuple[Any, ...]:  # what the members must agree on; a transfer's two sides, its size
         return (x.nbytes,) if x.p2p else (x.op, x.nbytes, x.module, x.phase)
@@ -276,7 +288,7 @@ def detail(model: Model, c: Call, rank: int | None = None) -> Detail:
         rows.append(DetailRow(r, same, differs, blocked, memory_at(model.run, r, same.t0)))
     issued = [row.call.t0 for row in rows if row.call is not None]
     d = model.dx.divergence
-    return Detail(c, label, tuple(rows), sum(r not in model.lines for r in members),
+    return Detail(c, label, tuple(rows), len(members) - len(held),
                   d is not None and (d.group, d.seq) == (c.group, c.seq),
                   max(issued) - min(issued) if len(issued) > 1 else None)  # fmt: skip
 
@@ -400,14 +412,14 @@ def preview(run_dir: str) -> Model | None:
     if not read:
         return None
     lines = {r: timeline(rt, 0, TAIL) for r, rt in read.items()}
-    for tl in lines.values():
-        tl.calls  # noqa: B018 - decoded here, in the loader, not by the UI thread drawing them
     t_min = min((int(tl.cols().t0[0]) for tl in lines.values() if len(tl.cols())), default=0)
     t_max = max((tl.end_ns for tl in lines.values()), default=t_min + 1)
     run = Run(run_dir, read, max(ranks) + 1, [])
     nothing = Diagnosis(Verdict.UNKNOWN, (), (), None, None, None, {}, ())
-    return Model(run_dir, run, nothing, {}, "", lines, t_min, max(t_max, t_min + 1), None,
-                 rows=tuple(Row(r, (r,)) for r in lines), preview=len(files))  # fmt: skip
+    model = Model(run_dir, run, nothing, {}, "", lines, t_min, max(t_max, t_min + 1), None,
+                  rows=tuple(Row(r, (r,)) for r in lines), preview=len(files))  # fmt: skip
+    model.index_calls()  # (the calls decoded and call_at's index built here, in the loader, not under `n`)
+    return model
 
 
 def load(run_dir: str, ask: bool = False) -> Model:
@@ -541,93 +553,140 @@ def memory_at(run: Run, rank: int, t_ns: int) -> int | None:
 # -- the timeline's cells -------------------------------------------------------------------------------
 
 
-def _latest_over(
-    items: list[tuple[int, int, Any]], starts: list[int], reach: list[int], before: int, after: int
-) -> Any:
-    """The latest-starting item that starts before `before` and ends after `after`. `reach[j]` is the
-    latest end among items[:j + 1], so the walk back stops as soon as nothing earlier can reach."""
-    j = bisect.bisect_left(starts, before) - 1
-    while j >= 0 and reach[j] > after:
-        if items[j][1] > after:
-            return items[j][2]
-        j -= 1
-    return None
+@dataclass(frozen=True, slots=True)
+class Intervals:
+    """Intervals sorted by start, each standing for an item, ready to ask at many moments at once: which item
+    starts before a moment and ends after another (the latest-starting such one)."""
+
+    starts: np.ndarray  # int64, ascending
+    ends: np.ndarray  # int64
+    # reach[k][j]: the latest end among the 2**k intervals up to j (from the first where there are fewer): the
+    # walk back from the latest start skips 2**k at a time where none of them reaches
+    reach: tuple[np.ndarray, ...]
+
+    @classmethod
+    def of(cls, pairs: list[tuple[int, int]]) -> Intervals:
+        starts = np.array([a for a, _ in pairs], dtype=np.int64)
+        ends = np.array([b for _, b in pairs], dtype=np.int64)
+        reach = [ends]
+        while (1 << len(reach)) <= len(ends):
+            top, k = reach[-1], 1 << (len(reach) - 1)
+            reach.append(np.concatenate([top[:k], np.maximum(top[k:], top[:-k])]))
+        return cls(starts, ends, tuple(reach))
+
+    def latest_over(self, before: np.ndarray, after: np.ndarray) -> np.ndarray:
+        """For each i, the index of the latest-starting interval that starts before before[i] and ends after
+        after[i]; -1: none."""
+        j = np.searchsorted(self.starts, before, side="left") - 1
+        if not len(self.starts):
+            return j
+        for k in range(len(self.reach) - 1, -1, -1):  # skip back over those that end by `after`, 2**k at a time
+            short = (j >= 0) & (self.reach[k][np.maximum(j, 0)] <= after)
+            j = np.where(short, j - (1 << k), j)
+        return np.maximum(j, -1)
 
 
-def _reach(items: list[tuple[int, int, Any]]) -> list[int]:
-    out, top = [], 0
-    for _, b, _ in items:
-        top = max(top, b)
-        out.append(top)
-    return out
+_KINDS: dict[str, int] = {"idle": 0}  # the styles of cells (their keys: "idle", a span kind, ...), numbered
+_KIND_NAMES: list[str] = ["idle"]
 
 
-@dataclass(slots=True)
+def _kind(name: str) -> int:
+    if name not in _KINDS:
+        _KINDS[name] = len(_KIND_NAMES)
+        _KIND_NAMES.append(name)
+    return _KINDS[name]
+
+
+@dataclass(frozen=True, slots=True)
 class Lane:
-    """One rank's spans and calls as sorted intervals, ready to sample at any zoom."""
+    """One rank's spans and calls as sorted intervals, ready to sample at any zoom, and how each is drawn: its
+    letter at its first cell, its mark on the others, its style (numbered: _KIND_NAMES)."""
 
-    spans: list[tuple[int, int, Span]]
-    span_starts: list[int]
-    span_reach: list[int]
-    calls: list[tuple[int, int, Call]]
-    call_starts: list[int]
-    call_reach: list[int]
+    spans: list[Span]  # by start
+    span_at: Intervals
+    span_draw: tuple[np.ndarray, np.ndarray, np.ndarray]  # letter, mark after, style
+    calls: list[Call]  # by start
+    call_at: Intervals
+    call_draw: tuple[np.ndarray, np.ndarray, np.ndarray]
+    # the divergent collective's calls (by the divergence's (group, seq)), found on first use
+    diverged: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
 
 
 def lane(tl: Timeline) -> Lane:
     spans = sorted(((s.t0, tl.end(s.t1), s) for s in tl.spans), key=lambda x: x[0])
     calls = sorted(((c.t0, max(c.t0 + 1, tl.end(c.t1)), c) for c in tl.calls), key=lambda x: x[0])
-    return Lane(spans, [a for a, _, _ in spans], _reach(spans), calls, [a for a, _, _ in calls], _reach(calls))
+    span_draw = (
+        np.array([SPAN_MARKS.get(s.kind, UNKNOWN_SPAN).letter for _, _, s in spans], dtype="<U1"),
+        np.array(["·" if s.t1 is None else "─" for _, _, s in spans], dtype="<U1"),
+        np.array([_kind("open" if s.t1 is None else s.kind) for _, _, s in spans], dtype=np.int64),
+    )
+    call_draw = (
+        np.array([COMM_MARKS[family(c.op)].letter for _, _, c in calls], dtype="<U1"),
+        np.full(len(calls), "─", dtype="<U1"),
+        np.array([_kind("failed" if c.error else "open" if c.t1 is None else family(c.op)) for _, _, c in calls],
+                 dtype=np.int64),
+    )  # fmt: skip
+    return Lane([s for _, _, s in spans], Intervals.of([(a, b) for a, b, _ in spans]), span_draw,
+                [c for _, _, c in calls], Intervals.of([(a, b) for a, b, _ in calls]), call_draw)  # fmt: skip
+
+
+def _drawn(
+    at: np.ndarray, draw: tuple[np.ndarray, np.ndarray, np.ndarray], kinds: np.ndarray | None = None
+) -> list[tuple[str, str]]:
+    """The cells showing items `at` (-1: none), as runs of one style: (marks, style) each. An item's first cell
+    has its letter, its others its mark after. `kinds`: the items' styles where not draw's."""
+    if not len(at):
+        return []
+    if not len(draw[2]):
+        return [(IDLE * len(at), "idle")]
+    i = np.maximum(at, 0)
+    first = np.empty(len(at), dtype=bool)
+    first[0] = True
+    first[1:] = at[1:] != at[:-1]
+    text = "".join(np.where(at < 0, IDLE, np.where(first, draw[0][i], draw[1][i])).tolist())
+    kind = np.where(at < 0, 0, (draw[2] if kinds is None else kinds)[i])
+    cuts = [0, *(np.flatnonzero(kind[1:] != kind[:-1]) + 1).tolist(), len(at)]
+    names = [_KIND_NAMES[k] for k in kind[cuts[:-1]].tolist()]
+    return [(text[x : cuts[j + 1]], names[j]) for j, x in enumerate(cuts[:-1])]
+
+
+def span_runs(ln: Lane, t0: int, t1: int, width: int) -> list[tuple[str, str]]:
+    """The compute row as runs of cells of one style, (marks, style) each: at each cell's middle, the innermost
+    span (its letter at its first cell); span_cells() cell by cell."""
+    dt = (t1 - t0) / max(1, width)
+    t = (t0 + (np.arange(width) + 0.5) * dt).astype(np.int64)
+    return _drawn(ln.span_at.latest_over(t + 1, t), ln.span_draw)
 
 
 def span_cells(ln: Lane, t0: int, t1: int, width: int) -> list[Cell]:
     """The compute row: at each cell's middle, the innermost span (its letter at its first cell)."""
-    out: list[Cell] = []
+    return [Cell(mark, style) for marks, style in span_runs(ln, t0, t1, width) for mark in marks]
+
+
+def call_runs(
+    ln: Lane, t0: int, t1: int, width: int, divergence: tuple[str, int] | None = None
+) -> list[tuple[str, str]]:
+    """The collectives row as runs of cells of one style, (marks, style) each: any collective in flight over
+    the cell (the latest started), the divergent one and hung ones marked; call_cells() cell by cell."""
     dt = (t1 - t0) / max(1, width)
-    prev: Span | None = None
-    for x in range(width):
-        t = int(t0 + (x + 0.5) * dt)
-        s: Span | None = _latest_over(ln.spans, ln.span_starts, ln.span_reach, t + 1, t)
-        if s is None:
-            out.append(Cell(IDLE, "idle"))
-        else:
-            style = "open" if s.t1 is None else s.kind
-            mark = SPAN_MARKS.get(s.kind, UNKNOWN_SPAN).letter if s is not prev else ("·" if s.t1 is None else "─")
-            out.append(Cell(mark, style))
-        prev = s
-    return out
+    x = np.arange(width)
+    a, b = (t0 + x * dt).astype(np.int64), (t0 + (x + 1) * dt).astype(np.int64)
+    kinds = None
+    if divergence is not None:
+        diverged = ln.diverged.get(divergence)
+        if diverged is None:
+            diverged = ln.diverged[divergence] = np.array(
+                [i for i, c in enumerate(ln.calls) if (c.group, c.seq) == divergence], dtype=np.int64
+            )
+        if len(diverged):
+            kinds = ln.call_draw[2].copy()
+            kinds[diverged] = _kind("divergence")
+    return _drawn(ln.call_at.latest_over(b, a), ln.call_draw, kinds)
 
 
 def call_cells(ln: Lane, t0: int, t1: int, width: int, divergence: tuple[str, int] | None = None) -> list[Cell]:
     """The collectives row: any collective in flight over the cell, the divergent one and hung ones marked."""
-    out: list[Cell] = []
-    dt = (t1 - t0) / max(1, width)
-    prev: Call | None = None
-    for x in range(width):
-        a, b = int(t0 + x * dt), int(t0 + (x + 1) * dt)
-        c = _overlapping(ln, a, b)
-        if c is None:
-            out.append(Cell(IDLE, "idle"))
-            prev = None
-            continue
-        if divergence is not None and (c.group, c.seq) == divergence:
-            style = "divergence"
-        elif c.error:
-            style = "failed"
-        elif c.t1 is None:
-            style = "open"
-        else:
-            style = family(c.op)
-        mark = COMM_MARKS[family(c.op)].letter if c is not prev else "─"
-        out.append(Cell(mark, style))
-        prev = c
-    return out
-
-
-def _overlapping(ln: Lane, a: int, b: int) -> Call | None:
-    """A call in flight somewhere in [a, b): the latest started one."""
-    c: Call | None = _latest_over(ln.calls, ln.call_starts, ln.call_reach, b, a)
-    return c
+    return [Cell(mark, style) for marks, style in call_runs(ln, t0, t1, width, divergence) for mark in marks]
 
 
 def axis(t0: int, t1: int, width: int, origin: int, mark_x: int | None = None) -> str:

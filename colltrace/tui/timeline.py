@@ -51,20 +51,23 @@ class Timeline(ScrollView):
     def __init__(self) -> None:
         super().__init__()
         self.model: m.Model | None = None
-        self.lanes: dict[int, m.Lane] = {}
+        self.lanes: dict[int, m.Lane] = {}  # by rank: its timeline's spans and calls, ready to draw
         self.t0 = 0
         self.t1 = 1
         self.selected = 0  # index into model.rows
         self.call: m.Call | None = None  # the selected collective (on the selected rank)
         self._cache: LRUCache[LineKey, Strip] = LRUCache(4096)
+        self._heads: dict[m.Row, m.LaneHead] = {}  # each lane's label, worked out once per model shown
 
     def show(self, model: m.Model, keep_window: bool) -> None:
         """Draw `model`: a new read of the run, or the same read in other lanes (Model.with_layout)."""
         follow = not keep_window or self.whole  # showing the whole run: go on showing all of it
         same_read = self.model is not None and self.model.run is model.run
         held = self.model.lines if self.model is not None and same_read else {}
-        self.lanes = {r: self.lanes[r] if held.get(r) is tl else m.lane(tl) for r, tl in model.lines.items()}
+        # the lanes of the timelines still shown; the others' worked out when first drawn
+        self.lanes = {r: ln for r, ln in self.lanes.items() if r in held and held[r] is model.lines.get(r)}
         self.model = model
+        self._heads = {}
         if follow:
             self.t0, self.t1 = model.t_min, model.t_max
         self.selected = min(self.selected, max(0, len(model.rows) - 1))
@@ -170,27 +173,38 @@ class Timeline(ScrollView):
             return Strip([Segment("time".ljust(LABEL), Style(bold=True)), Segment(axis, Style(dim=True))], width)
         i, which = divmod(row - 1, 2)
         lane = model.rows[i]
-        head = m.head(model, lane)
-        ln = self.lanes[lane.rank]
+        head = self._heads.get(lane)
+        if head is None:
+            head = self._heads[lane] = m.head(model, lane)
+        ln = self.lanes.get(lane.rank)
+        if ln is None:
+            ln = self.lanes[lane.rank] = m.lane(model.lines[lane.rank])
         if which == 0:
             label = f"{'▶' if i == self.selected else ' '}{head.label}{'!' if head.culprit else ''} {head.state}"
             lstyle = Style(bold=True, color="bright_red" if head.culprit else None, reverse=i == self.selected)
-            row_cells = m.span_cells(ln, self.t0, self.t1, cells)
+            runs = m.span_runs(ln, self.t0, self.t1, cells)
         else:
             label = f"  {m.ago(head.progress_ns)} ago"
             if head.memory:  # its memory over the run at the label's right end, "ago" left out to make room
                 label = f"  {m.ago(head.progress_ns)}".ljust(LABEL - m.SPARK_CELLS - 1) + head.memory
             lstyle = Style(dim=True)
-            row_cells = m.call_cells(ln, self.t0, self.t1, cells, model.divergence)
+            runs = m.call_runs(ln, self.t0, self.t1, cells, model.divergence)
         segs = [Segment(label[:LABEL].ljust(LABEL), lstyle)]
-        for x, c in enumerate(row_cells):
-            style = STYLES.get(c.style, DEFAULT_STYLE)
-            mark = c.mark
-            if x == marker and c.style == "idle":
-                mark, style = "│", MARKER
-            if x == call_x:
-                style = style + SELECTED
-            segs.append(Segment(mark, style))
+        x = 0
+        for marks, kind in runs:  # a segment a run of cells (a cell each: 146 segments a line, 0.5 ms in Textual)
+            style = STYLES.get(kind, DEFAULT_STYLE)
+            end = x + len(marks)
+            at = x  # the divergence's marker over an idle cell and the selected collective: cells of their own
+            own = {p for p in (marker if kind == "idle" else None, call_x) if p is not None and x <= p < end}
+            for p in sorted(own):
+                if p > at:
+                    segs.append(Segment(marks[at - x : p - x], style))
+                mark, look = ("│", MARKER) if p == marker and kind == "idle" else (marks[p - x], style)
+                segs.append(Segment(mark, look + SELECTED if p == call_x else look))
+                at = p + 1
+            if at < end:
+                segs.append(Segment(marks[at - x :], style))
+            x = end
         return Strip(segs, width)
 
     def _marker_x(self, model: m.Model, cells: int) -> int | None:
