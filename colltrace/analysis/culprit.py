@@ -196,6 +196,14 @@ def for_content(
     absent = {a.rank for a in d.at if a.sig is None}
     issued = [c for c in d.classes if any(r not in absent for r in c)]
     first = _first_of_kind(d, streams, hab) if strict_majority else ()
+    apart = sorted(hab.values()) == sorted((Habit.CONSISTENT, Habit.DEVIATES))  # one side kept its size, one not
+    changed = sizes_changed(d, streams) if apart and not first else ()
+    if changed:
+        # another transfer of this step changed its size on both its sides alike: the job's shapes changed
+        # here (a sequence of another length), so a side that changed followed it and one that did not
+        # missed it, or the other way round; history cannot say which
+        hab = {r: Habit.UNKNOWN for r in hab}
+        evidence.append(Evidence(Clue.SIZES_CHANGED, changed))
     if first:
         # the majority issued a collective none of them had issued before (a log or a save every k steps,
         # its first time) where the rest issued their usual one: history says only that it is new, not
@@ -221,10 +229,11 @@ def for_content(
     con = tuple(sorted(r for r, h in hab.items() if h is Habit.CONSISTENT))
     top = max(scores.values())
     if top == min(scores.values()):
+        said = (*evidence, Evidence(Clue.UNDECIDED, tuple(visible)))
         return (
             positional(d, streams, table, run)
             or new_call(d, streams, run)
-            or Blame((), tuple(sorted(visible)), d.kind, Confidence.LOW, (Evidence(Clue.UNDECIDED, tuple(visible)),))
+            or Blame((), tuple(sorted(visible)), d.kind, Confidence.LOW, said)
         )
     culprits = tuple(sorted(r for c, s in scores.items() if s == top for r in c))
     if dev and set(dev) & set(culprits):
@@ -237,6 +246,50 @@ def for_content(
     kinds = {e.clue for e in evidence} - {Clue.FIRST_OF_KIND}  # why history is set aside, no evidence of its own
     confidence = Confidence.HIGH if len(kinds) >= 2 else Confidence.MEDIUM
     return Blame(culprits, _others(tuple(sorted(visible)), culprits), d.kind, confidence, tuple(evidence))
+
+
+def sizes_changed(d: Divergence, streams: dict[int, RankStreams]) -> tuple[int, ...]:
+    """A transfer's two sides disagree on its size in a step where one of them took part in another transfer
+    whose two sides both left their earlier steps' size for the same new one (the job's shapes changed there):
+    the ranks of that transfer; () where there is none (or this is no transfer)."""
+    if d.seq is None or p2p_ends(d.group) is None or d.kind is not Kind.NUMEL:
+        return ()
+    for a in d.at:
+        rs = streams.get(a.rank)
+        st = rs.groups.get(d.group) if rs else None
+        step = _step_of(st, d.seq) if st is not None else None
+        if rs is None or step is None:
+            continue
+        for name, other in rs.groups.items():
+            ends = p2p_ends(name)
+            if name == d.group or ends is None or a.rank not in ends:
+                continue
+            peer = ends[0] if ends[1] == a.rank else ends[1]
+            theirs = streams[peer].groups.get(name) if peer in streams else None
+            if theirs is None:
+                continue
+            for off in _offsets_of_step(other, step):
+                seq, sid = other.seq0 + off, other.sigs[off]
+                if sid and theirs.sig_at(seq) == sid and precedent(other, seq, sid).habit is Habit.DEVIATES:
+                    return tuple(sorted((a.rank, peer)))
+    return ()
+
+
+def _step_of(st: GroupStream, seq: int) -> int | None:
+    """The step (by number) of a stream's record; None outside it or without step numbers."""
+    off = seq - st.seq0
+    if not 0 <= off < len(st.sigs) or not st.step_starts:
+        return None
+    return next((step for o, step in reversed(st.step_starts) if o <= off), None)
+
+
+def _offsets_of_step(st: GroupStream, step: int) -> range:
+    """The offsets of a stream's records of one step (by number): empty where it has none."""
+    starts = st.step_starts
+    for i, (o, s) in enumerate(starts):
+        if s == step:
+            return range(o, starts[i + 1][0] if i + 1 < len(starts) else len(st.sigs))
+    return range(0)
 
 
 @blame_rule
@@ -828,10 +881,13 @@ def dtype_changed(d: Divergence, streams: dict[int, RankStreams], table: SigTabl
 def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame | None:
     """The two ends of a transfer disagree on its size (or dtype, or tag), with no earlier step to compare
     with: the end that sends (or receives) one it never sent (or received) before, on any pair, against the
-    end that takes one it has taken before. None when both or neither are new to their end."""
+    end that takes one it has taken before. None when both or neither are new to their end, or where another
+    transfer of the step changed its size on both sides (sizes_changed: a new size is the job's own there)."""
     ends = p2p_ends(d.group)
     if ends is None or d.kind not in (Kind.NUMEL, Kind.DTYPE, Kind.TAG) or len(d.at) != 2:
         return None
+    if sizes_changed(d, streams):
+        return None  # a size new to one end, where the job's sizes changed in this step: nothing to go by
     new: dict[int, bool] = {}
     for a in d.at:
         rs = streams.get(a.rank)

@@ -32,6 +32,9 @@ class Clue(str, enum.Enum):
     # the majority issued a collective new to each of them where the rest issued their usual one: their own
     # history cannot say whether the rest should have issued it too, so the majority decides
     FIRST_OF_KIND = "first_of_kind"
+    # a transfer's sides disagree on its size in a step where another transfer's two sides both changed theirs
+    # alike (the job's shapes changed): history cannot say which side should have changed (detail: none)
+    SIZES_CHANGED = "sizes_changed"
     CRASHED = "crashed"  # the rank raised on its own (not inside a failing collective)
     OOM = "oom"  # the error says out of memory
     # what the rank's memory did: its growth, its peak, how near its limit it ended (detail: memory.RankMemory)

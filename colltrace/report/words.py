@@ -306,6 +306,14 @@ def _first_of_kind(who: Who) -> str:
             "have issued it too, so the majority decides")  # fmt: skip
 
 
+def _sizes_changed(who: Who) -> str:
+    return (
+        f"in this step {who}, the two sides of another transfer, both changed its size from their earlier "
+        "steps' alike: the job's sizes changed here, so history cannot say which side of this transfer should "
+        "have changed its size"
+    )
+
+
 def _out_of_data(who: Who) -> str:
     return f"{who}'s DataLoader ran out of batches (its iterator raised StopIteration)"
 
@@ -873,6 +881,7 @@ WORDS: dict[Clue, ClueWords] = {  # every Clue (a test checks), in its order
     Clue.HISTORY_CONSISTENT: _plain(_history_consistent),
     Clue.MAJORITY: _from(_count, _majority),
     Clue.FIRST_OF_KIND: _plain(_first_of_kind),
+    Clue.SIZES_CHANGED: _plain(_sizes_changed),
     Clue.CRASHED: _from(_word, _crashed),
     Clue.OOM: _from(_word, _oom),
     Clue.MEMORY: _from(_a(RankMemory), _memory),
