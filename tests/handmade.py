@@ -38,6 +38,7 @@ class FakeRank:
         capacity: int = 4096,
         full: bool = True,
         pid: int = 0,
+        restart: int = 0,
     ) -> None:
         header: dict[str, Any] = {
             "world_size": world,
@@ -50,6 +51,8 @@ class FakeRank:
         }
         if pid:  # the traced process (the launcher's exit lines name theirs)
             header["pid"] = pid
+        if restart:  # torchrun's restarts before this attempt
+            header["restart"] = restart
         self.rank = rank
         self.w = TraceWriter(run_dir, rank, capacity=capacity, full=full, header=header)
         groups = groups or {"0": ("default_pg", tuple(range(world)))}

@@ -2394,6 +2394,17 @@ def test_a_rank_that_dies_unseen_without_torchrun_saying_how_stays_unknown(tmp_p
     assert not any(e.clue is Clue.EXITED for e in dx.finding.evidence)
 
 
+def test_an_attempt_torchrun_restarted_says_so_from_its_own_run_directory(tmp_path: Path) -> None:
+    """Each attempt of torchrun --max-restarts writes a run directory of its own (RUN-r1 for the second): no exit
+    line of the first attempt is there, its header says one came before."""
+    rs = [FakeRank(str(tmp_path), r, 2, restart=1) for r in range(2)]
+    _reduce_steps(rs, 2, 756)
+    run = read_run(str(tmp_path))
+    assert run.restarts == 1
+    text, _ = run_report(str(tmp_path), "md")
+    assert "attempt 2: the launcher restarted the job 1 time(s) before it" in text
+
+
 def test_after_a_restart_a_rank_is_read_with_the_exit_of_the_attempt_its_trace_is_of(tmp_path: Path) -> None:
     """torchrun --max-restarts: the first attempt's rank 0 was SIGKILLed (pid 11), the second's, whose trace is on
     disk (it wrote over the first's), exited with code 3 (pid 30): the report goes by the second's."""

@@ -258,6 +258,7 @@ def _header(cfg: config_mod.Config, run_dir: str, untraced: list[str]) -> dict[s
         "argv": list(sys.argv),
         "launcher": _launcher(),
         "rendezvous": _rendezvous(),
+        "restart": _env_int("TORCHELASTIC_RESTART_COUNT") or 0,  # torchrun --max-restarts: attempts before this
         "run_dir": os.path.abspath(run_dir),
         "clock": {"wall_ns": time.time_ns(), "mono_ns": time.monotonic_ns()},
         "colltrace": _version(),

@@ -21,6 +21,9 @@ def code(text: str) -> str:
     return f"{tick}{pad}{text}{pad}{tick}"
 
 
+_SITE = re.compile(r":\d+ in \S")  # a call site, "file.py:12 in fn" ("<frozen importlib...>:147 in _path_stat")
+
+
 def plain(text: str) -> str:
     """Text for a Markdown line: a word like `<root>` would be read as an HTML tag and vanish, so it goes into
     a code span, which needs no escaping (an entity, `&lt;root&gt;`, reads badly where the text is not
@@ -123,7 +126,7 @@ def _ranks(report: dict[str, Any]) -> list[Section]:
             errors.setdefault(f"signal {info['signal']}", []).append(int(r))
         if info["last_activity"]:
             text = info["last_activity"]  # a call site is code: `*args` or `__init__` must not turn to emphasis
-            doing.setdefault(code(text) if ".py:" in text else plain(text), []).append(int(r))
+            doing.setdefault(code(text) if _SITE.search(text) else plain(text), []).append(int(r))
         rows.append((r, info["state"], _in_cell(last_text)))
     if len(rows) > _MAX_RANK_ROWS:
         folded: dict[tuple[str, ...], list[int]] = {}
@@ -429,5 +432,6 @@ def _environment(report: dict[str, Any]) -> list[Section]:
     if env.get("joined"):
         line += f" · ranks read from {len(env['joined'])} directories beside this one: {', '.join(env['joined'][:4])}"
     if env.get("restarts"):
-        line += f" · restarted {env['restarts']} time(s) by the launcher: this trace is the last attempt's"
+        line += (f" · attempt {env['restarts'] + 1}: the launcher restarted the job {env['restarts']} time(s) before"
+                 " it, each attempt in a run directory of its own")  # fmt: skip
     return [Section("Environment", [plain(line), ""], hint)]

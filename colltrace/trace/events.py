@@ -22,6 +22,7 @@ class Header:
     backend: str | None = None
     python: str | None = None
     fr_version: str | None = None  # the Flight Recorder dump's format version (a run read from dumps alone)
+    restart: int = 0  # the attempts torchrun --max-restarts made before this one (TORCHELASTIC_RESTART_COUNT)
     # the torch.distributed functions this torch has that the recorder does not trace, each as the recorder
     # described it ("gather_single (a collective this colltrace does not know)")
     untraced: tuple[str, ...] = ()
@@ -34,7 +35,7 @@ class Header:
         return cls(
             world_size=h.get("world_size", 0), host=h.get("host", ""), pid=h.get("pid", 0),
             launcher=h.get("launcher"), torch=h.get("torch"), backend=h.get("backend"), python=h.get("python"),
-            fr_version=fr_version if isinstance(fr_version, str) else None,
+            fr_version=fr_version if isinstance(fr_version, str) else None, restart=max(0, h.get("restart", 0)),
             untraced=tuple(m[1] for m in untraced if m is not None),
         )  # fmt: skip
 

@@ -550,7 +550,7 @@ _NUM = (int, float)
 _HEADER: dict[str, tuple[type, ...]] = {
     "rank": _INT, "world_size": _INT, "host": _STR, "pid": _INT, "ppid": _INT, "clock": (dict,), "argv": (list,),
     "run_dir": _STR, "launcher": _STR, "torch": _STR, "backend": _STR, "python": _STR, "unseen": (list,),
-    "hang_s": _NUM, "local_rank": (int, type(None)), "rendezvous": _STR,
+    "hang_s": _NUM, "local_rank": (int, type(None)), "rendezvous": _STR, "restart": _INT,
 }  # fmt: skip
 # per stored event: field -> (types, required?)
 _EVENTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
@@ -754,6 +754,9 @@ def _read_run(run_dir: str) -> Run:
     for where in (run_dir, *joined):
         for rank, ends in _launcher_exits(where).items():
             exits.setdefault(rank, []).extend(ends)
+    # each attempt torchrun restarts writes a run directory of its own (config.default_run_name): its header
+    # says how many came before it; an older trace's attempts shared one, their exit lines say
+    run.restarts = max((rt.header.restart for rt in ranks.values()), default=0)
     for rank, ends in exits.items():
         if rank in ranks:
             pid = ranks[rank].header.pid

@@ -214,8 +214,8 @@ class Run:
     source: str = "colltrace"  # or "flight_recorder": read from torch's Flight Recorder dumps alone
     flight_dumps: list[int] = field(default_factory=list)  # ranks whose Flight Recorder dump was joined
     unreadable: list[int] = field(default_factory=list)  # ranks whose file is there and could not be read
-    # failed attempts the launcher restarted before the one traced (torchrun --max-restarts: its exit lines of
-    # other pids than the traced processes'); the trace is the last attempt's, written over the others'
+    # failed attempts the launcher restarted before the one traced (torchrun --max-restarts: each attempt's run
+    # directory is its own, its header says how many came before; an older trace's exit lines of other pids)
     restarts: int = 0
     # directories beside this one the ranks missing here were read from (ranks of one job that each wrote where
     # they were told: reader._beside)
