@@ -166,7 +166,7 @@ class CollTraceApp(App[None]):
         except Exception as e:  # a run torn mid-write: keep what is shown, say so
             self.post_message(LoadFailed(str(e)))
             return
-        self.post_message(Loaded(model))
+        self.post_message(Loaded(model, RichMarkdown(model.markdown)))
 
     @on(LoadFailed)
     def _load_failed(self, message: LoadFailed) -> None:
@@ -202,7 +202,8 @@ class CollTraceApp(App[None]):
             self.query_one("#report", Static).update(_preview_text(model))
             return
         self.title = f"colltrace: {model.report['headline']}"
-        self.query_one("#report", Static).update(RichMarkdown(model.markdown))  # one widget, not one per block
+        summary = message.summary if message.summary is not None else RichMarkdown(model.markdown)
+        self.query_one("#report", Static).update(summary)  # one widget, not one per block
         self._aligned(model)
         self._stats(model)
         if not first and model.fingerprint != getattr(self, "_shown_stamp", model.fingerprint):

@@ -119,7 +119,7 @@ def _send(out: BinaryIO, run_dir: str) -> None:
     # the rest, the timelines named (sent above) and call_at's index left to be made again where it is used
     shell = dataclasses.replace(model, run=dataclasses.replace(model.run, ranks={}),
                                 dx=dataclasses.replace(model.dx, ranks={}), report={}, _calls={},
-                                _labels=model._labels)  # fmt: skip
+                                _labels=model._labels, _views=model._views)  # fmt: skip
     _frame(out, ("shell", shell), {id(tl): rank for rank, tl in model.lines.items()})
     for which, table in enumerate(_tables(model)):
         items = list(table.items())

@@ -194,8 +194,13 @@ class Timeline(ScrollView):
         for marks, kind in runs:  # a segment a run of cells (a cell each: 146 segments a line, 0.5 ms in Textual)
             style = STYLES.get(kind, DEFAULT_STYLE)
             end = x + len(marks)
+            mark_here = marker is not None and kind == "idle" and x <= marker < end
+            if not mark_here and (call_x is None or not x <= call_x < end):
+                segs.append(Segment(marks, style))
+                x = end
+                continue
             at = x  # the divergence's marker over an idle cell and the selected collective: cells of their own
-            own = {p for p in (marker if kind == "idle" else None, call_x) if p is not None and x <= p < end}
+            own = {p for p in (marker if mark_here else None, call_x) if p is not None and x <= p < end}
             for p in sorted(own):
                 if p > at:
                     segs.append(Segment(marks[at - x : p - x], style))
