@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import io
 import os
 import pickle
@@ -79,7 +80,11 @@ class Loading:
         failed or died. Raises LoadError where it could not read the run."""
         try:
             with os.fdopen(self._fd, "rb") as f, workers.paused_gc():  # (its millions of objects: see paused_gc)
-                return _received(_frames(f))
+                model = _received(_frames(f))
+                # and out of the collector's generations before it runs again: the first collection after the
+                # pause walked them all (0.17 s at 16,384 ranks, the interpreter held: a key waited that long)
+                gc.freeze()
+                return model
         except (EOFError, OSError, pickle.UnpicklingError):
             return None
         finally:
