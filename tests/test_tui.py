@@ -498,6 +498,55 @@ def test_the_docs_name_every_letter_as_the_help_does() -> None:
         assert f"`{mk.letter}` {mk.name}" in doc, f"docs/tui.md does not name {mk.letter} as {mk.name}"
 
 
+def test_a_lanes_cells_are_those_of_the_latest_interval_over_each_cell() -> None:
+    """A line's cells are looked up for the whole line at once (model.Intervals): each is the latest-started span
+    over the cell's middle, the latest-started collective in flight over the cell, as a walk cell by cell finds
+    them, at every zoom; and Intervals agrees with that walk on intervals nested and overlapping any way."""
+    import random
+
+    import numpy as np
+
+    from colltrace.tui import model as tm
+
+    def walk(items: list[tuple[int, int]], before: int, after: int) -> int:
+        return max((j for j, (a, b) in enumerate(items) if a < before and b > after), default=-1)
+
+    rng = random.Random(7)
+    for n in (0, 1, 2, 5, 33, 200):
+        items = sorted(((a := rng.randint(0, 1000)), a + rng.choice([1, 5, 50, 500, 3000])) for _ in range(n))
+        after = np.array([rng.randint(-10, 4100) for _ in range(64)], dtype=np.int64)
+        before = after + np.array([rng.randint(0, 40) for _ in range(64)], dtype=np.int64)
+        got = tm.Intervals.of(items).latest_over(before, after).tolist()
+        assert got == [walk(items, int(b), int(a)) for b, a in zip(before, after)]
+
+    def cells(items: list[Any], at: list[int], style: Callable[[Any], str], letter: Callable[[Any], str],
+              after: Callable[[Any], str]) -> list[tm.Cell]:  # fmt: skip
+        return [tm.Cell(tm.IDLE, "idle") if i < 0 else tm.Cell(letter(items[i]) if x == 0 or at[x - 1] != i else
+                after(items[i]), style(items[i])) for x, i in enumerate(at)]  # fmt: skip
+
+    for fixture in ("control_flow", "tp_plan_slip"):
+        model = tm.load(str(FIXTURES / fixture))
+        div = model.divergence
+        for tl in model.lines.values():
+            ln = tm.lane(tl)
+            spans = [(s.t0, tl.end(s.t1)) for s in ln.spans]
+            calls = [(c.t0, max(c.t0 + 1, tl.end(c.t1))) for c in ln.calls]
+            mid = model.divergence_ns or (model.t_min + model.t_max) // 2
+            for t0, t1, width in ((model.t_min, model.t_max, 136), (mid - 10**6, mid + 4 * 10**6, 100),
+                                  (model.t_min - 10**9, model.t_min + 10**6, 7)):  # fmt: skip
+                dt = (t1 - t0) / width
+                at = [walk(spans, (t := int(t0 + (x + 0.5) * dt)) + 1, t) for x in range(width)]
+                assert tm.span_cells(ln, t0, t1, width) == cells(
+                    ln.spans, at, lambda s: "open" if s.t1 is None else s.kind,
+                    lambda s: tm.SPAN_MARKS.get(s.kind, tm.UNKNOWN_SPAN).letter,
+                    lambda s: "·" if s.t1 is None else "─")  # fmt: skip
+                at = [walk(calls, int(t0 + (x + 1) * dt), int(t0 + x * dt)) for x in range(width)]
+                assert tm.call_cells(ln, t0, t1, width, div) == cells(
+                    ln.calls, at, lambda c, div=div: "divergence" if (c.group, c.seq) == div else "failed" if c.error
+                    else "open" if c.t1 is None else tm.family(c.op),
+                    lambda c: tm.COMM_MARKS[tm.family(c.op)].letter, lambda c: "─")  # fmt: skip
+
+
 def test_stats_and_aligned_are_typed_rows_from_the_diagnosis() -> None:
     """The Stats and Aligned views draw values the model computed from the diagnosis (not the JSON report's
     dictionaries read back): the straggler fixture's rank 2 late in data loading, control_flow's culprit apart."""
