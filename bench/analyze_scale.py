@@ -278,14 +278,16 @@ def make_distinct(run_dir: str, world: int, records: int, culprit: int, slow: in
 
 
 _CHILD = """
-import json, os, resource, sys, time
+import json, os, resource, sys, tempfile, time
 load = os.getloadavg()[0]
+out = os.path.join(tempfile.mkdtemp(), "report.json")
 t = time.perf_counter()
-from colltrace.report.build import run_report
-text, problem = run_report(sys.argv[1], "json")
+from colltrace import cli
+cli.main(["report", sys.argv[1], "--json", "--output", out])  # as `colltrace report RUN --json -o FILE`
 wall = time.perf_counter() - t
 done_at = time.monotonic()
-rep = json.loads(text)
+with open(out) as f:
+    rep = json.load(f)
 used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
 print(json.dumps({"s": wall, "done_at": done_at, "rss_mb": used[0].ru_maxrss / 1024, "workers_mb": used[1].ru_maxrss / 1024, "load": load,
                   "cpu_s": sum(u.ru_utime + u.ru_stime for u in used),
