@@ -326,7 +326,9 @@ class CollTraceApp(App[None]):
             return
         self._expand(self.model, self.model.expanded, self.model.rows[self.timeline.selected])
 
-    @work(thread=True, exclusive=True, group="expand")
+    # (described: Textual's default description is the repr of its arguments, the whole model's: minutes at 16,384
+    # ranks, on the UI thread, under the key)
+    @work(thread=True, exclusive=True, group="expand", description="lanes of a class of ranks, expanded or folded")
     def _expand(self, model: m.Model, expanded: frozenset[tuple[int, ...]], lane: m.Row) -> None:
         """Computes the lanes (reading the ranks' timelines: off the UI thread) and posts them; the model
         shown is replaced in _expanded, on the UI thread (no model is ever changed)."""
