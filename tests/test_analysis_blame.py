@@ -12,7 +12,7 @@ from handmade import FakeRank, groups_built_apart, ranks
 
 from colltrace.analysis import blame, culprit
 from colltrace.analysis.diagnose import diagnose
-from colltrace.analysis.results import Clue, Diagnosis
+from colltrace.analysis.results import Clue, Confidence, Diagnosis
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.trace.reader import read_run
 
@@ -227,3 +227,66 @@ def _open_span(r: FakeRank, kind: str) -> tuple[object, ...]:
 
     s = r.w.intern
     return (schema.KIND_SPAN, 0, 0, 0, 0, s(kind), 0, 0, 0, 0, s(""), 0, 0, -1, 0, 0, -1, r.step, 0, r.t, 0, 0)
+
+
+def _next_step(rs: list[FakeRank]) -> None:
+    for r in rs:
+        r.step += 1
+        r.w.event({"ev": "step", "step": r.step})
+
+
+def _ring_of_chunks(tmp_path: Path, chunks: dict[int, int], sent: dict[int, int], dtype: str = "float32") -> None:
+    """Three ranks pass each its chunk to the next (context parallel's ring): 8 elements each for three steps,
+    then in the fourth each posts its receive for its left neighbour's chunk in `chunks` and sends its own
+    (`sent` where given), rank 1 to rank 2 in `dtype`; rank 0's receive then fails."""
+    rs = ranks(str(tmp_path), 3)
+    for step in range(4):
+        chunk = {0: 8, 1: 8, 2: 8} if step < 3 else chunks
+        out = chunk if step < 3 else {**chunk, **sent}
+        for r in rs:
+            right, left = (r.rank + 1) % 3, (r.rank - 1) % 3
+            r.p2p("isend", right, out[r.rank], dtype=dtype if step == 3 and r.rank == 1 else "float32")
+            r.p2p("irecv", left, chunk[left], done=not (step == 3 and r.rank == 0),
+                  dtype=dtype if step == 3 and r.rank == 2 else "float32")  # fmt: skip
+        if step < 3:
+            _next_step(rs)
+
+
+def test_a_transfer_whose_size_the_job_changed_this_step_is_not_decided_by_history(tmp_path: Path) -> None:
+    """The ring's sequence got shorter in step 3: ranks 1 and 2 changed their transfer's size alike, and rank 2
+    sent its old size (padded) where rank 0 posted the new one. Rank 0 changed, rank 2 did not: history would
+    name rank 0; the job's own change says it cannot (sizes_changed), and new_size is silent for the same
+    reason."""
+    _ring_of_chunks(tmp_path, {0: 8, 1: 7, 2: 7}, {2: 8})
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.group.endswith("2->0") and dx.divergence.kind is Kind.NUMEL
+    assert dx.culprits == () and dx.finding is not None and dx.finding.confidence is Confidence.LOW
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.SIZES_CHANGED] == [(1, 2)]
+
+
+def test_another_transfer_that_changed_only_its_dtype_leaves_history_to_decide(tmp_path: Path) -> None:
+    """The same ring, where ranks 1 and 2 changed only their transfer's dtype alike, and rank 0 posted a receive
+    of 7 for rank 2's chunk of 8: no size of the job changed, so history names rank 0, the side that changed."""
+    _ring_of_chunks(tmp_path, {0: 8, 1: 8, 2: 7}, {2: 8}, dtype="bfloat16")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.group.endswith("2->0")
+    assert dx.culprits == (0,) and dx.finding is not None
+    assert Clue.SIZES_CHANGED not in {e.clue for e in dx.finding.evidence}
+
+
+def test_a_pipelines_earlier_micro_batch_of_the_step_shows_the_jobs_new_size(tmp_path: Path) -> None:
+    """Two stages, two micro-batches a step of 5 elements; in step 3 the activations grow to 6: the first
+    micro-batch is sent and received at 6, then stage 1 posts its old 5 for the second. The pair's own earlier
+    transfer of the step changed alike, so the stage that sent 6 is not named for keeping up."""
+    s0, s1 = ranks(str(tmp_path), 2)
+    for step in range(4):
+        size = 5 if step < 3 else 6
+        for mb in range(2):
+            s0.p2p("send", 1, size)
+            s1.p2p("recv", 0, 5 if step == 3 and mb == 1 else size, done=not (step == 3 and mb == 1))
+        if step < 3:
+            _next_step([s0, s1])
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.seq == 8 and dx.divergence.kind is Kind.NUMEL
+    assert dx.culprits == () and dx.finding is not None
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.SIZES_CHANGED] == [(0, 1)]

@@ -197,7 +197,7 @@ def for_content(
     issued = [c for c in d.classes if any(r not in absent for r in c)]
     first = _first_of_kind(d, streams, hab) if strict_majority else ()
     apart = sorted(hab.values()) == sorted((Habit.CONSISTENT, Habit.DEVIATES))  # one side kept its size, one not
-    changed = sizes_changed(d, streams) if apart and not first else ()
+    changed = sizes_changed(d, streams, table) if apart and not first else ()
     if changed:
         # another transfer of this step changed its size on both its sides alike: the job's shapes changed
         # here (a sequence of another length), so a side that changed followed it and one that did not
@@ -248,10 +248,11 @@ def for_content(
     return Blame(culprits, _others(tuple(sorted(visible)), culprits), d.kind, confidence, tuple(evidence))
 
 
-def sizes_changed(d: Divergence, streams: dict[int, RankStreams]) -> tuple[int, ...]:
-    """A transfer's two sides disagree on its size in a step where one of them took part in another transfer
-    whose two sides both left their earlier steps' size for the same new one (the job's shapes changed there):
-    the ranks of that transfer; () where there is none (or this is no transfer)."""
+def sizes_changed(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> tuple[int, ...]:
+    """A transfer's two sides disagree on its size in a step where one of them took part in a transfer (another
+    pair's, or this pair's before it in the step: a pipeline's earlier micro-batch) whose two sides both left
+    the size of their earlier steps for the same new one, its dtype and tag kept (the job's shapes changed
+    there): the ranks of that transfer; () where there is none (or this is no transfer)."""
     if d.seq is None or p2p_ends(d.group) is None or d.kind is not Kind.NUMEL:
         return ()
     for a in d.at:
@@ -260,19 +261,39 @@ def sizes_changed(d: Divergence, streams: dict[int, RankStreams]) -> tuple[int, 
         step = _step_of(st, d.seq) if st is not None else None
         if rs is None or step is None:
             continue
-        for name, other in rs.groups.items():
+        for name, mine in rs.groups.items():
             ends = p2p_ends(name)
-            if name == d.group or ends is None or a.rank not in ends:
+            if ends is None or a.rank not in ends:
                 continue
             peer = ends[0] if ends[1] == a.rank else ends[1]
             theirs = streams[peer].groups.get(name) if peer in streams else None
             if theirs is None:
                 continue
-            for off in _offsets_of_step(other, step):
-                seq, sid = other.seq0 + off, other.sigs[off]
-                if sid and theirs.sig_at(seq) == sid and precedent(other, seq, sid).habit is Habit.DEVIATES:
+            for off in _offsets_of_step(mine, step):
+                seq = mine.seq0 + off
+                if name == d.group and seq >= d.seq:
+                    break  # this pair: only its transfers before the one they disagree on
+                if _changed_alike(mine, theirs, seq, table):
                     return tuple(sorted((a.rank, peer)))
     return ()
+
+
+def _changed_alike(mine: GroupStream, theirs: GroupStream, seq: int, table: SigTable) -> bool:
+    """Both sides of a transfer agree on it, and both issued another size, of the same dtype and tag, at this
+    point of their earlier steps (the same one on both)."""
+    sid = mine.sig_at(seq)
+    now = table[sid] if sid else None
+    if now is None or theirs.sig_at(seq) != sid:
+        return False
+    was = [precedent(st, seq, sid) for st in (mine, theirs)]
+    if any(p.habit is not Habit.DEVIATES for p in was) or was[0].expected != was[1].expected:
+        return False
+    before = table[was[0].expected]
+    return (
+        before is not None
+        and before.numel != now.numel
+        and (before.dtype, before.reduce_op) == (now.dtype, now.reduce_op)
+    )
 
 
 def _step_of(st: GroupStream, seq: int) -> int | None:
@@ -886,7 +907,7 @@ def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) ->
     ends = p2p_ends(d.group)
     if ends is None or d.kind not in (Kind.NUMEL, Kind.DTYPE, Kind.TAG) or len(d.at) != 2:
         return None
-    if sizes_changed(d, streams):
+    if sizes_changed(d, streams, table):
         return None  # a size new to one end, where the job's sizes changed in this step: nothing to go by
     new: dict[int, bool] = {}
     for a in d.at:

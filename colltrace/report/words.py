@@ -308,9 +308,9 @@ def _first_of_kind(who: Who) -> str:
 
 def _sizes_changed(who: Who) -> str:
     return (
-        f"in this step {who}, the two sides of another transfer, both changed its size from their earlier "
-        "steps' alike: the job's sizes changed here, so history cannot say which side of this transfer should "
-        "have changed its size"
+        f"in this step {who} both left their earlier steps' size of a transfer between them for the same new one "
+        "(another pair's, or this pair's before): the job's sizes changed here, so history cannot say which side "
+        "of this transfer should have changed its size"
     )
 
 
