@@ -39,6 +39,7 @@ class FakeRank:
         full: bool = True,
         pid: int = 0,
         restart: int = 0,
+        rendezvous: str = "",
     ) -> None:
         header: dict[str, Any] = {
             "world_size": world,
@@ -53,6 +54,8 @@ class FakeRank:
             header["pid"] = pid
         if restart:  # torchrun's restarts before this attempt
             header["restart"] = restart
+        if rendezvous:  # where the ranks met (a job's ranks written to directories of their own are joined by it)
+            header["rendezvous"] = rendezvous
         self.rank = rank
         self.w = TraceWriter(run_dir, rank, capacity=capacity, full=full, header=header)
         groups = groups or {"0": ("default_pg", tuple(range(world)))}

@@ -2405,6 +2405,18 @@ def test_an_attempt_torchrun_restarted_says_so_from_its_own_run_directory(tmp_pa
     assert "attempt 2: the launcher restarted the job 1 time(s) before it" in text
 
 
+def test_a_restarted_attempt_is_not_joined_with_the_failed_attempts_ranks(tmp_path: Path) -> None:
+    """RUN and RUN-r1 hold two attempts of one job (one rendezvous): the second attempt's rank 1 wrote nothing,
+    and the first attempt's rank 1 beside it is not taken for it."""
+    first, second = tmp_path / "torchrun-abc", tmp_path / "torchrun-abc-r1"
+    for r in range(2):
+        FakeRank(str(first), r, 2, rendezvous="torchrun:abc").coll("all_reduce", 4, phase="backward", redop="SUM")
+    FakeRank(str(second), 0, 2, restart=1, rendezvous="torchrun:abc").coll("all_reduce", 4, phase="backward")
+    run = read_run(str(second))
+    assert sorted(run.ranks) == [0] and run.missing == [1] and run.joined == []
+    assert sorted(read_run(str(first)).ranks) == [0, 1]
+
+
 def test_after_a_restart_a_rank_is_read_with_the_exit_of_the_attempt_its_trace_is_of(tmp_path: Path) -> None:
     """torchrun --max-restarts: the first attempt's rank 0 was SIGKILLed (pid 11), the second's, whose trace is on
     disk (it wrote over the first's), exited with code 3 (pid 30): the report goes by the second's."""

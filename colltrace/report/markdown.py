@@ -432,6 +432,5 @@ def _environment(report: dict[str, Any]) -> list[Section]:
     if env.get("joined"):
         line += f" · ranks read from {len(env['joined'])} directories beside this one: {', '.join(env['joined'][:4])}"
     if env.get("restarts"):
-        line += (f" · attempt {env['restarts'] + 1}: the launcher restarted the job {env['restarts']} time(s) before"
-                 " it, each attempt in a run directory of its own")  # fmt: skip
+        line += f" · attempt {env['restarts'] + 1}: the launcher restarted the job {env['restarts']} time(s) before it"
     return [Section("Environment", [plain(line), ""], hint)]

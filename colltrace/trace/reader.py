@@ -150,6 +150,7 @@ _WHOSE = (
     "host",
     "clock",
     "rendezvous",
+    "restart",
 )  # the header's fields it reads
 
 
@@ -163,8 +164,10 @@ def _beside(run_dir: str, headers: dict[int, dict[str, Any]], missing: list[int]
     """The missing ranks' files in directories beside this one that hold the same job: ranks each started through
     a wrapper of its own (a per-rank script, `timeout`) have no common parent to name the run after, and wrote
     where each was told. A rank file there is this job's when its header names the same rendezvous and world
-    size and it left init_process_group within a minute of these ranks; of several, the nearest in time."""
+    size, the same attempt of a job torchrun restarted, and it left init_process_group within a minute of these
+    ranks; of several, the nearest in time."""
     met = {h.get("rendezvous") for h in headers.values()}
+    attempts = {h.get("restart", 0) for h in headers.values()}
     starts = [int(h["clock"].get("wall_ns") or 0) for h in headers.values() if isinstance(h.get("clock"), dict)]
     if not missing or len(met) != 1 or not next(iter(met)) or not starts:
         return {}
@@ -187,6 +190,8 @@ def _beside(run_dir: str, headers: dict[int, dict[str, Any]], missing: list[int]
                 continue
             if not isinstance(h, dict) or h.get("rendezvous") != rendezvous or h.get("world_size") != world:
                 continue
+            if h.get("restart", 0) not in attempts:
+                continue  # another attempt of the job (RUN and RUN-r1 share its rendezvous)
             clock = h.get("clock")
             apart = abs(int(clock.get("wall_ns") or 0) - start) if isinstance(clock, dict) else _MET_WITHIN_NS
             if apart < _MET_WITHIN_NS and (rank not in found or apart < found[rank][0]):

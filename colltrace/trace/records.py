@@ -215,7 +215,8 @@ class Run:
     flight_dumps: list[int] = field(default_factory=list)  # ranks whose Flight Recorder dump was joined
     unreadable: list[int] = field(default_factory=list)  # ranks whose file is there and could not be read
     # failed attempts the launcher restarted before the one traced (torchrun --max-restarts: each attempt's run
-    # directory is its own, its header says how many came before; an older trace's exit lines of other pids)
+    # directory is its own, its header says how many came before; in one directory named for all by COLLTRACE_DIR,
+    # the last attempt's trace written over the others', the exit lines of other pids than its own)
     restarts: int = 0
     # directories beside this one the ranks missing here were read from (ranks of one job that each wrote where
     # they were told: reader._beside)
