@@ -278,16 +278,20 @@ def make_distinct(run_dir: str, world: int, records: int, culprit: int, slow: in
 
 
 _CHILD = """
-import json, os, resource, sys, tempfile, time
+import json, os, resource, shutil, sys, tempfile, time
 load = os.getloadavg()[0]
-out = os.path.join(tempfile.mkdtemp(), "report.json")
+here = tempfile.mkdtemp()
+out = os.path.join(here, "report.json")
 t = time.perf_counter()
 from colltrace import cli
-cli.main(["report", sys.argv[1], "--json", "--output", out])  # as `colltrace report RUN --json -o FILE`
+code = cli.main(["report", sys.argv[1], "--json", "--output", out])  # as `colltrace report RUN --json -o FILE`
 wall = time.perf_counter() - t
 done_at = time.monotonic()
+if code not in (0, 1):  # 1: a problem found, as these runs hold
+    sys.exit(f"colltrace report exited {code}")
 with open(out) as f:
     rep = json.load(f)
+shutil.rmtree(here)
 used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
 print(json.dumps({"s": wall, "done_at": done_at, "rss_mb": used[0].ru_maxrss / 1024, "workers_mb": used[1].ru_maxrss / 1024, "load": load,
                   "cpu_s": sum(u.ru_utime + u.ru_stime for u in used),

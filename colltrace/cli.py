@@ -334,9 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _one_blas_thread() -> None:
     """numpy's BLAS (OpenBLAS) starts a thread per core at import, which spins after each call it shares: the
     analysis does no linear algebra worth a second thread, and the spinning takes a core from the report on
-    a busy machine (a sixth of its CPU time on 1,024 ranks) and makes a threaded process of one that forks
-    workers (colltrace.workers). Unless the user chose otherwise, before numpy is imported."""
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    a busy machine and makes a threaded process of one that forks workers (colltrace.workers). Unless the
+    user chose otherwise, and only where numpy is not imported yet (a command's own process: not a caller's
+    that runs main() in its own, whose environment is its own)."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def main(argv: list[str] | None = None) -> int:

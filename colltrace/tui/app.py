@@ -162,7 +162,11 @@ class CollTraceApp(App[None]):
                 got = self.loading.model() if self.loading is not None else None  # None: it failed, read here
             if got is None and get_current_worker().is_cancelled:
                 return  # (the screen is closing)
-            model = got or m.load(self.run_dir, ask=ask)
+            if got is None:
+                model = m.load(self.run_dir, ask=ask)
+                gc.freeze()  # (until show() takes it: the first collection would walk it all, the GIL held)
+            else:
+                model = got
         except Exception as e:  # a run torn mid-write: keep what is shown, say so
             self.post_message(LoadFailed(str(e)))
             return

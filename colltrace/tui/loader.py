@@ -115,6 +115,7 @@ def _send(out: BinaryIO, run_dir: str) -> None:
     per-rank tables left out), its per-rank tables in parts, then "done"; or its TraceError's words."""
     try:
         model = m.load(run_dir, ask=True)
+        gc.freeze()  # out of the collector's sight while it is sent: its first walk of them would take seconds
     except m.TraceError as e:
         _frame(out, ("error", str(e)))
         return

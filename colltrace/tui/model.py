@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import gc
 import glob
 import math
 import os
@@ -451,7 +450,6 @@ def load(run_dir: str, ask: bool = False) -> Model:
         run = read_run(run_dir)
         dx = diagnose(run)
         report = jsonreport.build(run, dx)
-        gc.freeze()  # (and never walked: the first collection after the pause would walk them all, GIL held)
     lines = dx.timing.lines if dx.timing is not None else {}  # read only: with_layout copies before adding
     for tl in lines.values():
         tl.calls  # noqa: B018 - decoded here, in the loader, not by the UI thread drawing them
