@@ -290,3 +290,26 @@ def test_a_pipelines_earlier_micro_batch_of_the_step_shows_the_jobs_new_size(tmp
     assert dx.divergence is not None and dx.divergence.seq == 8 and dx.divergence.kind is Kind.NUMEL
     assert dx.culprits == () and dx.finding is not None
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.SIZES_CHANGED] == [(0, 1)]
+
+
+@pytest.mark.parametrize(
+    ("elsewhere", "named"), [(("float32",), (1,)), (("bfloat16",), (0,)), (("float32", "bfloat16"), ())]
+)
+def test_a_dtype_no_other_record_of_the_job_carries_is_the_odd_end(
+    tmp_path: Path, elsewhere: tuple[str, ...], named: tuple[int, ...]
+) -> None:
+    """A pipeline's first step: stage 0 sends float32 activations, stage 1 posts a bfloat16 buffer read from its
+    own config. No history, no majority: where the job's other records (all-reduces on both stages) carry
+    float32 and bfloat16 nowhere, stage 1 is named (odd_dtype, low); where they carry bfloat16, stage 0; where
+    they carry both, nothing tells the two apart."""
+    s0, s1 = ranks(str(tmp_path), 2)
+    for s in (s0, s1):
+        for dtype in elsewhere:
+            s.coll("all_reduce", 4, phase="other", redop="SUM", dtype=dtype)
+    s0.p2p("send", 1, 64, done=False)
+    s1.p2p("recv", 0, 64, done=False, dtype="bfloat16")
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.kind is Kind.DTYPE
+    assert dx.culprits == named
+    assert dx.finding is not None and dx.finding.cause is Cause.DTYPE_MISMATCH
+    assert (dx.blame_rule == "odd_dtype") == bool(named)

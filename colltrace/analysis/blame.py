@@ -160,6 +160,13 @@ def new_size(f: Facts, s: State) -> State | None:
     return s.blamed(got) if got is not None else None
 
 
+def odd_dtype(f: Facts, s: State) -> State | None:
+    """Still undecided: the ranks whose dtype no other record of the job carries."""
+    d = _undecided_content(s)
+    got = culprit.odd_dtype(d, f.table) if d is not None else None
+    return s.blamed(got) if got is not None else None
+
+
 # -- facts of the job's build and of how the ranks died, over the first blame ----------------------------------
 
 
@@ -332,7 +339,7 @@ def culprits_stream(f: Facts, s: State) -> State | None:
 
 CHAIN: tuple[Step, ...] = (
     no_divergence, for_missing, store_waiters, for_step, for_membership, for_content,  # the first blame, by kind
-    in_every_pair, dtype_changed, new_size,  # a content divergence left undecided
+    in_every_pair, dtype_changed, new_size, odd_dtype,  # a content divergence left undecided
     created_apart, relabeled, killed_together, failed_first, split_sizes, divergence_kind,  # how built, who died
     cycle, misdirected, sending_cycle, in_cycle, entered_apart,  # a wait-for cycle
     schedules_apart, lost_peers, culprits_stream,  # a pipeline's schedules; the victims and the stream shown

@@ -899,6 +899,23 @@ def dtype_changed(d: Divergence, streams: dict[int, RankStreams], table: SigTabl
 
 
 @blame_rule
+def odd_dtype(d: Divergence, table: SigTable) -> Blame | None:
+    """The ranks disagree on a dtype with nothing else to tell them apart (a job's first step: no history, no
+    majority): the ranks whose dtype no other record of the job carries, on any rank (a buffer posted in
+    bfloat16 in a job of float32 tensors), against ranks whose dtype the job's other records carry. None where
+    both, or neither, are the job's own."""
+    if d.kind is not Kind.DTYPE:
+        return None
+    here = {id(a.sig) for a in d.at if a.sig is not None}
+    elsewhere = {sig.dtype for sig in table.sigs if sig is not None and id(sig) not in here}
+    odd = tuple(sorted(a.rank for a in d.at if a.sig is not None and a.sig.dtype not in elsewhere))
+    usual = tuple(sorted(a.rank for a in d.at if a.sig is not None and a.sig.dtype in elsewhere))
+    if not odd or not usual:
+        return None
+    return Blame(odd, usual, d.kind, Confidence.LOW, (Evidence(Clue.ODD_DTYPE, odd, usual),))
+
+
+@blame_rule
 def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame | None:
     """The two ends of a transfer disagree on its size (or dtype, or tag), with no earlier step to compare
     with: the end that sends (or receives) one it never sent (or received) before, on any pair, against the

@@ -151,6 +151,7 @@ class Clue(str, enum.Enum):
     # at a dtype divergence, the rank issued another dtype than at this point of its earlier steps while the
     # others kept theirs (detail: DtypeChange)
     DTYPE_CHANGED = "dtype_changed"
+    ODD_DTYPE = "odd_dtype"  # the rank's dtype is in no other record of the job (detail: the ranks whose dtype is)
     # the ranks, blocked in a group's collective the others of a cycle never issued, had issued every earlier
     # collective of that group at another (step, micro-step) than those others (detail: StepSkew with its seq)
     PAIRED_APART = "paired_apart"

@@ -658,6 +658,11 @@ def _new_size(who: Who, peers: tuple[int, ...] | None) -> str:
             f"{ranks_text(peers) if peers is not None else 'its peer'} expected one it had taken before")  # fmt: skip
 
 
+def _odd_dtype(who: Who, usual: tuple[int, ...] | None) -> str:
+    return (f"{who} issued a dtype that no other record of the job carries, on any rank, while "
+            f"{ranks_text(usual) if usual is not None else 'the others'} issued one the job's other records carry")  # fmt: skip
+
+
 # the words of the clues that carry a small type of their own
 
 
@@ -956,6 +961,7 @@ WORDS: dict[Clue, ClueWords] = {  # every Clue (a test checks), in its order
     Clue.SCHEDULE: _from(_a(SchedulesApart), _schedule),
     Clue.EVERY_PAIR: _from(_rank_pairs, _every_pair),
     Clue.NEW_SIZE: _from(_ranks, _new_size),
+    Clue.ODD_DTYPE: _from(_ranks, _odd_dtype),
     Clue.DTYPE_CHANGED: _from(_a(DtypeChange), _dtype_changed),
     Clue.PAIRED_APART: _from(_a(StepSkew), _paired_apart),
     Clue.NEW_LINE: _plain(_new_line),
