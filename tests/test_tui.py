@@ -177,6 +177,46 @@ async def _stragglers_only(app: tui.CollTraceApp, pilot: Any) -> None:
     assert str(row[0]) == "2" and str(row[5]) == "data loading"
 
 
+def test_tables_draw_what_a_datatable_draws() -> None:
+    """Table (plain rows drawn directly, no redraw on a resize keeping the width) against DataTable's own
+    drawing of the same rows: every line, segment by segment (text and style, the mouse's meta included), at
+    several scroll offsets and widths; markup cells (the aligned view's red) go DataTable's way."""
+    from colltrace.tui.table import Table
+
+    def drawn(t: Table) -> list[list[tuple[str, object]]]:
+        t._clear_caches()
+        out = []
+        for x in sorted({0, 1, 8, t.max_scroll_x}):
+            for y in sorted({0, 3, t.max_scroll_y}):
+                t.scroll_to(x, y, animate=False, immediate=True)
+                out += [[(s.text, s.style) for s in t.render_line(i)] for i in range(t.size.height)]
+        t.scroll_to(0, 0, animate=False, immediate=True)
+        return out
+
+    async def script(app: tui.CollTraceApp, pilot: Any) -> None:
+        seen = 0
+        for size in (SIZE, (97, 23)):
+            await pilot.resize_terminal(*size)
+            for view, ids in (("3", ["aligned-table"]), ("4", ["stats-table", "stragglers-table"])):
+                await pilot.press(view)
+                await pilot.pause()
+                for id_ in ids:
+                    t = app.query_one(f"#{id_}", Table)
+                    mine = drawn(t)
+                    t.__class__ = DataTable  # type: ignore[assignment]
+                    try:
+                        theirs = drawn(t)
+                    finally:
+                        t.__class__ = Table
+                        t._clear_caches()
+                    assert mine == theirs, (size, id_)
+                    seen += len(mine)
+        assert seen > 50
+
+    drive(FIXTURES / "control_flow", script)
+    drive(FIXTURES / "straggler", script)
+
+
 def test_write_the_report_for_a_ticket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
 

@@ -27,6 +27,7 @@ from colltrace.tui.help import Help, legend
 from colltrace.tui.loader import Loading
 from colltrace.tui.messages import Expanded, Loaded, LoadFailed
 from colltrace.tui.palette import PALETTE, Jump
+from colltrace.tui.table import Table
 from colltrace.tui.timeline import Timeline
 
 REFRESH_S = 2.0
@@ -468,7 +469,7 @@ def _tab_bar(active: str) -> str:
 
 
 def _table(id_: str, fixed_columns: int = 0) -> DataTable[str]:
-    table: DataTable[str] = DataTable(id=id_, zebra_stripes=True, show_cursor=False, fixed_columns=fixed_columns)
+    table = Table(id=id_, zebra_stripes=True, show_cursor=False, fixed_columns=fixed_columns)
     table.can_focus = False
     return table
 
