@@ -14,9 +14,11 @@ its Resize arrives. Here:
   (row, column) meta the mouse reads). Any other cell goes through DataTable's `_render_cell`; a cursor
   shown, row labels or rows taller than one line, the whole row DataTable's way.
 
-Together: `4` on a 16,384-rank run, 155 ms of the UI thread before, 27 ms after (of which ~18 ms is Textual
-laying out a pane shown for the first time: 3 passes, the table's horizontal scrollbar found only after the
-first). tests/test_tui.py holds it to DataTable's output, segment by segment.
+- before its first layout, its height counts the horizontal scrollbar it will need: Textual finds that only
+  after laying it out, and laid the whole screen out again, the table a line taller, drawn again.
+
+Together: `4` on a 16,384-rank run, 155 ms of the UI thread before, ~20 ms after (most of it Textual laying
+out a pane shown for the first time). tests/test_tui.py holds it to DataTable's output, segment by segment.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from rich.text import Text
 from textual import events
 from textual.color import Color
 from textual.coordinate import Coordinate
-from textual.geometry import Region
+from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widgets import DataTable
 from textual.widgets._data_table import RowKey
@@ -63,6 +65,15 @@ class Table(DataTable[str]):
 
     def _on_resize(self, event: events.Resize) -> None:
         event.prevent_default()  # (DataTable's own _on_resize: `_update_count += 1`, every cache invalidated)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        height = self.virtual_size.height
+        # Before its first layout (hidden until now) Textual does not know yet it needs a horizontal scrollbar:
+        # it lays the table out a line short, finds it, and lays the whole screen out again. Counted here.
+        if not self.container_size and not self.show_horizontal_scrollbar and self.styles.overflow_x == "auto":
+            if self.virtual_size.width > width:
+                height += self.styles.scrollbar_size_horizontal
+        return height
 
     def render_line(self, y: int) -> Strip:
         """DataTable's, its base style looked up once a pass (`.rich_style` walks the DOM)."""
