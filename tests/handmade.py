@@ -105,6 +105,7 @@ class FakeRank:
         tag: int = 0,
         phase: str = "",
         dtype: str = "float32",
+        shape: str = "",
     ) -> int:
         """A send (numel in) or recv (numel out), numbered per (group, peer, direction) as the recorder does;
         its tag where a collective's reduce op goes."""
@@ -116,7 +117,7 @@ class FakeRank:
         return self.w.append(
             schema.KIND_P2P, schema.FLAG_DONE if done else 0, 0, 0, s(group), s(op), s(dtype),
             s(f"tag={tag}" if tag else ""), s(""),
-            s(phase), s(""), s(""), seq, -1, numel if sent else 0, 0 if sent else numel, peer, self.step, 0,
+            s(phase), s(""), s(shape), seq, -1, numel if sent else 0, 0 if sent else numel, peer, self.step, 0,
             self.t, self.t + 100_000 if done else 0, 0,
         )  # fmt: skip
 

@@ -313,3 +313,29 @@ def test_a_dtype_no_other_record_of_the_job_carries_is_the_odd_end(
     assert dx.culprits == named
     assert dx.finding is not None and dx.finding.cause is Cause.DTYPE_MISMATCH
     assert (dx.blame_rule == "odd_dtype") == bool(named)
+
+
+@pytest.mark.parametrize("varied", [True, False])
+def test_a_size_kept_in_another_shape_is_no_history(tmp_path: Path, varied: bool) -> None:
+    """Two stages pass batches of 2,048 elements in a shape of the step's bucket (8 x 256, 4 x 512, 2 x 1024);
+    in step 3 stage 0 sends a short bucket (2 x 512) and stage 1 posts a buffer of step 1's shape (2 x 1024).
+    By size stage 0 changed and stage 1 kept its own; but stage 1 changed its shape: neither kept its tensor,
+    nobody is named (shape_changed). Where every step's shape was one (4 x 512), stage 1 did keep it: history
+    names stage 0."""
+    s0, s1 = ranks(str(tmp_path), 2)
+    shapes = ["[8,256]", "[2,1024]", "[4,512]"] if varied else ["[4,512]"] * 3
+    for step in range(4):
+        sent, posted = (shapes[step], shapes[step]) if step < 3 else ("[2,512]", shapes[1])
+        s0.p2p("send", 1, 1024 if step == 3 else 2048, shape=f"{sent} -> -", done=step < 3)
+        s1.p2p("recv", 0, 2048, shape=f"- -> {posted}", done=step < 3)
+        if step < 3:
+            _next_step([s0, s1])
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is not None and dx.divergence.seq == 4 and dx.divergence.kind is Kind.NUMEL
+    assert dx.finding is not None
+    if varied:
+        assert dx.culprits == ()
+        assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.SHAPE_CHANGED] == [(1,)]
+    else:
+        assert dx.culprits == (0,)
+        assert Clue.SHAPE_CHANGED not in {e.clue for e in dx.finding.evidence}

@@ -156,7 +156,7 @@ def dtype_changed(f: Facts, s: State) -> State | None:
 def new_size(f: Facts, s: State) -> State | None:
     """Still undecided: the end of a transfer that sent (or received) a size or dtype it never did before."""
     d = _undecided_content(s)
-    got = culprit.new_size(d, f.streams, f.table) if d is not None else None
+    got = culprit.new_size(d, f.streams, f.table, f.run) if d is not None else None
     return s.blamed(got) if got is not None else None
 
 

@@ -198,12 +198,14 @@ def for_content(
     first = _first_of_kind(d, streams, hab) if strict_majority else ()
     apart = sorted(hab.values()) == sorted((Habit.CONSISTENT, Habit.DEVIATES))  # one side kept its size, one not
     changed = sizes_changed(d, streams, table) if apart and not first else ()
-    if changed:
+    reshaped = shape_changed(d, streams, run) if apart and not first and not changed else ()
+    if changed or reshaped:
         # another transfer of this step changed its size on both its sides alike: the job's shapes changed
-        # here (a sequence of another length), so a side that changed followed it and one that did not
-        # missed it, or the other way round; history cannot say which
+        # here (a sequence of another length); or the side that kept its size changed its tensor's shape: so
+        # a side that changed followed the job and one that did not missed it, or the other way round;
+        # history cannot say which
         hab = {r: Habit.UNKNOWN for r in hab}
-        evidence.append(Evidence(Clue.SIZES_CHANGED, changed))
+        evidence.append(Evidence(Clue.SIZES_CHANGED, changed) if changed else Evidence(Clue.SHAPE_CHANGED, reshaped))
     if first:
         # the majority issued a collective none of them had issued before (a log or a save every k steps,
         # its first time) where the rest issued their usual one: history says only that it is new, not
@@ -294,6 +296,35 @@ def _changed_alike(mine: GroupStream, theirs: GroupStream, seq: int, table: SigT
         and before.numel != now.numel
         and (before.dtype, before.reduce_op) == (now.dtype, now.reduce_op)
     )
+
+
+def shape_changed(d: Divergence, streams: dict[int, RankStreams], run: Run | None) -> tuple[int, ...]:
+    """A transfer's two sides disagree on its size, and a side that issued the size of its earlier steps issued
+    another shape than there (2 x 64 where it was 4 x 32: as many elements by chance, not the same tensor): the
+    ranks that did; () where none (or this is no transfer, or their records are not at hand)."""
+    if d.seq is None or p2p_ends(d.group) is None or d.kind is not Kind.NUMEL or run is None:
+        return ()
+    out = []
+    for a in d.at:
+        rs = streams.get(a.rank)
+        st = rs.groups.get(d.group) if rs else None
+        if st is None or a.sig is None or a.rank not in run.ranks:
+            continue
+        found = precedent(st, d.seq, st.sig_at(d.seq))
+        if found.habit is not Habit.CONSISTENT or found.at < 0:
+            continue
+        now, then = _shapes(run.ranks[a.rank].records, (a.idx, st.idxs[found.at]))
+        if now and then and now != then:
+            out.append(a.rank)
+    return tuple(out)
+
+
+def _shapes(records: Slots, idxs: tuple[int, ...]) -> list[str]:
+    """The shapes of these records ("" for one not at hand)."""
+    cols = records.cols
+    rows = [row_of(cols, i) for i in idxs]
+    found = {c.idx: c.shape for c in records.decode(cols[[r for r in rows if r >= 0]])}
+    return [found.get(i, "") for i in idxs]
 
 
 def _step_of(st: GroupStream, seq: int) -> int | None:
@@ -916,16 +947,17 @@ def odd_dtype(d: Divergence, table: SigTable) -> Blame | None:
 
 
 @blame_rule
-def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable) -> Blame | None:
+def new_size(d: Divergence, streams: dict[int, RankStreams], table: SigTable, run: Run | None = None) -> Blame | None:
     """The two ends of a transfer disagree on its size (or dtype, or tag), with no earlier step to compare
     with: the end that sends (or receives) one it never sent (or received) before, on any pair, against the
     end that takes one it has taken before. None when both or neither are new to their end, or where another
-    transfer of the step changed its size on both sides (sizes_changed: a new size is the job's own there)."""
+    transfer of the step changed its size on both sides (sizes_changed: a new size is the job's own there), or
+    the end that kept its size changed its shape (shape_changed)."""
     ends = p2p_ends(d.group)
     if ends is None or d.kind not in (Kind.NUMEL, Kind.DTYPE, Kind.TAG) or len(d.at) != 2:
         return None
-    if sizes_changed(d, streams, table):
-        return None  # a size new to one end, where the job's sizes changed in this step: nothing to go by
+    if sizes_changed(d, streams, table) or shape_changed(d, streams, run):
+        return None  # a size new to one end, where the job's sizes (or shapes) changed here: nothing to go by
     new: dict[int, bool] = {}
     for a in d.at:
         rs = streams.get(a.rank)

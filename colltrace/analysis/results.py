@@ -35,6 +35,8 @@ class Clue(str, enum.Enum):
     # a transfer's sides disagree on its size in a step where another transfer's two sides both changed theirs
     # alike (the job's shapes changed): history cannot say which side should have changed (detail: none)
     SIZES_CHANGED = "sizes_changed"
+    # ... or the side that kept its size issued another shape than at this point of its earlier steps (detail: none)
+    SHAPE_CHANGED = "shape_changed"
     CRASHED = "crashed"  # the rank raised on its own (not inside a failing collective)
     OOM = "oom"  # the error says out of memory
     # what the rank's memory did: its growth, its peak, how near its limit it ended (detail: memory.RankMemory)

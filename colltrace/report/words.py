@@ -314,6 +314,14 @@ def _sizes_changed(who: Who) -> str:
     )
 
 
+def _shape_changed(who: Who) -> str:
+    return (
+        f"{who} issued the size of {who.their} earlier steps on this transfer but not their shape (as many "
+        "elements in another tensor): both sides changed what they pass here, so history cannot say which side "
+        "should have"
+    )
+
+
 def _out_of_data(who: Who) -> str:
     return f"{who}'s DataLoader ran out of batches (its iterator raised StopIteration)"
 
@@ -887,6 +895,7 @@ WORDS: dict[Clue, ClueWords] = {  # every Clue (a test checks), in its order
     Clue.MAJORITY: _from(_count, _majority),
     Clue.FIRST_OF_KIND: _plain(_first_of_kind),
     Clue.SIZES_CHANGED: _plain(_sizes_changed),
+    Clue.SHAPE_CHANGED: _plain(_shape_changed),
     Clue.CRASHED: _from(_word, _crashed),
     Clue.OOM: _from(_word, _oom),
     Clue.MEMORY: _from(_a(RankMemory), _memory),
