@@ -212,9 +212,10 @@ def _unended(rt: RankTrace) -> bool:
 
 
 def ran_out(m: RankMemory) -> bool:
-    """Its memory ended near its limit and rising, or its cgroup's usage had reached the limit: what the kernel's
-    OOM killer acts on."""
-    return m.bound is not None and (m.bound.near and m.bound.rising or m.bound.hits > 0)
+    """Its memory ended near its limit and rising (over its last samples, or step over step: samples taken
+    within one step of a leak that allocates once a step see no rise), or its cgroup's usage had reached the
+    limit: what the kernel's OOM killer acts on."""
+    return m.bound is not None and (m.bound.near and (m.bound.rising or m.growth is not None) or m.bound.hits > 0)
 
 
 def flat_and_far(m: RankMemory) -> bool:
