@@ -313,18 +313,11 @@ def shape_changed(d: Divergence, streams: dict[int, RankStreams], run: Run | Non
         found = precedent(st, d.seq, st.sig_at(d.seq))
         if found.habit is not Habit.CONSISTENT or found.at < 0:
             continue
-        now, then = _shapes(run.ranks[a.rank].records, (a.idx, st.idxs[found.at]))
-        if now and then and now != then:
+        records = run.ranks[a.rank].records
+        now, then = records.by_idx(a.idx), records.by_idx(st.idxs[found.at])
+        if now is not None and then is not None and now.shape and then.shape and now.shape != then.shape:
             out.append(a.rank)
     return tuple(out)
-
-
-def _shapes(records: Slots, idxs: tuple[int, ...]) -> list[str]:
-    """The shapes of these records ("" for one not at hand)."""
-    cols = records.cols
-    rows = [row_of(cols, i) for i in idxs]
-    found = {c.idx: c.shape for c in records.decode(cols[[r for r in rows if r >= 0]])}
-    return [found.get(i, "") for i in idxs]
 
 
 def _step_of(st: GroupStream, seq: int) -> int | None:
