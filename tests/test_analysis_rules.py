@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from handmade import FSDP_STEP, FakeRank, groups_built_apart, ranks
 
-from colltrace.analysis import causes
+from colltrace.analysis import causes, groups
 from colltrace.analysis.diagnose import diagnose
 from colltrace.analysis.results import (
     Clue,
@@ -2734,3 +2734,46 @@ def test_ranks_sigkilled_together_while_the_others_ran_on_are_all_culprits(tmp_p
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == (2, 3) and dx.victims == (0, 1)
     assert dx.blame_rule == "killed_together"
+
+
+def _local_groups(tmp_path: Path, asked: dict[int, list[int]]) -> list[FakeRank]:
+    """Six ranks, two "nodes" of three, each building its node's group with new_group(use_local_synchronization=
+    True): only the ranks a list names make that call. `asked`: each rank's list. Node 0's group ("g0") is made;
+    the ranks of node 1 that asked alike wait in the call for the one that did not (no group made there)."""
+    rs = []
+    for r in range(6):
+        mine = asked[r]
+        made = mine == [0, 1, 2]
+        groups = {"0": ("default_pg", tuple(range(6)))} | ({"g0": ("undefined", (0, 1, 2))} if made else {})
+        rs.append(FakeRank(str(tmp_path), r, 6, groups=groups))
+        rs[r].w.event({"ev": "group_create", "fn": "new_group", "ranks": mine, "desc": None, "local": True,
+                       "name": "g0" if made else None, "done": made})  # fmt: skip
+    return rs
+
+
+def test_a_rank_whose_local_group_no_other_member_asked_for_is_the_culprit(tmp_path: Path) -> None:
+    """new_group(use_local_synchronization=True) is made by the ranks it lists alone: node 0 lists [0, 1, 2],
+    node 1 [3, 4, 5], as they should; rank 4's stale config lists [4, 5]. Ranks 3 and 5 wait for rank 4 in their
+    call, rank 4 for rank 5 in its own; node 0's reduce waits for rank 0, stuck in a later group. The lists of
+    node 1 and node 0 differ as they should: the rank whose list none of its members asked for is rank 4, not
+    the three ranks whose list differs from node 0's."""
+    rs = _local_groups(tmp_path, {0: [0, 1, 2], 1: [0, 1, 2], 2: [0, 1, 2], 3: [3, 4, 5], 4: [4, 5], 5: [3, 4, 5]})
+    for r in rs[1:3]:
+        r.coll("reduce", 610, "", "other", group="g0", redop="SUM", done=False)
+    for r in rs:
+        r.error("DistStoreError" if r.rank in (0, 3, 4, 5) else "RuntimeError", TIMEOUT)
+    run = read_run(str(tmp_path))
+    assert groups.odd_creators(run) == (4,)
+    dx = diagnose(run)
+    assert dx.culprits == (4,)
+    assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.GROUP_CREATE] == [(4,)]
+
+
+def test_local_groups_listed_alike_within_each_node_are_no_odd_creation(tmp_path: Path) -> None:
+    """The same two nodes, every rank listing its node alike: the lists differ between the nodes, as local
+    groups do, and no rank made an odd one."""
+    rs = _local_groups(tmp_path, {r: [0, 1, 2] if r < 3 else [3, 4, 5] for r in range(6)})
+    for r in rs:
+        r.footer()
+    assert groups.odd_creators(read_run(str(tmp_path))) == ()

@@ -73,6 +73,8 @@ def test_groups_are_named_with_members_and_creation_is_logged(every_op) -> None:
         assert labels["mesh_tp"] == (rank,)  # a (2, 1) mesh: each rank is its own tp group
         created = [(c.fn, c.ranks, c.desc) for c in rt.group_creations]
         assert ("new_group", (0, 1), "pair") in created
+        local = {c.desc: c.local for c in rt.group_creations if c.desc in ("pair", "local_pair")}
+        assert local == {"pair": False, "local_pair": True}  # use_local_synchronization, as asked
         # every rank takes part in creating every tp subgroup, member or not
         assert [c for c in created if c[2] == "mesh_tp"] == [
             ("new_group", (0,), "mesh_tp"),

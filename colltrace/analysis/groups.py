@@ -4,6 +4,10 @@ A rank records only the groups it is a member of, so two ranks that disagree on 
 which of them is wrong. But every rank takes part in every new_group/split_group call (torch requires
 it) and logs the ranks it asked for: the k-th call of all ranks is the same call, and the ranks that
 asked for other members than the majority did are the misconfigured ones.
+
+A new_group with use_local_synchronization is the exception: only the ranks it lists make it, so it is no
+k-th call of every rank. Its members must list one another alike instead: a rank whose list no other rank
+of it asked for, where those ranks asked for lists of their own with it in them, made a group nobody joins.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, NamedTuple
 
-from colltrace.trace.records import Run
+from colltrace.trace.events import GroupCreation
+from colltrace.trace.records import RankTrace, Run
 
 Members = Any  # a hashable rank list as asked (new_group: ranks; split_group: a list of rank lists)
 
@@ -31,9 +36,14 @@ def _hashable(v: Any) -> Members:
     return v
 
 
+def every_rank(rt: RankTrace) -> list[GroupCreation]:
+    """The rank's creation calls that every rank makes (all but the local ones), in call order."""
+    return [c for c in rt.group_creations if not c.local]
+
+
 def calls(run: Run) -> dict[int, list[Members]]:
-    """rank -> the rank lists it asked for, one per creation call, in call order."""
-    return {r: [_hashable(c.ranks or ()) for c in rt.group_creations] for r, rt in sorted(run.ranks.items())}
+    """rank -> the rank lists it asked for, one per creation call every rank makes, in call order."""
+    return {r: [_hashable(c.ranks or ()) for c in every_rank(rt)] for r, rt in sorted(run.ranks.items())}
 
 
 def _majority(per_rank: dict[int, list[Members]], k: int) -> tuple[Members, int, int] | None:
@@ -48,11 +58,12 @@ def _majority(per_rank: dict[int, list[Members]], k: int) -> tuple[Members, int,
 
 
 def odd_creators(run: Run) -> tuple[int, ...]:
-    """Ranks whose k-th new_group/split_group call asked for other ranks than the majority's k-th call."""
+    """Ranks whose k-th new_group/split_group call asked for other ranks than the majority's k-th call, and
+    those whose local new_group no other rank of it asked for (odd_local)."""
     per_rank = calls(run)
+    odd: set[int] = set(odd_local(run))
     if len(per_rank) < 2:
-        return ()
-    odd: set[int] = set()
+        return tuple(sorted(odd))
     for k in range(max((len(c) for c in per_rank.values()), default=0)):
         seen = {c[k] for c in per_rank.values() if len(c) > k}
         if len(seen) > 1:
@@ -63,12 +74,32 @@ def odd_creators(run: Run) -> tuple[int, ...]:
     return tuple(sorted(odd))
 
 
+def odd_local(run: Run) -> tuple[int, ...]:
+    """Ranks that asked a local new_group (use_local_synchronization) for a list that no other rank in it asked
+    for, where some of those ranks asked local calls of their own that list this rank: the members disagree
+    on the group, and the rank's list is backed by none of them. None where every such rank is alone so (no
+    two members agree on anything)."""
+    asked = {r: {_hashable(c.ranks or ()) for c in rt.group_creations if c.local and c.ranks}
+             for r, rt in run.ranks.items()}  # fmt: skip
+    odd: set[int] = set()
+    backed = False
+    for r, lists in sorted(asked.items()):
+        for mine in lists:
+            others = [m for m in mine if m != r and m in asked]
+            naming = [m for m in others if any(r in theirs for theirs in asked[m])]
+            if any(mine in asked[m] for m in others):
+                backed = True
+            elif naming:
+                odd.add(r)
+    return tuple(sorted(odd)) if backed else ()
+
+
 def creation_call(run: Run, rank: int, name: str) -> int:
-    """Which of the rank's creation calls made the group `name` (-1: none recorded)."""
+    """Which of the rank's creation calls every rank makes made the group `name` (-1: none recorded)."""
     rt = run.ranks.get(rank)
     if rt is None:
         return -1
-    for k, c in enumerate(rt.group_creations):
+    for k, c in enumerate(every_rank(rt)):
         if c.name == name:
             return k
     return -1

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
+from colltrace.analysis import groups
 from colltrace.analysis.results import AtSeq, Divergence, Positional, Relabeled
 from colltrace.analysis.streams import GroupStream, RankStreams, Signature, SigTable
 from colltrace.analysis.vocab import Kind
@@ -147,7 +148,7 @@ def relabeled_in(run: Run, members: tuple[int, ...]) -> dict[int, Relabeled]:
 def relabeled(run: Run) -> dict[int, Relabeled]:
     """Ranks whose k-th `new_group`/`split_group` call passed another `group_desc` than most ranks' k-th call
     (with the same members asked for): rank -> the first such name it gave and the one the others gave."""
-    per_rank = {r: rt.group_creations for r, rt in sorted(run.ranks.items())}
+    per_rank = {r: groups.every_rank(rt) for r, rt in sorted(run.ranks.items())}
     if len(per_rank) < 3:
         return {}  # two ranks: no majority
     out: dict[int, Relabeled] = {}

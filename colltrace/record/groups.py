@@ -81,8 +81,11 @@ def _created(
     """One group_create event: at the call (done false: the ranks asked for), then at its return (done true,
     with the group it made, or name null for a non-member); both carry the call's id, which the reader joins."""
     rec = tracer.recorder
+    local = False
     if fn == "new_group":
         ranks = kwargs.get("ranks", args[0] if args else None)
+        # made by the ranks it lists alone, not by every rank of the job
+        local = bool(kwargs.get("use_local_synchronization", args[4] if len(args) > 4 else False))
     else:
         ranks = kwargs.get("split_ranks", args[1] if len(args) > 1 else None)
     event: dict[str, Any] = {
@@ -94,6 +97,8 @@ def _created(
         "done": done,
         "t_ns" if not done else "t_done_ns": time.time_ns(),
     }
+    if local:
+        event["local"] = True
     member = done and result is not None and rec is not None and result is not rec.non_member
     if member and hasattr(result, "group_name"):
         name, desc, granks, backend = describe_group(result)

@@ -335,7 +335,7 @@ def _cycle(who: Who) -> str:
 
 
 def _group_create(who: Who) -> str:
-    return f"{who} asked new_group/split_group for other ranks than the rest"
+    return f"{who} asked new_group/split_group for other ranks than the others in that call did"
 
 
 def _recompute(who: Who) -> str:

@@ -263,7 +263,8 @@ class DataExhausted:
 
 @dataclass(frozen=True, slots=True)
 class GroupCreation:
-    """One new_group / split_group call as this rank made it (every rank makes every such call)."""
+    """One new_group / split_group call as this rank made it (every rank makes every such call, but a new_group
+    with use_local_synchronization, made by the ranks it lists alone: `local`)."""
 
     fn: str  # new_group | split_group
     # the ranks it asked for (split_group: its rank lists, one per group it splits into); None: every rank
@@ -272,6 +273,7 @@ class GroupCreation:
     name: str | None = None  # the group it made; None: not a member, or the call never returned
     group_ranks: tuple[int, ...] = ()  # the members of the group it made
     done: bool = True  # it returned
+    local: bool = False  # new_group(use_local_synchronization=True): made by the ranks it lists alone
 
     @classmethod
     def of(cls, ev: dict[str, Any]) -> GroupCreation:
@@ -282,7 +284,7 @@ class GroupCreation:
             ranks=None if asked is None else tuple(tuple(a) if isinstance(a, list) else a for a in asked),
             desc=str(ev.get("desc") or ""), name=None if name is None else str(name),
             group_ranks=tuple(members) if type(members) is list and all(type(r) is int for r in members) else (),
-            done=bool(ev.get("done", True)),
+            done=bool(ev.get("done", True)), local=ev.get("local") is True,
         )  # fmt: skip
 
 

@@ -42,6 +42,7 @@ def main() -> None:
     work = dist.all_reduce(torch.ones(1000), async_op=True)
     work.wait()
     sub = dist.new_group([0, 1], group_desc="pair")
+    dist.new_group([0, 1], use_local_synchronization=True, group_desc="local_pair")  # made by the ranks listed alone
     dist.all_reduce(torch.ones(2), group=sub)
     mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "tp"))
     dist.all_reduce(torch.ones(3), group=mesh.get_group("dp"))
