@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from handmade import FSDP_STEP, FakeRank, groups_built_apart, ranks
+from handmade import FSDP_STEP, WALL, FakeRank, groups_built_apart, ranks
 
 from colltrace.analysis import causes, groups
 from colltrace.analysis.diagnose import diagnose
@@ -29,6 +29,7 @@ from colltrace.analysis.results import (
     RankEnd,
     SplitGap,
     StepSkew,
+    StoppedTogether,
 )
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report import words
@@ -2777,3 +2778,47 @@ def test_local_groups_listed_alike_within_each_node_are_no_odd_creation(tmp_path
     for r in rs:
         r.footer()
     assert groups.odd_creators(read_run(str(tmp_path))) == ()
+
+
+def _preempted(tmp_path: Path, idle_ns: int) -> None:
+    """Four DDP ranks after three steps, each in its next gradient all-reduce: three got SIGTERM within 2 ms of
+    one another `idle_ns` after the last record, the fourth lost its peers right after (a connection closed)."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        for _ in range(3):
+            r.coll("all_reduce", 676, "", "backward", redop="SUM")
+            r.step += 1
+        r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False, error=r.rank == 2)
+    at = (
+        WALL + rs[2].t + 100_000 + idle_ns
+    )  # (rank 2's failed all-reduce, ended 0.1 ms after its issue: the last record)
+    for r in rs:
+        if r.rank == 2:
+            r.error("RuntimeError", "Connection closed by peer [127.0.0.1]:5000", t_ns=at + 3_000_000,
+                    in_collective=True)  # fmt: skip
+        else:
+            r.w.event({"ev": "signal", "signal": "SIGTERM", "t_ns": at + r.rank * 500_000, "in_flight": 1})
+
+
+def test_every_rank_stopped_from_outside_while_it_trained_is_stopped_with_no_culprit(tmp_path: Path) -> None:
+    """A scheduler's preemption: SIGTERM to every rank at once, 5 ms after the job's last record (every
+    collective matched, the last in flight): no rank at fault, verdict stopped, not a hang."""
+    _preempted(tmp_path, 5_000_000)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.STOPPED and dx.culprits == ()
+    assert dx.finding is not None and dx.finding.cause is Cause.UNKNOWN
+    stop = [e for e in dx.finding.evidence if e.clue is Clue.STOPPED_TOGETHER]
+    assert [e.ranks for e in stop] == [(0, 1, 3)]
+    assert stop[0].detail == StoppedTogether("SIGTERM", 0.0015, 0.005)
+    md, _ = run_report(str(tmp_path), "md")
+    assert "Stopped: SIGTERM reached every rank at once, from outside" in md and "**Culprit:** none" in md
+
+
+def test_every_rank_stopped_long_after_its_last_record_had_hung(tmp_path: Path) -> None:
+    """The same signal ten minutes after the job's last record: the scheduler's time limit ended a job that had
+    hung; the verdict stays a hang, and the clue says how long nothing had happened."""
+    _preempted(tmp_path, 600 * 10**9)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.HANG and dx.culprits == ()
+    stop = [e.detail for e in dx.finding.evidence if e.clue is Clue.STOPPED_TOGETHER] if dx.finding else []
+    assert stop == [StoppedTogether("SIGTERM", 0.0015, 600.0)]

@@ -25,6 +25,7 @@ from colltrace.analysis.results import (
     SlowIn,
     SplitGap,
     StepSkew,
+    StoppedTogether,
 )
 from colltrace.analysis.schedules import Schedule
 from colltrace.report import words
@@ -56,6 +57,7 @@ DETAILS: tuple[Detail, ...] = (
     Positional("mesh_tp", (1,), (3,)),
     Relabeled("dp", "tp"),
     Entered("mesh_tp", "mesh_dp", 3),
+    StoppedTogether("SIGTERM", 0.0007, 0.004),
     RankMemory(rank=2, samples=12, first_t_ns=1, last_t_ns=2, first_rss=300 << 20, last_rss=476 << 20,
                last_step=12, peak=Peak(476 << 20, 12, ""), growth=Growth(16 << 20, 11, 1),
                bound=Bound("rlimit_as", 1200 << 20, 976 << 20, True, 16 << 20), oom_killed=0),

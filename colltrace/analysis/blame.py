@@ -419,6 +419,10 @@ def _no_divergence(ends: dict[int, RankEnd], slow: Straggler | None, run: Run) -
     if stuck and len(stuck) < len(ends):
         ev = tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r]) for r in stuck)
         return Blame(stuck, tuple(r for r in everyone if r not in stuck), Kind.MISSING, Confidence.LOW, ev)
+    stop = states.stopped_together(run, ends)
+    if stop is not None:  # a signal sent to every rank at once, from outside: no rank's doing
+        signalled = tuple(r for r, rt in sorted(run.ranks.items()) if rt.signal is not None and r in ends)
+        return Blame((), (), Kind.MISSING, Confidence.HIGH, (Evidence(Clue.STOPPED_TOGETHER, signalled, stop),))
     return Blame((), (), Kind.MISSING, Confidence.HIGH, ())
 
 

@@ -51,6 +51,8 @@ class Clue(str, enum.Enum):
     IN_SPAN = "in_span"  # the rank was in this compute span when it stopped (detail: InSpan)
     OUT_OF_DATA = "out_of_data"  # the rank's DataLoader iterator raised StopIteration
     KILLED = "killed"  # stopped from outside with no collective in flight
+    # the ranks were stopped by a terminating signal sent from outside at once (detail: StoppedTogether)
+    STOPPED_TOGETHER = "stopped_together"
     WAITED_FOR = "waited_for"  # blocked ranks wait for this rank in the wait-for graph
     NO_TRACE = "no_trace"  # the rank left no trace file while the others waited
     NO_DUMP = "no_dump"  # the rank left no Flight Recorder dump (aborted in C++, killed) beside the others'
@@ -268,6 +270,16 @@ class DtypeChange:
 
 
 @dataclass(frozen=True, slots=True)
+class StoppedTogether:
+    """STOPPED_TOGETHER: the signal, how far apart the ranks got it, and how long before the first the job's
+    last record was made (its last sign of progress)."""
+
+    signal: str
+    spread_s: float
+    since_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulesApart:
     """SCHEDULE: the schedule the odd stages built, and the one the others did."""
 
@@ -383,7 +395,7 @@ class RankEnd:
 Detail: TypeAlias = (
     str | int | tuple[int, ...] | tuple[tuple[int, ...], ...] | tuple[SplitGap, ...]
     | StepSkew | InSpan | Lateness | SlowIn | SchedulesApart | PeersApart | DtypeChange | RankEnd | Handling | ThreadError
-    | SignalCaught | Exit | GroupApart | Positional | Relabeled | Entered | RankMemory
+    | SignalCaught | Exit | GroupApart | Positional | Relabeled | Entered | RankMemory | StoppedTogether
     | None
 )  # fmt: skip
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from colltrace.analysis.results import RankEnd
+from colltrace.analysis.results import RankEnd, StoppedTogether
 from colltrace.analysis.streams import RankStreams
 from colltrace.trace import frames, schema
 from colltrace.trace.events import DataExhausted, Error, Frame, Stacks, Thread, ThreadError
@@ -363,6 +363,37 @@ def failed_first(ends: dict[int, RankEnd]) -> int | None:
     if sum(e.error_t_ns == first.error_t_ns for e in own) > 1:
         return None
     return first.rank
+
+
+STOP_SPREAD_NS = 1_000_000_000  # ranks that got a signal this close together got one sent to them all
+
+
+def stopped_together(run: Run, ends: dict[int, RankEnd]) -> StoppedTogether | None:
+    """The job stopped from outside at once (a scheduler's preemption or time limit, a cancel): half the ranks or
+    more recorded one terminating signal within STOP_SPREAD_NS of the first, and every other rank ended after
+    the first of those (it lost a peer to them, or was killed with nothing of its own written: the launcher's
+    SIGKILL after its SIGTERM); none finished nor failed of its own before. Its `since_s`: how long before the
+    first signal the job made its last record (an idle job was stopped after it hung, a busy one while it ran).
+    None otherwise."""
+    got = {r: rt.signal for r, rt in run.ranks.items()
+           if rt.signal is not None and rt.signal.t_ns and r in ends and ends[r].state is not RankState.FINISHED}  # fmt: skip
+    if not got or 2 * len(got) < len(ends) or len({s.name for s in got.values()}) != 1:
+        return None
+    first = min(s.t_ns for s in got.values())
+    spread = max(s.t_ns for s in got.values()) - first
+    if spread > STOP_SPREAD_NS:
+        return None
+    for r, e in ends.items():
+        if r in got:
+            continue
+        after = e.state is RankState.CRASHED and e.lost_peer and e.error_t_ns >= first
+        if not (after or died_unseen(e)):
+            return None
+    # its last record: the last collective a rank issued or completed, the compute span it was in
+    last = max((t or 0 for e in ends.values() for c in (e.last, e.blocked, e.open_span) if c is not None
+                for t in (c.t_issue_ns, c.t_done_ns) if t is not None and t <= first), default=0)  # fmt: skip
+    since = first - last if last else 0
+    return StoppedTogether(next(iter(got.values())).name, spread / 1e9, since / 1e9)
 
 
 def died_unseen(end: RankEnd) -> bool:

@@ -11,6 +11,7 @@ class Verdict(str, enum.Enum):
     DIVERGENCE = "divergence"  # ranks disagree on what a (group, seq) is: silent corruption or a later hang
     CRASH = "crash"  # a rank died (exception, OOM, fatal signal) and the others were left waiting
     DEADLOCK = "deadlock"  # a cycle in the wait-for graph across groups
+    STOPPED = "stopped"  # every rank stopped from outside at once while the job made progress: none at fault
     UNKNOWN = "unknown"  # no rank's trace can say: recording failed everywhere (a full disk at the start)
 
 

@@ -24,6 +24,7 @@ from colltrace.analysis.results import (
     SlowIn,
     SplitGap,
     StepSkew,
+    StoppedTogether,
 )
 from colltrace.analysis.streams import Signature, held
 from colltrace.report import words
@@ -350,6 +351,8 @@ def detail_text(e: Evidence) -> str:
         return f"{d.theirs},{d.usual},{d.agree}"
     if isinstance(d, Relabeled):
         return f"{d.theirs},{d.usual}"
+    if isinstance(d, StoppedTogether):  # the signal, the seconds between the first and last rank's, then since
+        return f"{d.signal},{round(d.spread_s, 6)},{round(d.since_s, 6)}"
     if e.clue is Clue.CREATION_MAJORITY:
         return words.asked_text(d)
     if isinstance(d, tuple):

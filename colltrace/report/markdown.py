@@ -373,7 +373,7 @@ def _head(report: dict[str, Any], dx: Diagnosis) -> list[str]:
     if silent:
         out.append(f"- **Finished:** {silent}")
     out.append(
-        f"- **Culprit:** {words.ranks_text(dx.culprits) if dx.culprits else ('none' if dx.verdict.value == 'healthy' else 'undecided')}"
+        f"- **Culprit:** {words.ranks_text(dx.culprits) if dx.culprits else ('none' if dx.verdict.value in ('healthy', 'stopped') else 'undecided')}"
     )
     if dx.victims:
         out.append(f"- **Victims:** {words.ranks_text(dx.victims)}")

@@ -28,6 +28,7 @@ from colltrace.analysis.results import (
     SlowIn,
     SplitGap,
     StepSkew,
+    StoppedTogether,
     Unseen,
 )
 from colltrace.analysis.streams import OWN_SIZES, Signature, numbered, p2p_ends
@@ -116,6 +117,18 @@ def headline(dx: Diagnosis) -> str:
             return ("Unknown: the Flight Recorder dumps hold no collective to compare (gloo's record no "
                     "point-to-point transfer)")  # fmt: skip
         return "Unknown: recording failed on every rank, so the traces hold nothing to compare (see Not seen)"
+    if dx.verdict is Verdict.STOPPED:
+        stop = (
+            next((e for e in dx.finding.evidence if isinstance(e.detail, StoppedTogether)), None)
+            if dx.finding
+            else None
+        )
+        said = (
+            f": {stop.detail.signal} reached every rank at once, from outside"
+            if stop and isinstance(stop.detail, StoppedTogether)
+            else ""
+        )
+        return f"Stopped{said}, while the job was making progress; no rank at fault"
     if dx.verdict is Verdict.HEALTHY:
         if dx.finding and dx.finding.cause is Cause.STRAGGLER:
             return f"Healthy, but {ranks_text(dx.culprits)} is a straggler: the others waited for it"
@@ -328,6 +341,15 @@ def _out_of_data(who: Who) -> str:
 
 def _killed(who: Who) -> str:
     return f"{who} stopped without an end record and with no collective in flight (SIGKILL, or a machine lost)"
+
+
+def _stopped_together(who: Who, d: StoppedTogether | None) -> str:
+    if d is None:
+        return f"{who} {who.were} stopped by a signal sent to every rank at once, from outside"
+    apart = f" within {duration(d.spread_s * 1e9)} of one another" if not who.one else ""
+    return (f"{who} got {d.signal}{apart}, {duration(d.since_s * 1e9)} after the job's last record: a signal sent "
+            f"to every rank at once, from outside (a scheduler's preemption or time limit, a cancel), not one rank's "
+            f"doing")  # fmt: skip
 
 
 def _cycle(who: Who) -> str:
@@ -908,6 +930,7 @@ WORDS: dict[Clue, ClueWords] = {  # every Clue (a test checks), in its order
     Clue.IN_SPAN: _from(_a(InSpan), _in_span),
     Clue.OUT_OF_DATA: _plain(_out_of_data),
     Clue.KILLED: _plain(_killed),
+    Clue.STOPPED_TOGETHER: _from(_a(StoppedTogether), _stopped_together),
     Clue.WAITED_FOR: _from(_ranks, _waited_for),
     Clue.NO_TRACE: _from(_ranks, _no_trace),
     Clue.NO_DUMP: _from(_ranks, _no_dump),
@@ -1220,6 +1243,8 @@ def check_text(dx: Diagnosis) -> str | None:
     """What to check first for the diagnosis's cause (None: nothing to say)."""
     if dx.finding is None:
         return None
+    if dx.verdict is Verdict.STOPPED:
+        return _CHECK_STOPPED
     d = dx.divergence
     if dx.finding.cause is Cause.CONTROL_FLOW and d is not None and d.kind in _CHECK_ARGUMENT:
         return f"{_CHECK_ARGUMENT[d.kind]}; or {CHECK[Cause.CONTROL_FLOW]}"
@@ -1235,6 +1260,9 @@ def check_text(dx: Diagnosis) -> str | None:
     return CHECK.get(dx.finding.cause)
 
 
+_CHECK_STOPPED = ("the scheduler's or the launcher's log: what sent the signal to every rank (a preemption, a time "
+                  "limit, a cancelled job); to stop cleanly, handle it in the job (save a checkpoint, agree on the "
+                  "step to stop at)")  # fmt: skip
 _CHECK_EXIT_STATUS = ("the culprit's own log: its script caught an error and exited with a failure status, so no "
                       "traceback reached the trace (an `except` that logs, then sys.exit(1)); the other ranks failed "
                       "because of it")  # fmt: skip
