@@ -20,7 +20,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 NOT_YET_RECORDED = {"gradient_reduction"}
 # blame rules that decide no recorded job yet (hand-made traces reach them: tests/test_analysis_*.py)
 BLAME_NOT_YET_RECORDED = {
-    "new_call", "dtype_changed", "new_size", "missed_barrier", "refused_calls", "created_apart", "killed_together",
+    "new_call", "dtype_changed", "new_size", "missed_barrier", "refused_calls", "killed_together",
 }  # fmt: skip
 
 
