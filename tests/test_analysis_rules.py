@@ -1164,7 +1164,8 @@ def test_a_last_stage_that_stops_early_on_its_loss_is_control_flow_not_data_that
 def test_a_replica_whose_plain_generator_ran_dry_leaves_for_the_barrier_as_uneven_data(tmp_path: Path) -> None:
     """DDP replicas reading a plain generator each (no DataLoader to say it ran out): rank 2's is one batch
     shorter, so it reaches the final barrier while the others all-reduce step 2's gradient. Replicas read
-    their own share of the data: one that left the loop for the barrier ran dry (medium)."""
+    their own share of the data: one that left the loop for the barrier ran dry. Low: with no loader to say so,
+    a rank that skipped one step's work on a branch of its own (set22's two_agents_hang) leaves the same trace."""
     rs = ranks(str(tmp_path), 3)
     for r in rs:
         for _ in range(2 if r.rank == 2 else 3):
@@ -1179,7 +1180,7 @@ def test_a_replica_whose_plain_generator_ran_dry_leaves_for_the_barrier_as_uneve
     assert dx.culprits == (2,)
     assert dx.divergence is not None and dx.divergence.kind is Kind.OP
     assert dx.finding is not None and dx.finding.cause is Cause.UNEVEN_DATA
-    assert dx.finding.confidence is Confidence.MEDIUM
+    assert dx.finding.confidence is Confidence.LOW
 
 
 def test_a_rank_that_reaches_the_first_collective_after_the_others_timed_out_in_it_is_named(tmp_path: Path) -> None:

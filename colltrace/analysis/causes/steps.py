@@ -244,7 +244,9 @@ def uneven_data(f: Facts) -> Finding | None:
         ev = [Evidence(Clue.LEFT_LOOP, f.culprits, "barrier")]
         if exhausted:
             ev.append(Evidence(Clue.OUT_OF_DATA, exhausted))
-        return Finding(Cause.UNEVEN_DATA, Confidence.MEDIUM, tuple(ev))
+        # without a loader's word that its data ran out, a rank that skipped one step's work on a branch of its
+        # own (a non-finite batch) ends its loop one step early as well, and reaches the barrier so: low
+        return Finding(Cause.UNEVEN_DATA, Confidence.MEDIUM if exhausted else Confidence.LOW, tuple(ev))
     return None
 
 
