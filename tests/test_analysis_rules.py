@@ -2823,3 +2823,16 @@ def test_every_rank_stopped_long_after_its_last_record_had_hung(tmp_path: Path) 
     assert dx.verdict is Verdict.HANG and dx.culprits == ()
     stop = [e.detail for e in dx.finding.evidence if e.clue is Clue.STOPPED_TOGETHER] if dx.finding else []
     assert stop == [StoppedTogether("SIGTERM", 0.0015, 600.0)]
+
+
+CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
+
+
+def test_a_collective_a_rank_issued_from_a_thread_of_its_own_is_said_so() -> None:
+    """set31's thread_metrics_wrong_group (a real run): rank 3's metrics thread all-reduced on the default group,
+    among the training loop's per-parameter all-reduces; ranks 0-2's metrics threads used a group of their own.
+    Rank 3's record at the divergence came from its metrics thread, the others' from their loops."""
+    dx = diagnose(read_run(str(CORPUS / "set31" / "thread_metrics_wrong_group" / "run")))
+    assert dx.culprits == (3,)
+    assert dx.finding is not None
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.OTHER_THREAD] == [(3,)]

@@ -142,7 +142,9 @@ def _finding(f: blame.Facts, s: blame.State, used: dict[int, RankMemory]) -> Fin
     said = tuple(e for e in said_by.evidence if not (e.clue is Clue.STUCK_OUTSIDE and set(e.ranks) <= spanned))
     told = {(e.clue, r, e.detail) for e in said for r in e.ranks}  # the blame's facts, rank by rank
     more = tuple(e for e in got.evidence if not (e.ranks and all((e.clue, r, e.detail) in told for r in e.ranks)))
-    evidence = tuple(dict.fromkeys(said + more))  # the same fact once (ranks 0 and 1, then ranks 0-1: once)
+    apart = states.off_loop(run, f.streams, d, s.culprits)
+    thread = (Evidence(Clue.OTHER_THREAD, apart),) if apart else ()
+    evidence = tuple(dict.fromkeys(said + more + thread))  # the same fact once (ranks 0 and 1, then ranks 0-1: once)
     sure = _confidence(said_by.confidence, got.confidence)
     if any(run.ranks[c].ring_cut for c in s.culprits if c in run.ranks):
         sure = Confidence.LOW  # a culprit whose ring file was cut: what it did last is not all there

@@ -134,6 +134,9 @@ class Clue(str, enum.Enum):
     # stopped in a framework's call that waits for every worker outside torch.distributed (Ray Train's report),
     # while the others wait in a collective: each waits for the other (detail: the call, "ray.train.report")
     WORKER_SYNC = "worker_sync"
+    # the rank issued its divergent record from a thread other than its training loop's, where the others issued
+    # theirs from their loops (a background thread's collective on the group)
+    OTHER_THREAD = "other_thread"
     THREAD_DIED = "thread_died"  # a thread of the rank's own died of an exception (detail: events.ThreadError)
     OUTLIVED = "outlived"  # a rank still in the collective, not failed, long after the others timed out there
     LATE_IN = "late_in"  # the compute span a rank that arrived last spent most of its lateness in (detail: InSpan)

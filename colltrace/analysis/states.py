@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from colltrace.analysis.results import RankEnd, StoppedTogether
+from colltrace.analysis.results import Divergence, RankEnd, StoppedTogether
 from colltrace.analysis.streams import RankStreams
 from colltrace.trace import frames, schema
 from colltrace.trace.events import DataExhausted, Error, Frame, Stacks, Thread, ThreadError
@@ -363,6 +363,29 @@ def failed_first(ends: dict[int, RankEnd]) -> int | None:
     if sum(e.error_t_ns == first.error_t_ns for e in own) > 1:
         return None
     return first.rank
+
+
+def off_loop(
+    run: Run, streams: dict[int, RankStreams], d: Divergence | None, culprits: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The culprits whose record at the divergence came from a thread other than their training loop's
+    (RankStreams.loop_threads), where every other rank's record there came from its loop: a collective of a
+    thread of their own (a metrics or checkpoint thread) landed in the group, among the loop's."""
+    if d is None or d.seq is None or not culprits:
+        return ()
+
+    def loop_issued(r: int, idx: int) -> bool | None:
+        rs, rt = streams.get(r), run.ranks.get(r)
+        if rs is None or rt is None or rs.loop_threads is None or idx < 0:
+            return None
+        rec = record(rt, idx, rs)
+        return None if rec is None else rec.tid in rs.loop_threads
+
+    others = [loop_issued(a.rank, a.idx) for a in d.at if a.rank not in culprits and a.sig is not None]
+    if not others or not all(others):
+        return ()
+    odd = tuple(a.rank for a in d.at if a.rank in culprits and loop_issued(a.rank, a.idx) is False)
+    return odd if len(odd) == len(culprits) else ()
 
 
 STOP_SPREAD_NS = 1_000_000_000  # ranks that got a signal this close together got one sent to them all

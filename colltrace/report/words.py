@@ -352,6 +352,12 @@ def _stopped_together(who: Who, d: StoppedTogether | None) -> str:
             f"doing")  # fmt: skip
 
 
+def _other_thread(who: Who) -> str:
+    return (f"{who} issued {who.their} record here from a thread other than {who.their} training loop's, where the others "
+            f"issued theirs from their loops: a collective of a thread of {who.their} own (a metrics, logging or "
+            f"checkpoint thread) landed among the loop's in this group")  # fmt: skip
+
+
 def _cycle(who: Who) -> str:
     return f"{who} wait on each other (a cycle in the wait-for graph: each is blocked where another has not arrived)"
 
@@ -931,6 +937,7 @@ WORDS: dict[Clue, ClueWords] = {  # every Clue (a test checks), in its order
     Clue.OUT_OF_DATA: _plain(_out_of_data),
     Clue.KILLED: _plain(_killed),
     Clue.STOPPED_TOGETHER: _from(_a(StoppedTogether), _stopped_together),
+    Clue.OTHER_THREAD: _plain(_other_thread),
     Clue.WAITED_FOR: _from(_ranks, _waited_for),
     Clue.NO_TRACE: _from(_ranks, _no_trace),
     Clue.NO_DUMP: _from(_ranks, _no_dump),
