@@ -2,14 +2,15 @@
 
 Writes the synthetic runs of bench/analyze_scale.py (1,024 ranks x 2,000 records; 8 ranks x 1,000,000
 records; with --big, distinct16k: 16,384 ranks x 1,000 records, each its own ring), opens each headless with Textual's Pilot (160 x 50 cells) and measures the time from start to
-the diagnosis on screen, then for each of 60 keys (pan, zoom, rank selection, collective selection, view
+the diagnosis on screen, then for each of 61 keys (pan, zoom, rank selection, collective selection, view
 switches) the time from the key's arrival at the app to the last repaint it caused (the screen's update
 handed to the display: what a terminal would draw next). Pilot's own wait for the app to go idle (it
 sleeps in 20 ms slices until the CPU is quiet) is not the app's latency: it is reported beside, as
 `key_idle_p95_ms` (press until idle) and `harness_floor_ms` (the same for a key bound to nothing). Beside each
 wall figure, the UI thread's own CPU time over the same interval (`time.thread_time()`: the key's handling and
 the repaints it caused, not the loader thread's turns nor the other processes on the machine), which a shared
-machine's load does not move. The last line is one JSON object with `first_paint_s` and `key_p95_ms`, the worse
+machine's load does not move. The Stats view's key `4` is pressed twice, and reported apart: its first press
+shows a view never shown before. The last line is one JSON object with `first_paint_s` and `key_p95_ms`, the worse
 of the runs. `--profile FILE`: cProfile of the UI thread over the keys (both phases), written to FILE.
 Usage: .venv/bin/python bench/tui_scale.py [--dir DIR] [--big] [--only NAME] [--profile FILE]
 """
@@ -41,7 +42,7 @@ from colltrace.tui.loader import Loading  # noqa: E402
 FLOOR: list[float] = []  # per run: median ms of an unbound key press until idle (Pilot's own cost)
 IDLE: list[float] = []  # per run: p95 ms of a key press until idle
 KEYS = (["right", "right", "left", "plus", "plus", "minus", "down", "down", "up", "n", "n", "p"] * 4
-        + ["2", "4", "2", "0", "d", "3", "2", "right", "left", "minus", "plus", "n"])  # fmt: skip
+        + ["2", "4", "2", "0", "d", "3", "4", "2", "right", "left", "minus", "plus", "n"])  # fmt: skip
 LOADING_KEYS = ["right", "left", "plus", "minus", "down", "up", "n", "p"] * 20  # on a big run's preview
 PROFILE: cProfile.Profile | None = None  # --profile: the UI thread's, over the keys
 
@@ -56,6 +57,10 @@ class Keys:
     def __init__(self) -> None:
         self.wall: list[float] = []
         self.cpu: list[float] = []
+
+    def of(self, key: str) -> list[tuple[float, float]]:
+        """(wall ms, CPU ms) of each press of `key` among KEYS, in order."""
+        return [(w, c) for k, w, c in zip(KEYS, self.wall, self.cpu) if k == key]
 
 
 async def measure(run_dir: str) -> tuple[float, float, Keys, Keys]:
@@ -167,8 +172,12 @@ def main() -> None:
                   f"repaint p95 {wall:.1f} ms (UI thread CPU {cpu:.1f} ms), max {max(keys.wall):.1f} ms "
                   f"({len(keys.wall)} keys); until idle p95 {IDLE[-1]:.1f} ms (an unbound key: {FLOOR[-1]:.1f} ms)",
                   flush=True)  # fmt: skip
+            (stats1, stats1_cpu), (stats2, stats2_cpu) = keys.of("4")
+            print(f"{name}: the Stats view's key 4, first {stats1:.1f} ms (UI thread CPU {stats1_cpu:.1f} ms), "
+                  f"second {stats2:.1f} ms ({stats2_cpu:.1f} ms)", flush=True)  # fmt: skip
             out[name] = {"first": first, "diagnosed": diagnosed, "p95": wall, "cpu_p95": cpu, "floor": FLOOR[-1],
-                         "idle": IDLE[-1], "load": load}  # fmt: skip
+                         "idle": IDLE[-1], "load": load, "stats_first": stats1, "stats_first_cpu": stats1_cpu, "stats_again": stats2,
+                         "stats_again_cpu": stats2_cpu}  # fmt: skip
             if loading.wall:
                 out[name]["loading_p95"] = p95(loading.wall)
                 out[name]["loading_cpu_p95"] = p95(loading.cpu)
@@ -196,6 +205,8 @@ def main() -> None:
                          if "loading_cpu_p95" in v},
                       **{f"{k}_key_p95_ms": round(v["p95"], 1) for k, v in out.items()},
                       **{f"{k}_key_cpu_p95_ms": round(v["cpu_p95"], 1) for k, v in out.items()},
+                      **{f"{k}_{s}_ms": round(v[s], 1) for k, v in out.items()
+                         for s in ("stats_first", "stats_first_cpu", "stats_again", "stats_again_cpu")},
                       **{f"{k}_load": round(v["load"], 1) for k, v in out.items()}}))  # fmt: skip
 
 
