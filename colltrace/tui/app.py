@@ -18,6 +18,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.scroll_view import ScrollView
+from textual.widget import Widget
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
@@ -39,6 +40,7 @@ SCROLL = "scroll the view (on the timeline: its lanes)"
 CALL = "the selected rank's next / previous collective (shown in Detail)"
 
 VIEWS = {"summary": "Summary", "timeline": "Timeline", "aligned": "Aligned", "stats": "Stats", "detail": "Detail"}
+AHEAD = "stats"  # the view laid out and drawn before its key is pressed (CollTraceApp._lay_out_ahead)
 
 
 class CollTraceApp(App[None]):
@@ -109,6 +111,7 @@ class CollTraceApp(App[None]):
         self.model: m.Model | None = None
         self.timeline = Timeline()
         self.written: str | None = None
+        self._ahead: Widget | None = None  # the AHEAD view while it is laid out below the screen
 
     def exit(self, result: None = None, return_code: int = 0, message: RenderableType | None = None) -> None:
         if self.loading is not None:
@@ -211,9 +214,31 @@ class CollTraceApp(App[None]):
         self.query_one("#report", Static).update(summary)  # one widget, not one per block
         self._aligned(model)
         self._stats(model)
+        if self.view != AHEAD:
+            self.call_after_refresh(self._lay_out_ahead)
         if not first and model.fingerprint != getattr(self, "_shown_stamp", model.fingerprint):
             self.notify(f"re-read: {len(model.ranks)} rank(s)", timeout=1.5)
         self._shown_stamp = model.fingerprint
+
+    def _lay_out_ahead(self) -> None:
+        """Lay the AHEAD view out while another is shown, below the screen where none of it is drawn; then, in
+        the next idle moment, draw its tables' lines there (kept by their widgets): its key then only moves
+        it into place. Shown for the first time, Textual laid it out three times (its tables' scrollbars
+        found one layout after another) and drew every line of its tables."""
+        if self.view == AHEAD:
+            return
+        pane = self.query_one(f"#{AHEAD}")
+        # inline styles: a CSS class changed would restyle the pane's widgets, and drop what they drew
+        pane.styles.layer = "ahead"  # (a layer is laid out apart: the view shown keeps its size)
+        pane.styles.offset = (0, "100vh")
+        pane.display = True
+        self._ahead = pane
+        self.call_after_refresh(self._draw_ahead)
+
+    def _draw_ahead(self) -> None:
+        if self._ahead is not None:
+            for table in self._ahead.query(Table):
+                table.render_lines(table.size.region)
 
     def _aligned(self, model: m.Model) -> None:
         table = self.query_one("#aligned-table", DataTable)
@@ -262,6 +287,11 @@ class CollTraceApp(App[None]):
     # -- actions -------------------------------------------------------------------------------------------
 
     def action_view(self, name: str) -> None:
+        ahead = self._ahead
+        if ahead is not None and ahead.id == name:  # laid out below the screen (_lay_out_ahead): into place
+            ahead.styles.clear_rule("layer")
+            ahead.styles.clear_rule("offset")
+            self._ahead = None
         self.query_one(ContentSwitcher).current = name
         self.query_one("#views", Static).update(_tab_bar(name))
 

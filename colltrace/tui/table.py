@@ -17,8 +17,9 @@ its Resize arrives. Here:
 - before its first layout, its height counts the horizontal scrollbar it will need: Textual finds that only
   after laying it out, and laid the whole screen out again, the table a line taller, drawn again.
 
-Together: `4` on a 16,384-rank run, 155 ms of the UI thread before, ~20 ms after (most of it Textual laying
-out a pane shown for the first time). tests/test_tui.py holds it to DataTable's output, segment by segment.
+Together: `4` on a 16,384-rank run, 155 ms of the UI thread before, ~20 ms after; since tui/app.py lays the
+view out and draws it before its key, what any view switch takes. tests/test_tui.py holds it to DataTable's
+output, segment by segment.
 """
 
 from __future__ import annotations
