@@ -36,6 +36,7 @@ from colltrace.report import words
 from colltrace.report.build import run_report
 from colltrace.trace.events import Exit, GroupCreation, Handling, SignalCaught, ThreadError
 from colltrace.trace.reader import read_run
+from colltrace.trace.records import Run
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "internals.md"
 TIMEOUT = "[gloo] Timed out waiting 6000ms for recv operation to complete"
@@ -1418,7 +1419,7 @@ def test_a_rank_that_skipped_a_new_group_call_and_hung_in_the_next_is_named_by_i
     rs[2].error("RuntimeError", "Gloo connectFullMesh failed with [pair.h:311] Connect timeout [none]")
     run = read_run(str(tmp_path))
     assert [(c.ranks, c.done) for c in run.ranks[1].group_creations] == [((0, 1), True), ((1, 2), False)]
-    assert run.ranks[0].group_creations[0] == GroupCreation("new_group", (0, 1), name="1")  # its return joined
+    assert run.ranks[0].group_creations[0] == GroupCreation("new_group", (0, 1), name="1", t_ns=1)  # its return joined
     dx = diagnose(run)
     assert dx.culprits == (2,) and dx.victims == (0, 1)
     assert dx.finding is not None and dx.finding.cause is Cause.GROUP_MISCONFIG
@@ -2790,9 +2791,7 @@ def _preempted(tmp_path: Path, idle_ns: int) -> None:
             r.coll("all_reduce", 676, "", "backward", redop="SUM")
             r.step += 1
         r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False, error=r.rank == 2)
-    at = (
-        WALL + rs[2].t + 100_000 + idle_ns
-    )  # (rank 2's failed all-reduce, ended 0.1 ms after its issue: the last record)
+    at = WALL + rs[2].t + 100_000 + idle_ns  # (rank 2's failed all-reduce, ended 0.1 ms after its issue: the last)
     for r in rs:
         if r.rank == 2:
             r.error("RuntimeError", "Connection closed by peer [127.0.0.1]:5000", t_ns=at + 3_000_000,
@@ -2836,3 +2835,83 @@ def test_a_collective_a_rank_issued_from_a_thread_of_its_own_is_said_so() -> Non
     assert dx.culprits == (3,)
     assert dx.finding is not None
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.OTHER_THREAD] == [(3,)]
+
+
+def _local_calls(tmp_path: Path, asked: dict[int, list[int] | None], past: set[int]) -> Run:
+    """Six ranks, each making one new_group(use_local_synchronization=True) call with its list (None: none) at
+    once; the ranks in `past` went on to an all-reduce on the default group after it."""
+    for r in range(6):
+        rank = FakeRank(str(tmp_path), r, 6)
+        if asked[r] is not None:
+            rank.w.event({"ev": "group_create", "fn": "new_group", "ranks": asked[r], "desc": None, "local": True,
+                          "call": 1, "done": False, "t_ns": WALL + 1_000_000})  # fmt: skip
+        if r in past:
+            rank.coll("all_reduce", 8, "", "other", redop="SUM", done=False, delay_ns=5_000_000)
+    return read_run(str(tmp_path))
+
+
+def test_local_groups_a_rank_whose_list_a_built_pair_contradicts_is_odd_not_its_partner(tmp_path: Path) -> None:
+    """TP pairs [0, 1], [2, 3], [4, 5] built locally; rank 3's stale config asks [3, 4, 5]. Ranks 4 and 5 built
+    their pair and went on; rank 2's [2, 3] is backed by no one only because rank 3 asked otherwise: rank 3
+    alone is odd."""
+    run = _local_calls(tmp_path, {0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [3, 4, 5], 4: [4, 5], 5: [4, 5]}, {4, 5})
+    assert groups.odd_local(run) == (3,)
+
+
+def test_local_groups_a_rank_an_agreed_list_names_that_went_on_without_it_is_odd(tmp_path: Path) -> None:
+    """Ranks 0 and 2 build the eval group [0, 2, 4]; rank 4 believes it is no eval rank, never calls it and goes
+    on to its next all-reduce: rank 4 is odd, not the two waiting for it. A rank not yet there (no record after
+    their call) is not said odd: it may only be late."""
+    run = _local_calls(tmp_path, {0: [0, 2, 4], 1: None, 2: [0, 2, 4], 3: None, 4: None, 5: None}, {1, 3, 4, 5})
+    assert groups.odd_local(run) == (4,)
+    late = _local_calls(tmp_path / "late", {0: [0, 2, 4], 1: None, 2: [0, 2, 4], 3: None, 4: None, 5: None}, set())
+    assert groups.odd_local(late) == ()
+
+
+def test_local_groups_ranks_that_asked_for_a_list_without_themselves_are_odd(tmp_path: Path) -> None:
+    """Node lists swapped on ranks 2 and 3: rank 2 asks [3, 4, 5], rank 3 asks [0, 1, 2]; torch hands each None
+    at once (not a member) and their nodes wait for them."""
+    run = _local_calls(tmp_path, {0: [0, 1, 2], 1: [0, 1, 2], 2: [3, 4, 5], 3: [0, 1, 2], 4: [3, 4, 5],
+                                  5: [3, 4, 5]}, {2, 3})  # fmt: skip
+    assert groups.odd_local(run) == (2, 3)
+
+
+def test_a_ctrl_c_to_the_launcher_is_a_stop_not_four_crashes(tmp_path: Path) -> None:
+    """Ctrl-C: every rank raises KeyboardInterrupt (and records the SIGINT it caught) within 2 ms, mid-run: no
+    rank's own failure, the job stopped from outside."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        for _ in range(3):
+            r.coll("all_reduce", 676, "", "backward", redop="SUM")
+            r.step += 1
+    at = WALL + max(r.t for r in rs) + 2_000_000
+    for r in rs:
+        r.w.event({"ev": "signal_caught", "signal": "SIGINT", "step": r.step, "t_ns": at + r.rank * 400_000})
+        r.error("KeyboardInterrupt", "", t_ns=at + r.rank * 400_000 + 100_000)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.STOPPED and dx.culprits == ()
+    assert dx.finding is not None
+    assert [(e.ranks, e.detail.signal) for e in dx.finding.evidence if isinstance(e.detail, StoppedTogether)] == [
+        ((0, 1, 2, 3), "SIGINT")
+    ]
+
+
+def test_a_node_stopped_from_outside_before_any_rank_failed_is_named_with_no_cause_of_its_own(tmp_path: Path) -> None:
+    """Two agents of three ranks; the second is preempted: ranks 3-5 get SIGTERM within 1 ms, between two
+    collectives (in the job's own code), and ranks 0-2 then lose them in the next all-reduce. The culprits are
+    3-5, but not stuck in compute: they were stopped while they ran, before anyone failed (unknown, low)."""
+    rs = ranks(str(tmp_path), 6)
+    for r in rs:
+        for _ in range(3):
+            r.coll("all_reduce", 676, "", "backward", redop="SUM")
+            r.step += 1
+    at = WALL + max(r.t for r in rs) + 1_000_000
+    for r in rs[:3]:
+        r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False, error=True)
+        r.error("RuntimeError", "Connection closed by peer [127.0.0.1]:5000", t_ns=at + 5_000_000, in_collective=True)
+    for r in rs[3:]:
+        r.w.event({"ev": "signal", "signal": "SIGTERM", "t_ns": at + (r.rank - 3) * 300_000, "in_flight": 0})
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.culprits == (3, 4, 5)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNKNOWN
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.STOPPED_TOGETHER] == [(3, 4, 5)]

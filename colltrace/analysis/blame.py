@@ -375,6 +375,10 @@ def _no_divergence(ends: dict[int, RankEnd], slow: Straggler | None, run: Run) -
     if lost:  # died with no end record of their own, before the others lost them as peers (a node killed whole)
         hurt = tuple(r for r in everyone if r not in lost and ends[r].state is not RankState.FINISHED)
         return Blame(lost, hurt, Kind.MISSING, Confidence.MEDIUM, (Evidence(Clue.DIED_FIRST, lost, noticed),))
+    stopped = states.stopped_together(run, ends)
+    if stopped is not None:  # a signal sent to every rank at once, from outside (a Ctrl-C too): no rank's doing
+        signalled, stop = stopped
+        return Blame((), (), Kind.MISSING, Confidence.HIGH, (Evidence(Clue.STOPPED_TOGETHER, signalled, stop),))
     missed = _missed_barrier(ends) if not dead else None
     if missed is not None:  # no rank died of its own error, and a monitored barrier says whom it waited for
         return missed
@@ -419,10 +423,6 @@ def _no_divergence(ends: dict[int, RankEnd], slow: Straggler | None, run: Run) -
     if stuck and len(stuck) < len(ends):
         ev = tuple(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r]) for r in stuck)
         return Blame(stuck, tuple(r for r in everyone if r not in stuck), Kind.MISSING, Confidence.LOW, ev)
-    stop = states.stopped_together(run, ends)
-    if stop is not None:  # a signal sent to every rank at once, from outside: no rank's doing
-        signalled = tuple(r for r, rt in sorted(run.ranks.items()) if rt.signal is not None and r in ends)
-        return Blame((), (), Kind.MISSING, Confidence.HIGH, (Evidence(Clue.STOPPED_TOGETHER, signalled, stop),))
     return Blame((), (), Kind.MISSING, Confidence.HIGH, ())
 
 

@@ -76,18 +76,16 @@ def _verdict(d: Divergence | None, culprits: tuple[int, ...], ends: dict[int, Ra
     return Verdict.HANG
 
 
-BUSY_S = 10.0  # a job whose last record came this close before a stop (or 3 of its steps) was making progress
-
-
 def _stopped_running(evidence: tuple[Evidence, ...], tm: timing.Timing) -> bool:
     """Every rank was stopped from outside at once (clue stopped_together) while the job was making progress:
-    its last record came within BUSY_S, or three of its usual steps, of the signal. Stopped later, it had hung."""
+    its last record came within states.BUSY_S, or three of its usual steps, of the signal. Stopped later, it had
+    hung."""
     stop = next((e.detail for e in evidence if isinstance(e.detail, StoppedTogether)), None)
     if stop is None:
         return False
     steps = sorted(p for rt in tm.ranks.values() if (p := rt.step_pct_ns(50)) is not None)
     usual_s = steps[len(steps) // 2] / 1e9 if steps else 0.0
-    return stop.since_s <= max(BUSY_S, 3 * usual_s)
+    return stop.since_s <= max(states.BUSY_S, 3 * usual_s)
 
 
 def diagnose(run: Run) -> Diagnosis:

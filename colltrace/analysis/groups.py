@@ -75,23 +75,48 @@ def odd_creators(run: Run) -> tuple[int, ...]:
 
 
 def odd_local(run: Run) -> tuple[int, ...]:
-    """Ranks that asked a local new_group (use_local_synchronization) for a list that no other rank in it asked
-    for, where some of those ranks asked local calls of their own that list this rank: the members disagree
-    on the group, and the rank's list is backed by none of them. None where every such rank is alone so (no
-    two members agree on anything)."""
-    asked = {r: {_hashable(c.ranks or ()) for c in rt.group_creations if c.local and c.ranks}
-             for r, rt in run.ranks.items()}  # fmt: skip
+    """Ranks whose local new_group (use_local_synchronization) calls are at odds with a group two or more of
+    its members agreed on (asked for the same list, each among it): a rank that asked for a list without
+    itself in it; a rank such an agreed list names that never asked for it, where it asked for another list
+    of some of those members or went on past the call; a rank that asked for a list naming a rank of an agreed
+    group that went on past it without asking for that list. A rank whose list only an odd rank failed to back
+    is not odd (it waits for that one). None where no two members agree on any list."""
+    asked: dict[int, dict[Members, int]] = {}  # rank -> its local lists, each with when its call began
+    for r, rt in run.ranks.items():
+        asked[r] = {}
+        for c in rt.group_creations:
+            if c.local and c.ranks:  # (its members, in any order: torch sorts them)
+                asked[r].setdefault(tuple(sorted(x for x in c.ranks if type(x) is int)), c.t_ns)
+    agreed = {
+        lst: [r for r, mine in asked.items() if lst in mine and r in lst] for mine in asked.values() for lst in mine
+    }
+    agreed = {lst: rs for lst, rs in agreed.items() if len(rs) >= 2}
+    if not agreed:
+        return ()
+    settled = {r for rs in agreed.values() for r in rs}  # the ranks of an agreed group
     odd: set[int] = set()
-    backed = False
-    for r, lists in sorted(asked.items()):
-        for mine in lists:
-            others = [m for m in mine if m != r and m in asked]
-            naming = [m for m in others if any(r in theirs for theirs in asked[m])]
-            if any(mine in asked[m] for m in others):
-                backed = True
-            elif naming:
-                odd.add(r)
-    return tuple(sorted(odd)) if backed else ()
+    for r, mine in asked.items():
+        for lst in mine:
+            if r not in lst:
+                odd.add(r)  # a group it is not in: torch hands it None at once, its members wait for it
+            elif any(m != r and m in settled and lst not in asked[m] and _went_past(run, m, mine[lst]) for m in lst):
+                odd.add(r)  # a member of an agreed group went on past it, never asking for this list
+    for lst, rs in agreed.items():
+        began = min(asked[r][lst] for r in rs)
+        for m in lst:
+            if m not in asked or lst in asked[m]:
+                continue
+            # named by an agreed group, it asked its members into another (not a call of its own still under
+            # way: that one's members are others), or went on past it
+            if any(set(other) & set(lst) - {m} for other in asked[m]) or _went_past(run, m, began):
+                odd.add(m)
+    return tuple(sorted(odd))
+
+
+def _went_past(run: Run, rank: int, t_ns: int) -> bool:
+    """The rank issued a record after `t_ns` (wall clock): it went on past a call begun then."""
+    last = run.ranks[rank].last
+    return bool(t_ns) and last is not None and last.t_issue_ns > t_ns
 
 
 def creation_call(run: Run, rank: int, name: str) -> int:

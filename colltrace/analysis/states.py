@@ -12,7 +12,7 @@ import numpy as np
 from colltrace.analysis.results import Divergence, RankEnd, StoppedTogether
 from colltrace.analysis.streams import RankStreams
 from colltrace.trace import frames, schema
-from colltrace.trace.events import DataExhausted, Error, Frame, Stacks, Thread, ThreadError
+from colltrace.trace.events import DataExhausted, Error, Frame, Signal, Stacks, Thread, ThreadError
 from colltrace.trace.records import SIGNAL_LAG_NS, Collective, RankState, RankTrace, Run
 
 if TYPE_CHECKING:
@@ -389,34 +389,74 @@ def off_loop(
 
 
 STOP_SPREAD_NS = 1_000_000_000  # ranks that got a signal this close together got one sent to them all
+BUSY_S = 10.0  # ranks whose last record came this close before their stop (or 3 usual steps) were running
 
 
-def stopped_together(run: Run, ends: dict[int, RankEnd]) -> StoppedTogether | None:
-    """The job stopped from outside at once (a scheduler's preemption or time limit, a cancel): half the ranks or
-    more recorded one terminating signal within STOP_SPREAD_NS of the first, and every other rank ended after
-    the first of those (it lost a peer to them, or was killed with nothing of its own written: the launcher's
-    SIGKILL after its SIGTERM); none finished nor failed of its own before. Its `since_s`: how long before the
-    first signal the job made its last record (an idle job was stopped after it hung, a busy one while it ran).
-    None otherwise."""
-    got = {r: rt.signal for r, rt in run.ranks.items()
-           if rt.signal is not None and rt.signal.t_ns and r in ends and ends[r].state is not RankState.FINISHED}  # fmt: skip
-    if not got or 2 * len(got) < len(ends) or len({s.name for s in got.values()}) != 1:
+def stop_signal(rt: RankTrace) -> Signal | None:
+    """The terminating signal the rank was stopped by from outside: the one it recorded, or SIGINT where it died
+    of the KeyboardInterrupt Python raises for one (a Ctrl-C to the launcher, passed on to every worker)."""
+    if rt.signal is not None and rt.signal.t_ns:
+        return rt.signal
+    if rt.error is None or rt.error.type != "KeyboardInterrupt":
         return None
-    first = min(s.t_ns for s in got.values())
-    spread = max(s.t_ns for s in got.values()) - first
+    caught = [c.t_ns for c in rt.caught if c.name == "SIGINT" and c.t_ns]
+    return Signal("SIGINT", min([*caught, rt.error.t_ns]) if rt.error.t_ns else min(caught, default=0))
+
+
+def signalled_together(
+    run: Run, ends: dict[int, RankEnd], ranks: Iterable[int], over: Iterable[int] | None = None
+) -> StoppedTogether | None:
+    """These ranks were stopped from outside at once: each by one terminating signal (stop_signal), within
+    STOP_SPREAD_NS of the first, none finished. Its `since_s`: how long before the first signal the last record
+    of the ranks `over` (these, by default) was made (the last collective one issued or completed, the compute
+    span it was in): ranks that were busy were stopped while they ran; idle ones, after they hung. None
+    otherwise."""
+    got = {r: stop_signal(run.ranks[r]) for r in ranks if r in run.ranks and r in ends}
+    sigs = [sig for r, sig in got.items() if sig is not None and sig.t_ns and ends[r].state is not RankState.FINISHED]
+    if not got or len(sigs) != len(got) or len({sig.name for sig in sigs}) != 1:
+        return None
+    first = min(sig.t_ns for sig in sigs)
+    spread = max(sig.t_ns for sig in sigs) - first
     if spread > STOP_SPREAD_NS:
         return None
-    for r, e in ends.items():
-        if r in got:
-            continue
-        after = e.state is RankState.CRASHED and e.lost_peer and e.error_t_ns >= first
-        if not (after or died_unseen(e)):
-            return None
-    # its last record: the last collective a rank issued or completed, the compute span it was in
-    last = max((t or 0 for e in ends.values() for c in (e.last, e.blocked, e.open_span) if c is not None
+    seen = [ends[r] for r in (got if over is None else over) if r in ends]
+    last = max((t or 0 for e in seen for c in (e.last, e.blocked, e.open_span) if c is not None
                 for t in (c.t_issue_ns, c.t_done_ns) if t is not None and t <= first), default=0)  # fmt: skip
-    since = first - last if last else 0
-    return StoppedTogether(next(iter(got.values())).name, spread / 1e9, since / 1e9)
+    return StoppedTogether(sigs[0].name, spread / 1e9, (first - last) / 1e9 if last else 0.0)
+
+
+def stopped_together(run: Run, ends: dict[int, RankEnd]) -> tuple[tuple[int, ...], StoppedTogether] | None:
+    """The whole job stopped from outside at once (a scheduler's preemption or time limit, a cancel, a Ctrl-C):
+    half the ranks or more signalled together (signalled_together; its `since_s` over every rank's records), and
+    every other rank ended after the first of them (it lost a peer to them, or was killed with nothing of its own
+    written: the launcher's SIGKILL after its SIGTERM); none finished nor failed of its own before. (those
+    ranks, the stop); None otherwise."""
+    got = tuple(r for r in sorted(ends) if r in run.ranks and stop_signal(run.ranks[r]) is not None)
+    stop = signalled_together(run, ends, got, over=ends) if got and 2 * len(got) >= len(ends) else None
+    if stop is None:
+        return None
+    first = min(sig.t_ns for r in got if (sig := stop_signal(run.ranks[r])) is not None)
+    for r, e in ends.items():
+        lost = e.state is RankState.CRASHED and e.lost_peer and e.error_t_ns >= first
+        # killed unseen: where torchrun says it stopped the rank after another's end (its SIGKILL after the
+        # SIGTERM it ignored), not a rank killed first (the OOM killer's, before the launcher stopped the rest)
+        stopped = died_unseen(e) and e.exit is not None and e.exit.first is False
+        if r not in got and not (lost or stopped):
+            return None
+    return got, stop
+
+
+def stopped_first(run: Run, ends: dict[int, RankEnd], ranks: Iterable[int]) -> StoppedTogether | None:
+    """These ranks were stopped from outside at once (signalled_together, two or more) before any other rank
+    failed: a node's ranks preempted, whose peers then lost them; not ranks the launcher stopped after the
+    others had failed (timed out waiting for them). None otherwise."""
+    ranks = tuple(ranks)
+    stop = signalled_together(run, ends, ranks) if len(ranks) >= 2 else None
+    if stop is None:
+        return None
+    first = min(sig.t_ns for r in ranks if (sig := stop_signal(run.ranks[r])) is not None)
+    failed = [e.error_t_ns for r, e in ends.items() if r not in ranks and e.error_t_ns]
+    return stop if all(t >= first for t in failed) else None
 
 
 def died_unseen(end: RankEnd) -> bool:

@@ -345,11 +345,11 @@ def _killed(who: Who) -> str:
 
 def _stopped_together(who: Who, d: StoppedTogether | None) -> str:
     if d is None:
-        return f"{who} {who.were} stopped by a signal sent to every rank at once, from outside"
+        return f"{who} {who.were} stopped by a signal sent from outside to {who.them} at once"
     apart = f" within {duration(d.spread_s * 1e9)} of one another" if not who.one else ""
-    return (f"{who} got {d.signal}{apart}, {duration(d.since_s * 1e9)} after the job's last record: a signal sent "
-            f"to every rank at once, from outside (a scheduler's preemption or time limit, a cancel), not one rank's "
-            f"doing")  # fmt: skip
+    return (f"{who} got {d.signal}{apart}, {duration(d.since_s * 1e9)} after the last record before it: a signal "
+            f"sent from outside to {who.them} at once (a scheduler's preemption or time limit, a cancel, a Ctrl-C), "
+            f"not one rank's doing")  # fmt: skip
 
 
 def _other_thread(who: Who) -> str:
@@ -1250,8 +1250,9 @@ def check_text(dx: Diagnosis) -> str | None:
     """What to check first for the diagnosis's cause (None: nothing to say)."""
     if dx.finding is None:
         return None
-    if dx.verdict is Verdict.STOPPED:
-        return _CHECK_STOPPED
+    stops = [e.detail for e in dx.finding.evidence if isinstance(e.detail, StoppedTogether)]
+    if dx.verdict is Verdict.STOPPED or any(stop.since_s <= states.BUSY_S for stop in stops):
+        return _CHECK_STOPPED  # stopped from outside while they ran: who sent the signal
     d = dx.divergence
     if dx.finding.cause is Cause.CONTROL_FLOW and d is not None and d.kind in _CHECK_ARGUMENT:
         return f"{_CHECK_ARGUMENT[d.kind]}; or {CHECK[Cause.CONTROL_FLOW]}"
@@ -1267,9 +1268,9 @@ def check_text(dx: Diagnosis) -> str | None:
     return CHECK.get(dx.finding.cause)
 
 
-_CHECK_STOPPED = ("the scheduler's or the launcher's log: what sent the signal to every rank (a preemption, a time "
-                  "limit, a cancelled job); to stop cleanly, handle it in the job (save a checkpoint, agree on the "
-                  "step to stop at)")  # fmt: skip
+_CHECK_STOPPED = ("the scheduler's or the launcher's log: what sent the signal (a preemption, a time limit, a "
+                  "cancelled job, a node's agent stopped); to stop cleanly, handle it in the job (save a checkpoint, "
+                  "agree on the step to stop at)")  # fmt: skip
 _CHECK_EXIT_STATUS = ("the culprit's own log: its script caught an error and exited with a failure status, so no "
                       "traceback reached the trace (an `except` that logs, then sys.exit(1)); the other ranks failed "
                       "because of it")  # fmt: skip

@@ -274,6 +274,7 @@ class GroupCreation:
     group_ranks: tuple[int, ...] = ()  # the members of the group it made
     done: bool = True  # it returned
     local: bool = False  # new_group(use_local_synchronization=True): made by the ranks it lists alone
+    t_ns: int = 0  # when the call began (wall clock), 0 where not written
 
     @classmethod
     def of(cls, ev: dict[str, Any]) -> GroupCreation:
@@ -285,6 +286,7 @@ class GroupCreation:
             desc=str(ev.get("desc") or ""), name=None if name is None else str(name),
             group_ranks=tuple(members) if type(members) is list and all(type(r) is int for r in members) else (),
             done=bool(ev.get("done", True)), local=ev.get("local") is True,
+            t_ns=ev["t_ns"] if type(ev.get("t_ns")) is int else 0,
         )  # fmt: skip
 
 

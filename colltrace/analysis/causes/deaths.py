@@ -327,6 +327,11 @@ def stopped_outside(f: Facts) -> Finding | None:
         # waits for what that thread was to do (a batch, an upload, a lock it held)
         return Finding(Cause.RANK_EXCEPTION, Confidence.MEDIUM,
                        (*died, *(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r]) for r in outside)))  # fmt: skip
+    stop = states.stopped_first(f.run, ends, outside)
+    if stop is not None and stop.since_s <= states.BUSY_S:
+        # stopped from outside at once while they ran, before any other rank failed (their node's agent
+        # preempted): where each was then is where the signal found it, not where it was stuck
+        return Finding(Cause.UNKNOWN, Confidence.LOW, (Evidence(Clue.STOPPED_TOGETHER, tuple(outside), stop),))
     if all(_alive_in_own_code(ends[r]) for r in outside):
         # no span to say what, but it was running the job's own code until it was stopped: a computation
         # that did not end (a loop, a metric), not a death
