@@ -379,6 +379,13 @@ def _no_divergence(ends: dict[int, RankEnd], slow: Straggler | None, run: Run) -
     if stopped is not None:  # a signal sent to every rank at once, from outside (a Ctrl-C too): no rank's doing
         signalled, stop = stopped
         return Blame((), (), Kind.MISSING, Confidence.HIGH, (Evidence(Clue.STOPPED_TOGETHER, signalled, stop),))
+    signalled = states.first_signalled(run, ends)
+    part = states.stopped_first(run, ends, signalled) if len(signalled) < len(ends) else None
+    if part is not None:  # a part of the job stopped from outside (a node preempted) before any other failed
+        hurt = tuple(r for r in everyone if r not in signalled and ends[r].state is not RankState.FINISHED)
+        return Blame(
+            signalled, hurt, Kind.MISSING, Confidence.MEDIUM, (Evidence(Clue.STOPPED_TOGETHER, signalled, part),)
+        )
     missed = _missed_barrier(ends) if not dead else None
     if missed is not None:  # no rank died of its own error, and a monitored barrier says whom it waited for
         return missed

@@ -427,14 +427,14 @@ def signalled_together(
 
 def stopped_together(run: Run, ends: dict[int, RankEnd]) -> tuple[tuple[int, ...], StoppedTogether] | None:
     """The whole job stopped from outside at once (a scheduler's preemption or time limit, a cancel, a Ctrl-C):
-    half the ranks or more signalled together (signalled_together; its `since_s` over every rank's records), and
-    every other rank ended after the first of them (it lost a peer to them, or was killed with nothing of its own
+    half the ranks or more signalled together (signalled_together; its `since_s` over every rank's records),
+    some of every agent's ranks (launcher process), and every other rank ended after the first of them (it lost a peer to them, or was killed with nothing of its own
     written: the launcher's SIGKILL after its SIGTERM); none finished nor failed of its own before. (those
     ranks, the stop); None otherwise."""
     got = tuple(r for r in sorted(ends) if r in run.ranks and stop_signal(run.ranks[r]) is not None)
     stop = signalled_together(run, ends, got, over=ends) if got and 2 * len(got) >= len(ends) else None
-    if stop is None:
-        return None
+    if stop is None or {_agent(run.ranks[r]) for r in got} != {_agent(rt) for r, rt in run.ranks.items() if r in ends}:
+        return None  # (the ranks of an agent none of whose ranks got it lost their peers: a part of the job stopped)
     first = min(sig.t_ns for r in got if (sig := stop_signal(run.ranks[r])) is not None)
     for r, e in ends.items():
         lost = e.state is RankState.CRASHED and e.lost_peer and e.error_t_ns >= first
@@ -446,17 +446,40 @@ def stopped_together(run: Run, ends: dict[int, RankEnd]) -> tuple[tuple[int, ...
     return got, stop
 
 
+def _agent(rt: RankTrace) -> tuple[str, int]:
+    """The launcher's process that started the rank (torchrun's agent, mp.spawn's parent), on its host."""
+    return rt.host, rt.header.ppid
+
+
 def stopped_first(run: Run, ends: dict[int, RankEnd], ranks: Iterable[int]) -> StoppedTogether | None:
     """These ranks were stopped from outside at once (signalled_together, two or more) before any other rank
-    failed: a node's ranks preempted, whose peers then lost them; not ranks the launcher stopped after the
-    others had failed (timed out waiting for them). None otherwise."""
+    ended, each of which then lost a peer: a node's ranks preempted, whose peers then lost them; not ranks the
+    launcher stopped after the others had failed (timed out waiting for them) or one had died (killed unseen:
+    no time to place it by). None otherwise."""
     ranks = tuple(ranks)
     stop = signalled_together(run, ends, ranks) if len(ranks) >= 2 else None
     if stop is None:
         return None
     first = min(sig.t_ns for r in ranks if (sig := stop_signal(run.ranks[r])) is not None)
-    failed = [e.error_t_ns for r, e in ends.items() if r not in ranks and e.error_t_ns]
-    return stop if all(t >= first for t in failed) else None
+
+    def after(r: int, e: RankEnd) -> bool:  # it lost them as peers, or the launcher stopped it in turn
+        sig = stop_signal(run.ranks[r]) if r in run.ranks else None
+        return (
+            e.state is RankState.CRASHED
+            and e.lost_peer
+            and e.error_t_ns >= first
+            or (sig is not None and sig.t_ns >= first)
+        )
+
+    others = [r for r in ends if r not in ranks]
+    return stop if others and all(after(r, ends[r]) for r in others) else None
+
+
+def first_signalled(run: Run, ends: dict[int, RankEnd]) -> tuple[int, ...]:
+    """The ranks stopped by a terminating signal (stop_signal) within STOP_SPREAD_NS of the first one to be."""
+    got = {r: sig.t_ns for r in sorted(ends) if r in run.ranks and (sig := stop_signal(run.ranks[r])) is not None}
+    first = min(got.values(), default=0)
+    return tuple(r for r, t in got.items() if t - first <= STOP_SPREAD_NS)
 
 
 def died_unseen(end: RankEnd) -> bool:

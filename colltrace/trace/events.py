@@ -17,6 +17,7 @@ class Header:
     world_size: int = 0
     host: str = ""
     pid: int = 0
+    ppid: int = 0  # its parent's pid: the launcher's agent that started it (torchrun's, mp.spawn's), 0: not said
     launcher: str | None = None  # torchrun, multiprocessing, deepspeed, ...; None: not said
     torch: str | None = None
     backend: str | None = None
@@ -33,7 +34,7 @@ class Header:
         fr_version = h.get("fr_version")
         untraced = (_UNTRACED.fullmatch(str(u)) for u in h.get("unseen") or ())
         return cls(
-            world_size=h.get("world_size", 0), host=h.get("host", ""), pid=h.get("pid", 0),
+            world_size=h.get("world_size", 0), host=h.get("host", ""), pid=h.get("pid", 0), ppid=h.get("ppid", 0),
             launcher=h.get("launcher"), torch=h.get("torch"), backend=h.get("backend"), python=h.get("python"),
             fr_version=fr_version if isinstance(fr_version, str) else None, restart=max(0, h.get("restart", 0)),
             untraced=tuple(m[1] for m in untraced if m is not None),

@@ -34,6 +34,7 @@ from colltrace.analysis.causes.deaths import (
     failed,
     no_divergence,
     out_of_memory,
+    stopped_from_outside,
     stopped_outside,
     straggler_evidence,
     stuck_in_span,
@@ -105,7 +106,7 @@ class Facts:
 RULES = (
     schedule_mismatch, wrong_peer, p2p_order, deadlock, store_wait, worker_sync, membership, groups_created_apart,
     labels_apart, split_sizes,  # structure.py
-    out_of_memory, failed, died_unseen, stuck_in_span, no_divergence, stopped_outside,  # deaths.py
+    out_of_memory, failed, died_unseen, stopped_from_outside, stuck_in_span, no_divergence, stopped_outside,  # deaths.py
     joined, step_skew, skew_before, saved_apart, grad_skipped, batch_skipped, recompute, uneven_data,
     exited_early,  # steps.py
     unattributed, grads_apart, other_call, grad_changed, same_collective, eval_forward, shared_module, gradient_reduction,

@@ -239,6 +239,17 @@ _STUCK_IN: dict[
 _STUCK = frozenset({Cause.STUCK_DATA_LOADING, Cause.STUCK_CHECKPOINT_IO, Cause.STUCK_COMPUTE})
 
 
+def stopped_from_outside(f: Facts) -> Finding | None:
+    """Two or more culprits got one terminating signal together, within states.BUSY_S of their last record and
+    before any other rank failed (states.stopped_first: a node's agent preempted, the others then losing
+    them): where each was is where the signal found it, not where it was stuck, and nothing in the trace says
+    why it came. Unknown, low."""
+    stop = states.stopped_first(f.run, f.ends, f.culprits)
+    if stop is None or stop.since_s > states.BUSY_S:
+        return None
+    return Finding(Cause.UNKNOWN, Confidence.LOW, (Evidence(Clue.STOPPED_TOGETHER, f.culprits, stop),))
+
+
 def stuck_in_span(f: Facts) -> Finding | None:
     """Every culprit stopped outside any collective (hung, killed) inside a compute span that says where:
     the innermost span open at the stop names the cause. None when a culprit is in no such span."""
@@ -327,11 +338,6 @@ def stopped_outside(f: Facts) -> Finding | None:
         # waits for what that thread was to do (a batch, an upload, a lock it held)
         return Finding(Cause.RANK_EXCEPTION, Confidence.MEDIUM,
                        (*died, *(Evidence(Clue.STUCK_OUTSIDE, (r,), ends[r]) for r in outside)))  # fmt: skip
-    stop = states.stopped_first(f.run, ends, outside)
-    if stop is not None and stop.since_s <= states.BUSY_S:
-        # stopped from outside at once while they ran, before any other rank failed (their node's agent
-        # preempted): where each was then is where the signal found it, not where it was stuck
-        return Finding(Cause.UNKNOWN, Confidence.LOW, (Evidence(Clue.STOPPED_TOGETHER, tuple(outside), stop),))
     if all(_alive_in_own_code(ends[r]) for r in outside):
         # no span to say what, but it was running the job's own code until it was stopped: a computation
         # that did not end (a loop, a metric), not a death
