@@ -365,12 +365,16 @@ def failed_first(ends: dict[int, RankEnd]) -> int | None:
     return first.rank
 
 
+_LOOKED_AT = 8  # the other ranks' records off_loop reads (each a read of its ring, at 16,384 ranks)
+
+
 def off_loop(
     run: Run, streams: dict[int, RankStreams], d: Divergence | None, culprits: tuple[int, ...]
 ) -> tuple[int, ...]:
     """The culprits whose record at the divergence came from a thread other than their training loop's
-    (RankStreams.loop_threads), where every other rank's record there came from its loop: a collective of a
-    thread of their own (a metrics or checkpoint thread) landed in the group, among the loop's."""
+    (RankStreams.loop_threads), where the other ranks' records there came from their loops (the first
+    _LOOKED_AT of them): a collective of a thread of their own (a metrics or checkpoint thread) landed in the
+    group, among the loop's."""
     if d is None or d.seq is None or not culprits:
         return ()
 
@@ -381,7 +385,8 @@ def off_loop(
         rec = record(rt, idx, rs)
         return None if rec is None else rec.tid in rs.loop_threads
 
-    others = [loop_issued(a.rank, a.idx) for a in d.at if a.rank not in culprits and a.sig is not None]
+    sample = [a for a in d.at if a.rank not in culprits and a.sig is not None][:_LOOKED_AT]
+    others = [loop_issued(a.rank, a.idx) for a in sample]  # (a few: a big world's are alike)
     if not others or not all(others):
         return ()
     odd = tuple(a.rank for a in d.at if a.rank in culprits and loop_issued(a.rank, a.idx) is False)
