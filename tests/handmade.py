@@ -40,6 +40,7 @@ class FakeRank:
         pid: int = 0,
         restart: int = 0,
         rendezvous: str = "",
+        ppid: int = 0,
     ) -> None:
         header: dict[str, Any] = {
             "world_size": world,
@@ -54,6 +55,8 @@ class FakeRank:
             header["pid"] = pid
         if restart:  # torchrun's restarts before this attempt
             header["restart"] = restart
+        if ppid:  # the launcher's process that started it (a torchrun agent)
+            header["ppid"] = ppid
         if rendezvous:  # where the ranks met (a job's ranks written to directories of their own are joined by it)
             header["rendezvous"] = rendezvous
         self.rank = rank

@@ -2868,9 +2868,9 @@ def test_local_groups_a_rank_an_agreed_list_names_that_went_on_without_it_is_odd
     assert groups.odd_local(late) == ()
 
 
-def test_local_groups_ranks_that_asked_for_a_list_without_themselves_are_odd(tmp_path: Path) -> None:
+def test_local_groups_ranks_that_asked_for_the_other_nodes_list_and_went_on_are_odd(tmp_path: Path) -> None:
     """Node lists swapped on ranks 2 and 3: rank 2 asks [3, 4, 5], rank 3 asks [0, 1, 2]; torch hands each None
-    at once (not a member) and their nodes wait for them."""
+    at once (not a member), and each goes on to an all-reduce its node waits out in the call it never made."""
     run = _local_calls(tmp_path, {0: [0, 1, 2], 1: [0, 1, 2], 2: [3, 4, 5], 3: [0, 1, 2], 4: [3, 4, 5],
                                   5: [3, 4, 5]}, {2, 3})  # fmt: skip
     assert groups.odd_local(run) == (2, 3)
@@ -2897,9 +2897,9 @@ def test_a_ctrl_c_to_the_launcher_is_a_stop_not_four_crashes(tmp_path: Path) -> 
 
 
 def test_a_node_stopped_from_outside_before_any_rank_failed_is_named_with_no_cause_of_its_own(tmp_path: Path) -> None:
-    """Two agents of three ranks; the second is preempted: ranks 3-5 get SIGTERM within 1 ms, between two
-    collectives (in the job's own code), and ranks 0-2 then lose them in the next all-reduce. The culprits are
-    3-5, but not stuck in compute: they were stopped while they ran, before anyone failed (unknown, low)."""
+    """Ranks 3-5 get SIGTERM within 1 ms, between two collectives (in the job's own code), and ranks 0-2 then
+    lose them in an all-reduce 3-5 never issued (a missing collective: the wait-for graph names 3-5). They
+    were stopped while they ran, before anyone failed, not stuck in compute (cause unknown, low)."""
     rs = ranks(str(tmp_path), 6)
     for r in rs:
         for _ in range(3):
@@ -2913,5 +2913,116 @@ def test_a_node_stopped_from_outside_before_any_rank_failed_is_named_with_no_cau
         r.w.event({"ev": "signal", "signal": "SIGTERM", "t_ns": at + (r.rank - 3) * 300_000, "in_flight": 0})
     dx = diagnose(read_run(str(tmp_path)))
     assert dx.culprits == (3, 4, 5)
+    assert dx.finding is not None and dx.finding.cause is Cause.UNKNOWN
+    assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.STOPPED_TOGETHER] == [(3, 4, 5)]
+
+
+def test_local_groups_every_rank_calling_every_group_is_no_odd_creation(tmp_path: Path) -> None:
+    """Every rank calls new_group([0, 1]) and new_group([2, 3]) with local synchronization, as a loop over all
+    groups does: a non-member's call returns None at once and nobody waits for it. No rank is odd."""
+    for r in range(4):
+        rank = FakeRank(str(tmp_path), r, 4)
+        for k, members in enumerate(([0, 1], [2, 3]), 1):
+            rank.w.event({"ev": "group_create", "fn": "new_group", "ranks": members, "desc": None, "local": True,
+                          "call": k, "done": False, "t_ns": WALL + k})  # fmt: skip
+        rank.coll("all_reduce", 8, "", "other", redop="SUM")
+    assert groups.odd_local(read_run(str(tmp_path))) == ()
+
+
+def test_local_groups_a_rank_in_a_built_pair_that_skips_the_eval_group_is_odd_not_the_others(tmp_path: Path) -> None:
+    """TP pairs [0, 1], [2, 3], [4, 5] built by all; then ranks 0 and 2 build the eval group [0, 2, 4], which
+    rank 4 skips, going on to an all-reduce. Ranks 0 and 2 also belong to agreed pairs: that does not make them
+    odd for a list rank 4 never asked (it agreed on no other group with them)."""
+    for r in range(6):
+        rank = FakeRank(str(tmp_path), r, 6)
+        pair = [r - r % 2, r - r % 2 + 1]
+        rank.w.event({"ev": "group_create", "fn": "new_group", "ranks": pair, "desc": None, "local": True,
+                      "call": 1, "done": True, "t_ns": WALL + 1})  # fmt: skip
+        if r in (0, 2):
+            rank.w.event({"ev": "group_create", "fn": "new_group", "ranks": [0, 2, 4], "desc": None, "local": True,
+                          "call": 2, "done": False, "t_ns": WALL + 1_000_000})  # fmt: skip
+        else:
+            rank.coll("all_reduce", 8, "", "other", redop="SUM", done=False, delay_ns=5_000_000)
+    assert groups.odd_local(read_run(str(tmp_path))) == (4,)
+
+
+def test_local_groups_a_late_rank_blocked_elsewhere_is_not_odd(tmp_path: Path) -> None:
+    """Ranks 1 and 3 begin the local DP group [1, 3, 5] at 1 ms; rank 5, late, issues its TP all-reduce (with
+    rank 4, which is stuck) at 6 ms and blocks there, before its own DP call: issued after their call, but in
+    a group without them. It did not go past the call: no rank is odd."""
+    groups_of = {r: {"0": ("default_pg", tuple(range(6)))} for r in range(6)}
+    groups_of[5]["tp"] = ("tp", (4, 5))
+    for r in range(6):
+        rank = FakeRank(str(tmp_path), r, 6, groups=groups_of[r])
+        if r in (1, 3):
+            rank.w.event({"ev": "group_create", "fn": "new_group", "ranks": [1, 3, 5], "desc": None, "local": True,
+                          "call": 1, "done": False, "t_ns": WALL + 1_000_000})  # fmt: skip
+        if r == 5:
+            rank.coll("all_reduce", 8, "", "forward", group="tp", redop="SUM", done=False, delay_ns=5_000_000)
+    assert groups.odd_local(read_run(str(tmp_path))) == ()
+
+
+def test_a_rank_that_failed_of_its_own_before_the_whole_job_was_stopped_is_the_culprit(tmp_path: Path) -> None:
+    """Rank 2 raises a CUDA error in its all-reduce and lingers; half a second later every rank, rank 2 too,
+    gets SIGTERM within 1 ms. The stop came after rank 2's own failure: a crash of rank 2, not a stop."""
+    rs = ranks(str(tmp_path), 4)
+    for r in rs:
+        for _ in range(3):
+            r.coll("all_reduce", 676, "", "backward", redop="SUM")
+            r.step += 1
+        r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False, error=r.rank == 2)
+    at = WALL + max(r.t for r in rs) + 1_000_000
+    rs[2].error("RuntimeError", "CUDA error: an illegal memory access was encountered", t_ns=at, in_collective=True)
+    for r in rs:
+        r.w.event({"ev": "signal", "signal": "SIGTERM", "t_ns": at + 500_000_000 + r.rank * 200_000, "in_flight": 1})
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is not Verdict.STOPPED and dx.culprits == (2,)
+
+
+def test_a_stop_that_reached_two_hosts_seconds_apart_is_still_the_whole_jobs(tmp_path: Path) -> None:
+    """Every rank of two hosts got SIGTERM, one host 1.5 s after the other (the scheduler's fan-out): the whole
+    job was stopped, not the first host's ranks."""
+    rs = [FakeRank(str(tmp_path), r, 4, ppid=100 + r // 2, rendezvous="c10d:node0:29400") for r in range(4)]
+    for r in rs:
+        for _ in range(3):
+            r.coll("all_reduce", 676, "", "backward", redop="SUM")
+            r.step += 1
+    at = WALL + max(r.t for r in rs) + 2_000_000
+    for r in rs:
+        r.w.event({"ev": "signal", "signal": "SIGTERM", "t_ns": at + (r.rank // 2) * 1_500_000_000, "in_flight": 0})
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is Verdict.STOPPED and dx.culprits == ()
+
+
+def test_a_stop_with_no_record_before_it_says_nothing_of_progress(tmp_path: Path) -> None:
+    """Every rank got SIGTERM, but none made a record before it (stuck in setup for an hour): nothing says the
+    job was running, so no `stopped` verdict; the clue says there was no record before it."""
+    for r in range(2):
+        rank = FakeRank(str(tmp_path), r, 2)
+        rank.w.event({"ev": "signal", "signal": "SIGTERM", "t_ns": WALL + 3600 * 10**9 + r, "in_flight": 0})
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.verdict is not Verdict.STOPPED
+    stops = [e.detail for e in dx.finding.evidence if isinstance(e.detail, StoppedTogether)] if dx.finding else []
+    assert [s.since_s for s in stops] == [None]
+
+
+def test_one_agent_of_two_stopped_names_its_ranks_with_no_cause_of_their_own(tmp_path: Path) -> None:
+    """Two torchrun agents (ppid 100: ranks 0-2, ppid 200: ranks 3-5); agent 200 is preempted: ranks 3-5 get
+    SIGTERM within 1 ms while every rank is in the same all-reduce (no divergence), and ranks 0-2 then lose
+    them. Not the whole job: ranks 3-5 are named, the others their victims, cause unknown."""
+    rs = [FakeRank(str(tmp_path), r, 6, ppid=100 if r < 3 else 200, rendezvous="c10d:node0:29400") for r in range(6)]
+    for r in rs:
+        for _ in range(3):
+            r.coll("all_reduce", 676, "", "backward", redop="SUM")
+            r.step += 1
+        r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False, error=r.rank < 3)
+    at = WALL + max(r.t for r in rs) + 1_000_000
+    for r in rs[3:]:
+        r.w.event({"ev": "signal", "signal": "SIGTERM", "t_ns": at + (r.rank - 3) * 300_000, "in_flight": 1})
+    for r in rs[:3]:
+        r.error("RuntimeError", "Connection closed by peer [127.0.0.1]:5000", t_ns=at + 5_000_000, in_collective=True)
+    dx = diagnose(read_run(str(tmp_path)))
+    assert dx.divergence is None
+    assert dx.culprits == (3, 4, 5) and dx.victims == (0, 1, 2)
     assert dx.finding is not None and dx.finding.cause is Cause.UNKNOWN
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.STOPPED_TOGETHER] == [(3, 4, 5)]

@@ -81,8 +81,8 @@ def _stopped_running(evidence: tuple[Evidence, ...], tm: timing.Timing) -> bool:
     its last record came within states.BUSY_S, or three of its usual steps, of the signal. Stopped later, it had
     hung."""
     stop = next((e.detail for e in evidence if isinstance(e.detail, StoppedTogether)), None)
-    if stop is None:
-        return False
+    if stop is None or stop.since_s is None:
+        return False  # (no record before it: nothing says the job was running)
     steps = sorted(p for rt in tm.ranks.values() if (p := rt.step_pct_ns(50)) is not None)
     usual_s = steps[len(steps) // 2] / 1e9 if steps else 0.0
     return stop.since_s <= max(states.BUSY_S, 3 * usual_s)

@@ -13,6 +13,7 @@ of it asked for, where those ranks asked for lists of their own with it in them,
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from colltrace.trace.events import GroupCreation
@@ -76,31 +77,30 @@ def odd_creators(run: Run) -> tuple[int, ...]:
 
 def odd_local(run: Run) -> tuple[int, ...]:
     """Ranks whose local new_group (use_local_synchronization) calls are at odds with a group two or more of
-    its members agreed on (asked for the same list, each among it): a rank that asked for a list without
-    itself in it; a rank such an agreed list names that never asked for it, where it asked for another list
-    of some of those members or went on past the call; a rank that asked for a list naming a rank of an agreed
-    group that went on past it without asking for that list. A rank whose list only an odd rank failed to back
-    is not odd (it waits for that one). None where no two members agree on any list."""
+    its members agreed on (each asked for the same list, and is in it):
+    - a rank such an agreed list names that never asked for it, where it asked for another list of some of
+      those members, or went on past the call to a collective its askers were to join (they, in the call,
+      never came);
+    - a rank that asked for a list naming a rank which agreed with others of that list on another and went
+      on past it.
+    Not a rank whose list only an odd rank failed to back (it waits for that one), nor one that asked for a
+    list it is not in (torch hands a non-member None at once, and nobody waits for it: every rank may call
+    every group's new_group). None where no two members agree on any list."""
     asked: dict[int, dict[Members, int]] = {}  # rank -> its local lists, each with when its call began
     for r, rt in run.ranks.items():
         asked[r] = {}
         for c in rt.group_creations:
             if c.local and c.ranks:  # (its members, in any order: torch sorts them)
-                asked[r].setdefault(tuple(sorted(x for x in c.ranks if type(x) is int)), c.t_ns)
-    agreed = {
-        lst: [r for r, mine in asked.items() if lst in mine and r in lst] for mine in asked.values() for lst in mine
-    }
-    agreed = {lst: rs for lst, rs in agreed.items() if len(rs) >= 2}
-    if not agreed:
-        return ()
-    settled = {r for rs in agreed.values() for r in rs}  # the ranks of an agreed group
-    odd: set[int] = set()
+                asked[r].setdefault(tuple(sorted({x for x in c.ranks if type(x) is int})), c.t_ns)
+    askers: dict[Members, list[int]] = {}
     for r, mine in asked.items():
         for lst in mine:
-            if r not in lst:
-                odd.add(r)  # a group it is not in: torch hands it None at once, its members wait for it
-            elif any(m != r and m in settled and lst not in asked[m] and _went_past(run, m, mine[lst]) for m in lst):
-                odd.add(r)  # a member of an agreed group went on past it, never asking for this list
+            if r in lst:
+                askers.setdefault(lst, []).append(r)
+    agreed = {lst: rs for lst, rs in askers.items() if len(rs) >= 2}
+    if not agreed:
+        return ()
+    odd: set[int] = set()
     for lst, rs in agreed.items():
         began = min(asked[r][lst] for r in rs)
         for m in lst:
@@ -108,15 +108,31 @@ def odd_local(run: Run) -> tuple[int, ...]:
                 continue
             # named by an agreed group, it asked its members into another (not a call of its own still under
             # way: that one's members are others), or went on past it
-            if any(set(other) & set(lst) - {m} for other in asked[m]) or _went_past(run, m, began):
+            if any(set(other) & set(lst) - {m} for other in asked[m]) or _went_past(run, m, rs, began):
                 odd.add(m)
+    for r, mine in asked.items():
+        for lst in mine:
+            if r in lst and any(_agreed_apart(m, lst, agreed) and _went_past(run, m, (r,), mine[lst])
+                                for m in lst if m != r and lst not in asked.get(m, {})):  # fmt: skip
+                odd.add(r)  # a rank of it agreed with others of it on another group, and went on past
     return tuple(sorted(odd))
 
 
-def _went_past(run: Run, rank: int, t_ns: int) -> bool:
-    """The rank issued a record after `t_ns` (wall clock): it went on past a call begun then."""
-    last = run.ranks[rank].last
-    return bool(t_ns) and last is not None and last.t_issue_ns > t_ns
+def _agreed_apart(m: int, lst: Members, agreed: dict[Members, list[int]]) -> bool:
+    """The rank agreed with another rank of `lst` on another list (a pair of `lst` built as a group of its own)."""
+    return any(m in rs and other != lst and len(set(other) & set(lst)) >= 2 for other, rs in agreed.items())
+
+
+def _went_past(run: Run, rank: int, askers: Sequence[int], t_ns: int) -> bool:
+    """The rank went on past a call its `askers` began at `t_ns` (wall clock): its last record was issued after
+    it, and completed, or is a collective of a group with one of them in it (which they, in the call, never
+    came to). Not a record the rank was blocked in with others (it may have been late, before the call)."""
+    rt = run.ranks[rank]
+    last = rt.last
+    if not t_ns or last is None or last.t_issue_ns <= t_ns:
+        return False
+    group = rt.groups.get(last.group)
+    return bool(last.t_done_ns) or (group is not None and any(a in group.ranks for a in askers))
 
 
 def creation_call(run: Run, rank: int, name: str) -> int:

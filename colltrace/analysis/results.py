@@ -279,7 +279,7 @@ class StoppedTogether:
 
     signal: str
     spread_s: float
-    since_s: float
+    since_s: float | None  # None: no record before it
 
 
 @dataclass(frozen=True, slots=True)

@@ -394,6 +394,7 @@ def off_loop(
 
 
 STOP_SPREAD_NS = 1_000_000_000  # ranks that got a signal this close together got one sent to them all
+WHOLE_SPREAD_NS = 60_000_000_000  # ... and ranks that all got one within this, a signal sent to them all
 BUSY_S = 10.0  # ranks whose last record came this close before their stop (or 3 usual steps) were running
 
 
@@ -409,25 +410,36 @@ def stop_signal(rt: RankTrace) -> Signal | None:
 
 
 def signalled_together(
-    run: Run, ends: dict[int, RankEnd], ranks: Iterable[int], over: Iterable[int] | None = None
-) -> StoppedTogether | None:
+    run: Run, ends: dict[int, RankEnd], ranks: Iterable[int], over: Iterable[int] | None = None,
+    spread_ns: int = STOP_SPREAD_NS,
+) -> StoppedTogether | None:  # fmt: skip
     """These ranks were stopped from outside at once: each by one terminating signal (stop_signal), within
-    STOP_SPREAD_NS of the first, none finished. Its `since_s`: how long before the first signal the last record
+    `spread_ns` of the first, none finished, none failed of its own before it (an error or a fatal signal of its
+    own: it died first, and was stopped after). Its `since_s`: how long before the first signal the last record
     of the ranks `over` (these, by default) was made (the last collective one issued or completed, the compute
-    span it was in): ranks that were busy were stopped while they ran; idle ones, after they hung. None
-    otherwise."""
+    span it was in): ranks that were busy were stopped while they ran; idle ones, after they hung; None where
+    none made a record before it. None otherwise."""
     got = {r: stop_signal(run.ranks[r]) for r in ranks if r in run.ranks and r in ends}
     sigs = [sig for r, sig in got.items() if sig is not None and sig.t_ns and ends[r].state is not RankState.FINISHED]
     if not got or len(sigs) != len(got) or len({sig.name for sig in sigs}) != 1:
         return None
     first = min(sig.t_ns for sig in sigs)
     spread = max(sig.t_ns for sig in sigs) - first
-    if spread > STOP_SPREAD_NS:
+    if spread > spread_ns or any(_failed_before(run.ranks[r], ends[r], first) for r in got):
         return None
     seen = [ends[r] for r in (got if over is None else over) if r in ends]
     last = max((t or 0 for e in seen for c in (e.last, e.blocked, e.open_span) if c is not None
                 for t in (c.t_issue_ns, c.t_done_ns) if t is not None and t <= first), default=0)  # fmt: skip
-    return StoppedTogether(sigs[0].name, spread / 1e9, (first - last) / 1e9 if last else 0.0)
+    return StoppedTogether(sigs[0].name, spread / 1e9, (first - last) / 1e9 if last else None)
+
+
+def _failed_before(rt: RankTrace, e: RankEnd, t_ns: int) -> bool:
+    """The rank failed of its own before `t_ns` (or at a time not written): an error of its own (not the
+    KeyboardInterrupt a SIGINT raises, which is the stop itself) or a fatal signal (faulthandler's)."""
+    if rt.fault:
+        return True
+    own = e.state is RankState.CRASHED and bool(e.error_type) and not e.lost_peer
+    return own and e.error_type != "KeyboardInterrupt" and (not e.error_t_ns or e.error_t_ns < t_ns)
 
 
 def stopped_together(run: Run, ends: dict[int, RankEnd]) -> tuple[tuple[int, ...], StoppedTogether] | None:
@@ -437,10 +449,16 @@ def stopped_together(run: Run, ends: dict[int, RankEnd]) -> tuple[tuple[int, ...
     written: the launcher's SIGKILL after its SIGTERM); none finished nor failed of its own before. (those
     ranks, the stop); None otherwise."""
     got = tuple(r for r in sorted(ends) if r in run.ranks and stop_signal(run.ranks[r]) is not None)
-    stop = signalled_together(run, ends, got, over=ends) if got and 2 * len(got) >= len(ends) else None
+    # every rank got it: sent to all, however long it took to reach each host; else the ranks that got it
+    # close together, and lost peers or the launcher's kill for the rest
+    spread = WHOLE_SPREAD_NS if len(got) == len(ends) else STOP_SPREAD_NS
+    enough = got and 2 * len(got) >= len(ends)
+    stop = signalled_together(run, ends, got, over=ends, spread_ns=spread) if enough else None
     if stop is None or {_agent(run.ranks[r]) for r in got} != {_agent(rt) for r, rt in run.ranks.items() if r in ends}:
         return None  # (the ranks of an agent none of whose ranks got it lost their peers: a part of the job stopped)
     first = min(sig.t_ns for r in got if (sig := stop_signal(run.ranks[r])) is not None)
+    if any(_failed_before(rt, ends[r], first) for r, rt in run.ranks.items() if r in ends):
+        return None  # a rank that failed of its own first is the culprit, however the job was stopped after
     for r, e in ends.items():
         lost = e.state is RankState.CRASHED and e.lost_peer and e.error_t_ns >= first
         # killed unseen: where torchrun says it stopped the rank after another's end (its SIGKILL after the
@@ -467,17 +485,17 @@ def stopped_first(run: Run, ends: dict[int, RankEnd], ranks: Iterable[int]) -> S
         return None
     first = min(sig.t_ns for r in ranks if (sig := stop_signal(run.ranks[r])) is not None)
 
+    def lost(e: RankEnd) -> bool:
+        return e.state is RankState.CRASHED and e.lost_peer and e.error_t_ns >= first
+
     def after(r: int, e: RankEnd) -> bool:  # it lost them as peers, or the launcher stopped it in turn
         sig = stop_signal(run.ranks[r]) if r in run.ranks else None
-        return (
-            e.state is RankState.CRASHED
-            and e.lost_peer
-            and e.error_t_ns >= first
-            or (sig is not None and sig.t_ns >= first)
-        )
+        return lost(e) or (sig is not None and sig.t_ns >= first)
 
     others = [r for r in ends if r not in ranks]
-    return stop if others and all(after(r, ends[r]) for r in others) else None
+    # some of them lost them (others merely signalled later were stopped too: one stop reaching hosts apart)
+    hurt = any(lost(ends[r]) for r in others)
+    return stop if others and hurt and all(after(r, ends[r]) for r in others) else None
 
 
 def first_signalled(run: Run, ends: dict[int, RankEnd]) -> tuple[int, ...]:

@@ -352,7 +352,7 @@ def detail_text(e: Evidence) -> str:
     if isinstance(d, Relabeled):
         return f"{d.theirs},{d.usual}"
     if isinstance(d, StoppedTogether):  # the signal, the seconds between the first and last rank's, then since
-        return f"{d.signal},{round(d.spread_s, 6)},{round(d.since_s, 6)}"
+        return f"{d.signal},{round(d.spread_s, 6)},{'' if d.since_s is None else round(d.since_s, 6)}"
     if e.clue is Clue.CREATION_MAJORITY:
         return words.asked_text(d)
     if isinstance(d, tuple):

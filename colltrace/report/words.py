@@ -347,7 +347,12 @@ def _stopped_together(who: Who, d: StoppedTogether | None) -> str:
     if d is None:
         return f"{who} {who.were} stopped by a signal sent from outside to {who.them} at once"
     apart = f" within {duration(d.spread_s * 1e9)} of one another" if not who.one else ""
-    return (f"{who} got {d.signal}{apart}, {duration(d.since_s * 1e9)} after the last record before it: a signal "
+    when = (
+        "with no record before it"
+        if d.since_s is None
+        else f"{duration(d.since_s * 1e9)} after the last record before it"
+    )
+    return (f"{who} got {d.signal}{apart}, {when}: a signal "
             f"sent from outside to {who.them} at once (a scheduler's preemption or time limit, a cancel, a Ctrl-C), "
             f"not one rank's doing")  # fmt: skip
 
@@ -1210,7 +1215,8 @@ CHECK: dict[Cause, str] = {
     Cause.SHARED_MODULE_CALLS: "a module called more than once per forward (weight tying, a loop over a shared block) "
     "a different number of times across ranks",
     Cause.GROUP_MISCONFIG: "new_group / split_group / DeviceMesh construction: every rank must create the same groups "
-    "in the same order with the same rank lists",
+    "in the same order with the same rank lists (a new_group with use_local_synchronization: every rank it lists, "
+    "with the same list)",
     Cause.DTYPE_MISMATCH: "the mixed-precision policy (MixedPrecisionPolicy, autocast, param dtype) on each rank",
     Cause.NUMEL_MISMATCH: "model config and tensor shapes on each rank (hidden sizes, padding, vocab size)",
     Cause.SPLIT_MISMATCH: "the all-to-all's split sizes on the culprit: they must match, pair by pair, what its peers "
@@ -1251,7 +1257,9 @@ def check_text(dx: Diagnosis) -> str | None:
     if dx.finding is None:
         return None
     stops = [e.detail for e in dx.finding.evidence if isinstance(e.detail, StoppedTogether)]
-    if dx.verdict is Verdict.STOPPED or any(stop.since_s <= states.BUSY_S for stop in stops):
+    if dx.verdict is Verdict.STOPPED or any(
+        stop.since_s is not None and stop.since_s <= states.BUSY_S for stop in stops
+    ):
         return _CHECK_STOPPED  # stopped from outside while they ran: who sent the signal
     d = dx.divergence
     if dx.finding.cause is Cause.CONTROL_FLOW and d is not None and d.kind in _CHECK_ARGUMENT:

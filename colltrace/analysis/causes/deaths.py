@@ -245,7 +245,7 @@ def stopped_from_outside(f: Facts) -> Finding | None:
     them): where each was is where the signal found it, not where it was stuck, and nothing in the trace says
     why it came. Unknown, low."""
     stop = states.stopped_first(f.run, f.ends, f.culprits)
-    if stop is None or stop.since_s > states.BUSY_S:
+    if stop is None or stop.since_s is None or stop.since_s > states.BUSY_S:
         return None
     return Finding(Cause.UNKNOWN, Confidence.LOW, (Evidence(Clue.STOPPED_TOGETHER, f.culprits, stop),))
 
