@@ -444,10 +444,11 @@ def _failed_before(rt: RankTrace, e: RankEnd, t_ns: int) -> bool:
 
 def stopped_together(run: Run, ends: dict[int, RankEnd]) -> tuple[tuple[int, ...], StoppedTogether] | None:
     """The whole job stopped from outside at once (a scheduler's preemption or time limit, a cancel, a Ctrl-C):
-    half the ranks or more signalled together (signalled_together; its `since_s` over every rank's records),
-    some of every agent's ranks (launcher process), and every other rank ended after the first of them (it lost a peer to them, or was killed with nothing of its own
-    written: the launcher's SIGKILL after its SIGTERM); none finished nor failed of its own before. (those
-    ranks, the stop); None otherwise."""
+    every rank signalled within WHOLE_SPREAD_NS (signalled_together; its `since_s` over every rank's records);
+    or half the ranks or more, some of every agent's (launcher process), within STOP_SPREAD_NS, and every other
+    rank ended after the first of them (it lost a peer to them, or was killed with nothing of its own written:
+    the launcher's SIGKILL after its SIGTERM); none finished nor failed of its own before. (those ranks, the
+    stop); None otherwise."""
     got = tuple(r for r in sorted(ends) if r in run.ranks and stop_signal(run.ranks[r]) is not None)
     # every rank got it: sent to all, however long it took to reach each host; else the ranks that got it
     # close together, and lost peers or the launcher's kill for the rest
