@@ -34,6 +34,7 @@ from colltrace.analysis.results import (
 from colltrace.analysis.vocab import Cause, Kind, Verdict
 from colltrace.report import words
 from colltrace.report.build import run_report
+from colltrace.trace import schema
 from colltrace.trace.events import Exit, GroupCreation, Handling, SignalCaught, ThreadError
 from colltrace.trace.reader import read_run
 from colltrace.trace.records import Run
@@ -3026,3 +3027,27 @@ def test_one_agent_of_two_stopped_names_its_ranks_with_no_cause_of_their_own(tmp
     assert dx.culprits == (3, 4, 5) and dx.victims == (0, 1, 2)
     assert dx.finding is not None and dx.finding.cause is Cause.UNKNOWN
     assert [e.ranks for e in dx.finding.evidence if e.clue is Clue.STOPPED_TOGETHER] == [(3, 4, 5)]
+
+
+def test_a_ctrl_c_on_a_hung_job_names_the_stuck_rank_not_its_keyboard_interrupt(tmp_path: Path) -> None:
+    """Rank 2 is stuck in its forward; ranks 0 and 1 wait a minute in the all-reduce it never issued; then a
+    Ctrl-C makes every rank raise KeyboardInterrupt. Rank 2 is the culprit, stuck in compute: its
+    KeyboardInterrupt is the user's stop (read as the SIGINT it was), not an exception of its own."""
+    rs = ranks(str(tmp_path), 3)
+    for r in rs:
+        r.coll("all_reduce", 676, "", "backward", redop="SUM")
+        r.step += 1
+    s = rs[2].w.intern  # a forward span still open when it stopped
+    rs[2].w.spans.append(schema.KIND_SPAN, 0, 0, 0, 0, s("forward"), 0, 0, 0, 0, 0, 0, 0, -1, 0, 0, -1, rs[2].step, 0,
+                         rs[2].t + 1_000_000, 0, 0)  # fmt: skip
+    for r in rs[:2]:
+        r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False)
+    at = WALL + max(r.t for r in rs) + 60 * 10**9
+    for r in rs:
+        r.w.event({"ev": "signal_caught", "signal": "SIGINT", "step": r.step, "t_ns": at + r.rank * 100_000})
+        r.error("KeyboardInterrupt", "", t_ns=at + r.rank * 100_000 + 50_000)
+    run = read_run(str(tmp_path))
+    assert run.ranks[2].signal is not None and run.ranks[2].signal.name == "SIGINT"
+    dx = diagnose(run)
+    assert dx.culprits == (2,)
+    assert dx.finding is not None and dx.finding.cause is Cause.STUCK_COMPUTE

@@ -399,14 +399,9 @@ BUSY_S = 10.0  # ranks whose last record came this close before their stop (or 3
 
 
 def stop_signal(rt: RankTrace) -> Signal | None:
-    """The terminating signal the rank was stopped by from outside: the one it recorded, or SIGINT where it died
-    of the KeyboardInterrupt Python raises for one (a Ctrl-C to the launcher, passed on to every worker)."""
-    if rt.signal is not None and rt.signal.t_ns:
-        return rt.signal
-    if rt.error is None or rt.error.type != "KeyboardInterrupt":
-        return None
-    caught = [c.t_ns for c in rt.caught if c.name == "SIGINT" and c.t_ns]
-    return Signal("SIGINT", min([*caught, rt.error.t_ns]) if rt.error.t_ns else min(caught, default=0))
+    """The terminating signal the rank was stopped by from outside, where its time was written (a SIGINT's
+    KeyboardInterrupt too: the reader's _interrupted)."""
+    return rt.signal if rt.signal is not None and rt.signal.t_ns else None
 
 
 def signalled_together(
@@ -434,12 +429,12 @@ def signalled_together(
 
 
 def _failed_before(rt: RankTrace, e: RankEnd, t_ns: int) -> bool:
-    """The rank failed of its own before `t_ns` (or at a time not written): an error of its own (not the
-    KeyboardInterrupt a SIGINT raises, which is the stop itself) or a fatal signal (faulthandler's)."""
+    """The rank failed of its own before `t_ns` (or at a time not written): an error of its own or a fatal
+    signal (faulthandler's)."""
     if rt.fault:
         return True
     own = e.state is RankState.CRASHED and bool(e.error_type) and not e.lost_peer
-    return own and e.error_type != "KeyboardInterrupt" and (not e.error_t_ns or e.error_t_ns < t_ns)
+    return own and (not e.error_t_ns or e.error_t_ns < t_ns)
 
 
 def stopped_together(run: Run, ends: dict[int, RankEnd]) -> tuple[tuple[int, ...], StoppedTogether] | None:

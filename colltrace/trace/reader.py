@@ -364,11 +364,22 @@ def _read_rank(rank: int, events_path: str) -> tuple[RankTrace, dict[str, Any]]:
     strings, sites = _take_events(rt, events, samples)
     strings = _TABLES.setdefault(tuple(strings.items()), strings)  # (never changed once read)
     _read_files(rt, events_path[: -len(".jsonl")], strings, sites, _clock_offset(header))
+    _interrupted(rt)
     left = _left_cleanly(rt)
     rt.alive = (rt.footer is None and not left and rt.error is None and rt.signal is None and not rt.fault
                 and _alive(header))  # fmt: skip
     rt.state = _state(rt, left)
     return rt, {k: header[k] for k in _WHOSE if k in header}  # the rest of the header line is let go
+
+
+def _interrupted(rt: RankTrace) -> None:
+    """A rank that died of the KeyboardInterrupt Python raises for a SIGINT (a Ctrl-C to the launcher, passed
+    on to every worker) was stopped by that signal, as one it recorded: its error is the stop's doing, not its
+    own. Its time: the SIGINT it caught (signal_caught), else its error's."""
+    if rt.signal is not None or rt.error is None or rt.error.type != "KeyboardInterrupt":
+        return
+    caught = [c.t_ns for c in rt.caught if c.name == "SIGINT" and c.t_ns]
+    rt.signal = Signal("SIGINT", min([*caught, rt.error.t_ns] if rt.error.t_ns else caught, default=0))
 
 
 def _checked_header(events: list[dict[str, Any]], events_path: str) -> dict[str, Any]:
