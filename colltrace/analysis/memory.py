@@ -19,7 +19,7 @@ from colltrace.trace.records import RankTrace, Run
 
 MIB = 1 << 20
 GROWTH_STEPS = 50  # growth is fitted over this many of the last steps sampled ...
-MIN_STEPS = 4  # ... of at least this many
+MIN_STEPS = 3  # ... of at least this many, past the first step sampled (the warm-up)
 GROWS_PER_STEP = MIB  # steady growth: at least this much a step ...
 GROWS_IN_ALL = 32 * MIB  # ... this much over the steps fitted ...
 GROWS_SHARE = 2 / 3  # ... rising from at least this share of one sampled step to the next
@@ -91,13 +91,13 @@ class RankMemory:
 
 def _growth(samples: tuple[Sample, ...]) -> Growth | None:
     """A steady rise of the resident size per step over the last steps sampled (the last sample of each step). The
-    first step sampled is left out where more were: the job's warm-up (the optimizer's state, the allocator's
-    first blocks, the backend's buffers), not a rise that goes on (a healthy rank's 30 MB over its first steps)."""
+    first step sampled is left out: the job's warm-up (the optimizer's state, the allocator's first blocks, the
+    backend's buffers), not a rise that goes on (a healthy rank's 30 MB over its first steps; with few samples,
+    as a loaded machine's watchdog takes, it would make most of the rise)."""
     per_step: dict[int, int] = {}
     for s in samples:
         per_step[s.step] = s.rss
-    steps = sorted(per_step)
-    steps = steps[1:][-GROWTH_STEPS:] if len(steps) > MIN_STEPS else steps
+    steps = sorted(per_step)[1:][-GROWTH_STEPS:]
     if len(steps) < MIN_STEPS or steps[-1] == steps[0]:
         return None
     x = np.array(steps, dtype=np.float64)
