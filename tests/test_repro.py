@@ -36,6 +36,7 @@ REPLAYED = sorted(
      "stuck_checkpoint", "stuck_compute", "pp_fsdp2_stuck_data", "oom", "rank_exception", "pp_stage_crash"}
     & set(CASES)
 ) if not os.environ.get("COLLTRACE_TEST_ALL_REPLAYS") else CASES  # fmt: skip
+CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
 REPRO_TIMEOUT_S = 6  # gloo's timeout in the scripts the tests run: hangs end in seconds
 
 # Fixtures whose reproducer colltrace reads otherwise than the original, and why: (verdict, culprits, kind)
@@ -162,7 +163,7 @@ def test_a_1024_rank_hang_in_one_group_of_8_replays_as_8_ranks(big_run: Path) ->
     assert p.world == 8 and p.ranks == tuple(range(40, 48))
     assert p.world_group is None
     assert [len(g) for g in p.groups.values()] == [1] * 8  # only tp_5, as [0..7]
-    assert p.groups[0] == [(list(range(8)), "tp_5", "6")]
+    assert p.groups[0] == [(list(range(8)), "tp_5", "6", False)]
     assert [len(s) for s in p.schedule.values()] == [5, 5, 3, 5, 5, 5, 5, 5]
     head = ast.get_docstring(ast.parse(text)) or ""
     assert "ranks 0-39, 48-1023 (1016 of 1024): not in the groups that matter" in head
@@ -198,3 +199,15 @@ def test_the_1024_rank_hang_replayed_as_8_processes_names_rank_42(big_run: Path,
     run = read_run(str(tmp_path / "run"))
     assert run.world_size == 8
     assert _key(diagnose(run), p.ranks) == ("hang", (STUCK,), "missing"), proc.stderr[-2000:]
+
+
+def test_a_local_groups_reproducer_makes_each_by_its_members_alone() -> None:
+    """set32's local_sync_tp_pair_rank3_stale_tp3_w6: TP pairs built with use_local_synchronization, rank 3's
+    list [3, 4, 5] off. The reproducer makes each local group by the ranks that made it, as the job did: made
+    by every rank, [0, 1] would wait for ranks that never call it."""
+    case = CORPUS / "set32" / "local_sync_tp_pair_rank3_stale_tp3_w6" / "run"
+    text, p = write_repro(str(case), timeout_s=REPRO_TIMEOUT_S)
+    assert p.groups[0] == [([0, 1], "", p.groups[0][0][2], True)]
+    assert p.groups[3] == [([3, 4, 5], "", None, True)]
+    assert '{"use_local_synchronization": True} if local else {}' in text
+    compile(text, "repro.py", "exec")

@@ -280,11 +280,12 @@ def main():
     if WORLD_GROUP is not None:
         handles[WORLD_GROUP] = None
         sizes[WORLD_GROUP] = world
-    for ranks, desc, name in GROUPS[rank]:  # in the order the original rank created them (collective)
+    for ranks, desc, name, local in GROUPS[rank]:  # in the order the original rank created them (collective)
+        made_by = {"use_local_synchronization": True} if local else {}  # by the ranks it lists alone
         try:
-            g = dist.new_group(ranks, timeout=timedelta(seconds=TIMEOUT_S), group_desc=desc)
+            g = dist.new_group(ranks, timeout=timedelta(seconds=TIMEOUT_S), group_desc=desc, **made_by)
         except TypeError:  # an older torch: no group_desc
-            g = dist.new_group(ranks, timeout=timedelta(seconds=TIMEOUT_S))
+            g = dist.new_group(ranks, timeout=timedelta(seconds=TIMEOUT_S), **made_by)
         if name is not None:
             handles[name] = g
             sizes[name] = len(ranks)

@@ -55,7 +55,8 @@ class Plan:
     run_dir: str
     ranks: tuple[int, ...]  # original rank of each new rank
     world_group: str | None  # the original default group's name, when every rank is kept
-    groups: dict[int, list[tuple[list[int], str, str | None]]]  # new rank -> (new ranks, desc, orig name|None)
+    # new rank -> (new ranks, desc, orig name|None, made by its members alone: use_local_synchronization)
+    groups: dict[int, list[tuple[list[int], str, str | None, bool]]]
     schedule: dict[int, list[tuple[object, ...]]]  # new rank -> the record tuples the body reads
     ends: dict[int, tuple[str, ...]]
     modules: list[str]
@@ -284,14 +285,14 @@ def _pace(recs: list[Collective]) -> list[float]:
 
 def _creations(
     run: Run, kept: tuple[int, ...], new: dict[int, int], groups_ok: set[str], members: dict[str, tuple[int, ...]]
-) -> dict[int, list[tuple[list[int], str, str | None]]]:
+) -> dict[int, list[tuple[list[int], str, str | None, bool]]]:
     """Per new rank, the groups it creates, in its original order; the groups its records use that it never
     recorded creating (made before tracing) come after, alike on every rank."""
     keep = set(kept)
-    out: dict[int, list[tuple[list[int], str, str | None]]] = {}
+    out: dict[int, list[tuple[list[int], str, str | None, bool]]] = {}
     made: set[str] = set()
     for r in kept:
-        mine: list[tuple[list[int], str, str | None]] = []
+        mine: list[tuple[list[int], str, str | None, bool]] = []
         for c in run.ranks[r].group_creations:
             if c.fn == "split_group":  # replayed as the groups it made, from their members (below)
                 continue
@@ -301,7 +302,7 @@ def _creations(
             name = c.name if c.name in groups_ok else None
             if name is not None:
                 made.add(name)
-            mine.append(([new[x] for x in asked], c.desc, name))
+            mine.append(([new[x] for x in asked], c.desc, name, c.local))
         out[new[r]] = mine
     used = {c.group for r in kept for c in run.ranks[r].records if c.group in groups_ok}
     labels = run.group_labels()
@@ -309,7 +310,7 @@ def _creations(
     for n in extra:
         ranks = [new[x] for x in members[n]]
         for r in kept:
-            out[new[r]].append((ranks, labels.get(n, n), n if r in members[n] else None))
+            out[new[r]].append((ranks, labels.get(n, n), n if r in members[n] else None, False))
     return out
 
 
