@@ -2783,14 +2783,19 @@ def test_local_groups_listed_alike_within_each_node_are_no_odd_creation(tmp_path
     assert groups.odd_creators(read_run(str(tmp_path))) == ()
 
 
+def _reduced_steps(r: FakeRank, n: int) -> None:
+    """n steps of a hand-rolled data-parallel loop: one gradient all-reduce each."""
+    for _ in range(n):
+        r.coll("all_reduce", 676, "", "backward", redop="SUM")
+        r.step += 1
+
+
 def _preempted(tmp_path: Path, idle_ns: int) -> None:
     """Four DDP ranks after three steps, each in its next gradient all-reduce: three got SIGTERM within 2 ms of
     one another `idle_ns` after the last record, the fourth lost its peers right after (a connection closed)."""
     rs = ranks(str(tmp_path), 4)
     for r in rs:
-        for _ in range(3):
-            r.coll("all_reduce", 676, "", "backward", redop="SUM")
-            r.step += 1
+        _reduced_steps(r, 3)
         r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False, error=r.rank == 2)
     at = WALL + rs[2].t + 100_000 + idle_ns  # (rank 2's failed all-reduce, ended 0.1 ms after its issue: the last)
     for r in rs:
@@ -2882,9 +2887,7 @@ def test_a_ctrl_c_to_the_launcher_is_a_stop_not_four_crashes(tmp_path: Path) -> 
     rank's own failure, the job stopped from outside."""
     rs = ranks(str(tmp_path), 4)
     for r in rs:
-        for _ in range(3):
-            r.coll("all_reduce", 676, "", "backward", redop="SUM")
-            r.step += 1
+        _reduced_steps(r, 3)
     at = WALL + max(r.t for r in rs) + 2_000_000
     for r in rs:
         r.w.event({"ev": "signal_caught", "signal": "SIGINT", "step": r.step, "t_ns": at + r.rank * 400_000})
@@ -2903,9 +2906,7 @@ def test_a_node_stopped_from_outside_before_any_rank_failed_is_named_with_no_cau
     were stopped while they ran, before anyone failed, not stuck in compute (cause unknown, low)."""
     rs = ranks(str(tmp_path), 6)
     for r in rs:
-        for _ in range(3):
-            r.coll("all_reduce", 676, "", "backward", redop="SUM")
-            r.step += 1
+        _reduced_steps(r, 3)
     at = WALL + max(r.t for r in rs) + 1_000_000
     for r in rs[:3]:
         r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False, error=True)
@@ -2968,9 +2969,7 @@ def test_a_rank_that_failed_of_its_own_before_the_whole_job_was_stopped_is_the_c
     gets SIGTERM within 1 ms. The stop came after rank 2's own failure: a crash of rank 2, not a stop."""
     rs = ranks(str(tmp_path), 4)
     for r in rs:
-        for _ in range(3):
-            r.coll("all_reduce", 676, "", "backward", redop="SUM")
-            r.step += 1
+        _reduced_steps(r, 3)
         r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False, error=r.rank == 2)
     at = WALL + max(r.t for r in rs) + 1_000_000
     rs[2].error("RuntimeError", "CUDA error: an illegal memory access was encountered", t_ns=at, in_collective=True)
@@ -2985,9 +2984,7 @@ def test_a_stop_that_reached_two_hosts_seconds_apart_is_still_the_whole_jobs(tmp
     job was stopped, not the first host's ranks."""
     rs = [FakeRank(str(tmp_path), r, 4, ppid=100 + r // 2, rendezvous="c10d:node0:29400") for r in range(4)]
     for r in rs:
-        for _ in range(3):
-            r.coll("all_reduce", 676, "", "backward", redop="SUM")
-            r.step += 1
+        _reduced_steps(r, 3)
     at = WALL + max(r.t for r in rs) + 2_000_000
     for r in rs:
         r.w.event({"ev": "signal", "signal": "SIGTERM", "t_ns": at + (r.rank // 2) * 1_500_000_000, "in_flight": 0})
@@ -3013,9 +3010,7 @@ def test_one_agent_of_two_stopped_names_its_ranks_with_no_cause_of_their_own(tmp
     them. Not the whole job: ranks 3-5 are named, the others their victims, cause unknown."""
     rs = [FakeRank(str(tmp_path), r, 6, ppid=100 if r < 3 else 200, rendezvous="c10d:node0:29400") for r in range(6)]
     for r in rs:
-        for _ in range(3):
-            r.coll("all_reduce", 676, "", "backward", redop="SUM")
-            r.step += 1
+        _reduced_steps(r, 3)
         r.coll("all_reduce", 676, "", "backward", redop="SUM", done=False, error=r.rank < 3)
     at = WALL + max(r.t for r in rs) + 1_000_000
     for r in rs[3:]:
