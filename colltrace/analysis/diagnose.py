@@ -77,15 +77,13 @@ def _verdict(d: Divergence | None, culprits: tuple[int, ...], ends: dict[int, Ra
 
 
 def _stopped_running(evidence: tuple[Evidence, ...], tm: timing.Timing) -> bool:
-    """Every rank was stopped from outside at once (clue stopped_together) while the job was making progress:
-    its last record came within states.BUSY_S, or three of its usual steps, of the signal. Stopped later, it had
-    hung."""
+    """Every rank was stopped from outside at once (clue stopped_together) while the job was making progress
+    (states.while_running, against the median rank's usual step)."""
     stop = next((e.detail for e in evidence if isinstance(e.detail, StoppedTogether)), None)
-    if stop is None or stop.since_s is None:
-        return False  # (no record before it: nothing says the job was running)
+    if stop is None:
+        return False
     steps = sorted(p for rt in tm.ranks.values() if (p := rt.step_pct_ns(50)) is not None)
-    usual_s = steps[len(steps) // 2] / 1e9 if steps else 0.0
-    return stop.since_s <= max(states.BUSY_S, 3 * usual_s)
+    return states.while_running(stop, steps[len(steps) // 2] / 1e9 if steps else 0.0)
 
 
 def diagnose(run: Run) -> Diagnosis:

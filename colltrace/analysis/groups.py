@@ -6,8 +6,8 @@ it) and logs the ranks it asked for: the k-th call of all ranks is the same call
 asked for other members than the majority did are the misconfigured ones.
 
 A new_group with use_local_synchronization is the exception: only the ranks it lists make it, so it is no
-k-th call of every rank. Its members must list one another alike instead: a rank whose list no other rank
-of it asked for, where those ranks asked for lists of their own with it in them, made a group nobody joins.
+k-th call of every rank. Its members must list one another alike instead: what two or more of them agreed
+on says which rank's list is the odd one (odd_local).
 """
 
 from __future__ import annotations

@@ -428,6 +428,18 @@ def signalled_together(
     return StoppedTogether(sigs[0].name, spread / 1e9, (first - last) / 1e9 if last else None)
 
 
+def while_running(stop: StoppedTogether, usual_s: float = 0.0) -> bool:
+    """The ranks were stopped while they ran: their last record came within BUSY_S of the signal, or three of
+    the job's usual steps (`usual_s`, where known). Stopped later, they had hung; with no record before it,
+    nothing says they ran."""
+    return stop.since_s is not None and stop.since_s <= max(BUSY_S, 3 * usual_s)
+
+
+def _lost_after(e: RankEnd, t_ns: int) -> bool:
+    """The rank failed of a lost peer at or after `t_ns`: it lost ranks stopped then."""
+    return e.state is RankState.CRASHED and e.lost_peer and e.error_t_ns >= t_ns
+
+
 def _failed_before(rt: RankTrace, e: RankEnd, t_ns: int) -> bool:
     """The rank failed of its own before `t_ns` (or at a time not written): an error of its own or a fatal
     signal (faulthandler's)."""
@@ -456,7 +468,7 @@ def stopped_together(run: Run, ends: dict[int, RankEnd]) -> tuple[tuple[int, ...
     if any(_failed_before(rt, ends[r], first) for r, rt in run.ranks.items() if r in ends):
         return None  # a rank that failed of its own first is the culprit, however the job was stopped after
     for r, e in ends.items():
-        lost = e.state is RankState.CRASHED and e.lost_peer and e.error_t_ns >= first
+        lost = _lost_after(e, first)
         # killed unseen: where torchrun says it stopped the rank after another's end (its SIGKILL after the
         # SIGTERM it ignored), not a rank killed first (the OOM killer's, before the launcher stopped the rest)
         stopped = died_unseen(e) and e.exit is not None and e.exit.first is False
@@ -481,16 +493,13 @@ def stopped_first(run: Run, ends: dict[int, RankEnd], ranks: Iterable[int]) -> S
         return None
     first = min(sig.t_ns for r in ranks if (sig := stop_signal(run.ranks[r])) is not None)
 
-    def lost(e: RankEnd) -> bool:
-        return e.state is RankState.CRASHED and e.lost_peer and e.error_t_ns >= first
-
     def after(r: int, e: RankEnd) -> bool:  # it lost them as peers, or the launcher stopped it in turn
         sig = stop_signal(run.ranks[r]) if r in run.ranks else None
-        return lost(e) or (sig is not None and sig.t_ns >= first)
+        return _lost_after(e, first) or (sig is not None and sig.t_ns >= first)
 
     others = [r for r in ends if r not in ranks]
     # some of them lost them (others merely signalled later were stopped too: one stop reaching hosts apart)
-    hurt = any(lost(ends[r]) for r in others)
+    hurt = any(_lost_after(ends[r], first) for r in others)
     return stop if others and hurt and all(after(r, ends[r]) for r in others) else None
 
 

@@ -1257,9 +1257,7 @@ def check_text(dx: Diagnosis) -> str | None:
     if dx.finding is None:
         return None
     stops = [e.detail for e in dx.finding.evidence if isinstance(e.detail, StoppedTogether)]
-    if dx.verdict is Verdict.STOPPED or any(
-        stop.since_s is not None and stop.since_s <= states.BUSY_S for stop in stops
-    ):
+    if dx.verdict is Verdict.STOPPED or any(states.while_running(stop) for stop in stops):
         return _CHECK_STOPPED  # stopped from outside while they ran: who sent the signal
     d = dx.divergence
     if dx.finding.cause is Cause.CONTROL_FLOW and d is not None and d.kind in _CHECK_ARGUMENT:

@@ -240,12 +240,12 @@ _STUCK = frozenset({Cause.STUCK_DATA_LOADING, Cause.STUCK_CHECKPOINT_IO, Cause.S
 
 
 def stopped_from_outside(f: Facts) -> Finding | None:
-    """Two or more culprits got one terminating signal together, within states.BUSY_S of their last record and
+    """Two or more culprits got one terminating signal together while they ran (states.while_running) and
     before any other rank failed (states.stopped_first: a node's agent preempted, the others then losing
     them): where each was is where the signal found it, not where it was stuck, and nothing in the trace says
     why it came. Unknown, low."""
     stop = states.stopped_first(f.run, f.ends, f.culprits)
-    if stop is None or stop.since_s is None or stop.since_s > states.BUSY_S:
+    if stop is None or not states.while_running(stop):
         return None
     return Finding(Cause.UNKNOWN, Confidence.LOW, (Evidence(Clue.STOPPED_TOGETHER, f.culprits, stop),))
 
